@@ -1,0 +1,11 @@
+//! Pure analysis: samples in, statistics out. No clocks, no I/O; every function is driven only
+//! by its arguments so it can be checked on known inputs.
+
+pub mod clock;
+pub mod emodel;
+pub mod grade;
+pub mod rpm;
+pub mod stats;
+pub mod summarize;
+
+pub use summarize::summarize;

@@ -1,0 +1,294 @@
+//! From a result file's series to its summary. Windows: the idle phase whole; the load phase
+//! after its ramp-up (the first min(2 s, 20%) is left out, as crusader does, so slow start and
+//! the filling of queues do not dilute the steady state).
+
+use crate::{emodel, grade, rpm, stats};
+use bloatlab_result::*;
+
+/// Packetization delay of the assumed 20 ms VoIP frames, added to the mouth-to-ear delay.
+const VOIP_PACKETIZATION_MS: f64 = 20.0;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Window {
+    start: f64,
+    end: f64,
+}
+
+impl Window {
+    fn contains(&self, t: f64) -> bool {
+        t >= self.start && t <= self.end
+    }
+}
+
+fn phase_window(result: &ResultFile, name: &str) -> Option<Window> {
+    let p = result.metadata.phases.iter().find(|p| p.name == name)?;
+    Some(Window { start: p.start, end: p.end })
+}
+
+/// Start of the load phase left out of its statistics, seconds.
+pub fn ramp_up(load_len: f64) -> f64 {
+    (0.2 * load_len).min(2.0)
+}
+
+fn values<'a>(s: &'a Series, w: Window) -> impl Iterator<Item = f64> + 'a {
+    s.samples.iter().filter(move |(t, _)| w.contains(*t)).filter_map(|(_, v)| *v)
+}
+
+fn named<'a>(result: &'a ResultFile, prefix: &'a str) -> impl Iterator<Item = &'a Series> + 'a {
+    result.series.iter().filter(move |s| s.name.starts_with(prefix))
+}
+
+fn pct_of(result: &ResultFile, prefix: &str, w: Option<Window>) -> Option<Percentiles> {
+    let w = w?;
+    stats::percentiles(named(result, prefix).flat_map(|s| values(s, w)).collect::<Vec<_>>())
+}
+
+fn stream_name(series_name: &str) -> &str {
+    series_name.rsplit(' ').next().unwrap_or(series_name)
+}
+
+pub fn summarize(result: &ResultFile) -> Summary {
+    let idle = phase_window(result, "idle");
+    let load = phase_window(result, "load").map(|w| Window { start: w.start + ramp_up(w.end - w.start), end: w.end });
+    // Where the test's own figures (jitter, loss, VoIP) come from: under load if there was load.
+    let main = load.or(idle);
+
+    let mut s = Summary { test: result.metadata.test.clone(), partial: result.partial, ..Default::default() };
+
+    if let Some(w) = main {
+        let mut down = Vec::new();
+        let mut up = Vec::new();
+        for series in result.series.iter().filter(|x| x.kind == SeriesKind::Throughput) {
+            let v: Vec<f64> = values(series, w).collect();
+            let mbps = if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+            let dir = series.direction.clone().unwrap_or_default();
+            if dir == "up" { up.push(mbps) } else { down.push(mbps) }
+            s.throughput_mbps.per_flow.push(FlowThroughput {
+                name: series.name.clone(),
+                direction: dir,
+                dscp: series.dscp.unwrap_or(0),
+                mbps,
+            });
+        }
+        let sum = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>());
+        s.throughput_mbps.down = sum(&down);
+        s.throughput_mbps.up = sum(&up);
+        s.throughput_mbps.total = sum(&[down.clone(), up.clone()].concat());
+        s.throughput_mbps.fairness_down = stats::jain(&down);
+        s.throughput_mbps.fairness_up = stats::jain(&up);
+    }
+
+    let lat = &mut s.latency_ms;
+    lat.idle = pct_of(result, "rtt ", idle);
+    lat.loaded = pct_of(result, "rtt ", load);
+    lat.idle_owd = DirectionLatency { up: pct_of(result, "owd up ", idle), down: pct_of(result, "owd down ", idle) };
+    lat.loaded_owd = DirectionLatency { up: pct_of(result, "owd up ", load), down: pct_of(result, "owd down ", load) };
+    lat.tcp_connect = pct_of(result, "tcp-connect", main);
+    for series in named(result, "rtt ") {
+        lat.per_stream.push(StreamLatency {
+            name: stream_name(&series.name).to_string(),
+            dscp: series.dscp.unwrap_or(0),
+            idle: idle.and_then(|w| stats::percentiles(values(series, w).collect::<Vec<_>>())),
+            loaded: load.and_then(|w| stats::percentiles(values(series, w).collect::<Vec<_>>())),
+        });
+    }
+    if let (Some(i), Some(l)) = (&lat.idle, &lat.loaded) {
+        let added = l.p50 - i.p50;
+        s.added_latency_ms = Some(added);
+        s.grade = Some(grade::grade(added).to_string());
+    }
+
+    s.loss = loss(&result.metadata.streams);
+
+    // Jitter and VoIP quality come from the call stream when there is one, else the first probe
+    // stream.
+    let primary = result
+        .metadata
+        .streams
+        .iter()
+        .find(|c| c.name == "voip")
+        .or_else(|| result.metadata.streams.first())
+        .map(|c| c.name.clone());
+    if let (Some(name), Some(w)) = (primary, main) {
+        let owd = |dir: &str| result.series(&format!("owd {dir} {name}"));
+        let jitter = |dir: &str| owd(dir).and_then(|x| stats::rfc3550_jitter(values(x, w)));
+        s.jitter_ms = Jitter { up: jitter("up"), down: jitter("down") };
+        if name == "voip" {
+            let counts = result.metadata.streams.iter().find(|c| c.name == "voip");
+            let (up_loss, down_loss) = counts.map(direction_loss).unwrap_or((None, None));
+            let total_loss = counts.map(|c| stream_loss(c).2).unwrap_or(0.0);
+            let p99 = |dir: &str| owd(dir).and_then(|x| stats::percentiles(values(x, w).collect::<Vec<_>>())).map(|p| p.p99);
+            if let (Some(u), Some(d)) = (p99("up"), p99("down")) {
+                let (mu, md) = (u + VOIP_PACKETIZATION_MS, d + VOIP_PACKETIZATION_MS);
+                let r_up = emodel::r_factor(mu, up_loss.unwrap_or(total_loss));
+                let r_down = emodel::r_factor(md, down_loss.unwrap_or(total_loss));
+                let (mos_up, mos_down) = (emodel::mos(r_up), emodel::mos(r_down));
+                s.voip = Some(Voip {
+                    r_up,
+                    r_down,
+                    mos_up,
+                    mos_down,
+                    mos: mos_up.min(mos_down),
+                    mouth_to_ear_up_ms: mu,
+                    mouth_to_ear_down_ms: md,
+                });
+            }
+        }
+    }
+
+    s.rpm = rpm_summary(result, idle, load);
+    s
+}
+
+/// (sent that the server did not decline, lost, percent) of one stream.
+fn stream_loss(c: &StreamCounts) -> (u64, u64, f64) {
+    let eligible = c.sent.saturating_sub(c.server_limited);
+    let lost = eligible.saturating_sub(c.received);
+    let pct = if eligible == 0 { 0.0 } else { 100.0 * lost as f64 / eligible as f64 };
+    (eligible, lost, pct)
+}
+
+/// Loss up and down in percent, when the server said how many requests it received.
+fn direction_loss(c: &StreamCounts) -> (Option<f64>, Option<f64>) {
+    let Some(srv) = c.server_received else { return (None, None) };
+    let eligible = c.sent.saturating_sub(c.server_limited);
+    let up = if eligible == 0 { 0.0 } else { 100.0 * eligible.saturating_sub(srv) as f64 / eligible as f64 };
+    let down = if srv == 0 { 0.0 } else { 100.0 * srv.saturating_sub(c.received) as f64 / srv as f64 };
+    (Some(up), Some(down))
+}
+
+fn loss(streams: &[StreamCounts]) -> Loss {
+    let mut l = Loss::default();
+    let (mut up_lost, mut up_sent, mut down_lost, mut down_sent, mut split) = (0u64, 0u64, 0u64, 0u64, true);
+    for c in streams {
+        let (eligible, lost, _) = stream_loss(c);
+        l.sent += eligible;
+        l.lost += lost;
+        l.server_limited += c.server_limited;
+        match c.server_received {
+            Some(srv) => {
+                up_sent += eligible;
+                up_lost += eligible.saturating_sub(srv);
+                down_sent += srv;
+                down_lost += srv.saturating_sub(c.received);
+            }
+            None => split = false,
+        }
+    }
+    let pct = |lost: u64, sent: u64| if sent == 0 { 0.0 } else { 100.0 * lost as f64 / sent as f64 };
+    l.percent = pct(l.lost, l.sent);
+    if split && !streams.is_empty() {
+        l.up_percent = Some(pct(up_lost, up_sent));
+        l.down_percent = Some(pct(down_lost, down_sent));
+    }
+    l
+}
+
+fn rpm_summary(result: &ResultFile, idle: Option<Window>, load: Option<Window>) -> Option<Rpm> {
+    let w = load?;
+    let get = |name: &str, w: Window| result.series(name).map(|x| values(x, w).collect::<Vec<_>>()).unwrap_or_default();
+    let connect = get("rpm foreign-connect", w);
+    let request = get("rpm foreign-request", w);
+    let loaded = get("rpm loaded", w);
+    let (value, foreign, loaded_rpm) = rpm::rpm(&connect, &request, &loaded)?;
+    let idle_rpm = idle.and_then(|iw| {
+        let both: Vec<f64> = get("rpm foreign-connect", iw).into_iter().chain(get("rpm foreign-request", iw)).collect();
+        stats::trimmed_mean(&both, rpm::KEEP).map(|tm| 60_000.0 / tm)
+    });
+    Some(Rpm {
+        rpm: value,
+        foreign,
+        loaded: loaded_rpm,
+        idle: idle_rpm,
+        band: rpm::band(value).to_string(),
+        load_connections: result.metadata.params.get("load_connections").and_then(|v| v.as_u64()).unwrap_or(0) as usize,
+        probes: connect.len() + loaded.len(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(phases: Vec<Phase>, streams: Vec<StreamCounts>) -> Metadata {
+        Metadata {
+            tool: "bloatlab".into(),
+            tool_version: "test".into(),
+            test: "rrul".into(),
+            params: serde_json::Value::Null,
+            client: Host::default(),
+            server: Host::default(),
+            cc: None,
+            start_time: String::new(),
+            step: 0.01,
+            phases,
+            clock_offset: None,
+            streams,
+            lab: None,
+        }
+    }
+
+    fn series(name: &str, kind: SeriesKind, dir: Option<&str>, samples: Vec<(f64, Option<f64>)>) -> Series {
+        Series { name: name.into(), kind, direction: dir.map(Into::into), dscp: Some(0), unit: "x".into(), samples }
+    }
+
+    /// A synthetic bloated run: 5 s idle at 1 ms RTT, 10 s load at 600 ms RTT with two download
+    /// flows (12 + 8 Mbit/s) and one upload flow (4.5 Mbit/s).
+    fn bloated() -> ResultFile {
+        let mut r = ResultFile::new(meta(
+            vec![Phase { name: "idle".into(), start: 0.0, end: 5.0 }, Phase { name: "load".into(), start: 5.0, end: 15.0 }],
+            vec![StreamCounts { name: "udp-be".into(), sent: 1500, received: 1470, server_received: Some(1485), server_limited: 0, ..Default::default() }],
+        ));
+        let grid = |from: f64, to: f64| (0..).map(move |i| from + i as f64 * 0.01).take_while(move |t| *t < to);
+        let rtt = grid(0.0, 15.0).map(|t| (t, Some(if t < 5.0 { 1.0 } else { 600.0 }))).collect();
+        r.series.push(series("rtt udp-be", SeriesKind::Latency, None, rtt));
+        // Slow start during the first second of load must not count.
+        let flow = |mbps: f64| grid(5.0, 15.0).map(|t| (t, Some(if t < 6.0 { 0.5 } else { mbps }))).collect();
+        r.series.push(series("tcp down 1 BE", SeriesKind::Throughput, Some("down"), flow(12.0)));
+        r.series.push(series("tcp down 2 BK", SeriesKind::Throughput, Some("down"), flow(8.0)));
+        r.series.push(series("tcp up 3 BE", SeriesKind::Throughput, Some("up"), flow(4.5)));
+        r.partial = false;
+        r
+    }
+
+    #[test]
+    fn bloated_run_gets_its_numbers_and_an_f() {
+        let s = summarize(&bloated());
+        assert!((s.throughput_mbps.down.unwrap() - 20.0).abs() < 1e-9);
+        assert!((s.throughput_mbps.up.unwrap() - 4.5).abs() < 1e-9);
+        let j = s.throughput_mbps.fairness_down.unwrap();
+        assert!((j - 400.0 / (2.0 * 208.0)).abs() < 1e-9, "{j}");
+        assert_eq!(s.latency_ms.idle.unwrap().p50, 1.0);
+        assert_eq!(s.latency_ms.loaded.unwrap().p99, 600.0);
+        assert_eq!(s.added_latency_ms, Some(599.0));
+        assert_eq!(s.grade.as_deref(), Some("F"));
+        assert_eq!((s.loss.sent, s.loss.lost), (1500, 30));
+        assert!((s.loss.up_percent.unwrap() - 1.0).abs() < 1e-9);
+        assert!((s.loss.down_percent.unwrap() - 100.0 * 15.0 / 1485.0).abs() < 1e-9);
+        assert!(!s.partial);
+    }
+
+    #[test]
+    fn server_limited_probes_are_not_loss() {
+        let c = StreamCounts { sent: 100, received: 90, server_received: Some(90), server_limited: 10, ..Default::default() };
+        let l = loss(&[c]);
+        assert_eq!((l.sent, l.lost, l.percent, l.server_limited), (90, 0, 0.0, 10));
+        assert_eq!((l.up_percent, l.down_percent), (Some(0.0), Some(0.0)));
+    }
+
+    #[test]
+    fn idle_voip_call_scores_above_4() {
+        let mut r = ResultFile::new(meta(
+            vec![Phase { name: "idle".into(), start: 0.0, end: 10.0 }],
+            vec![StreamCounts { name: "voip".into(), sent: 500, received: 500, server_received: Some(500), ..Default::default() }],
+        ));
+        let owd: Vec<(f64, Option<f64>)> = (0..500).map(|i| (i as f64 * 0.02, Some(0.2 + (i % 3) as f64 * 0.05))).collect();
+        r.series.push(series("owd up voip", SeriesKind::Owd, Some("up"), owd.clone()));
+        r.series.push(series("owd down voip", SeriesKind::Owd, Some("down"), owd));
+        let s = summarize(&r);
+        let v = s.voip.unwrap();
+        assert!(v.mos > 4.0 && v.mos <= 4.5, "{v:?}");
+        assert!(s.jitter_ms.up.unwrap() > 0.0 && s.jitter_ms.up.unwrap() < 0.1);
+        assert!(s.added_latency_ms.is_none() && s.grade.is_none());
+    }
+}

@@ -1,0 +1,228 @@
+//! Control messages: one JSON object per line.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Per-test secret handed out by the server after a completed handshake. UDP probes and data
+/// connections must carry it; the server answers nothing that lacks a live token.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Token(pub [u8; 16]);
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Token({self})")
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for Token {
+    type Err = ProtoError;
+    fn from_str(s: &str) -> Result<Self, ProtoError> {
+        if s.len() != 32 || !s.is_ascii() {
+            return Err(ProtoError::BadToken);
+        }
+        let mut out = [0u8; 16];
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| ProtoError::BadToken)?;
+        }
+        Ok(Token(out))
+    }
+}
+
+impl Serialize for Token {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Token {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Direction of a flow or a one-way delay, seen from the client: `down` is server to client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    Down,
+    Up,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Down => "down",
+            Direction::Up => "up",
+        }
+    }
+}
+
+/// One bulk TCP flow of a test.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowSpec {
+    pub id: u16,
+    pub direction: Direction,
+    /// DSCP code point (0..=63) that the sender puts on its packets.
+    pub dscp: u8,
+    /// Congestion control the sender sets on its socket; `None` keeps the sender's default.
+    pub cc: Option<String>,
+}
+
+/// One isochronous UDP echo stream (latency probes, VoIP-like calls).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamSpec {
+    pub id: u16,
+    /// Send interval in microseconds.
+    pub interval_us: u32,
+    /// UDP payload size in bytes; replies are never longer.
+    pub size: u16,
+    pub dscp: u8,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TestRequest {
+    /// Test name, for the server's log only.
+    pub test: String,
+    /// Whole test length, idle phase included, in milliseconds.
+    pub duration_ms: u64,
+    pub flows: Vec<FlowSpec>,
+    pub streams: Vec<StreamSpec>,
+    /// Whether the client will open new-connection probes (RPM).
+    #[serde(default)]
+    pub connection_probes: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ClientMsg {
+    Hello { magic: String, version: u32, client_version: String },
+    Test(TestRequest),
+    /// First line of a bulk data connection; frames follow in both directions.
+    DataHello { token: Token, flow: u16 },
+    /// First line of a new-connection probe; the server answers `probe_reply` at once.
+    ProbeHello { token: Token },
+    /// The client is done; the server answers with a `report` and closes.
+    Finish,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefuseReason {
+    /// Not a bloatlab client, or a protocol version this server does not speak.
+    Version,
+    /// The server already runs its maximum number of tests.
+    Busy,
+    /// The request exceeds a server limit (duration, flows, probe rate, size).
+    Limit,
+    /// The token is unknown or expired, or the connection comes from another address.
+    Token,
+    /// The message could not be understood.
+    BadRequest,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StreamReport {
+    pub id: u16,
+    /// Requests accepted and echoed.
+    pub received: u64,
+    /// Requests the server itself declined (its rate limit); these are not network loss.
+    pub server_limited: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FlowReport {
+    pub id: u16,
+    /// Payload bytes the server received (upload) or wrote to the socket (download).
+    pub bytes: u64,
+    /// Congestion control in effect on the server's socket.
+    pub cc: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ServerMsg {
+    HelloOk {
+        version: u32,
+        server_version: String,
+        /// The server's system-wide TCP congestion control.
+        default_cc: String,
+        kernel: String,
+        max_duration_ms: u64,
+    },
+    Accepted { token: Token, max_duration_ms: u64 },
+    Refused { reason: RefuseReason, message: String },
+    ProbeReply,
+    Report { streams: Vec<StreamReport>, flows: Vec<FlowReport> },
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProtoError {
+    #[error("malformed token")]
+    BadToken,
+    #[error("line longer than {0} bytes")]
+    LineTooLong(usize),
+    #[error("malformed message: {0}")]
+    Json(String),
+}
+
+/// Serializes a message as one line, newline included.
+pub fn encode_line<T: Serialize>(msg: &T) -> Vec<u8> {
+    let mut v = serde_json::to_vec(msg).expect("protocol messages always serialize");
+    v.push(b'\n');
+    v
+}
+
+/// Parses one line (without or with its newline).
+pub fn decode_line<'a, T: Deserialize<'a>>(line: &'a [u8]) -> Result<T, ProtoError> {
+    if line.len() > crate::MAX_LINE {
+        return Err(ProtoError::LineTooLong(crate::MAX_LINE));
+    }
+    serde_json::from_slice(line).map_err(|e| ProtoError::Json(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_round_trips_as_hex() {
+        let t = Token([0xab; 16]);
+        let s = t.to_string();
+        assert_eq!(s.len(), 32);
+        assert_eq!(s.parse::<Token>().unwrap(), t);
+        assert!("zz".parse::<Token>().is_err());
+        assert!("é".repeat(16).parse::<Token>().is_err());
+    }
+
+    #[test]
+    fn messages_round_trip() {
+        let m = ClientMsg::Test(TestRequest {
+            test: "rrul".into(),
+            duration_ms: 35_000,
+            flows: vec![FlowSpec { id: 1, direction: Direction::Up, dscp: 46, cc: Some("cubic".into()) }],
+            streams: vec![StreamSpec { id: 0, interval_us: 10_000, size: 64, dscp: 0 }],
+            connection_probes: false,
+        });
+        let line = encode_line(&m);
+        assert_eq!(*line.last().unwrap(), b'\n');
+        assert_eq!(decode_line::<ClientMsg>(&line).unwrap(), m);
+        let r = ServerMsg::Refused { reason: RefuseReason::Busy, message: "2 tests running".into() };
+        assert_eq!(decode_line::<ServerMsg>(&encode_line(&r)).unwrap(), r);
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert!(decode_line::<ClientMsg>(b"GET / HTTP/1.1").is_err());
+        assert!(decode_line::<ClientMsg>(&vec![b'{'; crate::MAX_LINE + 1]).is_err());
+    }
+}

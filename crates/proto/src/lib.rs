@@ -1,0 +1,23 @@
+//! The bloatlab wire protocol, shared by client and server. Pure data and (de)serialization:
+//! no sockets here, so every parser can be unit-tested and fuzzed directly.
+//!
+//! One TCP port carries every connection; each begins with one JSON line ([`ClientMsg`]) that
+//! says what it is: a control connection (`hello`), a bulk data flow (`data_hello`, followed by
+//! [`frame`]s) or a new-connection responsiveness probe (`probe_hello`). The UDP port of the same
+//! number echoes [`probe`] packets for tests that completed the control handshake.
+
+pub mod control;
+pub mod frame;
+pub mod probe;
+
+pub use control::*;
+
+/// Version of the control protocol, the frame format and the probe format together.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Sent in every hello so that a stray client of another protocol is told apart from an old
+/// bloatlab.
+pub const MAGIC: &str = "bloatlab";
+/// Default TCP and UDP port of `bloatlab server`.
+pub const DEFAULT_PORT: u16 = 9461;
+/// Longest control line accepted; a peer that sends more is not speaking this protocol.
+pub const MAX_LINE: usize = 64 * 1024;

@@ -1,0 +1,127 @@
+//! UDP probe packets. The client sends a request, the server overwrites its timestamp fields
+//! and sends the same number of bytes back (never more: no amplification).
+//!
+//! Layout (big endian): magic "BLP1" | kind u8 | flags u8 | stream u16 | token [16] | seq u32 |
+//! client_send_ns u64 | server_recv_ns u64 | server_send_ns u64 | server_rx_count u32 | padding.
+
+pub const MAGIC: [u8; 4] = *b"BLP1";
+pub const HEADER_LEN: usize = 56;
+/// Largest probe the server echoes; larger ones are not bloatlab's.
+pub const MAX_LEN: usize = 1472;
+
+use crate::Token;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Request,
+    Reply,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probe {
+    pub kind: Kind,
+    pub stream: u16,
+    pub token: Token,
+    pub seq: u32,
+    /// Client's monotonic clock at send, ns.
+    pub client_send_ns: u64,
+    /// Server's monotonic clock at receive and at reply, ns (0 in requests).
+    pub server_recv_ns: u64,
+    pub server_send_ns: u64,
+    /// Requests of this stream the server had accepted, this one included (0 in requests).
+    pub server_rx_count: u32,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProbeError {
+    #[error("probe of {0} bytes (allowed {HEADER_LEN}..={MAX_LEN})")]
+    Length(usize),
+    #[error("not a bloatlab probe")]
+    Magic,
+    #[error("unknown probe kind {0}")]
+    Kind(u8),
+}
+
+impl Probe {
+    /// Writes the header into `buf` (whose length is the packet length); padding is left as is.
+    pub fn encode(&self, buf: &mut [u8]) -> Result<(), ProbeError> {
+        if buf.len() < HEADER_LEN || buf.len() > MAX_LEN {
+            return Err(ProbeError::Length(buf.len()));
+        }
+        buf[0..4].copy_from_slice(&MAGIC);
+        buf[4] = match self.kind {
+            Kind::Request => 0,
+            Kind::Reply => 1,
+        };
+        buf[5] = 0;
+        buf[6..8].copy_from_slice(&self.stream.to_be_bytes());
+        buf[8..24].copy_from_slice(&self.token.0);
+        buf[24..28].copy_from_slice(&self.seq.to_be_bytes());
+        buf[28..36].copy_from_slice(&self.client_send_ns.to_be_bytes());
+        buf[36..44].copy_from_slice(&self.server_recv_ns.to_be_bytes());
+        buf[44..52].copy_from_slice(&self.server_send_ns.to_be_bytes());
+        buf[52..56].copy_from_slice(&self.server_rx_count.to_be_bytes());
+        Ok(())
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Probe, ProbeError> {
+        if buf.len() < HEADER_LEN || buf.len() > MAX_LEN {
+            return Err(ProbeError::Length(buf.len()));
+        }
+        if buf[0..4] != MAGIC {
+            return Err(ProbeError::Magic);
+        }
+        let kind = match buf[4] {
+            0 => Kind::Request,
+            1 => Kind::Reply,
+            k => return Err(ProbeError::Kind(k)),
+        };
+        let u64_at = |i: usize| u64::from_be_bytes(buf[i..i + 8].try_into().unwrap());
+        let mut token = [0u8; 16];
+        token.copy_from_slice(&buf[8..24]);
+        Ok(Probe {
+            kind,
+            stream: u16::from_be_bytes([buf[6], buf[7]]),
+            token: Token(token),
+            seq: u32::from_be_bytes(buf[24..28].try_into().unwrap()),
+            client_send_ns: u64_at(28),
+            server_recv_ns: u64_at(36),
+            server_send_ns: u64_at(44),
+            server_rx_count: u32::from_be_bytes(buf[52..56].try_into().unwrap()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_keeps_length() {
+        let p = Probe {
+            kind: Kind::Reply,
+            stream: 3,
+            token: Token([7; 16]),
+            seq: 99,
+            client_send_ns: 1,
+            server_recv_ns: u64::MAX,
+            server_send_ns: 5,
+            server_rx_count: 42,
+        };
+        let mut buf = vec![0xee; 172];
+        p.encode(&mut buf).unwrap();
+        assert_eq!(Probe::decode(&buf).unwrap(), p);
+        assert!(buf[HEADER_LEN..].iter().all(|&b| b == 0xee), "padding untouched");
+    }
+
+    #[test]
+    fn rejects_short_long_and_foreign_packets() {
+        assert_eq!(Probe::decode(&[0; 10]), Err(ProbeError::Length(10)));
+        assert_eq!(Probe::decode(&[0; MAX_LEN + 1]), Err(ProbeError::Length(MAX_LEN + 1)));
+        assert_eq!(Probe::decode(&[0; HEADER_LEN]), Err(ProbeError::Magic));
+        let mut b = [0u8; HEADER_LEN];
+        b[..4].copy_from_slice(&MAGIC);
+        b[4] = 9;
+        assert_eq!(Probe::decode(&b), Err(ProbeError::Kind(9)));
+    }
+}

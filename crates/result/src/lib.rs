@@ -1,0 +1,269 @@
+//! The result file: everything a report or advice needs, so nothing is re-measured to draw it.
+//! Writers replace the file atomically (temp file + rename), so a run killed at any moment
+//! leaves the last complete snapshot, marked `partial`.
+
+mod summary;
+
+pub use summary::*;
+
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+pub const FORMAT: &str = "bloatlab-result";
+/// Bumped on any change that an older reader would misread.
+pub const VERSION: u32 = 1;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ResultFile {
+    pub format: String,
+    pub version: u32,
+    pub metadata: Metadata,
+    pub series: Vec<Series>,
+    pub events: Vec<Event>,
+    pub summary: Option<Summary>,
+    /// True while the run is going on and when it ended early (Ctrl-C, kill, server lost).
+    pub partial: bool,
+}
+
+impl ResultFile {
+    pub fn new(metadata: Metadata) -> Self {
+        ResultFile {
+            format: FORMAT.into(),
+            version: VERSION,
+            metadata,
+            series: Vec::new(),
+            events: Vec::new(),
+            summary: None,
+            partial: true,
+        }
+    }
+
+    pub fn series(&self, name: &str) -> Option<&Series> {
+        self.series.iter().find(|s| s.name == name)
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Host {
+    pub name: String,
+    pub address: Option<String>,
+    pub software: String,
+    pub kernel: String,
+    /// System-wide default TCP congestion control of that host.
+    pub default_cc: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Phase {
+    pub name: String,
+    /// Seconds from the test start.
+    pub start: f64,
+    pub end: f64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ClockOffset {
+    /// Server clock minus client clock, ms; one-way delays are corrected by it.
+    pub offset_ms: f64,
+    /// Half the round trip of the probes it came from: the true offset lies within +/- this.
+    pub uncertainty_ms: f64,
+    pub samples: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Metadata {
+    pub tool: String,
+    pub tool_version: String,
+    pub test: String,
+    /// The test's parameters as given (flows, length, step, dscp, ...).
+    pub params: serde_json::Value,
+    pub client: Host,
+    pub server: Host,
+    /// Congestion control asked for with --cc; `None` means each sender's default.
+    pub cc: Option<String>,
+    /// RFC 3339, UTC.
+    pub start_time: String,
+    /// Sampling step of throughput series, seconds.
+    pub step: f64,
+    pub phases: Vec<Phase>,
+    pub clock_offset: Option<ClockOffset>,
+    /// Per UDP stream: what was sent, and what each side received (for loss by direction).
+    pub streams: Vec<StreamCounts>,
+    /// Ground truth from an emulated network (filled in by the lab), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lab: Option<serde_json::Value>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct StreamCounts {
+    /// Stream name as in the series names ("udp-be", "voip", ...).
+    pub name: String,
+    pub dscp: u8,
+    pub interval_ms: f64,
+    pub size: u16,
+    pub sent: u64,
+    /// Replies the client received.
+    pub received: u64,
+    /// Requests the server received, from its final report (absent if it never came).
+    pub server_received: Option<u64>,
+    /// Requests the server declined by its own rate limit: not network loss.
+    pub server_limited: u64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SeriesKind {
+    /// Mbit/s of goodput per step, timestamped at the end of the step.
+    Throughput,
+    /// Round-trip time in ms, timestamped at send; `null` for a probe that never came back.
+    Latency,
+    /// One-way delay in ms (clock-offset corrected), timestamped at send; `null` when lost.
+    Owd,
+    /// Cumulative count of lost packets, timestamped at send.
+    Loss,
+}
+
+/// Series names follow one convention so that readers find them:
+/// `tcp down 3 CS5` (throughput of flow 3), `rtt udp-ef`, `owd up udp-ef`, `owd down voip`,
+/// `tcp-connect` (new-connection round trips), `rpm foreign-connect`, `rpm foreign-request`,
+/// `rpm loaded`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Series {
+    pub name: String,
+    pub kind: SeriesKind,
+    /// "down", "up", or absent for round trips.
+    pub direction: Option<String>,
+    pub dscp: Option<u8>,
+    pub unit: String,
+    /// `[t_seconds, value]`; a `null` value marks a lost packet.
+    pub samples: Vec<(f64, Option<f64>)>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Event {
+    pub t: f64,
+    pub what: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResultError {
+    #[error("cannot write {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path} is not a bloatlab result: {why}")]
+    Format { path: PathBuf, why: String },
+}
+
+fn is_gz(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "gz")
+}
+
+/// Replaces `path` with `result` atomically: readers see the old or the new file, never half.
+pub fn write_atomic(path: &Path, result: &ResultFile) -> Result<(), ResultError> {
+    let err = |source| ResultError::Write { path: path.to_path_buf(), source };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let file = std::fs::File::create(&tmp).map_err(err)?;
+    let mut out = std::io::BufWriter::new(file);
+    if is_gz(path) {
+        let mut gz = flate2::write::GzEncoder::new(&mut out, flate2::Compression::fast());
+        serde_json::to_writer(&mut gz, result).map_err(|e| err(e.into()))?;
+        gz.finish().map_err(err)?;
+    } else {
+        serde_json::to_writer(&mut out, result).map_err(|e| err(e.into()))?;
+    }
+    out.flush().map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
+}
+
+/// Reads a result file, gzipped or not (told apart by content, not name).
+pub fn read(path: &Path) -> Result<ResultFile, ResultError> {
+    let mut raw = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut raw))
+        .map_err(|source| ResultError::Read { path: path.to_path_buf(), source })?;
+    let json = if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(&raw[..])
+            .read_to_end(&mut out)
+            .map_err(|e| ResultError::Format { path: path.to_path_buf(), why: e.to_string() })?;
+        out
+    } else {
+        raw
+    };
+    let fmt_err = |why: String| ResultError::Format { path: path.to_path_buf(), why };
+    let value: serde_json::Value = serde_json::from_slice(&json).map_err(|e| fmt_err(e.to_string()))?;
+    if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT) {
+        return Err(fmt_err(format!("no \"format\": \"{FORMAT}\"")));
+    }
+    let version = value.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
+    if version != VERSION as u64 {
+        return Err(fmt_err(format!("version {version}, this bloatlab reads version {VERSION}")));
+    }
+    serde_json::from_value(value).map_err(|e| fmt_err(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> ResultFile {
+        let mut r = ResultFile::new(Metadata {
+            tool: "bloatlab".into(),
+            tool_version: "0.1.0".into(),
+            test: "ping".into(),
+            params: serde_json::json!({"length": 10}),
+            client: Host::default(),
+            server: Host::default(),
+            cc: None,
+            start_time: "2026-11-22T10:00:00Z".into(),
+            step: 0.01,
+            phases: vec![Phase { name: "idle".into(), start: 0.0, end: 10.0 }],
+            clock_offset: None,
+            streams: vec![],
+            lab: None,
+        });
+        r.series.push(Series {
+            name: "rtt udp-be".into(),
+            kind: SeriesKind::Latency,
+            direction: None,
+            dscp: Some(0),
+            unit: "ms".into(),
+            samples: vec![(0.0, Some(0.1)), (0.01, None)],
+        });
+        r
+    }
+
+    #[test]
+    fn round_trips_plain_and_gzipped() {
+        let dir = std::env::temp_dir().join(format!("bloatlab-result-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["r.json", "r.json.gz"] {
+            let p = dir.join(name);
+            write_atomic(&p, &sample()).unwrap();
+            assert_eq!(read(&p).unwrap(), sample());
+            assert!(!dir.join(format!("{name}.tmp")).exists());
+        }
+        let raw = std::fs::read(dir.join("r.json.gz")).unwrap();
+        assert_eq!(&raw[..2], &[0x1f, 0x8b]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn refuses_other_formats_and_versions() {
+        let dir = std::env::temp_dir().join(format!("bloatlab-result-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("x.json");
+        std::fs::write(&p, br#"{"format":"flent"}"#).unwrap();
+        assert!(matches!(read(&p), Err(ResultError::Format { .. })));
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["version"] = 99.into();
+        std::fs::write(&p, v.to_string()).unwrap();
+        let e = read(&p).unwrap_err().to_string();
+        assert!(e.contains("version 99"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,130 @@
+//! Summary of a run: the fields scripts depend on (see the README) plus detail. Computed by
+//! `bloatlab-analyze` from the series; stored here because it is part of the file contract.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub min: f64,
+    pub max: f64,
+    pub mean: f64,
+    pub samples: usize,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct FlowThroughput {
+    pub name: String,
+    pub direction: String,
+    pub dscp: u8,
+    pub mbps: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Throughput {
+    /// Sum of download flows' goodput over the measured part of the load phase, Mbit/s.
+    pub down: Option<f64>,
+    pub up: Option<f64>,
+    pub total: Option<f64>,
+    pub per_flow: Vec<FlowThroughput>,
+    /// Jain's fairness index among the flows of one direction (1 = equal shares).
+    pub fairness_down: Option<f64>,
+    pub fairness_up: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct DirectionLatency {
+    pub up: Option<Percentiles>,
+    pub down: Option<Percentiles>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct StreamLatency {
+    pub name: String,
+    pub dscp: u8,
+    pub idle: Option<Percentiles>,
+    pub loaded: Option<Percentiles>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Latency {
+    /// Round-trip times of UDP probes during the idle phase.
+    pub idle: Option<Percentiles>,
+    /// Round-trip times of UDP probes during the load phase (after its ramp-up).
+    pub loaded: Option<Percentiles>,
+    /// One-way delays under load, per direction (clock-offset corrected).
+    pub loaded_owd: DirectionLatency,
+    pub idle_owd: DirectionLatency,
+    /// Round trips of fresh TCP connections (connect time), as httping measures.
+    pub tcp_connect: Option<Percentiles>,
+    pub per_stream: Vec<StreamLatency>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Loss {
+    pub sent: u64,
+    pub lost: u64,
+    pub percent: f64,
+    /// Split by direction when the server reported what it received.
+    pub up_percent: Option<f64>,
+    pub down_percent: Option<f64>,
+    /// Probes the server declined by its own rate limit: not counted as loss.
+    pub server_limited: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Jitter {
+    /// RFC 3550 interarrival jitter, ms.
+    pub up: Option<f64>,
+    pub down: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Voip {
+    /// ITU-T G.107 transmission rating R and the MOS it maps to, per direction.
+    pub r_up: f64,
+    pub r_down: f64,
+    pub mos_up: f64,
+    pub mos_down: f64,
+    /// The worse of the two directions.
+    pub mos: f64,
+    /// Mouth-to-ear delay the E-model was given, ms.
+    pub mouth_to_ear_up_ms: f64,
+    pub mouth_to_ear_down_ms: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Rpm {
+    /// Round trips per minute under working conditions (draft-ietf-ippm-responsiveness).
+    pub rpm: f64,
+    /// 60000 / trimmed mean of new-connection probe times.
+    pub foreign: f64,
+    /// 60000 / trimmed mean of probes on loaded connections.
+    pub loaded: f64,
+    /// The same computation with the path idle.
+    pub idle: Option<f64>,
+    /// "poor" | "fair" | "good" | "excellent".
+    pub band: String,
+    pub load_connections: usize,
+    pub probes: usize,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    pub test: String,
+    pub throughput_mbps: Throughput,
+    pub latency_ms: Latency,
+    /// Loaded p50 minus idle p50 round trip, ms.
+    pub added_latency_ms: Option<f64>,
+    /// A+ .. F for the added latency (thresholds in the README).
+    pub grade: Option<String>,
+    pub loss: Loss,
+    pub jitter_ms: Jitter,
+    pub voip: Option<Voip>,
+    pub rpm: Option<Rpm>,
+    /// TCP retransmissions of the client's sending sockets (upload flows).
+    pub tcp_retransmits: Option<u64>,
+    pub partial: bool,
+}
