@@ -223,6 +223,7 @@ mod tests {
             step: 0.01,
             phases,
             clock_offset: None,
+            flows: vec![],
             streams,
             lab: None,
         }

@@ -1,1 +1,247 @@
-fn main() {}
+//! The `bloatlab` binary: argument parsing and wiring only.
+
+use bloatlab_measure::display::{summary_text, ProgressMode};
+use bloatlab_measure::{Ended, Options, Params, TestKind};
+use clap::{Parser, Subcommand, ValueEnum};
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "bloatlab", version, about = "Measure latency under load (bufferbloat), locate it and fix it", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve measurements: TCP control and data connections and UDP echo, all on one port.
+    Server(ServerArgs),
+    /// Run a test against a `bloatlab server`.
+    Test(TestArgs),
+}
+
+#[derive(clap::Args)]
+struct ServerArgs {
+    /// Address and port to listen on (TCP and UDP); `[::]` also accepts IPv4.
+    #[arg(long, default_value_t = SocketAddr::from(([0u16; 8], bloatlab_proto::DEFAULT_PORT)))]
+    listen: SocketAddr,
+    /// Tests that may run at once; further clients are told the server is busy.
+    #[arg(long, default_value_t = 4)]
+    max_tests: usize,
+    /// Longest test accepted, in seconds (idle phase included).
+    #[arg(long, default_value_t = 180)]
+    max_duration: u64,
+    /// Most bulk TCP flows in one test.
+    #[arg(long, default_value_t = 32)]
+    max_flows: usize,
+    /// Do not log tests to stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TestName {
+    /// Idle latency: UDP probes and TCP connect times.
+    Ping,
+    /// Download: --flows TCP flows from the server.
+    TcpDown,
+    /// Upload: --flows TCP flows to the server.
+    TcpUp,
+    /// Both directions at once, --flows each way.
+    TcpBidir,
+    /// Realtime Response Under Load: 4 down + 4 up flows marked BE, BK, CS5, EF, with UDP probes marked EF, BK, BE.
+    Rrul,
+    /// rrul with every flow and probe unmarked (best effort).
+    RrulBe,
+    /// A call-like isochronous stream each way (20 ms, 172 B): one-way delay, jitter, loss, MOS.
+    Voip,
+    /// Responsiveness under working conditions, in round trips per minute (IETF ippm draft).
+    Rpm,
+}
+
+impl From<TestName> for TestKind {
+    fn from(t: TestName) -> TestKind {
+        match t {
+            TestName::Ping => TestKind::Ping,
+            TestName::TcpDown => TestKind::TcpDown,
+            TestName::TcpUp => TestKind::TcpUp,
+            TestName::TcpBidir => TestKind::TcpBidir,
+            TestName::Rrul => TestKind::Rrul,
+            TestName::RrulBe => TestKind::RrulBe,
+            TestName::Voip => TestKind::Voip,
+            TestName::Rpm => TestKind::Rpm,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Cc {
+    Cubic,
+    Bbr,
+    Reno,
+}
+
+#[derive(clap::Args)]
+struct TestArgs {
+    #[arg(value_enum)]
+    test: TestName,
+    /// Server as HOST, HOST:PORT, [IPV6]:PORT or a bare IPv6 address (default port 9461).
+    host: String,
+    /// Length of the load phase in seconds (the whole test for ping and plain voip). Default:
+    /// 10 for ping, 20 for rpm, 30 otherwise.
+    #[arg(short, long)]
+    length: Option<f64>,
+    /// Idle phase before the load, in seconds: the baseline latency.
+    #[arg(long, default_value_t = 5.0)]
+    idle: f64,
+    /// Probe interval and throughput sampling step, in seconds.
+    #[arg(long, default_value_t = 0.01)]
+    step: f64,
+    /// TCP flows per direction for tcp-down, tcp-up and tcp-bidir.
+    #[arg(long, default_value_t = 4)]
+    flows: u16,
+    /// TCP congestion control of the test flows, set by whichever side sends (default: each
+    /// host's system default, which is recorded).
+    #[arg(long, value_enum)]
+    cc: Option<Cc>,
+    /// DSCP of the voip stream: a number 0..63 or a name (EF, CS6, AF41, ...). EF (46) lands in
+    /// the Wi-Fi VI queue on older Linux kernels; CS6 (48) in VO.
+    #[arg(long, default_value = "EF", value_parser = bloatlab_proto::parse_dscp)]
+    dscp: u8,
+    /// voip: make the call under 4 download + 4 upload TCP flows.
+    #[arg(long)]
+    under_load: bool,
+    /// UDP latency probe size in bytes (56..1472).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(56..=1472))]
+    probe_size: u16,
+    /// Result file (versioned JSON, gzipped when the name ends in .gz). Default:
+    /// bloatlab-TEST-TIMESTAMP.json.gz
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Print the summary as JSON on stdout instead of text.
+    #[arg(long)]
+    json: bool,
+    /// No progress output.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Server(a) => server(a),
+        Command::Test(a) => test(a),
+    }
+}
+
+/// Ctrl-C (and SIGTERM) set the flag; a second one exits at once.
+fn stop_flag() -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let _ = ctrlc::set_handler(move || {
+        if s.swap(true, Ordering::Relaxed) {
+            std::process::exit(130);
+        }
+    });
+    stop
+}
+
+fn fail(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("bloatlab: {msg}");
+    ExitCode::from(1)
+}
+
+fn server(a: ServerArgs) -> ExitCode {
+    let config = bloatlab_server::Config {
+        listen: a.listen,
+        max_tests: a.max_tests,
+        max_duration: Duration::from_secs(a.max_duration),
+        max_flows: a.max_flows,
+        verbose: !a.quiet,
+        ..Default::default()
+    };
+    let stop = stop_flag();
+    let server = match bloatlab_server::Server::start(config) {
+        Ok(s) => s,
+        Err(e) => return fail(format!("{e}; is another server running there? choose another with --listen")),
+    };
+    if !a.quiet {
+        eprintln!("bloatlab server listening on {} (TCP and UDP); Ctrl-C to stop", server.local_addr);
+    }
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    server.stop();
+    ExitCode::from(130)
+}
+
+fn test(a: TestArgs) -> ExitCode {
+    let kind: TestKind = a.test.into();
+    let usage = |m: &str| {
+        eprintln!("bloatlab: {m}");
+        ExitCode::from(2)
+    };
+    let length = a.length.unwrap_or(kind.default_length());
+    if !(length > 0.0 && length.is_finite()) || !(a.idle >= 0.0 && a.idle.is_finite()) {
+        return usage("--length must be positive and --idle not negative");
+    }
+    if !(0.001..=1.0).contains(&a.step) {
+        return usage("--step must be between 0.001 and 1 second");
+    }
+    if a.flows == 0 || a.flows > 16 {
+        return usage("--flows must be between 1 and 16");
+    }
+    let params = Params {
+        test: kind,
+        length,
+        idle: a.idle,
+        step: a.step,
+        flows: a.flows,
+        cc: a.cc.map(|c| match c {
+            Cc::Cubic => "cubic".to_string(),
+            Cc::Bbr => "bbr".to_string(),
+            Cc::Reno => "reno".to_string(),
+        }),
+        dscp: a.dscp,
+        under_load: a.under_load,
+        probe_size: a.probe_size,
+    };
+    let progress = if a.quiet {
+        ProgressMode::Quiet
+    } else if std::io::stderr().is_terminal() {
+        ProgressMode::Live
+    } else {
+        ProgressMode::Lines
+    };
+    let opts = Options { output: a.output, progress, stop: stop_flag() };
+    let outcome = match bloatlab_measure::run(&params, &a.host, &opts) {
+        Ok(o) => o,
+        Err(e) => return fail(e),
+    };
+    let summary = outcome.result.summary.clone().unwrap_or_default();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&summary).expect("summary serializes"));
+    } else {
+        print!("{}", summary_text(&summary, &outcome.result.metadata));
+    }
+    let path = outcome.path.display();
+    match outcome.ended {
+        Ended::Complete => {
+            if !a.quiet {
+                eprintln!("result written to {path}");
+            }
+            ExitCode::SUCCESS
+        }
+        Ended::Interrupted => {
+            eprintln!("bloatlab: interrupted; partial results kept in {path}");
+            ExitCode::from(130)
+        }
+        Ended::ServerLost(why) => fail(format!("{why} mid-test; partial results kept in {path}. Check that the server is still running")),
+    }
+}

@@ -1,0 +1,47 @@
+//! The client side of a measurement: turns a test plan into sockets, flows and probes and
+//! produces timestamped samples in a result file. It knows nothing of grading or plotting
+//! beyond calling `bloatlab-analyze` for the summary.
+
+mod connprobe;
+mod control;
+pub mod display;
+mod flow;
+pub mod plan;
+mod probe;
+mod record;
+mod run;
+pub mod target;
+
+pub use plan::{Params, TestKind};
+pub use run::{run, Ended, Options, Outcome};
+
+use std::net::SocketAddr;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MeasureError {
+    #[error("cannot resolve {host}: {why}")]
+    Resolve { host: String, why: String },
+    #[error("cannot reach {addr}: {source}; is `bloatlab server` running there and TCP/UDP port {port} open?", port = addr.port())]
+    Unreachable { addr: SocketAddr, source: std::io::Error },
+    #[error("{addr} does not speak this bloatlab protocol: {message}")]
+    Version { addr: SocketAddr, message: String },
+    #[error("server is busy: {0}")]
+    Busy(String),
+    #[error("server refused the test: {0}")]
+    Refused(String),
+    #[error("server refused the test token: {0}; the test may have outlived the server's limit")]
+    Token(String),
+    #[error("server closed the connection during the handshake")]
+    HandshakeLost,
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error(transparent)]
+    Result(#[from] bloatlab_result::ResultError),
+}
+
+impl MeasureError {
+    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> MeasureError {
+        let what = what.into();
+        move |source| MeasureError::Io { what, source }
+    }
+}

@@ -1,0 +1,209 @@
+//! Socket options and host facts that std does not expose. Linux only: bloatlab measures Linux
+//! network stacks, and TCP_INFO / TCP_CONGESTION are Linux interfaces.
+
+use socket2::SockRef;
+use std::io::{self, BufRead};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// Nanoseconds on this process's monotonic clock. Client and server each use their own; the
+/// clock offset between them is estimated, never assumed.
+pub fn mono_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Puts `dscp` (0..=63) in the TOS / traffic-class byte of everything the socket sends. Both
+/// options are tried: a dual-stack IPv6 socket talking to an IPv4-mapped peer uses IP_TOS.
+pub fn set_dscp(sock: SockRef<'_>, dscp: u8, peer: &SocketAddr) -> io::Result<()> {
+    let tos = u32::from(dscp) << 2;
+    match peer {
+        SocketAddr::V4(_) => sock.set_tos_v4(tos),
+        SocketAddr::V6(a) => {
+            let r6 = sock.set_tclass_v6(tos);
+            if a.ip().to_ipv4_mapped().is_some() {
+                // Best effort: the kernel takes IP_TOS on v6 sockets for mapped peers.
+                let _ = sock.set_tos_v4(tos);
+            }
+            r6
+        }
+    }
+}
+
+/// Sets the TCP congestion control of one socket; the error names the algorithms available.
+pub fn set_cc(stream: &TcpStream, name: &str) -> io::Result<()> {
+    SockRef::from(stream).set_tcp_congestion(name.as_bytes()).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("congestion control {name:?} not available ({e}); this host has: {}", available_cc()),
+        )
+    })
+}
+
+/// The congestion control in effect on a socket.
+pub fn cc(stream: &TcpStream) -> Option<String> {
+    let raw = SockRef::from(stream).tcp_congestion().ok()?;
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    Some(String::from_utf8_lossy(&raw[..end]).into_owned())
+}
+
+fn proc_string(path: &str) -> String {
+    std::fs::read_to_string(path).map(|s| s.trim().to_string()).unwrap_or_else(|_| "unknown".into())
+}
+
+pub fn default_cc() -> String {
+    proc_string("/proc/sys/net/ipv4/tcp_congestion_control")
+}
+
+pub fn available_cc() -> String {
+    proc_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+}
+
+pub fn kernel() -> String {
+    proc_string("/proc/sys/kernel/osrelease")
+}
+
+pub fn hostname() -> String {
+    proc_string("/proc/sys/kernel/hostname")
+}
+
+/// The fields of the kernel's `struct tcp_info` that bloatlab reads. Declared here because
+/// libc's glibc variant stops before `tcpi_bytes_acked`; layout as in linux/tcp.h.
+#[repr(C)]
+#[derive(Default)]
+struct RawTcpInfo {
+    u8s: [u8; 8],
+    rto: u32,
+    ato: u32,
+    snd_mss: u32,
+    rcv_mss: u32,
+    unacked: u32,
+    sacked: u32,
+    lost: u32,
+    retrans: u32,
+    fackets: u32,
+    last_data_sent: u32,
+    last_ack_sent: u32,
+    last_data_recv: u32,
+    last_ack_recv: u32,
+    pmtu: u32,
+    rcv_ssthresh: u32,
+    rtt: u32,
+    rttvar: u32,
+    snd_ssthresh: u32,
+    snd_cwnd: u32,
+    advmss: u32,
+    reordering: u32,
+    rcv_rtt: u32,
+    rcv_space: u32,
+    total_retrans: u32,
+    pacing_rate: u64,
+    max_pacing_rate: u64,
+    bytes_acked: u64,
+    bytes_received: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcpInfo {
+    /// Payload bytes the peer acknowledged: the sender's view of goodput.
+    pub bytes_acked: u64,
+    pub rtt_us: u32,
+    pub total_retrans: u32,
+    pub snd_cwnd: u32,
+}
+
+pub fn tcp_info(stream: &TcpStream) -> io::Result<TcpInfo> {
+    let mut raw = RawTcpInfo::default();
+    let mut len = std::mem::size_of::<RawTcpInfo>() as libc::socklen_t;
+    // SAFETY: raw is a plain repr(C) struct of `len` bytes that the kernel fills at most.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            &mut raw as *mut RawTcpInfo as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if (len as usize) < std::mem::size_of::<RawTcpInfo>() {
+        return Err(io::Error::new(io::ErrorKind::Unsupported, "kernel too old for tcpi_bytes_acked"));
+    }
+    // The kernel counts the SYN's sequence number as one acknowledged byte.
+    Ok(TcpInfo { bytes_acked: raw.bytes_acked.saturating_sub(1), rtt_us: raw.rtt, total_retrans: raw.total_retrans, snd_cwnd: raw.snd_cwnd })
+}
+
+/// Reads one `\n`-terminated line of at most `max` bytes. `Ok(None)` at a clean end of stream;
+/// an error for an over-long line (the peer does not speak the protocol).
+pub fn read_line(r: &mut impl BufRead, max: usize) -> io::Result<Option<Vec<u8>>> {
+    let mut line = Vec::new();
+    loop {
+        let buf = r.fill_buf()?;
+        if buf.is_empty() {
+            return if line.is_empty() {
+                Ok(None)
+            } else {
+                Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed mid-line"))
+            };
+        }
+        if let Some(i) = buf.iter().position(|&b| b == b'\n') {
+            line.extend_from_slice(&buf[..i]);
+            r.consume(i + 1);
+            return Ok(Some(line));
+        }
+        let n = buf.len();
+        line.extend_from_slice(buf);
+        r.consume(n);
+        if line.len() > max {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("line longer than {max} bytes")));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn reads_lines_and_refuses_endless_ones() {
+        let mut r = io::BufReader::new(&b"one\ntwo\nthree"[..]);
+        assert_eq!(read_line(&mut r, 10).unwrap().unwrap(), b"one");
+        assert_eq!(read_line(&mut r, 10).unwrap().unwrap(), b"two");
+        assert!(read_line(&mut r, 10).is_err(), "unterminated last line");
+        let long = vec![b'x'; 100];
+        assert!(read_line(&mut io::BufReader::with_capacity(8, &long[..]), 10).is_err());
+        assert!(read_line(&mut io::BufReader::new(&b""[..]), 10).unwrap().is_none());
+    }
+
+    #[test]
+    fn tcp_info_counts_acknowledged_bytes_on_loopback() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        use std::io::{Read, Write};
+        c.write_all(&[1u8; 100_000]).unwrap();
+        let mut got = vec![0u8; 100_000];
+        s.read_exact(&mut got).unwrap();
+        let deadline = Instant::now() + std::time::Duration::from_secs(2);
+        while tcp_info(&c).unwrap().bytes_acked < 100_000 && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(tcp_info(&c).unwrap().bytes_acked, 100_000);
+    }
+
+    #[test]
+    fn congestion_control_is_settable_and_readable() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        // reno is built into every Linux kernel.
+        set_cc(&c, "reno").unwrap();
+        assert_eq!(cc(&c).as_deref(), Some("reno"));
+        let e = set_cc(&c, "no-such-cc").unwrap_err().to_string();
+        assert!(e.contains("this host has"), "{e}");
+    }
+}

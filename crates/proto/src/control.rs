@@ -160,6 +160,8 @@ pub enum ServerMsg {
         max_duration_ms: u64,
     },
     Accepted { token: Token, max_duration_ms: u64 },
+    /// Answer to `data_hello`: frames follow. `cc` is the server socket's congestion control.
+    DataOk { cc: Option<String> },
     Refused { reason: RefuseReason, message: String },
     ProbeReply,
     Report { streams: Vec<StreamReport>, flows: Vec<FlowReport> },

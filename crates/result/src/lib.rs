@@ -88,11 +88,22 @@ pub struct Metadata {
     pub step: f64,
     pub phases: Vec<Phase>,
     pub clock_offset: Option<ClockOffset>,
+    /// Per bulk flow: the congestion control actually in effect on its sending socket.
+    #[serde(default)]
+    pub flows: Vec<FlowInfo>,
     /// Per UDP stream: what was sent, and what each side received (for loss by direction).
     pub streams: Vec<StreamCounts>,
     /// Ground truth from an emulated network (filled in by the lab), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lab: Option<serde_json::Value>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct FlowInfo {
+    pub name: String,
+    pub cc: Option<String>,
+    /// Payload bytes the server counted (upload: received; download: written), if it reported.
+    pub server_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -223,6 +234,7 @@ mod tests {
             step: 0.01,
             phases: vec![Phase { name: "idle".into(), start: 0.0, end: 10.0 }],
             clock_offset: None,
+            flows: vec![],
             streams: vec![],
             lab: None,
         });

@@ -1,0 +1,191 @@
+//! What a person sees: live progress while a test runs, and the summary afterwards.
+
+use bloatlab_result::{Metadata, Percentiles, Summary};
+use std::fmt::Write as _;
+use std::io::Write;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// One line rewritten in place (a terminal).
+    Live,
+    /// A plain line every second (a log file, a pipe).
+    Lines,
+    Quiet,
+}
+
+pub struct Status<'a> {
+    pub test: &'a str,
+    pub phase: &'a str,
+    pub elapsed: f64,
+    pub total: f64,
+    pub down_mbps: Option<f64>,
+    pub up_mbps: Option<f64>,
+    pub rtt_ms: Option<f64>,
+}
+
+impl Status<'_> {
+    fn line(&self) -> String {
+        let mut s = format!("{} {:>5.1}/{:.0} s  {:<5}", self.test, self.elapsed, self.total, self.phase);
+        if let Some(d) = self.down_mbps {
+            let _ = write!(s, "  down {d:7.2} Mbit/s");
+        }
+        if let Some(u) = self.up_mbps {
+            let _ = write!(s, "  up {u:7.2} Mbit/s");
+        }
+        match self.rtt_ms {
+            Some(r) => {
+                let _ = write!(s, "  rtt {}", ms(r));
+            }
+            None => s.push_str("  rtt -"),
+        }
+        s
+    }
+}
+
+pub struct Progress {
+    mode: ProgressMode,
+    last_line: f64,
+    drawn: bool,
+}
+
+impl Progress {
+    pub fn new(mode: ProgressMode) -> Self {
+        Progress { mode, last_line: f64::NEG_INFINITY, drawn: false }
+    }
+
+    pub fn update(&mut self, st: &Status) {
+        let mut err = std::io::stderr().lock();
+        match self.mode {
+            ProgressMode::Quiet => {}
+            ProgressMode::Live => {
+                let _ = write!(err, "\r\x1b[K{}", st.line());
+                let _ = err.flush();
+                self.drawn = true;
+            }
+            ProgressMode::Lines => {
+                if st.elapsed - self.last_line >= 1.0 {
+                    self.last_line = st.elapsed;
+                    let _ = writeln!(err, "{}", st.line());
+                }
+            }
+        }
+    }
+
+    pub fn message(&mut self, msg: &str) {
+        if self.mode == ProgressMode::Quiet {
+            return;
+        }
+        self.finish();
+        eprintln!("{msg}");
+    }
+
+    pub fn finish(&mut self) {
+        if self.drawn {
+            eprintln!();
+            self.drawn = false;
+        }
+    }
+}
+
+/// Milliseconds with a precision that suits their size.
+pub fn ms(v: f64) -> String {
+    if v.abs() < 1.0 {
+        format!("{v:.3} ms")
+    } else if v.abs() < 100.0 {
+        format!("{v:.1} ms")
+    } else {
+        format!("{v:.0} ms")
+    }
+}
+
+fn pct_line(label: &str, p: &Option<Percentiles>) -> Option<String> {
+    p.as_ref().map(|p| {
+        format!("  {label:<22} p50 {:>9}  p90 {:>9}  p99 {:>9}  ({} samples)", ms(p.p50), ms(p.p90), ms(p.p99), p.samples)
+    })
+}
+
+/// The human summary printed after a test.
+pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
+    let mut out = String::new();
+    let cc = meta.cc.clone().unwrap_or_else(|| format!("default (client {}, server {})", meta.client.default_cc, meta.server.default_cc));
+    let _ = writeln!(out, "{} to {} ({}), congestion control {cc}{}", s.test, meta.server.name, meta.server.address.as_deref().unwrap_or("?"), if s.partial { "  [PARTIAL]" } else { "" });
+    let t = &s.throughput_mbps;
+    if t.down.is_some() || t.up.is_some() {
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+        let _ = writeln!(out, "Throughput (Mbit/s)     down {}  up {}  total {}", f(t.down), f(t.up), f(t.total));
+        if let Some(j) = t.fairness_down {
+            let _ = write!(out, "  fairness (Jain) down {j:.3}");
+        }
+        if let Some(j) = t.fairness_up {
+            let _ = write!(out, "  up {j:.3}");
+        }
+        if t.fairness_down.is_some() || t.fairness_up.is_some() {
+            out.push('\n');
+        }
+        for fl in &t.per_flow {
+            let _ = writeln!(out, "    {:<18} {:8.2}", fl.name, fl.mbps);
+        }
+    }
+    let l = &s.latency_ms;
+    let _ = writeln!(out, "Latency (round trip)");
+    for line in [
+        pct_line("idle", &l.idle),
+        pct_line("loaded", &l.loaded),
+        pct_line("loaded one-way up", &l.loaded_owd.up),
+        pct_line("loaded one-way down", &l.loaded_owd.down),
+        pct_line("idle one-way up", if l.loaded.is_none() { &l.idle_owd.up } else { &None }),
+        pct_line("idle one-way down", if l.loaded.is_none() { &l.idle_owd.down } else { &None }),
+        pct_line("TCP connect", &l.tcp_connect),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let _ = writeln!(out, "{line}");
+    }
+    if l.per_stream.len() > 1 {
+        for st in &l.per_stream {
+            if let Some(line) = pct_line(&format!("loaded {}", st.name), &st.loaded) {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+    }
+    if let Some(o) = &meta.clock_offset {
+        let _ = writeln!(out, "  clock offset server-client {} +/- {}", ms(o.offset_ms), ms(o.uncertainty_ms));
+    }
+    let j = &s.jitter_ms;
+    if j.up.is_some() || j.down.is_some() {
+        let f = |v: Option<f64>| v.map_or("-".into(), ms);
+        let _ = writeln!(out, "Jitter (RFC 3550)       up {}  down {}", f(j.up), f(j.down));
+    }
+    let lo = &s.loss;
+    let _ = write!(out, "Loss                    {:.2}% of {} probes", lo.percent, lo.sent);
+    if let (Some(u), Some(d)) = (lo.up_percent, lo.down_percent) {
+        let _ = write!(out, " (up {u:.2}%, down {d:.2}%)");
+    }
+    if lo.server_limited > 0 {
+        let _ = write!(out, "; {} declined by the server's rate limit, not counted", lo.server_limited);
+    }
+    out.push('\n');
+    if let Some(r) = s.tcp_retransmits {
+        let _ = writeln!(out, "TCP retransmits (up)    {r}");
+    }
+    if let Some(v) = &s.voip {
+        let _ = writeln!(
+            out,
+            "VoIP (G.107 E-model)    MOS {:.2}  (up {:.2}, R {:.1}; down {:.2}, R {:.1}; mouth-to-ear {} / {})",
+            v.mos, v.mos_up, v.r_up, v.mos_down, v.r_down, ms(v.mouth_to_ear_up_ms), ms(v.mouth_to_ear_down_ms)
+        );
+    }
+    if let Some(r) = &s.rpm {
+        let idle = r.idle.map_or(String::new(), |i| format!(", idle {i:.0}"));
+        let _ = writeln!(
+            out,
+            "Responsiveness          {:.0} RPM ({})  foreign {:.0}, loaded {:.0}{idle}; {} load connections, {} probes",
+            r.rpm, r.band, r.foreign, r.loaded, r.load_connections, r.probes
+        );
+    }
+    if let (Some(a), Some(g)) = (s.added_latency_ms, &s.grade) {
+        let _ = writeln!(out, "Added latency under load {}  grade {g}", ms(a));
+    }
+    out
+}

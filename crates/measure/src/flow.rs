@@ -1,0 +1,205 @@
+//! Bulk TCP flows. Download: the client reads and counts. Upload: the client writes, and
+//! goodput is what the server's TCP acknowledged (TCP_INFO), sampled each step.
+
+use crate::control::{connect, hello};
+use crate::plan::Flow;
+use crate::MeasureError;
+use bloatlab_netio as netio;
+use bloatlab_proto::{frame, ClientMsg, Direction, ServerMsg, Token};
+use std::collections::HashMap;
+use std::io::{BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Probes riding on loaded connections (RPM "self" probes): id -> send time, and results.
+#[derive(Default)]
+pub struct PingLog {
+    pending: Mutex<HashMap<u64, u64>>,
+    /// (send time ns, round trip ms)
+    pub done: Mutex<Vec<(u64, f64)>>,
+}
+
+impl PingLog {
+    fn pong(&self, id: u64) {
+        let now = netio::mono_ns();
+        if let Some(sent) = self.pending.lock().unwrap().remove(&id) {
+            self.done.lock().unwrap().push((sent, (now - sent) as f64 / 1e6));
+        }
+    }
+}
+
+enum PingPath {
+    /// Download flows: the client's direction is idle; write the ping straight out.
+    Direct(Mutex<TcpStream>),
+    /// Upload flows: the ping joins the data the writer thread is queueing.
+    Queued(mpsc::Sender<u64>),
+}
+
+pub struct FlowConn {
+    pub flow: Flow,
+    /// Congestion control of the sending socket (ours for upload, the server's for download).
+    pub cc: Option<String>,
+    stream: TcpStream,
+    received: Arc<AtomicU64>,
+    acked_base: u64,
+    ping_path: PingPath,
+    stop: Arc<AtomicBool>,
+    /// Set when the connection broke before we stopped it.
+    pub broken: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    /// (t seconds, Mbit/s) per step.
+    pub samples: Vec<(f64, Option<f64>)>,
+    last_bytes: u64,
+}
+
+impl FlowConn {
+    pub fn open(addr: SocketAddr, token: Token, flow: Flow, pings: Arc<PingLog>) -> Result<FlowConn, MeasureError> {
+        let mut stream = connect(&[addr])?;
+        let _ = netio::set_dscp(socket2::SockRef::from(&stream), flow.spec.dscp, &addr);
+        let upload = flow.spec.direction == Direction::Up;
+        if upload {
+            if let Some(cc) = &flow.spec.cc {
+                netio::set_cc(&stream, cc).map_err(MeasureError::io(format!("flow {}", flow.name)))?;
+            }
+        }
+        let _ = stream.set_read_timeout(Some(crate::control::CONNECT_TIMEOUT));
+        let mut reader = BufReader::new(stream.try_clone().map_err(MeasureError::io("flow socket"))?);
+        let server_cc = match hello(&mut stream, &mut reader, addr, &ClientMsg::DataHello { token, flow: flow.spec.id })? {
+            ServerMsg::DataOk { cc } => cc,
+            other => return Err(MeasureError::Version { addr, message: format!("unexpected answer {other:?}") }),
+        };
+        let cc = if upload { netio::cc(&stream) } else { server_cc };
+        let acked_base = if upload { netio::tcp_info(&stream).map(|i| i.bytes_acked).unwrap_or(0) } else { 0 };
+        // Periodic timeouts let the threads notice `stop`.
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+        let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let broken = Arc::new(AtomicBool::new(false));
+        let received = Arc::new(AtomicU64::new(0));
+        let mut threads = Vec::new();
+
+        // Reader: counts download data, and takes pongs in both directions.
+        {
+            let (stop, broken, received, pings) = (stop.clone(), broken.clone(), received.clone(), pings.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut decoder = frame::Decoder::new();
+                let pending = reader.buffer().to_vec();
+                let on_event = |e| match e {
+                    frame::Event::Data(n) => {
+                        received.fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                    frame::Event::Pong(id) => pings.pong(id),
+                    frame::Event::Ping(_) => {}
+                };
+                let mut ok = decoder.feed(&pending, on_event).is_ok();
+                let mut sock = reader.into_inner();
+                let mut buf = vec![0u8; 256 * 1024];
+                while ok && !stop.load(Ordering::Relaxed) {
+                    match sock.read(&mut buf) {
+                        Ok(0) => {
+                            ok = false;
+                        }
+                        Ok(n) => ok = decoder.feed(&buf[..n], on_event).is_ok(),
+                        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                        Err(_) => ok = false,
+                    }
+                }
+                if !ok && !stop.load(Ordering::Relaxed) {
+                    broken.store(true, Ordering::Relaxed);
+                }
+            }));
+        }
+        let ping_path = if upload {
+            let (tx, rx) = mpsc::channel::<u64>();
+            let (stop, broken) = (stop.clone(), broken.clone());
+            let mut w = stream.try_clone().map_err(MeasureError::io("flow socket"))?;
+            threads.push(std::thread::spawn(move || {
+                let mut chunk = vec![0u8; frame::HEADER_LEN + frame::DATA_PAYLOAD];
+                chunk[..frame::HEADER_LEN].copy_from_slice(&frame::data_header(frame::DATA_PAYLOAD));
+                while !stop.load(Ordering::Relaxed) {
+                    while let Ok(id) = rx.try_recv() {
+                        if write_until_stopped(&mut w, &frame::ping(id), &stop).is_err() {
+                            break;
+                        }
+                    }
+                    if write_until_stopped(&mut w, &chunk, &stop).is_err() {
+                        if !stop.load(Ordering::Relaxed) {
+                            broken.store(true, Ordering::Relaxed);
+                        }
+                        break;
+                    }
+                }
+            }));
+            PingPath::Queued(tx)
+        } else {
+            PingPath::Direct(Mutex::new(stream.try_clone().map_err(MeasureError::io("flow socket"))?))
+        };
+        Ok(FlowConn { flow, cc, stream, received, acked_base, ping_path, stop, broken, threads, samples: Vec::new(), last_bytes: 0 })
+    }
+
+    /// Goodput bytes so far: read by us (download) or acknowledged by the server (upload).
+    pub fn bytes(&self) -> u64 {
+        match self.flow.spec.direction {
+            Direction::Down => self.received.load(Ordering::Relaxed),
+            Direction::Up => netio::tcp_info(&self.stream).map(|i| i.bytes_acked.saturating_sub(self.acked_base)).unwrap_or(self.last_bytes),
+        }
+    }
+
+    /// Records one throughput sample for the step that ended at `t` and lasted `dt` seconds.
+    pub fn sample(&mut self, t: f64, dt: f64) {
+        let b = self.bytes();
+        let mbps = (b.saturating_sub(self.last_bytes)) as f64 * 8.0 / dt / 1e6;
+        self.last_bytes = b;
+        self.samples.push((t, Some(mbps)));
+    }
+
+    pub fn retransmits(&self) -> Option<u32> {
+        (self.flow.spec.direction == Direction::Up).then(|| netio::tcp_info(&self.stream).ok().map(|i| i.total_retrans)).flatten()
+    }
+
+    pub fn ping(&self, id: u64, log: &PingLog) {
+        log.pending.lock().unwrap().insert(id, netio::mono_ns());
+        match &self.ping_path {
+            PingPath::Direct(s) => {
+                let _ = s.lock().unwrap().write_all(&frame::ping(id));
+            }
+            PingPath::Queued(tx) => {
+                let _ = tx.send(id);
+            }
+        }
+    }
+
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for FlowConn {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn write_until_stopped(w: &mut TcpStream, mut buf: &[u8], stop: &AtomicBool) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match w.write(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                if stop.load(Ordering::Relaxed) {
+                    return Err(std::io::ErrorKind::TimedOut.into());
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,225 @@
+//! Test plans: which flows and probe streams a test runs, for how long. Pure.
+
+use bloatlab_proto::{dscp_name, Direction, FlowSpec, StreamSpec};
+use serde::Serialize;
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TestKind {
+    Ping,
+    TcpDown,
+    TcpUp,
+    TcpBidir,
+    Rrul,
+    RrulBe,
+    Voip,
+    Rpm,
+}
+
+impl TestKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            TestKind::Ping => "ping",
+            TestKind::TcpDown => "tcp-down",
+            TestKind::TcpUp => "tcp-up",
+            TestKind::TcpBidir => "tcp-bidir",
+            TestKind::Rrul => "rrul",
+            TestKind::RrulBe => "rrul-be",
+            TestKind::Voip => "voip",
+            TestKind::Rpm => "rpm",
+        }
+    }
+
+    /// Default length of the measured (load) part, seconds.
+    pub fn default_length(self) -> f64 {
+        match self {
+            TestKind::Ping => 10.0,
+            TestKind::Rpm => 20.0,
+            _ => 30.0,
+        }
+    }
+}
+
+/// What the user asked for.
+#[derive(Clone, Debug, Serialize)]
+pub struct Params {
+    pub test: TestKind,
+    /// Length of the load phase (the whole test for ping and plain voip), seconds.
+    pub length: f64,
+    /// Idle phase before the load, seconds (baseline latency).
+    pub idle: f64,
+    /// Probe interval and throughput sampling step, seconds.
+    pub step: f64,
+    /// Flows per direction for tcp-* tests.
+    pub flows: u16,
+    /// Congestion control for every flow, set by whichever side sends.
+    pub cc: Option<String>,
+    /// DSCP of the VoIP stream.
+    pub dscp: u8,
+    /// voip: run the call under 4+4 bulk flows.
+    pub under_load: bool,
+    /// UDP probe payload size, bytes.
+    pub probe_size: u16,
+}
+
+/// A probe stream of the plan, with the name its series carry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stream {
+    pub name: String,
+    pub spec: StreamSpec,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Flow {
+    /// "tcp down 3 CS5"
+    pub name: String,
+    pub spec: FlowSpec,
+    /// Seconds into the load phase at which the flow opens (RPM adds load gradually).
+    pub start_after: f64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub idle: f64,
+    /// Load phase length (0 for tests without load).
+    pub load: f64,
+    pub flows: Vec<Flow>,
+    pub streams: Vec<Stream>,
+    /// Interval of new-connection probes (TCP connect RTT, RPM foreign probes).
+    pub connect_probe_interval: Option<Duration>,
+    /// Interval of probes on loaded connections (RPM).
+    pub loaded_probe_interval: Option<Duration>,
+}
+
+impl Plan {
+    pub fn total(&self) -> f64 {
+        self.idle + self.load
+    }
+}
+
+/// flent's rrul marks: one flow per class and direction.
+pub const RRUL_DSCP: [u8; 4] = [0, 8, 40, 46];
+pub const VOIP_INTERVAL_US: u32 = 20_000;
+pub const VOIP_SIZE: u16 = 172;
+/// RPM: load connections per direction at most (the draft's MNP).
+pub const RPM_MAX_CONNECTIONS: u16 = 16;
+/// RPM: one new load connection per direction each this many seconds (the draft's ID).
+pub const RPM_RAMP_INTERVAL: f64 = 1.0;
+
+pub fn plan(p: &Params) -> Plan {
+    let step_us = (p.step * 1e6).round() as u32;
+    let probe = |id: u16, name: &str, dscp: u8| Stream {
+        name: name.into(),
+        spec: StreamSpec { id, interval_us: step_us, size: p.probe_size, dscp },
+    };
+    let mut flows = Vec::new();
+    let mut add = |direction: Direction, dscp: u8, start_after: f64| {
+        let id = flows.len() as u16 + 1;
+        let name = format!("tcp {} {} {}", direction.as_str(), id, dscp_name(dscp));
+        flows.push(Flow { name, spec: FlowSpec { id, direction, dscp, cc: p.cc.clone() }, start_after });
+    };
+    let mut streams = vec![probe(0, "udp-be", 0)];
+    let (mut idle, mut load) = (p.idle, p.length);
+    let (mut connect, mut loaded) = (None, None);
+    match p.test {
+        TestKind::Ping => {
+            (idle, load) = (p.length, 0.0);
+            connect = Some(Duration::from_secs_f64((p.step * 10.0).max(0.05)));
+        }
+        TestKind::TcpDown | TestKind::TcpUp | TestKind::TcpBidir => {
+            for _ in 0..p.flows {
+                if p.test != TestKind::TcpUp {
+                    add(Direction::Down, 0, 0.0);
+                }
+                if p.test != TestKind::TcpDown {
+                    add(Direction::Up, 0, 0.0);
+                }
+            }
+        }
+        TestKind::Rrul | TestKind::RrulBe => {
+            let marks = if p.test == TestKind::Rrul { RRUL_DSCP } else { [0; 4] };
+            for dir in [Direction::Down, Direction::Up] {
+                for d in marks {
+                    add(dir, d, 0.0);
+                }
+            }
+            if p.test == TestKind::Rrul {
+                streams.push(probe(1, "udp-ef", 46));
+                streams.push(probe(2, "udp-bk", 8));
+            }
+        }
+        TestKind::Voip => {
+            streams = vec![Stream {
+                name: "voip".into(),
+                spec: StreamSpec { id: 0, interval_us: VOIP_INTERVAL_US, size: VOIP_SIZE, dscp: p.dscp },
+            }];
+            if p.under_load {
+                for dir in [Direction::Down, Direction::Up] {
+                    for _ in 0..4 {
+                        add(dir, 0, 0.0);
+                    }
+                }
+            } else {
+                (idle, load) = (p.length, 0.0);
+            }
+        }
+        TestKind::Rpm => {
+            for i in 0..RPM_MAX_CONNECTIONS {
+                add(Direction::Down, 0, f64::from(i) * RPM_RAMP_INTERVAL);
+                add(Direction::Up, 0, f64::from(i) * RPM_RAMP_INTERVAL);
+            }
+            // The draft caps probing at 100 probe pairs per second; 10 per second is plenty.
+            connect = Some(Duration::from_millis(100));
+            loaded = Some(Duration::from_millis(100));
+        }
+    }
+    Plan { idle, load, flows, streams, connect_probe_interval: connect, loaded_probe_interval: loaded }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(test: TestKind) -> Params {
+        Params { test, length: 30.0, idle: 5.0, step: 0.01, flows: 4, cc: None, dscp: 46, under_load: false, probe_size: 64 }
+    }
+
+    #[test]
+    fn rrul_has_four_marked_flows_each_way_and_three_probe_streams() {
+        let p = plan(&params(TestKind::Rrul));
+        assert_eq!(p.flows.len(), 8);
+        let names: Vec<&str> = p.flows.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names[..4], ["tcp down 1 BE", "tcp down 2 BK", "tcp down 3 CS5", "tcp down 4 EF"]);
+        assert_eq!(names[4], "tcp up 5 BE");
+        assert_eq!(p.streams.iter().map(|s| s.spec.dscp).collect::<Vec<_>>(), [0, 46, 8]);
+        assert_eq!((p.idle, p.load, p.total()), (5.0, 30.0, 35.0));
+        assert!(plan(&params(TestKind::RrulBe)).flows.iter().all(|f| f.spec.dscp == 0));
+    }
+
+    #[test]
+    fn voip_alone_is_one_idle_call_and_under_load_adds_flows() {
+        let p = plan(&params(TestKind::Voip));
+        assert_eq!((p.idle, p.load, p.flows.len()), (30.0, 0.0, 0));
+        assert_eq!(p.streams[0].spec, StreamSpec { id: 0, interval_us: 20_000, size: 172, dscp: 46 });
+        let p = plan(&Params { under_load: true, ..params(TestKind::Voip) });
+        assert_eq!((p.idle, p.load, p.flows.len()), (5.0, 30.0, 8));
+    }
+
+    #[test]
+    fn tcp_tests_scale_with_flows_and_ping_has_no_load() {
+        assert_eq!(plan(&params(TestKind::TcpBidir)).flows.len(), 8);
+        assert!(plan(&params(TestKind::TcpUp)).flows.iter().all(|f| f.spec.direction == Direction::Up));
+        let p = plan(&params(TestKind::Ping));
+        assert_eq!((p.idle, p.load), (30.0, 0.0));
+        assert!(p.connect_probe_interval.is_some());
+    }
+
+    #[test]
+    fn rpm_ramps_load_one_connection_per_second_each_way() {
+        let p = plan(&params(TestKind::Rpm));
+        assert_eq!(p.flows.len(), 32);
+        assert_eq!(p.flows[2].start_after, 1.0);
+        assert!(p.loaded_probe_interval.is_some());
+    }
+}

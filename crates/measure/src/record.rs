@@ -1,0 +1,154 @@
+//! Turns the live state of a test into a result file (snapshot or final).
+
+use crate::connprobe::ConnRec;
+use crate::flow::{FlowConn, PingLog};
+use crate::probe::{ProbeStream, Rec};
+use bloatlab_analyze::clock::{self, Echo};
+use bloatlab_proto::{FlowReport, StreamReport};
+use bloatlab_result::*;
+
+/// A probe not answered within this long is counted lost in a snapshot (the final file counts
+/// every unanswered probe as lost, after the drain).
+const SNAPSHOT_PATIENCE_NS: u64 = 5_000_000_000;
+
+pub struct Live<'a> {
+    pub t0: u64,
+    pub now: u64,
+    pub idle_end: f64,
+    pub flows: &'a [FlowConn],
+    pub probes: &'a [ProbeStream],
+    pub connect: Option<&'a [ConnRec]>,
+    pub rpm: bool,
+    pub pings: &'a PingLog,
+    pub report: Option<&'a (Vec<StreamReport>, Vec<FlowReport>)>,
+    pub finished: bool,
+}
+
+fn secs(t0: u64, t: u64) -> f64 {
+    (t as i128 - t0 as i128) as f64 / 1e9
+}
+
+fn resolved<'r>(recs: &'r [Rec], live: &Live) -> impl Iterator<Item = &'r Rec> + 'r {
+    let (finished, cutoff) = (live.finished, live.now.saturating_sub(SNAPSHOT_PATIENCE_NS));
+    recs.iter().filter(move |r| finished || r.reply.is_some() || r.t1 < cutoff)
+}
+
+pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
+    let mut result = ResultFile::new(meta.clone());
+    result.partial = !live.finished;
+
+    // Clock offset from the idle phase's echoes when there are enough, else from all of them.
+    let logs: Vec<_> = live.probes.iter().map(|p| p.log.lock().unwrap()).collect();
+    let echoes = |idle_only: bool| -> Vec<Echo> {
+        logs.iter()
+            .flat_map(|l| l.recs.iter())
+            .filter(|r| !idle_only || secs(live.t0, r.t1) <= live.idle_end)
+            .filter_map(|r| r.reply.map(|(t2, t3, t4)| Echo { t1: r.t1, t2, t3, t4 }))
+            .collect()
+    };
+    let mut e = echoes(true);
+    if e.len() < 10 {
+        e = echoes(false);
+    }
+    let offset = clock::estimate(&e);
+    result.metadata.clock_offset = offset;
+    let off_ns = offset.map_or(0.0, |o| o.offset_ms * 1e6);
+
+    for flow in live.flows {
+        result.series.push(Series {
+            name: flow.flow.name.clone(),
+            kind: SeriesKind::Throughput,
+            direction: Some(flow.flow.spec.direction.as_str().into()),
+            dscp: Some(flow.flow.spec.dscp),
+            unit: "Mbit/s".into(),
+            samples: flow.samples.clone(),
+        });
+    }
+
+    for (p, log) in live.probes.iter().zip(&logs) {
+        let name = &p.stream.name;
+        let dscp = Some(p.stream.spec.dscp);
+        let mut rtt = Vec::new();
+        let mut up = Vec::new();
+        let mut down = Vec::new();
+        let (mut sent, mut received) = (0u64, 0u64);
+        for r in resolved(&log.recs, live) {
+            let t = secs(live.t0, r.t1);
+            sent += 1;
+            match r.reply {
+                Some((t2, t3, t4)) => {
+                    received += 1;
+                    let e = Echo { t1: r.t1, t2, t3, t4 };
+                    rtt.push((t, Some(e.rtt_ns() as f64 / 1e6)));
+                    up.push((t, Some((t2 as f64 - off_ns - r.t1 as f64) / 1e6)));
+                    down.push((t, Some((t4 as f64 - (t3 as f64 - off_ns)) / 1e6)));
+                }
+                None => {
+                    rtt.push((t, None));
+                    up.push((t, None));
+                    down.push((t, None));
+                }
+            }
+        }
+        let series = |kind, prefix: &str, dir: Option<&str>, samples| Series {
+            name: format!("{prefix} {name}"),
+            kind,
+            direction: dir.map(Into::into),
+            dscp,
+            unit: "ms".into(),
+            samples,
+        };
+        result.series.push(series(SeriesKind::Latency, "rtt", None, rtt));
+        result.series.push(series(SeriesKind::Owd, "owd up", Some("up"), up));
+        result.series.push(series(SeriesKind::Owd, "owd down", Some("down"), down));
+        let server = live.report.and_then(|(streams, _)| streams.iter().find(|s| s.id == p.stream.spec.id));
+        result.metadata.streams.push(StreamCounts {
+            name: name.clone(),
+            dscp: p.stream.spec.dscp,
+            interval_ms: f64::from(p.stream.spec.interval_us) / 1e3,
+            size: p.stream.spec.size,
+            sent,
+            received,
+            server_received: server.map(|s| s.received),
+            server_limited: server.map_or(0, |s| s.server_limited),
+        });
+    }
+    drop(logs);
+
+    if let Some(conn) = live.connect {
+        let mk = |name: &str, pick: fn(&ConnRec) -> Option<f64>| Series {
+            name: name.into(),
+            kind: SeriesKind::Latency,
+            direction: None,
+            dscp: Some(0),
+            unit: "ms".into(),
+            samples: conn.iter().map(|r| (secs(live.t0, r.0), pick(r))).collect(),
+        };
+        if live.rpm {
+            result.series.push(mk("rpm foreign-connect", |r| r.1));
+            result.series.push(mk("rpm foreign-request", |r| r.2));
+        } else {
+            result.series.push(mk("tcp-connect", |r| r.1));
+        }
+    }
+    if live.rpm {
+        let done = live.pings.done.lock().unwrap();
+        result.series.push(Series {
+            name: "rpm loaded".into(),
+            kind: SeriesKind::Latency,
+            direction: None,
+            dscp: Some(0),
+            unit: "ms".into(),
+            samples: done.iter().map(|(t, ms)| (secs(live.t0, *t), Some(*ms))).collect(),
+        });
+    }
+    for flow in live.flows {
+        let server = live.report.and_then(|(_, flows)| flows.iter().find(|f| f.id == flow.flow.spec.id));
+        result.metadata.flows.push(FlowInfo { name: flow.flow.name.clone(), cc: flow.cc.clone(), server_bytes: server.map(|f| f.bytes) });
+    }
+    let mut summary = bloatlab_analyze::summarize(&result);
+    let retrans: Vec<u32> = live.flows.iter().filter_map(|f| f.retransmits()).collect();
+    summary.tcp_retransmits = (!retrans.is_empty()).then(|| retrans.iter().map(|&r| u64::from(r)).sum());
+    result.summary = Some(summary);
+    result
+}
