@@ -40,7 +40,8 @@ struct ServerArgs {
     /// Most bulk TCP flows in one test.
     #[arg(long, default_value_t = 32)]
     max_flows: usize,
-    /// Do not log tests to stderr.
+    /// Do not log each test to stderr (the one "listening on" line is still printed: with
+    /// port 0 it is the only way to learn the port).
     #[arg(long, short)]
     quiet: bool,
 }
@@ -171,9 +172,7 @@ fn server(a: ServerArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(format!("{e}; is another server running there? choose another with --listen")),
     };
-    if !a.quiet {
-        eprintln!("bloatlab server listening on {} (TCP and UDP); Ctrl-C to stop", server.local_addr);
-    }
+    eprintln!("bloatlab server listening on {} (TCP and UDP); Ctrl-C to stop", server.local_addr);
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -96,7 +96,7 @@ impl FlowConn {
                 };
                 let mut ok = decoder.feed(&pending, on_event).is_ok();
                 let mut sock = reader.into_inner();
-                let mut buf = vec![0u8; 256 * 1024];
+                let mut buf = vec![0u8; frame::READ_BUFFER];
                 while ok && !stop.load(Ordering::Relaxed) {
                     match sock.read(&mut buf) {
                         Ok(0) => {

@@ -346,7 +346,7 @@ fn data(mut stream: TcpStream, reader: BufReader<TcpStream>, peer: SocketAddr, t
 
 fn sink_frames(mut reader: BufReader<TcpStream>, session: &Session, mut on_event: impl FnMut(frame::Event) -> bool) {
     let mut decoder = frame::Decoder::new();
-    let mut buf = vec![0u8; 256 * 1024];
+    let mut buf = vec![0u8; frame::READ_BUFFER];
     let mut alive = true;
     // Bytes read along with the hello line already belong to the frame stream.
     let pending = reader.buffer().to_vec();

@@ -1,0 +1,98 @@
+//! The measurements against a real kernel bottleneck: client - router - server namespaces with
+//! HTB 20 Mbit/s down / 5 Mbit/s up and a pfifo on the router's egress. Expected values are the
+//! physics of those queues, not snapshots of earlier runs.
+
+mod common;
+use common::*;
+
+const DOWN_MBPS: f64 = 20.0;
+const UP_MBPS: f64 = 5.0;
+/// One full-size frame on the veth as the pfifo counts it (1500 B IP + 14 B Ethernet).
+const FRAME_BITS: f64 = 1514.0 * 8.0;
+
+/// Seconds a full pfifo of `limit` frames takes to drain at `mbps`.
+fn fifo_delay_s(limit: u32, mbps: f64) -> f64 {
+    limit as f64 * FRAME_BITS / (mbps * 1e6)
+}
+
+fn topo(tag: &str, limit: u32) -> Option<Topo> {
+    match Topo::up(tag, limit, "20mbit", "5mbit") {
+        Ok(t) => Some(t),
+        Err(why) => {
+            skip(&why);
+            None
+        }
+    }
+}
+
+fn measure(t: &Topo, args: &[&str]) -> serde_json::Value {
+    let out_file = tmp_path(&format!("{}.json", args.join("_").replace(['/', ' '], "")));
+    let mut all = vec!["test"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&[SRV_ADDR, "--json", "-q", "-o", out_file.to_str().unwrap()]);
+    let out = run(&t.exec(&t.cli), &all);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let s = json(&out);
+    eprintln!(
+        "{args:?}: down {} up {} Mbit/s, idle p50 {} loaded p50 {} ms, grade {}",
+        s["throughput_mbps"]["down"], s["throughput_mbps"]["up"], s["latency_ms"]["idle"]["p50"], s["latency_ms"]["loaded"]["p50"], s["grade"]
+    );
+    s
+}
+
+#[test]
+fn goodput_matches_the_htb_rate_in_each_direction() {
+    let _g = serial();
+    let Some(t) = topo("g", 1000) else { return };
+    let _srv = t.server();
+    let down = measure(&t, &["tcp-down", "--flows", "4", "-l", "12", "--idle", "1"]);
+    let mbps = f(&down, "throughput_mbps.down");
+    // Goodput is the TCP payload: 1448 of every 1514 bytes on the wire, 95.6% of the rate.
+    assert!((mbps - DOWN_MBPS).abs() <= 0.1 * DOWN_MBPS, "tcp-down {mbps} Mbit/s vs HTB 20");
+    // No fairness bound: BBR flows (this machine's default) sharing a deep FIFO are known to
+    // split it very unevenly; every flow must still have moved data.
+    for flow in down["throughput_mbps"]["per_flow"].as_array().unwrap() {
+        assert!(flow["mbps"].as_f64().unwrap() > 0.1, "{flow}");
+    }
+
+    let up = measure(&t, &["tcp-up", "--flows", "4", "-l", "12", "--idle", "1"]);
+    let mbps = f(&up, "throughput_mbps.up");
+    assert!((mbps - UP_MBPS).abs() <= 0.1 * UP_MBPS, "tcp-up {mbps} Mbit/s vs HTB 5");
+}
+
+#[test]
+fn rrul_shows_the_bloat_a_deep_fifo_implies_and_a_short_one_avoids() {
+    let _g = serial();
+    let Some(t) = topo("r", 1000) else { return };
+    let _srv = t.server();
+    let deep = measure(&t, &["rrul", "--cc", "cubic", "-l", "20", "--idle", "2"]);
+    let idle = f(&deep, "latency_ms.idle.p50");
+    let loaded = f(&deep, "latency_ms.loaded.p50");
+    // Both FIFOs fill under rrul: a round trip waits in at most both of them (0.6 s + 2.4 s);
+    // the download FIFO alone is 0.6 s, and loss-based cubic keeps it mostly full.
+    let most = (fifo_delay_s(1000, DOWN_MBPS) + fifo_delay_s(1000, UP_MBPS)) * 1e3;
+    assert!(idle < 5.0, "idle RTT through veths {idle} ms");
+    assert!(loaded > 300.0 && loaded <= most + 50.0, "rrul loaded p50 {loaded} ms, buffers allow at most {most} ms");
+    assert!(f(&deep, "added_latency_ms") > 250.0);
+    assert!(matches!(deep["grade"].as_str(), Some("F" | "D")), "grade {}", deep["grade"]);
+    // Download ACKs wait in the bloated upload queue: the download slows, but it still runs.
+    assert!(f(&deep, "throughput_mbps.down") > 5.0 && f(&deep, "throughput_mbps.up") > 3.0, "{}", deep["throughput_mbps"]);
+
+    t.reshape(30, "20mbit", "5mbit").unwrap();
+    let short = measure(&t, &["rrul", "--cc", "cubic", "-l", "20", "--idle", "2"]);
+    let loaded_short = f(&short, "latency_ms.loaded.p50");
+    let bound = (fifo_delay_s(30, DOWN_MBPS) + fifo_delay_s(30, UP_MBPS)) * 1e3;
+    assert!(loaded_short < bound + 5.0, "pfifo 30: loaded p50 {loaded_short} ms, buffers hold {bound} ms");
+    assert!(loaded_short * 10.0 <= loaded, "pfifo 30 {loaded_short} ms is not 10x below pfifo 1000 {loaded} ms");
+}
+
+#[test]
+fn voip_over_an_idle_path_is_clean() {
+    let _g = serial();
+    let Some(t) = topo("v", 1000) else { return };
+    let _srv = t.server();
+    let s = measure(&t, &["voip", "-l", "8", "--idle", "0"]);
+    let mos = f(&s, "voip.mos");
+    assert!(mos > 4.0, "MOS {mos}: {}", s["voip"]);
+    assert!(f(&s, "loss.percent") < 1.0, "{}", s["loss"]);
+}

@@ -1,0 +1,190 @@
+//! Test fixtures: the real `bloatlab` binary, a server on loopback, and a three-namespace
+//! topology (client - router - server) with a kernel HTB bottleneck on the router.
+
+#![allow(dead_code)] // each test binary uses a different part of the fixtures
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_bloatlab");
+
+/// Timing tests share two cores: run them one at a time.
+pub static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn tmp_path(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("bloatlab-it-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// A `bloatlab server` child, killed on drop.
+pub struct ServerProc {
+    pub child: Child,
+    pub addr: String,
+}
+
+impl ServerProc {
+    /// Starts `prefix... bloatlab server --listen LISTEN extra...` and waits for its
+    /// "listening on ADDR" line.
+    pub fn start(prefix: &[&str], listen: &str, extra: &[&str]) -> ServerProc {
+        let mut cmd = command(prefix, &["server", "--listen", listen]);
+        cmd.args(extra).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn server");
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = BufReader::new(stderr).lines();
+        let first = lines.next().expect("server said nothing").unwrap();
+        let addr = first
+            .split("listening on ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .unwrap_or_else(|| panic!("unexpected server line: {first}"))
+            .to_string();
+        // Keep draining its log so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        ServerProc { child, addr }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn command(prefix: &[&str], args: &[&str]) -> Command {
+    let mut cmd = if prefix.is_empty() {
+        Command::new(BIN)
+    } else {
+        let mut c = Command::new(prefix[0]);
+        c.args(&prefix[1..]).arg(BIN);
+        c
+    };
+    cmd.args(args);
+    cmd
+}
+
+pub fn run(prefix: &[&str], args: &[&str]) -> Output {
+    command(prefix, args).output().expect("run bloatlab")
+}
+
+pub fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON on stdout ({e}); exit {:?}\nstdout: {}\nstderr: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+pub fn f(v: &serde_json::Value, path: &str) -> f64 {
+    let mut cur = v;
+    for k in path.split('.') {
+        cur = &cur[k];
+    }
+    cur.as_f64().unwrap_or_else(|| panic!("{path} is not a number in {v}"))
+}
+
+fn sh(args: &[&str]) -> Result<(), String> {
+    let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args[0]))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// client - router - server in three network namespaces, HTB + pfifo on the router's egress
+/// (a shaper on a sending host's own interface would hide bloat: TCP small queues). All
+/// namespaces are deleted on drop, also when the test fails.
+pub struct Topo {
+    pub cli: String,
+    pub rtr: String,
+    pub srv: String,
+}
+
+pub const SRV_ADDR: &str = "10.99.3.1";
+
+impl Topo {
+    /// `Err` with the reason when this machine cannot build it (not root, no netns, no htb):
+    /// the caller skips with that message.
+    pub fn up(tag: &str, limit: u32, down: &str, up: &str) -> Result<Topo, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("needs root for network namespaces".into());
+        }
+        let prefix = format!("bl{}{tag}", std::process::id() % 100_000);
+        let t = Topo { cli: format!("{prefix}c"), rtr: format!("{prefix}r"), srv: format!("{prefix}s") };
+        for n in [&t.cli, &t.rtr, &t.srv] {
+            sh(&["ip", "netns", "add", n])?;
+            sh(&["ip", "-n", n, "link", "set", "lo", "up"])?;
+        }
+        sh(&["ip", "link", "add", "c0", "netns", &t.cli, "type", "veth", "peer", "name", "rc", "netns", &t.rtr])?;
+        sh(&["ip", "link", "add", "s0", "netns", &t.srv, "type", "veth", "peer", "name", "rs", "netns", &t.rtr])?;
+        sh(&["ip", "-n", &t.cli, "addr", "add", "10.99.2.1/24", "dev", "c0"])?;
+        sh(&["ip", "-n", &t.rtr, "addr", "add", "10.99.2.254/24", "dev", "rc"])?;
+        sh(&["ip", "-n", &t.srv, "addr", "add", "10.99.3.1/24", "dev", "s0"])?;
+        sh(&["ip", "-n", &t.rtr, "addr", "add", "10.99.3.254/24", "dev", "rs"])?;
+        for (ns, dev) in [(&t.cli, "c0"), (&t.rtr, "rc"), (&t.rtr, "rs"), (&t.srv, "s0")] {
+            // Linux TCP builds 64 KB software-GSO packets even with offloads off; a pfifo would
+            // count each as one packet.
+            sh(&["ip", "-n", ns, "link", "set", "dev", dev, "gso_max_size", "1514", "gso_max_segs", "1", "up"])?;
+            let _ = sh(&["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso", "off", "gro", "off"]);
+        }
+        sh(&["ip", "-n", &t.cli, "route", "add", "default", "via", "10.99.2.254"])?;
+        sh(&["ip", "-n", &t.srv, "route", "add", "default", "via", "10.99.3.254"])?;
+        sh(&["ip", "netns", "exec", &t.rtr, "sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        t.reshape(limit, down, up)?;
+        Ok(t)
+    }
+
+    /// Download bottleneck on the router's egress towards the client, upload towards the server.
+    pub fn reshape(&self, limit: u32, down: &str, up: &str) -> Result<(), String> {
+        for (dev, rate) in [("rc", down), ("rs", up)] {
+            let _ = sh(&["ip", "netns", "exec", &self.rtr, "tc", "qdisc", "del", "dev", dev, "root"]);
+            sh(&["ip", "netns", "exec", &self.rtr, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1"])
+                .map_err(|e| format!("kernel htb unavailable: {e}"))?;
+            sh(&["ip", "netns", "exec", &self.rtr, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate])?;
+            sh(&["ip", "netns", "exec", &self.rtr, "tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "pfifo", "limit", &limit.to_string()])
+                .map_err(|e| format!("kernel pfifo unavailable: {e}"))?;
+        }
+        Ok(())
+    }
+
+    pub fn exec<'a>(&self, ns: &'a str) -> [&'a str; 4] {
+        ["ip", "netns", "exec", ns]
+    }
+
+    pub fn server(&self) -> ServerProc {
+        ServerProc::start(&self.exec(&self.srv), "0.0.0.0:9461", &["-q"])
+    }
+}
+
+impl Drop for Topo {
+    fn drop(&mut self) {
+        for n in [&self.cli, &self.rtr, &self.srv] {
+            let _ = sh(&["ip", "netns", "del", n]);
+        }
+    }
+}
+
+pub fn skip(why: &str) {
+    eprintln!("SKIP: {why}");
+}
+
+pub fn wait_ms(ms: u64) {
+    std::thread::sleep(Duration::from_millis(ms));
+}

@@ -1,0 +1,197 @@
+//! End-to-end behaviour on loopback: the user-facing contract (JSON fields, result file, exit
+//! codes, error lines) and the server's safety rules.
+
+mod common;
+use common::*;
+use std::net::UdpSocket;
+use std::time::Duration;
+
+#[test]
+fn ping_json_has_the_documented_fields_and_a_readable_result_file() {
+    let _g = serial();
+    let srv = ServerProc::start(&[], "127.0.0.1:0", &[]);
+    let out_file = tmp_path("ping.json.gz");
+    let out = run(&[], &["test", "ping", &srv.addr, "-l", "2", "--json", "-q", "-o", out_file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = json(&out);
+    for k in ["throughput_mbps", "latency_ms", "added_latency_ms", "grade", "partial"] {
+        assert!(s.get(k).is_some(), "summary lacks {k}: {s}");
+    }
+    let p50 = f(&s, "latency_ms.idle.p50");
+    assert!(p50 > 0.0 && p50 < 5.0, "loopback RTT p50 {p50} ms");
+    assert!(f(&s, "latency_ms.idle.p99") >= p50);
+    assert_eq!(s["partial"], false);
+    // 2 s at 10 ms: about 200 probes, none lost on loopback.
+    assert!((150.0..=210.0).contains(&f(&s, "loss.sent")), "{}", s["loss"]);
+    assert_eq!(f(&s, "loss.lost"), 0.0);
+    let r = bloatlab_result_read(&out_file);
+    assert_eq!(r["format"], "bloatlab-result");
+    assert_eq!(r["partial"], false);
+    assert!(r["metadata"]["clock_offset"]["uncertainty_ms"].as_f64().unwrap() < 1.0);
+    let names: Vec<&str> = r["series"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert!(names.contains(&"rtt udp-be") && names.contains(&"owd up udp-be") && names.contains(&"tcp-connect"), "{names:?}");
+}
+
+fn bloatlab_result_read(path: &std::path::Path) -> serde_json::Value {
+    let raw = std::fs::read(path).unwrap();
+    let mut json = Vec::new();
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        use std::io::Read;
+        flate2_read(&raw, &mut json);
+    } else {
+        json = raw;
+    }
+    serde_json::from_slice(&json).unwrap()
+}
+
+fn flate2_read(gz: &[u8], out: &mut Vec<u8>) {
+    // gzip -dc keeps this test free of a compression dependency.
+    let mut child = std::process::Command::new("gzip")
+        .arg("-dc")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(gz).unwrap();
+    *out = child.wait_with_output().unwrap().stdout;
+}
+
+#[test]
+fn ipv6_bracket_form_works() {
+    let _g = serial();
+    if UdpSocket::bind("[::1]:0").is_err() {
+        return skip("no IPv6 loopback on this machine");
+    }
+    let srv = ServerProc::start(&[], "[::1]:0", &["-q"]);
+    let out = run(&[], &["test", "ping", &srv.addr, "-l", "1", "--json", "-q", "-o", tmp_path("v6.json").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(f(&json(&out), "latency_ms.idle.p50") > 0.0);
+}
+
+#[test]
+fn unreachable_server_is_one_clear_line_and_exit_1() {
+    // Port 9 (discard) on loopback: nothing listens there in a test environment.
+    let out = run(&[], &["test", "ping", "127.0.0.1:9", "-l", "1", "-q"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot reach 127.0.0.1:9") && err.contains("bloatlab server"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let out = run(&[], &["test", "ping", "127.0.0.1", "--step", "5"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&[], &["test", "nosuchtest", "127.0.0.1"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn busy_and_over_long_tests_are_refused_on_the_control_channel() {
+    let _g = serial();
+    let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q", "--max-tests", "1", "--max-duration", "20"]);
+    let out = run(&[], &["test", "ping", &srv.addr, "-l", "60", "-q"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refused") && err.contains("limit of 20 s"), "{err}");
+
+    let mut first = command(&[], &["test", "ping", &srv.addr, "-l", "4", "-q", "-o", tmp_path("busy1.json").to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_ms(700);
+    let out = run(&[], &["test", "ping", &srv.addr, "-l", "1", "-q"]);
+    let _ = first.wait();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("busy"), "{err}");
+}
+
+#[test]
+fn wrong_protocol_is_named() {
+    let _g = serial();
+    // A TCP listener that answers like some other service.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        if let Ok((mut s, _)) = l.accept() {
+            use std::io::Write;
+            let _ = s.write_all(b"SSH-2.0-OpenSSH_9.2\r\n");
+            wait_ms(500);
+        }
+    });
+    let out = run(&[], &["test", "ping", &addr, "-l", "1", "-q"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not speak this bloatlab protocol"), "{err}");
+}
+
+#[test]
+fn ctrl_c_keeps_a_partial_result_and_prints_the_summary() {
+    let _g = serial();
+    let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q"]);
+    let out_file = tmp_path("interrupted.json");
+    let child = command(&[], &["test", "tcp-down", &srv.addr, "--flows", "1", "-l", "20", "--idle", "1", "--json", "-q", "-o", out_file.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_ms(3000);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = json(&out);
+    assert_eq!(s["partial"], true);
+    assert!(f(&s, "throughput_mbps.down") > 100.0, "loopback download {s}");
+    let r = bloatlab_result_read(&out_file);
+    assert_eq!(r["partial"], true);
+    let end = r["metadata"]["phases"][1]["end"].as_f64().unwrap();
+    assert!(end > 1.5 && end < 5.0, "load phase cut at the interrupt, not at 21 s: {end}");
+}
+
+#[test]
+fn server_killed_mid_test_is_reported_and_partial_results_kept() {
+    let _g = serial();
+    let mut srv = ServerProc::start(&[], "127.0.0.1:0", &["-q"]);
+    let out_file = tmp_path("lost.json");
+    let child = command(&[], &["test", "tcp-up", &srv.addr, "--flows", "1", "-l", "20", "--idle", "1", "--json", "-q", "-o", out_file.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_ms(3000);
+    srv.kill();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("mid-test") && err.contains("partial results kept"), "{err}");
+    assert_eq!(json(&out)["partial"], true);
+    assert_eq!(bloatlab_result_read(&out_file)["partial"], true);
+}
+
+#[test]
+fn udp_echo_answers_nothing_without_a_live_token() {
+    let _g = serial();
+    let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q"]);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    // Garbage, and a well-formed probe with a made-up token.
+    sock.send_to(&[0u8; 200], &srv.addr).unwrap();
+    let probe = bloatlab_proto::probe::Probe {
+        kind: bloatlab_proto::probe::Kind::Request,
+        stream: 0,
+        token: bloatlab_proto::Token([42; 16]),
+        seq: 0,
+        client_send_ns: 1,
+        server_recv_ns: 0,
+        server_send_ns: 0,
+        server_rx_count: 0,
+    };
+    let mut buf = vec![0u8; 64];
+    probe.encode(&mut buf).unwrap();
+    sock.send_to(&buf, &srv.addr).unwrap();
+    let mut rx = [0u8; 2048];
+    assert!(sock.recv_from(&mut rx).is_err(), "server answered a probe without a token");
+}
