@@ -1,0 +1,21 @@
+//! The lab's link model, pure: packets and a clock (nanoseconds) go in, packets come out at the
+//! times the model says. No sockets, no `Instant::now()`: everything is tested on virtual time
+//! and driven by the TUN forwarder in `bloatlab-lab`.
+
+pub mod codel;
+pub mod config;
+pub mod fifo;
+pub mod fq_codel;
+pub mod link;
+pub mod packet;
+pub mod qdisc;
+pub mod rate;
+pub mod stats;
+
+pub use config::{DirConfig, QdiscConfig};
+pub use link::Direction;
+pub use packet::Packet;
+pub use qdisc::Qdisc;
+pub use stats::DirStats;
+
+pub const MS: u64 = 1_000_000;

@@ -1,0 +1,316 @@
+//! One direction of an emulated link: loss, then the queue discipline, then serialisation at
+//! the link rate, then propagation delay and jitter. Driven by `arrive` and `poll` with the
+//! caller's clock.
+
+use crate::config::{DirConfig, Loss};
+use crate::packet::Packet;
+use crate::qdisc::Qdisc;
+use crate::rate::Serializer;
+use crate::stats::DirStats;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+struct InFlight {
+    deliver_ns: u64,
+    seq: u64,
+    data: Vec<u8>,
+}
+
+impl PartialEq for InFlight {
+    fn eq(&self, o: &Self) -> bool {
+        (self.deliver_ns, self.seq) == (o.deliver_ns, o.seq)
+    }
+}
+impl Eq for InFlight {}
+impl PartialOrd for InFlight {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for InFlight {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.deliver_ns, self.seq).cmp(&(o.deliver_ns, o.seq))
+    }
+}
+
+pub struct Direction {
+    cfg: DirConfig,
+    qdisc: Box<dyn Qdisc>,
+    serializer: Serializer,
+    pub stats: DirStats,
+    /// When the packet being serialised has left: the next may start then.
+    busy_until: u64,
+    /// Time of the latest arrival: every queued packet arrived by then (see `pump`).
+    last_arrival: u64,
+    last_delivery: u64,
+    seq: u64,
+    in_flight: BinaryHeap<Reverse<InFlight>>,
+    rng: SmallRng,
+    ge_bad: bool,
+}
+
+impl Direction {
+    /// `now` is time zero of rate traces and schedules.
+    pub fn new(cfg: DirConfig, now: u64) -> Direction {
+        Direction {
+            qdisc: cfg.build_qdisc(),
+            serializer: Serializer::new(cfg.rate.clone(), now),
+            rng: SmallRng::seed_from_u64(cfg.seed),
+            cfg,
+            stats: DirStats::default(),
+            busy_until: 0,
+            last_arrival: 0,
+            last_delivery: 0,
+            seq: 0,
+            in_flight: BinaryHeap::new(),
+            ge_bad: false,
+        }
+    }
+
+    pub fn config(&self) -> &DirConfig {
+        &self.cfg
+    }
+
+    /// Applies a new configuration at `now`. Queued packets move to a new qdisc when the
+    /// discipline changed; packets already on the wire keep their times.
+    pub fn reconfigure(&mut self, cfg: DirConfig, now: u64) {
+        self.pump(now);
+        if cfg.qdisc != self.cfg.qdisc || cfg.rate != self.cfg.rate || cfg.mtu != self.cfg.mtu {
+            let mut fresh = cfg.build_qdisc();
+            // Dequeue at each packet's own arrival time: sojourn 0, so no AQM acts on the move.
+            let mut scratch = DirStats::default();
+            while let Some(p) = self.qdisc.dequeue(0, &mut scratch) {
+                let at = p.enqueued_ns;
+                fresh.enqueue(p, at, &mut self.stats);
+            }
+            self.qdisc = fresh;
+        }
+        if cfg.rate != self.cfg.rate {
+            self.serializer = Serializer::new(cfg.rate.clone(), now);
+        }
+        if cfg.seed != self.cfg.seed {
+            self.rng = SmallRng::seed_from_u64(cfg.seed);
+        }
+        self.cfg = cfg;
+        self.note_queue();
+    }
+
+    fn lost(&mut self) -> bool {
+        match self.cfg.loss {
+            Loss::None => false,
+            Loss::Random(p) => self.rng.random::<f64>() < p,
+            Loss::GilbertElliott { p, r, bad_loss, good_loss } => {
+                let flip = self.rng.random::<f64>();
+                self.ge_bad = if self.ge_bad { flip >= r } else { flip < p };
+                self.rng.random::<f64>() < if self.ge_bad { bad_loss } else { good_loss }
+            }
+        }
+    }
+
+    /// An IP packet arrives at `now`.
+    pub fn arrive(&mut self, data: Vec<u8>, now: u64) {
+        self.stats.rx_packets += 1;
+        self.stats.rx_bytes += data.len() as u64;
+        if data.len() > self.cfg.mtu {
+            self.stats.drops.mtu += 1;
+            return;
+        }
+        if self.lost() {
+            self.stats.drops.loss += 1;
+            return;
+        }
+        self.pump(now);
+        self.last_arrival = now;
+        self.qdisc.enqueue(Packet::new(data), now, &mut self.stats);
+        self.pump(now);
+    }
+
+    /// Moves packets from the queue onto the wire for every moment up to `now` at which the
+    /// link was free. Called before each arrival, so every queued packet arrived no later than
+    /// `last_arrival`: a dequeue happens at max(link free, last arrival), late wake-ups
+    /// included (the link catches up instead of drifting).
+    fn pump(&mut self, now: u64) {
+        while self.qdisc.packets() > 0 {
+            let t = self.busy_until.max(self.last_arrival);
+            if t > now {
+                break;
+            }
+            let Some(p) = self.qdisc.dequeue(t, &mut self.stats) else { break };
+            self.stats.sojourn.record(t - p.enqueued_ns);
+            let depart = self.serializer.departure(t, self.cfg.wire_bytes(p.len()));
+            self.busy_until = depart;
+            let mut deliver = depart + self.cfg.delay_ns;
+            if self.cfg.jitter_ns > 0 {
+                let j = self.cfg.jitter_ns as f64 * (2.0 * self.rng.random::<f64>() - 1.0);
+                deliver = (deliver as f64 + j).max(depart as f64) as u64;
+            }
+            if !self.cfg.reorder {
+                deliver = deliver.max(self.last_delivery);
+            }
+            self.last_delivery = self.last_delivery.max(deliver);
+            self.seq += 1;
+            self.in_flight.push(Reverse(InFlight { deliver_ns: deliver, seq: self.seq, data: p.data }));
+        }
+        self.note_queue();
+    }
+
+    fn note_queue(&mut self) {
+        self.stats.queue_packets = self.qdisc.packets();
+        self.stats.queue_bytes = self.qdisc.bytes();
+        self.stats.max_queue_packets = self.stats.max_queue_packets.max(self.stats.queue_packets);
+    }
+
+    /// The next packet due at the far end by `now`, if any.
+    pub fn poll(&mut self, now: u64) -> Option<Vec<u8>> {
+        self.pump(now);
+        if self.in_flight.peek().is_some_and(|Reverse(f)| f.deliver_ns <= now) {
+            let Reverse(f) = self.in_flight.pop().unwrap();
+            self.stats.tx_packets += 1;
+            self.stats.tx_bytes += f.data.len() as u64;
+            return Some(f.data);
+        }
+        None
+    }
+
+    /// When `poll` next has something to do; None when idle.
+    pub fn next_wakeup(&self) -> Option<u64> {
+        let wire = self.in_flight.peek().map(|Reverse(f)| f.deliver_ns);
+        let queue = (self.qdisc.packets() > 0).then(|| self.busy_until.max(self.last_arrival));
+        match (wire, queue) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub fn qdisc_name(&self) -> &'static str {
+        self.qdisc.name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::udp4;
+    use crate::MS;
+
+    fn noop(_: &str) -> Result<String, String> {
+        Err("no files".into())
+    }
+
+    fn dir(kv: &[(&str, &str)]) -> Direction {
+        let mut c = DirConfig::default();
+        for (k, v) in kv {
+            c.set(k, v, &noop).unwrap();
+        }
+        Direction::new(c, 0)
+    }
+
+    /// Runs the direction until idle, collecting (delivery time, packet).
+    fn drain(d: &mut Direction, out: &mut Vec<(u64, Vec<u8>)>) {
+        while let Some(t) = d.next_wakeup() {
+            while let Some(p) = d.poll(t) {
+                out.push((t, p));
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_fifo_drains_in_n_size_8_over_r() {
+        // 1000 packets of 1500 B at 20 Mbit/s: the last waits 1000*1500*8/20e6 = 0.6 s.
+        let mut d = dir(&[("rate", "20mbit"), ("limit", "1000")]);
+        for _ in 0..1000 {
+            d.arrive(udp4(1500, 1, 2, 0).data, 0);
+        }
+        let mut out = Vec::new();
+        drain(&mut d, &mut out);
+        assert_eq!(out.len(), 1000);
+        assert_eq!(out.last().unwrap().0, 600 * MS);
+        assert_eq!(d.stats.sojourn.quantile_us(1.0), Some(1 << 20), "0.6 s sojourn lands in [524, 1048) ms");
+        assert_eq!(d.stats.max_queue_packets, 999);
+    }
+
+    #[test]
+    fn delay_adds_to_serialisation_and_overflow_is_counted() {
+        let mut d = dir(&[("rate", "12mbit"), ("delay", "10ms"), ("limit", "10")]);
+        for _ in 0..20 {
+            d.arrive(udp4(1500, 1, 2, 0).data, 0);
+        }
+        let mut out = Vec::new();
+        drain(&mut d, &mut out);
+        // One on the wire at once plus 10 queued; 1 ms each at 12 Mbit/s, +10 ms.
+        assert_eq!(out.len(), 11);
+        assert_eq!(d.stats.drops.overflow, 9);
+        assert_eq!(out[0].0, 11 * MS);
+        assert_eq!(out[10].0, 21 * MS);
+    }
+
+    #[test]
+    fn jitter_without_reorder_keeps_order_and_with_reorder_does_not() {
+        for reorder in [false, true] {
+            let mut d = dir(&[("delay", "20ms"), ("jitter", "10ms"), ("reorder", if reorder { "on" } else { "off" })]);
+            for i in 0..200u16 {
+                d.arrive(udp4(100, i, 2, 0).data, i as u64 * MS / 10);
+            }
+            let mut out = Vec::new();
+            drain(&mut d, &mut out);
+            let ports: Vec<u16> = out.iter().map(|(_, p)| u16::from_be_bytes([p[20], p[21]])).collect();
+            let in_order = ports.windows(2).all(|w| w[0] < w[1]);
+            assert_eq!(in_order, !reorder, "reorder={reorder}");
+            assert!(out.iter().all(|(t, _)| *t >= 10 * MS && *t <= 50 * MS));
+        }
+    }
+
+    #[test]
+    fn random_and_burst_loss_rates() {
+        let mut d = dir(&[("loss", "10%")]);
+        for _ in 0..100_000 {
+            d.arrive(udp4(100, 1, 2, 0).data, 0);
+        }
+        let lost = d.stats.drops.loss as f64 / 1e5;
+        assert!((lost - 0.10).abs() < 0.01, "{lost}");
+        // GE with p=1%, r=10%: stationary bad share p/(p+r) = 9.1%, lost in bursts of ~10.
+        let mut d = dir(&[("ge", "1%,10%")]);
+        let mut run = 0;
+        let mut runs = Vec::new();
+        for _ in 0..200_000 {
+            let before = d.stats.drops.loss;
+            d.arrive(udp4(100, 1, 2, 0).data, 0);
+            if d.stats.drops.loss > before {
+                run += 1;
+            } else if run > 0 {
+                runs.push(run);
+                run = 0;
+            }
+        }
+        let lost = d.stats.drops.loss as f64 / 2e5;
+        let mean_burst = runs.iter().sum::<u32>() as f64 / runs.len() as f64;
+        assert!((lost - 0.091).abs() < 0.015, "{lost}");
+        assert!(mean_burst > 7.0 && mean_burst < 13.0, "{mean_burst}");
+    }
+
+    #[test]
+    fn oversize_packets_are_dropped_as_mtu() {
+        let mut d = dir(&[("mtu", "1400")]);
+        d.arrive(udp4(1500, 1, 2, 0).data, 0);
+        assert_eq!(d.stats.drops.mtu, 1);
+    }
+
+    #[test]
+    fn reconfigure_keeps_queued_packets() {
+        let mut d = dir(&[("rate", "1mbit")]);
+        for _ in 0..10 {
+            d.arrive(udp4(1500, 1, 2, 0).data, 0);
+        }
+        let mut c = d.config().clone();
+        c.set("qdisc", "fq_codel", &noop).unwrap();
+        c.set("rate", "100mbit", &noop).unwrap();
+        d.reconfigure(c, MS);
+        let mut out = Vec::new();
+        drain(&mut d, &mut out);
+        assert_eq!(out.len(), 10);
+        assert_eq!(d.qdisc_name(), "fq_codel");
+        assert!(out.last().unwrap().0 < 15 * MS, "rest drained at 100 Mbit/s: {}", out.last().unwrap().0);
+    }
+}

@@ -1,0 +1,31 @@
+//! The interface every queue discipline implements. Time is passed in, never read.
+
+use crate::packet::Packet;
+use crate::stats::DirStats;
+
+pub trait Qdisc: Send {
+    /// Takes a packet arriving at `now`. May drop it or others; drops are counted in `stats`.
+    fn enqueue(&mut self, pkt: Packet, now: u64, stats: &mut DirStats);
+    /// The next packet to send at `now`, after any AQM drops or marks.
+    fn dequeue(&mut self, now: u64, stats: &mut DirStats) -> Option<Packet>;
+    fn packets(&self) -> usize;
+    fn bytes(&self) -> usize;
+    fn name(&self) -> &'static str;
+}
+
+/// How much a queue may hold; whichever limit is reached first applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limit {
+    pub packets: Option<usize>,
+    pub bytes: Option<usize>,
+}
+
+impl Limit {
+    pub fn packets(n: usize) -> Limit {
+        Limit { packets: Some(n), bytes: None }
+    }
+
+    pub fn exceeded(&self, packets: usize, bytes: usize) -> bool {
+        self.packets.is_some_and(|p| packets > p) || self.bytes.is_some_and(|b| bytes > b)
+    }
+}
