@@ -2,6 +2,8 @@
 
 use bloatlab_measure::display::{summary_text, ProgressMode};
 use bloatlab_measure::{Ended, Options, Params, TestKind};
+mod lab_cmd;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -24,6 +26,9 @@ enum Command {
     Server(ServerArgs),
     /// Run a test against a `bloatlab server`.
     Test(TestArgs),
+    /// Emulated networks between network namespaces: build, run, change, inspect.
+    #[command(subcommand)]
+    Lab(lab_cmd::LabCommand),
 }
 
 #[derive(clap::Args)]
@@ -134,10 +139,14 @@ struct TestArgs {
 }
 
 fn main() -> ExitCode {
+    // Output piped into `head` ends quietly, as for other command-line tools.
+    // SAFETY: setting a signal disposition before any threads exist.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     match cli.command {
         Command::Server(a) => server(a),
         Command::Test(a) => test(a),
+        Command::Lab(c) => lab_cmd::run(c, stop_flag),
     }
 }
 
@@ -151,6 +160,22 @@ fn stop_flag() -> Arc<AtomicBool> {
         }
     });
     stop
+}
+
+/// Inside a lab (`lab exec`, `lab run`, `lab demo`), the emulator's counters go into the result
+/// file: ground truth next to the measurement.
+fn attach_lab_counters(result: &mut bloatlab_result::ResultFile, path: &std::path::Path) {
+    let Some(socket) = std::env::var_os(bloatlab_lab::SOCKET_ENV) else { return };
+    match bloatlab_lab::control::request(std::path::Path::new(&socket), &bloatlab_lab::control::Request::Stats) {
+        Ok(r) if r.ok => {
+            result.metadata.lab = r.stats;
+            if let Err(e) = bloatlab_result::write_atomic(path, result) {
+                eprintln!("bloatlab: could not add the lab counters to {}: {e}", path.display());
+            }
+        }
+        Ok(r) => eprintln!("bloatlab: lab counters unavailable: {}", r.message.unwrap_or_default()),
+        Err(e) => eprintln!("bloatlab: lab counters unavailable: {e}"),
+    }
 }
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
@@ -219,10 +244,11 @@ fn test(a: TestArgs) -> ExitCode {
         ProgressMode::Lines
     };
     let opts = Options { output: a.output, progress, stop: stop_flag() };
-    let outcome = match bloatlab_measure::run(&params, &a.host, &opts) {
+    let mut outcome = match bloatlab_measure::run(&params, &a.host, &opts) {
         Ok(o) => o,
         Err(e) => return fail(e),
     };
+    attach_lab_counters(&mut outcome.result, &outcome.path);
     let summary = outcome.result.summary.clone().unwrap_or_default();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&summary).expect("summary serializes"));

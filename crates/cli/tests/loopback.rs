@@ -36,7 +36,6 @@ fn bloatlab_result_read(path: &std::path::Path) -> serde_json::Value {
     let raw = std::fs::read(path).unwrap();
     let mut json = Vec::new();
     if raw.starts_with(&[0x1f, 0x8b]) {
-        use std::io::Read;
         flate2_read(&raw, &mut json);
     } else {
         json = raw;

@@ -1,0 +1,198 @@
+//! The lab emulator end to end: real kernel TCP in namespaces, through TUN devices and the
+//! userspace link model. Expected values are the configured link physics.
+
+mod common;
+use common::*;
+use std::process::Command;
+
+/// A lab brought up with `bloatlab lab up`, brought down on drop (also when a test fails).
+struct LabUp {
+    name: String,
+}
+
+impl LabUp {
+    fn up(name: &str, toml: &str) -> Option<LabUp> {
+        if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/dev/net/tun").exists() {
+            skip("lab tests need root and /dev/net/tun");
+            return None;
+        }
+        let file = tmp_path(&format!("{name}.toml"));
+        std::fs::write(&file, toml).unwrap();
+        let out = run(&[], &["lab", "up", file.to_str().unwrap(), "--name", name]);
+        assert!(out.status.success(), "lab up: {}", String::from_utf8_lossy(&out.stderr));
+        Some(LabUp { name: name.into() })
+    }
+
+    fn exec(&self, host: &str) -> Vec<String> {
+        [BIN, "lab", "exec", "--lab", &self.name, host, "--"].iter().map(|s| s.to_string()).collect()
+    }
+
+    fn server(&self, host: &str) -> ServerProc {
+        let p = self.exec(host);
+        ServerProc::start(&p.iter().map(String::as_str).collect::<Vec<_>>(), "[::]:9461", &["-q"])
+    }
+
+    fn test(&self, host: &str, args: &[&str]) -> serde_json::Value {
+        let p = self.exec(host);
+        let out_file = tmp_path(&format!("{}-{}.json", self.name, args.join("_").replace(['/', ' ', ':'], "")));
+        let mut all = vec!["test"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--json", "-q", "-o", out_file.to_str().unwrap()]);
+        let out = run(&p.iter().map(String::as_str).collect::<Vec<_>>(), &all);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        json(&out)
+    }
+
+    fn set(&self, link: &str, kv: &[&str]) {
+        let mut args = vec!["lab", "set", "--lab", &self.name, link];
+        args.extend_from_slice(kv);
+        let out = run(&[], &args);
+        assert!(out.status.success(), "lab set: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        let out = run(&[], &["lab", "stats", "--json", "--lab", &self.name]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        json(&out)
+    }
+}
+
+impl Drop for LabUp {
+    fn drop(&mut self) {
+        let _ = run(&[], &["lab", "down", &self.name]);
+    }
+}
+
+fn netns_and_links() -> (String, String) {
+    let ns = String::from_utf8(Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).unwrap();
+    let links = String::from_utf8(Command::new("ip").args(["-o", "link", "show"]).output().unwrap().stdout).unwrap();
+    // Link lines carry counters-free state only; drop the per-line flags that can change.
+    let names: Vec<&str> = links.lines().filter_map(|l| l.split(':').nth(1)).map(str::trim).collect();
+    (ns, names.join(" "))
+}
+
+const ONE_LINK: &str = r#"
+name = "one"
+[[link]]
+name = "l"
+a = "c"
+b = "s"
+both = { rate = "10mbit", limit = 1000 }
+"#;
+
+#[test]
+fn goodput_follows_the_set_rate_and_lab_set_changes_it_live() {
+    let _g = serial();
+    let before = netns_and_links();
+    {
+        let Some(lab) = LabUp::up("rate", ONE_LINK) else { return };
+        let _srv = lab.server("s");
+        for mbps in [10.0, 50.0, 200.0] {
+            lab.set("l", &[&format!("rate={mbps}mbit"), "--dir", "down"]);
+            let s = lab.test("c", &["tcp-down", "10.77.0.2", "--flows", "4", "-l", "6", "--idle", "0.5"]);
+            let got = f(&s, "throughput_mbps.down");
+            // The rate is of IP packets; TCP carries 1448 payload bytes in each 1500.
+            let want = mbps * 1448.0 / 1500.0;
+            assert!((got - want).abs() <= 0.02 * want, "at {mbps} Mbit/s: goodput {got}, want {want} +/- 2%");
+        }
+        let st = lab.stats();
+        assert!(st["links"]["l"]["down"]["tx_packets"].as_u64().unwrap() > 10_000);
+        assert_eq!(st["links"]["l"]["down"]["tun_tx_dropped"], 0, "the TUN queue must not drop: {}", st["links"]["l"]["down"]);
+    }
+    assert_eq!(netns_and_links(), before, "teardown must leave namespaces and links as they were");
+}
+
+#[test]
+fn idle_rtt_adds_the_configured_delay() {
+    let _g = serial();
+    let Some(lab) = LabUp::up("delay", "name='d'\n[[link]]\nname='l'\na='c'\nb='s'\nboth={delay='10ms'}\n") else { return };
+    let _srv = lab.server("s");
+    let s = lab.test("c", &["ping", "10.77.0.2", "-l", "3", "--idle", "0"]);
+    let p50 = f(&s, "latency_ms.idle.p50");
+    assert!((p50 - 20.0).abs() <= 0.3, "RTT p50 {p50} ms for 2 x 10 ms");
+    // IPv6 takes the same path.
+    let s6 = lab.test("c", &["ping", "[fd77:0:0:0::2]", "-l", "2", "--idle", "0"]);
+    assert!((f(&s6, "latency_ms.idle.p50") - 20.0).abs() <= 0.3);
+}
+
+#[test]
+fn three_hops_forward_end_to_end_with_counters_per_hop() {
+    let _g = serial();
+    let topo = r#"
+name = "chain"
+[[link]]
+name = "wifi"
+a = "laptop"
+b = "router"
+both = { rate = "30mbit", delay = "1ms" }
+[[link]]
+name = "wan"
+a = "router"
+b = "isp"
+both = { rate = "20mbit", delay = "5ms" }
+[[link]]
+name = "core"
+a = "isp"
+b = "server"
+both = { delay = "10ms" }
+"#;
+    let Some(lab) = LabUp::up("chain", topo) else { return };
+    let _srv = lab.server("server");
+    let s = lab.test("laptop", &["tcp-down", "10.77.2.2", "--flows", "2", "-l", "5", "--idle", "1"]);
+    let idle = f(&s, "latency_ms.idle.p50");
+    assert!(idle > 32.0 && idle < 34.0, "2 x (1 + 5 + 10) ms plus serialisation: {idle}");
+    // The 20 Mbit/s hop is the bottleneck.
+    let down = f(&s, "throughput_mbps.down");
+    assert!(down > 17.5 && down < 20.0, "{down}");
+    let st = lab.stats();
+    for link in ["wifi", "wan", "core"] {
+        let n = st["links"][link]["down"]["tx_packets"].as_u64().unwrap();
+        assert!(n > 5000, "{link} forwarded {n} packets");
+    }
+    // The result file holds the emulator's counters (ground truth beside the measurement).
+    let files: Vec<_> = std::fs::read_dir(tmp_path(""))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("chain-tcp-down"))
+        .collect();
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(files[0].path()).unwrap()).unwrap();
+    assert!(r["metadata"]["lab"]["links"]["wan"]["down"]["tx_packets"].as_u64().unwrap() > 5000);
+}
+
+#[test]
+fn down_all_cleans_up_after_a_killed_lab() {
+    let _g = serial();
+    let before = netns_and_links();
+    let Some(lab) = LabUp::up("killed", ONE_LINK) else { return };
+    let info: serde_json::Value = serde_json::from_slice(&std::fs::read("/run/bloatlab/labs/killed/info.json").unwrap()).unwrap();
+    let pid = info["pid"].as_i64().unwrap() as i32;
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    wait_ms(300);
+    let out = run(&[], &["lab", "down", "--all"]);
+    assert!(out.status.success());
+    std::mem::forget(lab);
+    assert_eq!(netns_and_links(), before);
+    assert!(!std::path::Path::new("/run/bloatlab/labs/killed").exists());
+}
+
+#[test]
+fn demo_moves_the_queue_and_fixes_the_latency() {
+    let _g = serial();
+    if unsafe { libc::geteuid() } != 0 {
+        return skip("the demo needs root");
+    }
+    let before = netns_and_links();
+    let dir = tmp_path("demo");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = run(&[], &["lab", "demo", "--json", "-q", "-l", "15", "--out-dir", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json(&out);
+    let fifo_added = f(&v, "before.added_latency_ms");
+    let fq_added = f(&v, "after.added_latency_ms");
+    // A 1000-packet FIFO at 4 Mbit/s holds 3 s; the upload alone keeps hundreds of ms in it.
+    assert!(fifo_added > 100.0, "modem FIFO added only {fifo_added} ms");
+    assert!(fq_added < 10.0, "FQ-CoDel shaper added {fq_added} ms");
+    assert!(f(&v, "after.throughput_mbps.down") > 45.0, "{}", v["after"]["throughput_mbps"]);
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "both result files kept");
+    assert_eq!(netns_and_links(), before);
+}

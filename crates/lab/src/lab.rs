@@ -1,0 +1,307 @@
+//! A running lab: namespaces, TUN devices, forwarder threads. Dropping it tears everything
+//! down, also on error paths and panics.
+
+use crate::forward;
+use crate::ns::{self, ip};
+use crate::topology::Topology;
+use crate::tun::Tun;
+use crate::{NS_PREFIX, STATE_DIR};
+use bloatlab_lab_model::{DirStats, Direction};
+use bloatlab_netio::mono_ns;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    #[error("{0}")]
+    Setup(String),
+    #[error("lab `{0}` is already up (`bloatlab lab down {0}` first, or `lab down --all`)")]
+    Exists(String),
+}
+
+/// What other processes need to find a running lab: written to STATE_DIR/NAME/info.json.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LabInfo {
+    pub name: String,
+    pub topology: String,
+    pub pid: u32,
+    pub socket: PathBuf,
+    /// host -> (namespace, IPv4 addresses, IPv6 addresses)
+    pub hosts: BTreeMap<String, HostInfo>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub namespace: String,
+    pub ipv4: Vec<String>,
+    pub ipv6: Vec<String>,
+}
+
+pub struct LinkRuntime {
+    pub up: Arc<Mutex<Direction>>,
+    pub down: Arc<Mutex<Direction>>,
+}
+
+/// The part of a lab the control socket shares.
+pub struct Shared {
+    pub topo: Topology,
+    pub info: LabInfo,
+    pub links: Vec<LinkRuntime>,
+}
+
+pub struct Lab {
+    pub shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    tuns: Vec<Tun>,
+    namespaces: Vec<String>,
+    state_dir: PathBuf,
+}
+
+pub fn state_dir(name: &str) -> PathBuf {
+    PathBuf::from(STATE_DIR).join(name)
+}
+
+pub fn namespace(lab: &str, host: &str) -> String {
+    format!("{NS_PREFIX}{lab}-{host}")
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks existence.
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+/// Labs whose state is present, with whether their process still runs.
+pub fn running() -> Vec<(LabInfo, bool)> {
+    let Ok(dir) = std::fs::read_dir(STATE_DIR) else { return Vec::new() };
+    dir.filter_map(|e| {
+        let text = std::fs::read_to_string(e.ok()?.path().join("info.json")).ok()?;
+        let info: LabInfo = serde_json::from_str(&text).ok()?;
+        let alive = pid_alive(info.pid);
+        Some((info, alive))
+    })
+    .collect()
+}
+
+impl Lab {
+    pub fn up(topo: Topology, name: &str) -> Result<Lab, LabError> {
+        let setup = |e: String| LabError::Setup(e);
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(setup("the lab needs root (network namespaces and TUN devices)".into()));
+        }
+        if !std::path::Path::new("/dev/net/tun").exists() {
+            return Err(setup("/dev/net/tun is missing: this kernel or container has no TUN support".into()));
+        }
+        if name.is_empty() || name.len() > 12 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return Err(setup(format!("lab name `{name}`: use up to 12 letters, digits or '-'")));
+        }
+        let dir = state_dir(name);
+        if let Some((info, alive)) = running().into_iter().find(|(i, _)| i.name == name) {
+            if alive {
+                return Err(LabError::Exists(info.name));
+            }
+        }
+        let taken: Vec<String> = ns::list();
+        if topo.hosts.iter().any(|h| taken.contains(&namespace(name, h))) {
+            return Err(LabError::Exists(name.to_string()));
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| setup(format!("{}: {e}", dir.display())))?;
+        let now = mono_ns();
+        let links = topo
+            .links
+            .iter()
+            .map(|l| LinkRuntime { up: Arc::new(Mutex::new(Direction::new(l.up.clone(), now))), down: Arc::new(Mutex::new(Direction::new(l.down.clone(), now))) })
+            .collect();
+        let info = LabInfo { name: name.into(), topology: topo.name.clone(), pid: std::process::id(), socket: dir.join("control.sock"), hosts: BTreeMap::new() };
+        let mut lab = Lab {
+            shared: Arc::new(Shared { topo, info, links }),
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Vec::new(),
+            tuns: Vec::new(),
+            namespaces: Vec::new(),
+            state_dir: dir,
+        };
+        // On any error below, dropping `lab` removes what was built so far.
+        lab.build().map_err(setup)?;
+        Ok(lab)
+    }
+
+    fn build(&mut self) -> Result<(), String> {
+        let topo = self.shared.topo.clone();
+        let name = self.shared.info.name.clone();
+        let mut hosts = BTreeMap::new();
+        for h in &topo.hosts {
+            let n = namespace(&name, h);
+            ip(&["netns", "add", &n])?;
+            self.namespaces.push(n.clone());
+            ip(&["-n", &n, "link", "set", "lo", "up"])?;
+            let degree = topo.links.iter().filter(|l| &l.a == h || &l.b == h).count();
+            if degree > 1 {
+                ns::sysctl(&n, "net.ipv4.ip_forward", "1")?;
+                ns::sysctl(&n, "net.ipv6.conf.all.forwarding", "1")?;
+            }
+            hosts.insert(h.clone(), HostInfo { namespace: n, ipv4: Vec::new(), ipv6: Vec::new() });
+        }
+        let tag = std::process::id() % 100_000;
+        for (i, l) in topo.links.iter().enumerate() {
+            for (side, host) in [("a", &l.a), ("b", &l.b)] {
+                // Created in our namespace under a unique name, then moved and renamed: the
+                // descriptor stays attached across the move.
+                let tmp = format!("blt{tag}{side}{i}");
+                let tun = Tun::create(&tmp).map_err(|e| format!("TUN {tmp}: {e}"))?;
+                self.tuns.push(tun);
+                let n = namespace(&name, host);
+                ip(&["link", "set", "dev", &tmp, "netns", &n])?;
+                ip(&["-n", &n, "link", "set", "dev", &tmp, "name", &l.name])?;
+                let mtu = if side == "a" { l.up.mtu } else { l.down.mtu };
+                // A transmit queue longer than any burst our reader can fall behind by: drops
+                // there would be outside the emulated queue (they are counted in stats).
+                ip(&["-n", &n, "link", "set", "dev", &l.name, "mtu", &mtu.to_string(), "txqueuelen", "5000", "up"])?;
+                let (v4, v6) = topo.addrs(i, host);
+                ip(&["-n", &n, "addr", "add", &format!("{v4}/24"), "dev", &l.name])?;
+                ip(&["-n", &n, "-6", "addr", "add", &format!("{v6}/64"), "dev", &l.name, "nodad"])?;
+                let hi = hosts.get_mut(host.as_str()).expect("host listed");
+                hi.ipv4.push(v4);
+                hi.ipv6.push(v6);
+            }
+        }
+        for (host, routes) in topo.routes() {
+            let n = namespace(&name, &host);
+            for (subnet, via) in routes {
+                let dev = &topo.links[via].name;
+                ip(&["-n", &n, "route", "add", &format!("10.77.{subnet}.0/24"), "dev", dev])?;
+                ip(&["-n", &n, "-6", "route", "add", &format!("fd77:0:0:{subnet:x}::/64"), "dev", dev])?;
+            }
+        }
+        for (i, l) in topo.links.iter().enumerate() {
+            let (a, b) = (self.tuns[2 * i].raw(), self.tuns[2 * i + 1].raw());
+            let rt = &self.shared.links[i];
+            let t1 = forward::spawn(format!("{}-up", l.name), a, b, rt.up.clone(), self.stop.clone()).map_err(|e| e.to_string())?;
+            self.threads.push(t1);
+            let t2 = forward::spawn(format!("{}-down", l.name), b, a, rt.down.clone(), self.stop.clone()).map_err(|e| e.to_string())?;
+            self.threads.push(t2);
+        }
+        let shared = Arc::get_mut(&mut self.shared).expect("not shared yet");
+        shared.info.hosts = hosts;
+        let info = serde_json::to_string_pretty(&shared.info).expect("plain data");
+        std::fs::write(self.state_dir.join("info.json"), info).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    pub fn info(&self) -> &LabInfo {
+        &self.shared.info
+    }
+
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+}
+
+impl Shared {
+    /// `lab set LINK key=value...` on `dir` ("up", "down" or "both").
+    pub fn set(&self, link: &str, dir: &str, settings: &[(String, String)]) -> Result<String, String> {
+        let i = self.topo.link(link).ok_or_else(|| format!("no link `{link}` (links: {})", self.topo.links.iter().map(|l| l.name.as_str()).collect::<Vec<_>>().join(", ")))?;
+        let rt = &self.links[i];
+        let targets: Vec<&Arc<Mutex<Direction>>> = match dir {
+            "up" => vec![&rt.up],
+            "down" => vec![&rt.down],
+            "both" => vec![&rt.up, &rt.down],
+            other => return Err(format!("direction `{other}`: want up, down or both")),
+        };
+        // Validate everything before changing anything.
+        let mut updated = Vec::new();
+        for d in &targets {
+            let mut cfg = d.lock().unwrap_or_else(|e| e.into_inner()).config().clone();
+            for (k, v) in settings {
+                cfg.set(k, v, &crate::presets::read_file).map_err(|e| e.to_string())?;
+            }
+            updated.push(cfg);
+        }
+        let mut out = Vec::new();
+        for (d, cfg) in targets.iter().zip(updated) {
+            out.push(cfg.describe());
+            d.lock().unwrap_or_else(|e| e.into_inner()).reconfigure(cfg, mono_ns());
+        }
+        Ok(format!("{link} {dir}: {}", out.join(" | ")))
+    }
+
+    /// Counters of every link direction, with the TUN transmit-queue drops in front of it.
+    pub fn stats(&self) -> serde_json::Value {
+        let mut links = serde_json::Map::new();
+        for (l, rt) in self.topo.links.iter().zip(&self.links) {
+            let mut dirs = serde_json::Map::new();
+            for (dname, d, sender) in [("up", &rt.up, &l.a), ("down", &rt.down, &l.b)] {
+                let (stats, config, qdisc): (DirStats, String, &str) = {
+                    let g = d.lock().unwrap_or_else(|e| e.into_inner());
+                    (g.stats.clone(), g.config().describe(), g.qdisc_name())
+                };
+                let tun_drops = ns::tx_dropped(&namespace(&self.info.name, sender), &l.name);
+                let mut v = serde_json::to_value(&stats).expect("plain data");
+                v["config"] = config.into();
+                v["qdisc"] = qdisc.into();
+                v["tun_tx_dropped"] = tun_drops.into();
+                dirs.insert(dname.into(), v);
+            }
+            links.insert(l.name.clone(), serde_json::Value::Object(dirs));
+        }
+        serde_json::json!({ "lab": self.info.name, "topology": self.topo.name, "links": links })
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        self.tuns.clear();
+        for n in self.namespaces.drain(..) {
+            let _ = ns::delete(&n);
+        }
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
+}
+
+/// Removes every lab namespace, state directory and stray TUN device, also of labs whose
+/// process was killed. Returns what it removed.
+pub fn down_all() -> Vec<String> {
+    let mut removed = Vec::new();
+    for (info, alive) in running() {
+        if alive && info.pid != std::process::id() {
+            // SAFETY: plain signal to a process we started (its pid is in our state file).
+            unsafe { libc::kill(info.pid as i32, libc::SIGTERM) };
+            for _ in 0..50 {
+                if !pid_alive(info.pid) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+    }
+    for n in ns::list() {
+        if n.starts_with(NS_PREFIX) && ns::delete(&n).is_ok() {
+            removed.push(format!("namespace {n}"));
+        }
+    }
+    if let Ok(out) = std::process::Command::new("ip").args(["-o", "link", "show", "type", "tun"]).output() {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let dev = line.split(':').nth(1).map(|s| s.trim().split('@').next().unwrap_or("").to_string()).unwrap_or_default();
+            if dev.starts_with("blt") && ip(&["link", "del", &dev]).is_ok() {
+                removed.push(format!("device {dev}"));
+            }
+        }
+    }
+    if let Ok(dir) = std::fs::read_dir(STATE_DIR) {
+        for e in dir.flatten() {
+            if std::fs::remove_dir_all(e.path()).is_ok() {
+                removed.push(format!("state {}", e.path().display()));
+            }
+        }
+    }
+    removed
+}

@@ -1,0 +1,141 @@
+//! Built-in topologies modelled on real home links. Each is the TOML a user could write.
+
+pub const PRESETS: &[(&str, &str)] = &[
+    (
+        "cable",
+        r#"
+name = "cable"
+description = "DOCSIS cable 60/4 Mbit/s, 15 ms base RTT, 1000-packet modem FIFO; a home router on a gigabit LAN"
+[[link]]
+name = "lan"
+a = "client"
+b = "router"
+[[link]]
+name = "wan"
+a = "router"
+b = "server"
+both = { delay = "7.5ms", limit = 1000, overhead = 18 }
+up = { rate = "4mbit" }
+down = { rate = "60mbit" }
+"#,
+    ),
+    (
+        "fiber",
+        r#"
+name = "fiber"
+description = "FTTH 900/900 Mbit/s, 5 ms base RTT, 1000-packet ONT FIFO"
+[[link]]
+name = "lan"
+a = "client"
+b = "router"
+[[link]]
+name = "wan"
+a = "router"
+b = "server"
+both = { rate = "900mbit", delay = "2.5ms", limit = 1000 }
+"#,
+    ),
+    (
+        "dsl",
+        r#"
+name = "dsl"
+description = "ADSL2+ 16/1 Mbit/s with ATM framing (PPPoE LLC, 40 B), 30 ms base RTT, 300-packet modem FIFO"
+[[link]]
+name = "lan"
+a = "client"
+b = "router"
+[[link]]
+name = "wan"
+a = "router"
+b = "server"
+both = { delay = "15ms", limit = 300, overhead = 40, atm = true }
+up = { rate = "1mbit" }
+down = { rate = "16mbit" }
+"#,
+    ),
+    (
+        "wifi-slow",
+        r#"
+name = "wifi-slow"
+description = "A 6 Mbit/s Wi-Fi hop with a deep 1000-packet driver queue, behind a 100/20 Mbit/s WAN with 20 ms base RTT"
+[[link]]
+name = "wifi"
+a = "client"
+b = "router"
+both = { rate = "6mbit", delay = "1ms", jitter = "0.5ms", limit = 1000 }
+[[link]]
+name = "wan"
+a = "router"
+b = "server"
+both = { delay = "9ms", limit = 1000 }
+up = { rate = "20mbit" }
+down = { rate = "100mbit" }
+"#,
+    ),
+    (
+        "lte",
+        r#"
+name = "lte"
+description = "LTE: download follows a 10 s looping trace (5..30 Mbit/s), 5 Mbit/s up, 50 ms base RTT, deep buffers"
+[[link]]
+name = "lan"
+a = "client"
+b = "router"
+[[link]]
+name = "radio"
+a = "router"
+b = "server"
+both = { delay = "25ms", limit = 1500 }
+up = { rate = "5mbit" }
+down = { rate = "trace:builtin:lte" }
+"#,
+    ),
+];
+
+pub fn get(name: &str) -> Option<&'static str> {
+    PRESETS.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+}
+
+/// The built-in LTE trace in mahimahi format: 10 one-second steps of these Mbit/s, each
+/// second's 1500-byte opportunities spread evenly.
+pub fn lte_trace() -> String {
+    const MBPS: [u64; 10] = [20, 12, 8, 25, 15, 5, 10, 30, 18, 9];
+    let mut out = String::new();
+    for (s, mbps) in MBPS.iter().enumerate() {
+        let per_second = mbps * 1_000_000 / 12_000;
+        for k in 0..per_second {
+            out += &format!("{}\n", s as u64 * 1000 + (k * 1000) / per_second + 1);
+        }
+    }
+    out
+}
+
+/// File reader for topology settings: `builtin:` names, else the file system.
+pub fn read_file(path: &str) -> Result<String, String> {
+    match path {
+        "builtin:lte" => Ok(lte_trace()),
+        p => std::fs::read_to_string(p).map_err(|e| format!("{p}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Topology;
+
+    #[test]
+    fn every_preset_parses() {
+        for (name, text) in PRESETS {
+            let t = Topology::from_toml(text, &read_file).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(t.name, *name);
+            assert!(!t.description.is_empty());
+        }
+    }
+
+    #[test]
+    fn lte_trace_mean_is_the_mean_of_its_steps() {
+        let r = bloatlab_lab_model::rate::Rate::parse_trace(&lte_trace()).unwrap();
+        let mean = r.mean_bps().unwrap() as f64 / 1e6;
+        assert!((mean - 15.2).abs() < 0.2, "{mean}");
+    }
+}

@@ -1,0 +1,204 @@
+//! Topologies: hosts joined by links, each link with an `up` (a -> b) and a `down` (b -> a)
+//! direction. Read from TOML:
+//!
+//! ```toml
+//! name = "cable"
+//! [[link]]
+//! name = "wan"
+//! a = "router"          # the side nearer the user: `up` leaves it
+//! b = "server"
+//! both = { delay = "7.5ms", limit = 1000 }
+//! up = { rate = "4mbit" }
+//! down = { rate = "60mbit" }
+//! ```
+//!
+//! Hosts are the link ends. Addresses: link number i is 10.77.i.0/24 and fd77:0:0:i::/64,
+//! `a` is .1 / ::1, `b` is .2 / ::2.
+
+use bloatlab_lab_model::config::ConfigError;
+use bloatlab_lab_model::DirConfig;
+use std::collections::{BTreeMap, VecDeque};
+
+#[derive(Clone, Debug)]
+pub struct LinkSpec {
+    pub name: String,
+    pub a: String,
+    pub b: String,
+    pub up: DirConfig,
+    pub down: DirConfig,
+}
+
+#[derive(Clone, Debug)]
+pub struct Topology {
+    pub name: String,
+    pub description: String,
+    pub hosts: Vec<String>,
+    pub links: Vec<LinkSpec>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    #[error("topology: {0}")]
+    Toml(String),
+    #[error("link {link}, {dir}: {err}")]
+    Setting { link: String, dir: &'static str, err: ConfigError },
+    #[error("topology: {0}")]
+    Shape(String),
+}
+
+fn value_text(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn name_ok(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 12 && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+}
+
+impl Topology {
+    pub fn from_toml(text: &str, read_file: &dyn Fn(&str) -> Result<String, String>) -> Result<Topology, TopologyError> {
+        let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| TopologyError::Toml(e.message().to_string()))?;
+        let name = doc.get("name").and_then(|v| v.as_str()).unwrap_or("lab").to_string();
+        let description = doc.get("description").and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let links_v = doc.get("link").and_then(|v| v.as_array()).ok_or_else(|| TopologyError::Shape("no [[link]] entries".into()))?;
+        let mut hosts: Vec<String> = Vec::new();
+        let mut links = Vec::new();
+        for (i, l) in links_v.iter().enumerate() {
+            let t = l.as_table().ok_or_else(|| TopologyError::Shape(format!("link {i} is not a table")))?;
+            let s = |k: &str| t.get(k).and_then(|v| v.as_str()).map(str::to_string);
+            let lname = s("name").unwrap_or_else(|| format!("link{i}"));
+            let (a, b) = match (s("a"), s("b")) {
+                (Some(a), Some(b)) if a != b => (a, b),
+                _ => return Err(TopologyError::Shape(format!("link {lname} needs two different hosts `a` and `b`"))),
+            };
+            for n in [&lname, &a, &b] {
+                if !name_ok(n) {
+                    return Err(TopologyError::Shape(format!("name `{n}`: use up to 12 letters, digits or '-'")));
+                }
+            }
+            let mut up = DirConfig::default();
+            let mut down = DirConfig::default();
+            up.seed = 2 * i as u64 + 1;
+            down.seed = 2 * i as u64 + 2;
+            for (section, targets) in [("both", 3u8), ("up", 1), ("down", 2)] {
+                let Some(kv) = t.get(section) else { continue };
+                let kv = kv.as_table().ok_or_else(|| TopologyError::Shape(format!("link {lname}: `{section}` must be a table")))?;
+                for (k, v) in kv {
+                    let v = value_text(v);
+                    if targets & 1 != 0 {
+                        up.set(k, &v, read_file).map_err(|err| TopologyError::Setting { link: lname.clone(), dir: "up", err })?;
+                    }
+                    if targets & 2 != 0 {
+                        down.set(k, &v, read_file).map_err(|err| TopologyError::Setting { link: lname.clone(), dir: "down", err })?;
+                    }
+                }
+            }
+            for h in [&a, &b] {
+                if !hosts.contains(h) {
+                    hosts.push(h.clone());
+                }
+            }
+            if links.iter().any(|x: &LinkSpec| x.name == lname) {
+                return Err(TopologyError::Shape(format!("two links named {lname}")));
+            }
+            links.push(LinkSpec { name: lname, a, b, up, down });
+        }
+        if links.len() > 250 {
+            return Err(TopologyError::Shape("at most 250 links".into()));
+        }
+        Ok(Topology { name, description, hosts, links })
+    }
+
+    pub fn link(&self, name: &str) -> Option<usize> {
+        self.links.iter().position(|l| l.name == name)
+    }
+
+    /// IPv4 and IPv6 address of `host` on link `i`.
+    pub fn addrs(&self, i: usize, host: &str) -> (String, String) {
+        let end = if self.links[i].a == host { 1 } else { 2 };
+        (format!("10.77.{i}.{end}"), format!("fd77:0:0:{i:x}::{end}"))
+    }
+
+    /// For each host, the link to take towards each link subnet it is not on (shortest path).
+    pub fn routes(&self) -> BTreeMap<String, Vec<(usize, usize)>> {
+        let mut out = BTreeMap::new();
+        for h in &self.hosts {
+            // BFS over hosts: the first link used on the way to each host.
+            let mut first: BTreeMap<&str, Option<usize>> = BTreeMap::new();
+            first.insert(h, None);
+            let mut q = VecDeque::from([h.as_str()]);
+            while let Some(cur) = q.pop_front() {
+                for (i, l) in self.links.iter().enumerate() {
+                    let next = if l.a == cur { &l.b } else if l.b == cur { &l.a } else { continue };
+                    if !first.contains_key(next.as_str()) {
+                        let via = first[cur].unwrap_or(i);
+                        first.insert(next, Some(via));
+                        q.push_back(next);
+                    }
+                }
+            }
+            let mut r = Vec::new();
+            for (j, l) in self.links.iter().enumerate() {
+                if l.a == *h || l.b == *h {
+                    continue;
+                }
+                // Reach subnet j through whichever of its ends is reachable.
+                if let Some(Some(via)) = first.get(l.a.as_str()).or(first.get(l.b.as_str())) {
+                    r.push((j, *via));
+                }
+            }
+            out.insert(h.clone(), r);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nofile(_: &str) -> Result<String, String> {
+        Err("none".into())
+    }
+
+    #[test]
+    fn three_hop_chain_routes_through_the_middle() {
+        let t = Topology::from_toml(
+            r#"
+            [[link]]
+            name = "wifi"
+            a = "laptop"
+            b = "router"
+            both = { rate = "6mbit", delay = "1ms" }
+            [[link]]
+            name = "wan"
+            a = "router"
+            b = "isp"
+            [[link]]
+            name = "core"
+            a = "isp"
+            b = "server"
+            up = { delay = "10ms" }
+            "#,
+            &nofile,
+        )
+        .unwrap();
+        assert_eq!(t.hosts, vec!["laptop", "router", "isp", "server"]);
+        let r = t.routes();
+        assert_eq!(r["laptop"], vec![(1, 0), (2, 0)]);
+        assert_eq!(r["router"], vec![(2, 1)]);
+        assert_eq!(r["server"], vec![(0, 2), (1, 2)]);
+        assert_eq!(t.addrs(2, "server"), ("10.77.2.2".into(), "fd77:0:0:2::2".into()));
+        assert_eq!(t.links[2].up.delay_ns, 10_000_000);
+        assert_eq!(t.links[2].down.delay_ns, 0);
+    }
+
+    #[test]
+    fn errors_name_the_link_and_direction() {
+        let e = Topology::from_toml("[[link]]\nname='x'\na='p'\nb='q'\nup={rate='fast'}", &nofile).unwrap_err();
+        assert!(e.to_string().starts_with("link x, up: rate `fast`"), "{e}");
+        assert!(Topology::from_toml("name='x'", &nofile).is_err());
+    }
+}
