@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Lab emulator benchmarks, same run, same machine (root):
+#  1. unshaped forwarding through one emulated link: TCP Gbit/s (iperf3), packets/s, and the
+#     emulator's CPU per Gbit/s;
+#  2. shaped: bloatlab's link model against the kernel's own htb+pfifo at the same rate and
+#     buffer, 4 TCP flows: goodput and latency under load.
+#   usage: scripts/bench-lab.sh [SECONDS] [RATE_MBIT] [FIFO_PACKETS]   (defaults 10 50 100)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}; rate=${2:-50}; limit=${3:-100}
+for tool in iperf3 python3 ip tc; do
+  command -v $tool >/dev/null || { echo "bench: needs $tool" >&2; exit 1; }
+done
+[ "$(id -u)" = 0 ] || { echo "bench: needs root" >&2; exit 1; }
+cargo build --release --quiet
+bl=$PWD/target/release/bloatlab
+tmp=$(mktemp -d)
+cleanup() {
+  $bl lab down --all >/dev/null 2>&1 || true
+  for n in blbench-c blbench-r blbench-s; do ip netns del $n 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+$bl lab down --all >/dev/null 2>&1 || true
+
+cpu_ticks() { awk '{print $14+$15}' /proc/$1/stat; }
+lab_pid() { python3 -c "import json; print(json.load(open('/run/bloatlab/labs/$1/info.json'))['pid'])"; }
+tx_packets() { $bl lab stats --json --lab $1 | python3 -c "import json,sys; d=json.load(sys.stdin)['links']['l']; print(d['up']['tx_packets']+d['down']['tx_packets'])"; }
+hz=$(getconf CLK_TCK)
+
+echo "== 1. Unshaped forwarding through one emulated link (${secs}s iperf3 runs) =="
+printf 'name="fwd"\n[[link]]\nname="l"\na="c"\nb="s"\n' >"$tmp/fwd.toml"
+$bl lab up "$tmp/fwd.toml" 2>/dev/null
+$bl lab exec s -- iperf3 -s -D -1 >/dev/null 2>&1 || true
+pid=$(lab_pid fwd)
+printf '%-8s %10s %10s %10s %14s\n' flows Gbit/s kpps "CPU %" "CPU s per Gbit"
+for n in 1 4; do
+  $bl lab exec s -- iperf3 -s -D -1 >/dev/null 2>&1 || true
+  sleep 0.3
+  c0=$(cpu_ticks $pid); p0=$(tx_packets fwd)
+  gbps=$($bl lab exec c -- iperf3 -c 10.77.0.2 -t "$secs" -P $n -J | python3 -c "import json,sys; print(json.load(sys.stdin)['end']['sum_received']['bits_per_second']/1e9)")
+  c1=$(cpu_ticks $pid); p1=$(tx_packets fwd)
+  python3 - "$n" "$gbps" "$c0" "$c1" "$p0" "$p1" "$hz" "$secs" <<'P'
+import sys
+n, g, c0, c1, p0, p1, hz, secs = sys.argv[1], float(sys.argv[2]), *map(float, sys.argv[3:])
+cpu = (c1 - c0) / hz / secs * 100
+print(f"{n:<8} {g:10.2f} {(p1-p0)/secs/1e3:10.0f} {cpu:10.0f} {cpu/100/g:14.2f}")
+P
+done
+$bl lab down fwd >/dev/null 2>&1
+
+echo "== 2. Shaped at ${rate} Mbit/s with a ${limit}-packet FIFO: bloatlab lab vs kernel htb+pfifo =="
+# The kernel's htb counts Ethernet frames (IP + 14 bytes): give the lab the same overhead.
+printf 'name="shp"\n[[link]]\nname="l"\na="c"\nb="s"\nboth = { rate = "%smbit", limit = %s, overhead = 14 }\n' "$rate" "$limit" >"$tmp/shp.toml"
+$bl lab up "$tmp/shp.toml" 2>/dev/null
+$bl lab exec s -- $bl server -q >/dev/null 2>&1 &
+sleep 0.5
+$bl lab exec c -- $bl test tcp-down 10.77.0.2 --flows 4 --cc cubic -l "$secs" --idle 2 --json -q -o "$tmp/lab.json" >"$tmp/lab.sum"
+$bl lab down shp >/dev/null 2>&1
+
+for n in c r s; do ip netns add blbench-$n; ip -n blbench-$n link set lo up; done
+ip link add c0 netns blbench-c type veth peer name rc netns blbench-r
+ip link add s0 netns blbench-s type veth peer name rs netns blbench-r
+ip -n blbench-c addr add 10.98.2.1/24 dev c0; ip -n blbench-r addr add 10.98.2.254/24 dev rc
+ip -n blbench-s addr add 10.98.3.1/24 dev s0; ip -n blbench-r addr add 10.98.3.254/24 dev rs
+for pair in c:c0 r:rc r:rs s:s0; do
+  ns=blbench-${pair%%:*}; dev=${pair#*:}
+  ip -n $ns link set dev $dev gso_max_size 1514 gso_max_segs 1 up
+  ip netns exec $ns ethtool -K $dev tso off gso off gro off >/dev/null 2>&1 || true
+done
+ip -n blbench-c route add default via 10.98.2.254
+ip -n blbench-s route add default via 10.98.3.254
+ip netns exec blbench-r sysctl -qw net.ipv4.ip_forward=1
+ip netns exec blbench-r tc qdisc add dev rc root handle 1: htb default 1
+ip netns exec blbench-r tc class add dev rc parent 1: classid 1:1 htb rate ${rate}mbit
+ip netns exec blbench-r tc qdisc add dev rc parent 1:1 handle 10: pfifo limit "$limit"
+ip netns exec blbench-s $bl server -q >/dev/null 2>&1 &
+sleep 0.5
+ip netns exec blbench-c $bl test tcp-down 10.98.3.1 --flows 4 --cc cubic -l "$secs" --idle 2 --json -q -o "$tmp/htb.json" >"$tmp/htb.sum"
+
+python3 - "$tmp/lab.sum" "$tmp/htb.sum" "$rate" "$limit" <<'P'
+import json, sys
+lab, htb = (json.load(open(p)) for p in sys.argv[1:3])
+rate, limit = float(sys.argv[3]), int(sys.argv[4])
+full = limit * 1514 * 8 / (rate * 1e6) * 1e3
+print(f"(a full FIFO is {limit} x 1514 B at {rate:g} Mbit/s = {full:.1f} ms)")
+print(f"{'':24} {'bloatlab lab':>14} {'kernel htb':>14} {'ratio':>8}")
+for name, path in [("goodput, Mbit/s", ("throughput_mbps", "down")), ("idle RTT p50, ms", ("latency_ms", "idle", "p50")),
+                   ("loaded RTT p50, ms", ("latency_ms", "loaded", "p50")), ("loaded RTT p99, ms", ("latency_ms", "loaded", "p99"))]:
+    a, b = lab, htb
+    for k in path:
+        a, b = a[k], b[k]
+    print(f"{name:24} {a:14.2f} {b:14.2f} {a/b:8.2f}")
+P
