@@ -196,3 +196,19 @@ fn demo_moves_the_queue_and_fixes_the_latency() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "both result files kept");
     assert_eq!(netns_and_links(), before);
 }
+
+#[test]
+fn lab_run_passes_the_exit_code_and_tears_down() {
+    let _g = serial();
+    if unsafe { libc::geteuid() } != 0 {
+        return skip("lab tests need root");
+    }
+    let before = netns_and_links();
+    let file = tmp_path("run.toml");
+    std::fs::write(&file, ONE_LINK.replace("\"one\"", "\"runlab\"")).unwrap();
+    // The command finds the lab through BLOATLAB_LAB_SOCKET and runs inside one of its hosts.
+    let script = format!("{BIN} lab exec c -- ip -o addr show dev l | grep -q 10.77.0.1 && exit 3");
+    let out = run(&[], &["lab", "run", file.to_str().unwrap(), "--", "sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(netns_and_links(), before);
+}
