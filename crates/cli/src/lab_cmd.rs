@@ -455,6 +455,11 @@ fn demo(length: f64, json: bool, out_dir: &std::path::Path, quiet: bool, stop: A
                 print!("{}", side_by_side(&before, &after));
             }
             say(&format!("results: {} and {}", before_path.display(), after_path.display()));
+            let report = out_dir.join(format!("bloatlab-demo-{stamp}.html"));
+            match crate::report_cmd::write_report(&[before_path.clone(), after_path.clone()], &report) {
+                Ok(()) => eprintln!("before/after report: {}", report.display()),
+                Err(e) => eprintln!("bloatlab lab: could not write the report: {e}"),
+            }
             ExitCode::SUCCESS
         }
         Err(e) if stop.load(Ordering::Relaxed) => {

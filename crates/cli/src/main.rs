@@ -3,6 +3,7 @@
 use bloatlab_measure::display::{summary_text, ProgressMode};
 use bloatlab_measure::{Ended, Options, Params, TestKind};
 mod lab_cmd;
+mod report_cmd;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::IsTerminal;
@@ -29,6 +30,33 @@ enum Command {
     /// Emulated networks between network namespaces: build, run, change, inspect.
     #[command(subcommand)]
     Lab(lab_cmd::LabCommand),
+    /// One self-contained HTML report of one or more result files: time series, latency CDFs
+    /// overlaid (before/after), box plots, summary and metadata; zoom and hover, opens offline.
+    Report {
+        #[arg(required = true)]
+        results: Vec<PathBuf>,
+        #[arg(short, long, default_value = "report.html")]
+        output: PathBuf,
+    },
+    /// A static PNG or SVG plot of one or more result files.
+    Plot {
+        #[arg(required = true)]
+        results: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value = "timeseries")]
+        kind: report_cmd::PlotKind,
+        /// Output file; .png or .svg.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Convert a result file for other tools.
+    Export {
+        result: PathBuf,
+        #[arg(long, value_enum)]
+        format: report_cmd::ExportFormat,
+        /// Output file (default: the result's name with .flent.gz or .csv).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -147,6 +175,9 @@ fn main() -> ExitCode {
         Command::Server(a) => server(a),
         Command::Test(a) => test(a),
         Command::Lab(c) => lab_cmd::run(c, stop_flag),
+        Command::Report { results, output } => report_cmd::report(&results, &output),
+        Command::Plot { results, kind, output } => report_cmd::plot(&results, kind, &output),
+        Command::Export { result, format, output } => report_cmd::export(&result, format, output),
     }
 }
 
@@ -212,7 +243,7 @@ fn test(a: TestArgs) -> ExitCode {
         ExitCode::from(2)
     };
     let length = a.length.unwrap_or(kind.default_length());
-    if !(length > 0.0 && length.is_finite()) || !(a.idle >= 0.0 && a.idle.is_finite()) {
+    if !(length > 0.0 && length.is_finite() && a.idle >= 0.0 && a.idle.is_finite()) {
         return usage("--length must be positive and --idle not negative");
     }
     if !(0.001..=1.0).contains(&a.step) {

@@ -193,7 +193,9 @@ fn demo_moves_the_queue_and_fixes_the_latency() {
     assert!(fifo_added > 100.0, "modem FIFO added only {fifo_added} ms");
     assert!(fq_added < 10.0, "FQ-CoDel shaper added {fq_added} ms");
     assert!(f(&v, "after.throughput_mbps.down") > 45.0, "{}", v["after"]["throughput_mbps"]);
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "both result files kept");
+    let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+    assert_eq!(names.iter().filter(|n| n.ends_with(".json.gz")).count(), 2, "both result files kept: {names:?}");
+    assert_eq!(names.iter().filter(|n| n.ends_with(".html")).count(), 1, "the before/after report: {names:?}");
     assert_eq!(netns_and_links(), before);
 }
 

@@ -198,6 +198,9 @@ pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, Measu
                 }
             }
         }
+        // Opening flows can take long on a bloated path (each handshake waits in the queue):
+        // sample with the time after it, or the bytes of that wait land in one short step.
+        let t = elapsed();
         if t >= next_sample {
             let dt = (t - last_sample_t).max(1e-6);
             for f in flows.iter_mut() {

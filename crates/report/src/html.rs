@@ -1,0 +1,182 @@
+//! One self-contained HTML file: ECharts (bundled, no CDN) draws the charts from the run data
+//! embedded as JSON; the summary table and metadata are plain HTML.
+
+use crate::view::RunView;
+use bloatlab_result::Summary;
+
+const ECHARTS: &str = include_str!("../assets/echarts.min.js");
+
+/// JSON or JS inside a <script> element must not contain "</script".
+fn script_safe(s: &str) -> String {
+    s.replace("</", "<\\/")
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+fn num(v: Option<f64>) -> String {
+    v.map_or("–".into(), |v| format!("{v:.1}"))
+}
+
+fn summary_row(label: &str, s: &Summary) -> String {
+    let p = |x: Option<bloatlab_result::Percentiles>, f: fn(&bloatlab_result::Percentiles) -> f64| num(x.as_ref().map(f));
+    format!(
+        "<tr><td>{}</td><td class=grade>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td></tr>",
+        esc(label),
+        esc(s.grade.as_deref().unwrap_or("–")),
+        p(s.latency_ms.idle, |x| x.p50),
+        p(s.latency_ms.loaded, |x| x.p50),
+        p(s.latency_ms.loaded, |x| x.p90),
+        p(s.latency_ms.loaded, |x| x.p99),
+        num(s.added_latency_ms),
+        num(s.throughput_mbps.down),
+        num(s.throughput_mbps.up),
+        s.loss.percent,
+    )
+}
+
+pub fn render(runs: &[RunView]) -> String {
+    let data = script_safe(&serde_json::to_string(runs).expect("plain data"));
+    let rows: String = runs.iter().map(|r| summary_row(&r.label, &r.summary)).collect();
+    let meta: String = runs
+        .iter()
+        .map(|r| format!("<details><summary>{}{}</summary><pre>{}</pre></details>", esc(&r.label), if r.partial { " (partial)" } else { "" }, esc(&serde_json::to_string_pretty(&r.metadata).unwrap_or_default())))
+        .collect();
+    format!(
+        r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>bloatlab report</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; color: #222; padding: 0 1em; }}
+h1 {{ font-size: 1.5em; }} h2 {{ font-size: 1.2em; margin-top: 2em; }}
+table {{ border-collapse: collapse; }} td, th {{ padding: .3em .7em; border-bottom: 1px solid #ddd; text-align: right; }}
+td:first-child, th:first-child {{ text-align: left; }} .grade {{ font-weight: bold; text-align: center; }}
+.chart {{ width: 100%; height: 340px; }} pre {{ font-size: .8em; overflow: auto; background: #f6f6f6; padding: .5em; }}
+#errors {{ color: #b00; white-space: pre-wrap; }}
+</style>
+<script>
+// Anything that goes wrong on the page is shown on it (and tests read it from there).
+window.bloatlabErrors = [];
+function bloatlabError(msg) {{
+  window.bloatlabErrors.push(String(msg));
+  var e = document.getElementById('errors');
+  if (e) {{ e.textContent = window.bloatlabErrors.join('\n'); }}
+  document.documentElement.setAttribute('data-errors', window.bloatlabErrors.length);
+}}
+window.addEventListener('error', function (ev) {{ bloatlabError(ev.message); }});
+var origError = console.error;
+console.error = function () {{ bloatlabError(Array.prototype.join.call(arguments, ' ')); origError.apply(console, arguments); }};
+</script>
+<script>{echarts}</script>
+</head><body>
+<h1>bloatlab report</h1>
+<div id="errors"></div>
+<h2>Summary</h2>
+<table><tr><th>run</th><th>grade</th><th>idle p50 ms</th><th>loaded p50 ms</th><th>p90</th><th>p99</th><th>added ms</th><th>down Mbit/s</th><th>up Mbit/s</th><th>loss %</th></tr>
+{rows}</table>
+<h2>Latency under load: CDF of round trips</h2>
+<div class="chart" id="cdf"></div>
+<div id="runs"></div>
+<h2>Metadata</h2>
+{meta}
+<script>
+var RUNS = {data};
+// SVG rendering: crisp at any zoom, and the drawn elements are part of the page.
+function newChart(el) {{
+  var chart = echarts.init(el, null, {{ renderer: 'svg' }});
+  chart.on('finished', function () {{ el.setAttribute('data-rendered', '1'); }});
+  return chart;
+}}
+function markPoints(el, points) {{
+  el.setAttribute('data-points', points);
+}}
+function phaseAreas(run) {{
+  return {{ silent: true, itemStyle: {{ color: 'rgba(120,120,120,0.08)' }},
+    label: {{ position: 'insideTop', color: '#666' }},
+    data: run.phases.map(function (p) {{ return [{{ name: p.name, xAxis: p.start }}, {{ xAxis: p.end }}]; }}) }};
+}}
+function timeChart(el, run, lines, unit) {{
+  var chart = newChart(el);
+  var points = 0;
+  var series = lines.map(function (l, i) {{
+    points += l.points.length;
+    var s = {{ name: l.name, type: 'line', showSymbol: false, connectNulls: false, data: l.points,
+      lineStyle: {{ width: l.name.indexOf('total') === 0 ? 2.5 : 1 }} }};
+    if (i === 0) {{ s.markArea = phaseAreas(run); }}
+    return s;
+  }});
+  chart.setOption({{
+    animation: false,
+    tooltip: {{ trigger: 'axis', valueFormatter: function (v) {{ return v == null ? '–' : v.toFixed(2) + ' ' + unit; }} }},
+    legend: {{ type: 'scroll', top: 0 }},
+    grid: {{ left: 60, right: 30, top: 40, bottom: 70 }},
+    xAxis: {{ type: 'value', name: 's', min: 0 }},
+    yAxis: {{ type: 'value', name: unit }},
+    dataZoom: [{{ type: 'inside' }}, {{ type: 'slider' }}],
+    series: series
+  }});
+  markPoints(el, points);
+}}
+function boxChart(el, run) {{
+  var chart = newChart(el);
+  chart.setOption({{
+    animation: false,
+    tooltip: {{ trigger: 'item' }},
+    grid: {{ left: 60, right: 30, top: 20, bottom: 60 }},
+    xAxis: {{ type: 'category', data: run.boxes.map(function (b) {{ return b.label; }}), axisLabel: {{ interval: 0, rotate: 20 }} }},
+    yAxis: {{ type: 'value', name: 'RTT ms' }},
+    series: [{{ name: 'RTT ms', type: 'boxplot', data: run.boxes.map(function (b) {{ return b.five; }}) }}]
+  }});
+  markPoints(el, run.boxes.length);
+}}
+(function () {{
+  var cdfEl = document.getElementById('cdf');
+  var cdf = newChart(cdfEl);
+  var cdfPoints = 0;
+  cdf.setOption({{
+    animation: false,
+    tooltip: {{ trigger: 'axis' }},
+    legend: {{ top: 0 }},
+    grid: {{ left: 60, right: 30, top: 40, bottom: 70 }},
+    xAxis: {{ type: 'value', name: 'RTT ms' }},
+    yAxis: {{ type: 'value', name: 'fraction', min: 0, max: 1 }},
+    dataZoom: [{{ type: 'inside' }}, {{ type: 'slider' }}],
+    series: RUNS.map(function (r) {{ cdfPoints += r.cdf.length; return {{ name: r.label, type: 'line', step: 'end', showSymbol: false, data: r.cdf }}; }})
+  }});
+  markPoints(cdfEl, cdfPoints);
+  var host = document.getElementById('runs');
+  RUNS.forEach(function (run, i) {{
+    var h = document.createElement('h2');
+    h.textContent = run.label + ' (' + run.test + (run.partial ? ', partial' : '') + ')';
+    host.appendChild(h);
+    [['throughput', 'Mbit/s'], ['latency', 'ms'], ['boxes', null]].forEach(function (k) {{
+      if (!run[k[0]].length) {{ return; }}
+      var el = document.createElement('div');
+      el.className = 'chart';
+      el.id = k[0] + '-' + i;
+      host.appendChild(el);
+      if (k[1]) {{ timeChart(el, run, run[k[0]], k[1]); }} else {{ boxChart(el, run); }}
+    }});
+  }});
+  window.addEventListener('resize', function () {{
+    document.querySelectorAll('.chart').forEach(function (el) {{ var c = echarts.getInstanceByDom(el); if (c) {{ c.resize(); }} }});
+  }});
+}})();
+</script>
+</body></html>
+"#,
+        echarts = script_safe(ECHARTS),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bundled_script_and_data_cannot_close_their_script_element() {
+        assert!(!ECHARTS.contains("</script"), "the bundled ECharts would end its <script> early");
+        assert_eq!(script_safe(r#"{"a":"</script>"}"#), r#"{"a":"<\/script>"}"#);
+    }
+}

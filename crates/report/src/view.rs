@@ -1,0 +1,176 @@
+//! Chart data from a result file: time series binned for display, latency CDFs, box-plot
+//! statistics per phase. Pure functions of the file.
+
+use bloatlab_analyze::stats::quantile_sorted;
+use bloatlab_result::{Phase, ResultFile, SeriesKind, Summary};
+use serde::Serialize;
+
+/// Most points a time-series line gets on screen; raw samples are averaged into bins.
+pub const MAX_POINTS: usize = 600;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Line {
+    pub name: String,
+    /// (seconds, value); None where nothing was measured (lost probe, gap).
+    pub points: Vec<(f64, Option<f64>)>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BoxStats {
+    pub label: String,
+    /// min, first quartile, median, third quartile, max (ms).
+    pub five: [f64; 5],
+    pub samples: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RunView {
+    pub label: String,
+    pub test: String,
+    pub phases: Vec<Phase>,
+    pub throughput: Vec<Line>,
+    pub latency: Vec<Line>,
+    /// Round trips of the load phase (all probe streams), sorted, as (ms, fraction <= it).
+    pub cdf: Vec<(f64, f64)>,
+    pub boxes: Vec<BoxStats>,
+    pub summary: Summary,
+    pub metadata: serde_json::Value,
+    pub partial: bool,
+}
+
+/// Averages samples into bins of `width` seconds (bin centre as x). Lost samples count as
+/// missing, not zero.
+pub fn bin(samples: &[(f64, Option<f64>)], width: f64) -> Vec<(f64, Option<f64>)> {
+    if samples.is_empty() || width <= 0.0 {
+        return samples.to_vec();
+    }
+    let mut out: Vec<(f64, Option<f64>)> = Vec::new();
+    let (mut cur, mut sum, mut n, mut any) = (None::<i64>, 0.0, 0usize, false);
+    let flush = |b: i64, sum: f64, n: usize, any: bool, out: &mut Vec<(f64, Option<f64>)>| {
+        out.push(((b as f64 + 0.5) * width, (any && n > 0).then(|| sum / n as f64)));
+    };
+    for &(t, v) in samples {
+        let b = (t / width).floor() as i64;
+        if cur != Some(b) {
+            if let Some(c) = cur {
+                flush(c, sum, n, any, &mut out);
+            }
+            (cur, sum, n, any) = (Some(b), 0.0, 0, false);
+        }
+        if let Some(v) = v {
+            sum += v;
+            n += 1;
+            any = true;
+        }
+    }
+    if let Some(c) = cur {
+        flush(c, sum, n, any, &mut out);
+    }
+    out
+}
+
+fn values_in(samples: &[(f64, Option<f64>)], start: f64, end: f64) -> Vec<f64> {
+    samples.iter().filter(|(t, _)| *t >= start && *t < end).filter_map(|(_, v)| *v).collect()
+}
+
+pub fn five_numbers(mut v: Vec<f64>) -> Option<[f64; 5]> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some([v[0], quantile_sorted(&v, 0.25), quantile_sorted(&v, 0.5), quantile_sorted(&v, 0.75), v[v.len() - 1]])
+}
+
+impl RunView {
+    pub fn new(r: &ResultFile, label: &str) -> RunView {
+        let end = r.metadata.phases.iter().map(|p| p.end).fold(0.0, f64::max);
+        let width = (end / MAX_POINTS as f64).max(r.metadata.step);
+        let mut throughput: Vec<Line> = Vec::new();
+        let mut totals: [Vec<(f64, Option<f64>)>; 2] = [Vec::new(), Vec::new()];
+        for s in r.series.iter().filter(|s| s.kind == SeriesKind::Throughput) {
+            let points = bin(&s.samples, width);
+            let which = (s.direction.as_deref() == Some("up")) as usize;
+            let tot = &mut totals[which];
+            if tot.is_empty() {
+                *tot = points.iter().map(|&(t, _)| (t, Some(0.0))).collect();
+            }
+            for (slot, &(_, v)) in tot.iter_mut().zip(&points) {
+                if let (Some(acc), Some(v)) = (slot.1.as_mut(), v) {
+                    *acc += v;
+                }
+            }
+            throughput.push(Line { name: s.name.clone(), points });
+        }
+        for (i, name) in ["total down", "total up"].iter().enumerate() {
+            if !totals[i].is_empty() {
+                throughput.insert(0, Line { name: name.to_string(), points: std::mem::take(&mut totals[i]) });
+            }
+        }
+        let rtt: Vec<_> = r.series.iter().filter(|s| s.kind == SeriesKind::Latency).collect();
+        let latency = rtt.iter().map(|s| Line { name: s.name.clone(), points: bin(&s.samples, width) }).collect();
+        let load = r.metadata.phases.iter().find(|p| p.name == "load");
+        let mut cdf_values: Vec<f64> = Vec::new();
+        let mut boxes = Vec::new();
+        for s in rtt.iter().filter(|s| s.name.starts_with("rtt ")) {
+            if let Some(p) = load {
+                cdf_values.extend(values_in(&s.samples, p.start, p.end));
+            }
+            for p in &r.metadata.phases {
+                if let Some(five) = five_numbers(values_in(&s.samples, p.start, p.end)) {
+                    let samples = values_in(&s.samples, p.start, p.end).len();
+                    boxes.push(BoxStats { label: format!("{} {}", s.name.trim_start_matches("rtt "), p.name), five, samples });
+                }
+            }
+        }
+        if cdf_values.is_empty() {
+            // No load phase (ping, plain voip): the CDF of the whole run.
+            cdf_values = rtt.iter().filter(|s| s.name.starts_with("rtt ")).flat_map(|s| s.samples.iter().filter_map(|x| x.1)).collect();
+        }
+        cdf_values.sort_by(f64::total_cmp);
+        let n = cdf_values.len();
+        // At most ~MAX_POINTS steps: enough for the eye, small enough for the page.
+        let stride = (n / MAX_POINTS).max(1);
+        let mut cdf: Vec<(f64, f64)> = cdf_values.iter().enumerate().step_by(stride).map(|(i, v)| (*v, (i + 1) as f64 / n as f64)).collect();
+        if let (Some(last), Some(&max)) = (cdf.last(), cdf_values.last()) {
+            if last.1 < 1.0 {
+                cdf.push((max, 1.0));
+            }
+        }
+        RunView {
+            label: label.to_string(),
+            test: r.metadata.test.clone(),
+            phases: r.metadata.phases.clone(),
+            throughput,
+            latency,
+            cdf,
+            boxes,
+            summary: r.summary.clone().unwrap_or_default(),
+            metadata: serde_json::to_value(&r.metadata).unwrap_or_default(),
+            partial: r.partial,
+        }
+    }
+}
+
+/// A short label for a result file: its name without directories and extensions.
+pub fn label_for(path: &std::path::Path) -> String {
+    let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+    name.trim_end_matches(".gz").trim_end_matches(".json").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binning_averages_and_keeps_gaps() {
+        let s = vec![(0.0, Some(1.0)), (0.05, Some(3.0)), (0.1, None), (0.15, None), (0.2, Some(5.0))];
+        let b = bin(&s, 0.1);
+        assert_eq!(b, vec![(0.05, Some(2.0)), (0.15000000000000002, None), (0.25, Some(5.0))]);
+    }
+
+    #[test]
+    fn five_numbers_of_one_to_five() {
+        assert_eq!(five_numbers(vec![5.0, 1.0, 3.0, 2.0, 4.0]), Some([1.0, 2.0, 3.0, 4.0, 5.0]));
+        assert_eq!(five_numbers(vec![]), None);
+    }
+}
