@@ -116,8 +116,9 @@ impl RunView {
                 cdf_values.extend(values_in(&s.samples, p.start, p.end));
             }
             for p in &r.metadata.phases {
-                if let Some(five) = five_numbers(values_in(&s.samples, p.start, p.end)) {
-                    let samples = values_in(&s.samples, p.start, p.end).len();
+                let values = values_in(&s.samples, p.start, p.end);
+                let samples = values.len();
+                if let Some(five) = five_numbers(values) {
                     boxes.push(BoxStats { label: format!("{} {}", s.name.trim_start_matches("rtt "), p.name), five, samples });
                 }
             }
