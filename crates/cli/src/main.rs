@@ -193,19 +193,30 @@ fn stop_flag() -> Arc<AtomicBool> {
     stop
 }
 
-/// Inside a lab (`lab exec`, `lab run`, `lab demo`), the emulator's counters go into the result
-/// file: ground truth next to the measurement.
-fn attach_lab_counters(result: &mut bloatlab_result::ResultFile, path: &std::path::Path) {
-    let Some(socket) = std::env::var_os(bloatlab_lab::SOCKET_ENV) else { return };
+/// The counters of the lab this test runs in (`lab exec`, `lab run`, `lab demo`), if any.
+fn lab_counters() -> Option<serde_json::Value> {
+    let socket = std::env::var_os(bloatlab_lab::SOCKET_ENV)?;
     match bloatlab_lab::control::request(std::path::Path::new(&socket), &bloatlab_lab::control::Request::Stats) {
-        Ok(r) if r.ok => {
-            result.metadata.lab = r.stats;
-            if let Err(e) = bloatlab_result::write_atomic(path, result) {
-                eprintln!("bloatlab: could not add the lab counters to {}: {e}", path.display());
-            }
+        Ok(r) if r.ok => r.stats,
+        Ok(r) => {
+            eprintln!("bloatlab: lab counters unavailable: {}", r.message.unwrap_or_default());
+            None
         }
-        Ok(r) => eprintln!("bloatlab: lab counters unavailable: {}", r.message.unwrap_or_default()),
-        Err(e) => eprintln!("bloatlab: lab counters unavailable: {e}"),
+        Err(e) => {
+            eprintln!("bloatlab: lab counters unavailable: {e}");
+            None
+        }
+    }
+}
+
+/// Inside a lab, the emulator's counters go into the result file: ground truth next to the
+/// measurement. They count from the lab's start, so both ends of the test are kept (the
+/// difference is what this test saw).
+fn attach_lab_counters(result: &mut bloatlab_result::ResultFile, path: &std::path::Path, at_start: Option<serde_json::Value>) {
+    let Some(at_end) = lab_counters() else { return };
+    result.metadata.lab = Some(serde_json::json!({ "at_start": at_start, "at_end": at_end }));
+    if let Err(e) = bloatlab_result::write_atomic(path, result) {
+        eprintln!("bloatlab: could not add the lab counters to {}: {e}", path.display());
     }
 }
 
@@ -275,11 +286,12 @@ fn test(a: TestArgs) -> ExitCode {
         ProgressMode::Lines
     };
     let opts = Options { output: a.output, progress, stop: stop_flag() };
+    let lab_at_start = lab_counters();
     let mut outcome = match bloatlab_measure::run(&params, &a.host, &opts) {
         Ok(o) => o,
         Err(e) => return fail(e),
     };
-    attach_lab_counters(&mut outcome.result, &outcome.path);
+    attach_lab_counters(&mut outcome.result, &outcome.path, lab_at_start);
     let summary = outcome.result.summary.clone().unwrap_or_default();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&summary).expect("summary serializes"));

@@ -156,7 +156,9 @@ both = { delay = "10ms" }
         .filter(|e| e.file_name().to_string_lossy().starts_with("chain-tcp-down"))
         .collect();
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(files[0].path()).unwrap()).unwrap();
-    assert!(r["metadata"]["lab"]["links"]["wan"]["down"]["tx_packets"].as_u64().unwrap() > 5000);
+    let lab = &r["metadata"]["lab"];
+    let sent = |at: &str| lab[at]["links"]["wan"]["down"]["tx_packets"].as_u64().unwrap();
+    assert!(sent("at_end") - sent("at_start") > 5000, "{lab}");
 }
 
 #[test]
