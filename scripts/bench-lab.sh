@@ -17,7 +17,12 @@ bl=$PWD/target/release/bloatlab
 tmp=$(mktemp -d)
 cleanup() {
   $bl lab down --all >/dev/null 2>&1 || true
-  for n in blbench-c blbench-r blbench-s; do ip netns del $n 2>/dev/null || true; done
+  # A deleted namespace lives on around its processes: end them first.
+  for n in blbench-c blbench-r blbench-s; do
+    pids=$(ip netns pids $n 2>/dev/null || true)
+    [ -z "$pids" ] || kill $pids 2>/dev/null || true
+    ip netns del $n 2>/dev/null || true
+  done
   rm -rf "$tmp"
 }
 trap cleanup EXIT
