@@ -20,7 +20,11 @@ cleanup() {
   # A deleted namespace lives on around its processes: end them first.
   for n in blbench-c blbench-r blbench-s; do
     pids=$(ip netns pids $n 2>/dev/null || true)
-    [ -z "$pids" ] || kill $pids 2>/dev/null || true
+    if [ -n "$pids" ]; then
+      kill $pids 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 $pids 2>/dev/null || break; sleep 0.1; done
+      kill -9 $pids 2>/dev/null || true
+    fi
     ip netns del $n 2>/dev/null || true
   done
   rm -rf "$tmp"
