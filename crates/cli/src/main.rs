@@ -280,7 +280,9 @@ fn test(a: TestArgs) -> ExitCode {
     };
     let progress = if a.quiet {
         ProgressMode::Quiet
-    } else if std::io::stderr().is_terminal() {
+    } else if std::io::stdout().is_terminal() && std::io::stderr().is_terminal() {
+        // A live line only when a person watches; output going to a file or a pipe (stdout)
+        // gets plain periodic lines on stderr instead.
         ProgressMode::Live
     } else {
         ProgressMode::Lines

@@ -194,3 +194,17 @@ fn udp_echo_answers_nothing_without_a_live_token() {
     let mut rx = [0u8; 2048];
     assert!(sock.recv_from(&mut rx).is_err(), "server answered a probe without a token");
 }
+
+#[test]
+fn progress_is_plain_lines_when_stdout_is_not_a_terminal() {
+    let _g = serial();
+    let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q"]);
+    let out = run(&[], &["test", "ping", &srv.addr, "-l", "3", "--idle", "0", "-o", tmp_path("lines.json").to_str().unwrap()]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    // One line per second, no carriage-return redraws; the summary on stdout.
+    assert!(err.contains("1.0/3 s") && err.contains("2.0/3 s") && !err.contains('\r'), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Latency (round trip)"));
+    let quiet = run(&[], &["test", "ping", &srv.addr, "-l", "1", "--idle", "0", "-q", "-o", tmp_path("quiet.json").to_str().unwrap()]);
+    assert!(quiet.stderr.is_empty(), "{}", String::from_utf8_lossy(&quiet.stderr));
+}
