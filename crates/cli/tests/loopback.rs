@@ -208,3 +208,32 @@ fn progress_is_plain_lines_when_stdout_is_not_a_terminal() {
     let quiet = run(&[], &["test", "ping", &srv.addr, "-l", "1", "--idle", "0", "-q", "-o", tmp_path("quiet.json").to_str().unwrap()]);
     assert!(quiet.stderr.is_empty(), "{}", String::from_utf8_lossy(&quiet.stderr));
 }
+
+#[test]
+fn a_different_protocol_version_is_refused_with_the_reason() {
+    let _g = serial();
+    use std::io::{BufRead, BufReader, Write};
+    // A client of a future version talking to this server.
+    let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q"]);
+    let mut s = std::net::TcpStream::connect(&srv.addr).unwrap();
+    s.write_all(b"{\"type\":\"hello\",\"magic\":\"bloatlab\",\"version\":999,\"client_version\":\"9.9\"}\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).unwrap();
+    assert!(line.contains("refused") && line.contains("version"), "{line}");
+
+    // A server of a future version answering this client.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        if let Ok((mut s, _)) = l.accept() {
+            let mut hello = String::new();
+            BufReader::new(&s).read_line(&mut hello).unwrap();
+            let _ = s.write_all(b"{\"type\":\"refused\",\"reason\":\"version\",\"message\":\"this server speaks protocol version 2 only\"}\n");
+            wait_ms(300);
+        }
+    });
+    let out = run(&[], &["test", "ping", &addr, "-l", "1", "-q"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("protocol version 2") && err.trim().lines().count() == 1, "{err}");
+}
