@@ -5,64 +5,6 @@ mod common;
 use common::*;
 use std::process::Command;
 
-/// A lab brought up with `bloatlab lab up`, brought down on drop (also when a test fails).
-struct LabUp {
-    name: String,
-}
-
-impl LabUp {
-    fn up(name: &str, toml: &str) -> Option<LabUp> {
-        if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/dev/net/tun").exists() {
-            skip("lab tests need root and /dev/net/tun");
-            return None;
-        }
-        let file = tmp_path(&format!("{name}.toml"));
-        std::fs::write(&file, toml).unwrap();
-        let out = run(&[], &["lab", "up", file.to_str().unwrap(), "--name", name]);
-        assert!(out.status.success(), "lab up: {}", String::from_utf8_lossy(&out.stderr));
-        Some(LabUp { name: name.into() })
-    }
-
-    fn exec(&self, host: &str) -> Vec<String> {
-        [BIN, "lab", "exec", "--lab", &self.name, host, "--"].iter().map(|s| s.to_string()).collect()
-    }
-
-    fn server(&self, host: &str) -> ServerProc {
-        let p = self.exec(host);
-        ServerProc::start(&p.iter().map(String::as_str).collect::<Vec<_>>(), "[::]:9461", &["-q"])
-    }
-
-    fn test(&self, host: &str, args: &[&str]) -> serde_json::Value {
-        let p = self.exec(host);
-        let out_file = tmp_path(&format!("{}-{}.json", self.name, args.join("_").replace(['/', ' ', ':'], "")));
-        let mut all = vec!["test"];
-        all.extend_from_slice(args);
-        all.extend_from_slice(&["--json", "-q", "-o", out_file.to_str().unwrap()]);
-        let out = run(&p.iter().map(String::as_str).collect::<Vec<_>>(), &all);
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        json(&out)
-    }
-
-    fn set(&self, link: &str, kv: &[&str]) {
-        let mut args = vec!["lab", "set", "--lab", &self.name, link];
-        args.extend_from_slice(kv);
-        let out = run(&[], &args);
-        assert!(out.status.success(), "lab set: {}", String::from_utf8_lossy(&out.stderr));
-    }
-
-    fn stats(&self) -> serde_json::Value {
-        let out = run(&[], &["lab", "stats", "--json", "--lab", &self.name]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        json(&out)
-    }
-}
-
-impl Drop for LabUp {
-    fn drop(&mut self) {
-        let _ = run(&[], &["lab", "down", &self.name]);
-    }
-}
-
 fn netns_and_links() -> (String, String) {
     let ns = String::from_utf8(Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).unwrap();
     let links = String::from_utf8(Command::new("ip").args(["-o", "link", "show"]).output().unwrap().stdout).unwrap();

@@ -9,6 +9,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
+pub mod kernel_ref;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_bloatlab");
 
 /// Timing tests share two cores: run them one at a time.
@@ -185,6 +187,71 @@ pub fn skip(why: &str) {
     eprintln!("SKIP: {why}");
 }
 
+/// A missing precondition: skip on a laptop, but fail under CI, where a skip that passes would
+/// hide a broken install step.
+pub fn missing(why: &str) {
+    assert!(std::env::var_os("CI").is_none(), "precondition missing under CI: {why}");
+    skip(why);
+}
+
 pub fn wait_ms(ms: u64) {
     std::thread::sleep(Duration::from_millis(ms));
+}
+
+/// A lab brought up with `bloatlab lab up`, brought down on drop (also when a test fails).
+pub struct LabUp {
+    pub name: String,
+}
+
+impl LabUp {
+    pub fn up(name: &str, toml: &str) -> Option<LabUp> {
+        if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/dev/net/tun").exists() {
+            skip("lab tests need root and /dev/net/tun");
+            return None;
+        }
+        let file = tmp_path(&format!("{name}.toml"));
+        std::fs::write(&file, toml).unwrap();
+        let out = run(&[], &["lab", "up", file.to_str().unwrap(), "--name", name]);
+        assert!(out.status.success(), "lab up: {}", String::from_utf8_lossy(&out.stderr));
+        Some(LabUp { name: name.into() })
+    }
+
+    pub fn exec(&self, host: &str) -> Vec<String> {
+        [BIN, "lab", "exec", "--lab", &self.name, host, "--"].iter().map(|s| s.to_string()).collect()
+    }
+
+    pub fn server(&self, host: &str) -> ServerProc {
+        let p = self.exec(host);
+        ServerProc::start(&p.iter().map(String::as_str).collect::<Vec<_>>(), "[::]:9461", &["-q"])
+    }
+
+    pub fn test(&self, host: &str, args: &[&str]) -> serde_json::Value {
+        let p = self.exec(host);
+        let out_file = tmp_path(&format!("{}-{}.json", self.name, args.join("_").replace(['/', ' ', ':'], "")));
+        let mut all = vec!["test"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--json", "-q", "-o", out_file.to_str().unwrap()]);
+        let out = run(&p.iter().map(String::as_str).collect::<Vec<_>>(), &all);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        json(&out)
+    }
+
+    pub fn set(&self, link: &str, kv: &[&str]) {
+        let mut args = vec!["lab", "set", "--lab", &self.name, link];
+        args.extend_from_slice(kv);
+        let out = run(&[], &args);
+        assert!(out.status.success(), "lab set: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    pub fn stats(&self) -> serde_json::Value {
+        let out = run(&[], &["lab", "stats", "--json", "--lab", &self.name]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        json(&out)
+    }
+}
+
+impl Drop for LabUp {
+    fn drop(&mut self) {
+        let _ = run(&[], &["lab", "down", &self.name]);
+    }
 }

@@ -1,0 +1,138 @@
+//! Linux's own qdiscs as a reference: jobs in Debian's kernel under qemu through
+//! `scripts/kernel-ref.sh`, either with the endpoints inside the guest or with the guest as the
+//! router between two namespaces of this machine (`scripts/kernel-ref-topo.sh --nics`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts").join(name).canonicalize().expect("scripts/ beside the crates")
+}
+
+/// A directory removed on drop, also when the test fails.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("bloatlab-kref-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Why this machine cannot run guest jobs, if it cannot (the caller skips, or fails under CI).
+pub fn unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("kernel-reference tests need root (qemu tap devices, namespaces)".into());
+    }
+    let out = Command::new(script("kernel-ref.sh")).arg("--prepare").output().expect("run kernel-ref.sh");
+    (!out.status.success()).then(|| String::from_utf8_lossy(&out.stderr).trim().to_string())
+}
+
+/// Runs `cmd` in the guest with `out` as its writable directory.
+pub fn guest_run(cmd: &str, out: &Path, timeout_s: u64) -> Output {
+    Command::new(script("kernel-ref.sh"))
+        .args(["--out", out.to_str().unwrap(), "--timeout", &timeout_s.to_string(), "--", cmd])
+        .output()
+        .expect("run kernel-ref.sh")
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("ip");
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+}
+
+/// Debian's kernel as the router between namespaces `cli` (10.99.2.1) and `srv` (10.99.3.1)
+/// of this machine, with the shapers `kernel-ref-topo.sh` is given. Stopped on drop.
+pub struct KernelRouter {
+    guest: Option<Child>,
+    dir: TempDir,
+    pub cli: String,
+    pub srv: String,
+}
+
+pub const ROUTER_SRV_ADDR: &str = "10.99.3.1";
+
+impl KernelRouter {
+    pub fn start(tag: &str, topo_args: &[&str]) -> KernelRouter {
+        let prefix = format!("kr{}{tag}", std::process::id() % 100_000);
+        let (cli, srv) = (format!("{prefix}c"), format!("{prefix}s"));
+        let dir = TempDir::new(tag);
+        ip(&["netns", "add", &cli]);
+        let mut r = KernelRouter { guest: None, dir, cli, srv };
+        ip(&["netns", "add", &r.srv]);
+        let quoted: Vec<String> = topo_args.iter().map(|a| format!("'{}'", a.replace('\'', "'\\''"))).collect();
+        let job = format!("{} --nics {}", script("kernel-ref-topo.sh").display(), quoted.join(" "));
+        let (tc, ts) = (format!("{prefix}tc"), format!("{prefix}ts"));
+        r.guest = Some(
+            Command::new(script("kernel-ref.sh"))
+                .args(["--out", r.dir.0.to_str().unwrap(), "--timeout", "600"])
+                .args(["--tap", &format!("{tc}@{}", r.cli), "--tap", &format!("{ts}@{}", r.srv), "--", &job])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn kernel-ref.sh"),
+        );
+        let t0 = Instant::now();
+        while !r.dir.0.join("ready").exists() {
+            if let Some(status) = r.guest.as_mut().unwrap().try_wait().unwrap() {
+                let mut err = String::new();
+                use std::io::Read;
+                r.guest.as_mut().unwrap().stderr.take().unwrap().read_to_string(&mut err).unwrap();
+                panic!("kernel router ended ({status}) before it was ready: {err}");
+            }
+            assert!(t0.elapsed() < Duration::from_secs(90), "kernel router not ready after 90 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        ip(&["-n", &r.cli, "addr", "add", "10.99.2.1/24", "dev", &tc]);
+        ip(&["-n", &r.cli, "route", "add", "default", "via", "10.99.2.254"]);
+        ip(&["-n", &r.srv, "addr", "add", "10.99.3.1/24", "dev", &ts]);
+        ip(&["-n", &r.srv, "route", "add", "default", "via", "10.99.3.254"]);
+        r
+    }
+
+    pub fn exec(&self, ns: &str) -> Vec<String> {
+        ["ip", "netns", "exec", ns].iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Ends the guest and returns the counters of its qdiscs (`tc -s -j qdisc` per namespace).
+    pub fn stop(mut self) -> serde_json::Value {
+        self.halt();
+        let text = std::fs::read_to_string(self.dir.0.join("tc-stats.json")).unwrap_or_default();
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
+    }
+
+    fn halt(&mut self) {
+        let Some(mut g) = self.guest.take() else { return };
+        let _ = std::fs::write(self.dir.0.join("stop"), b"");
+        let t0 = Instant::now();
+        while g.try_wait().ok().flatten().is_none() {
+            if t0.elapsed() > Duration::from_secs(30) {
+                // SIGTERM lets the harness stop qemu and remove its own files.
+                // SAFETY: a signal to our own child.
+                unsafe { libc::kill(g.id() as i32, libc::SIGTERM) };
+                let _ = g.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for KernelRouter {
+    fn drop(&mut self) {
+        self.halt();
+        for n in [&self.cli, &self.srv] {
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Linux's own qdiscs as the reference (Debian's kernel under qemu, `scripts/kernel-ref.sh`):
+//! the harness works, Linux's FIFO and CAKE behave as their physics says, and the lab agrees
+//! with Linux's FQ-CoDel on the same line with the same endpoints.
+
+mod common;
+use common::kernel_ref::*;
+use common::*;
+
+fn guest_ready() -> bool {
+    match unavailable() {
+        Some(why) => {
+            missing(&why);
+            false
+        }
+        None => true,
+    }
+}
+
+#[test]
+fn guest_adds_cake_and_tc_reads_it_back() {
+    let _s = serial();
+    if !guest_ready() {
+        return;
+    }
+    let dir = TempDir::new("cake");
+    let out = guest_run("tc qdisc add dev lo root cake bandwidth 20mbit diffserv3 nat && tc -j qdisc show dev lo", &dir.0, 120);
+    assert!(out.status.success(), "guest job failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("tc -j output");
+    let q = &v[0];
+    assert_eq!(q["kind"], "cake");
+    // tc reports cake's bandwidth in bytes per second: 20 Mbit/s = 2 500 000 B/s.
+    assert_eq!(q["options"]["bandwidth"], 2_500_000);
+    assert_eq!(q["options"]["diffserv"], "diffserv3");
+    assert_eq!(q["options"]["nat"], true);
+}
+
+#[test]
+fn guest_exit_code_output_dir_and_timeout() {
+    let _s = serial();
+    if !guest_ready() {
+        return;
+    }
+    let dir = TempDir::new("rc");
+    let out = guest_run("echo seen > \"$KREF_OUT/file\"; echo to-stdout; exit 7", &dir.0, 120);
+    assert_eq!(out.status.code(), Some(7), "the job's exit code comes back");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "to-stdout");
+    assert_eq!(std::fs::read_to_string(dir.0.join("file")).unwrap().trim(), "seen", "DIR is writable at its own path");
+    let t0 = std::time::Instant::now();
+    let out = guest_run("sleep 600", &dir.0, 15);
+    assert_eq!(out.status.code(), Some(124));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("past its timeout of 15 s"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(t0.elapsed().as_secs() < 30, "the timeout is enforced, not waited out");
+}
+
+/// rrul with the endpoints inside the guest (Debian's TCP, pinned to cubic), first through
+/// Linux's pfifo, then through its cake, on a 20/5 Mbit/s line with 10 ms base RTT.
+#[test]
+fn rrul_through_the_kernels_pfifo_is_bloated_and_through_its_cake_is_not() {
+    let _s = serial();
+    if !guest_ready() {
+        return;
+    }
+    let dir = TempDir::new("rrul");
+    let o = dir.0.display();
+    let rrul = format!("ip netns exec kr-cli {BIN} test rrul 10.99.3.1 -l 15 --idle 3 --cc cubic -q --json");
+    let job = format!(
+        "{topo} --down 'pfifo 20mbit 100' --up 'pfifo 5mbit 100' --delay-down 'delay 5ms' --delay-up 'delay 5ms' -- \"\
+         ip netns exec kr-srv {BIN} server -q & sleep 1; \
+         {rrul} -o {o}/fifo.json.gz > {o}/fifo.json; \
+         ip netns exec kr-rtr tc -s -j qdisc show dev rd > {o}/fifo-up-tc.json; \
+         for d in rc rd; do ip netns exec kr-rtr tc qdisc del dev \\$d root; done; \
+         ip netns exec kr-rtr tc qdisc add dev rc root cake bandwidth 19mbit diffserv3; \
+         ip netns exec kr-rtr tc qdisc add dev rd root cake bandwidth 4750kbit diffserv3; \
+         {rrul} -o {o}/cake.json.gz > {o}/cake.json\"",
+        topo = script("kernel-ref-topo.sh").display()
+    );
+    let out = guest_run(&job, &dir.0, 300);
+    assert!(out.status.success(), "guest job failed: {}", String::from_utf8_lossy(&out.stderr));
+    let read = |f: &str| -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(dir.0.join(f)).unwrap()).unwrap() };
+    let (fifo, cake) = (read("fifo.json"), read("cake.json"));
+    // The upload FIFO holds 100 packets of the mix that crossed it (data and the download's
+    // ACKs): full, it drains in 100 * mean size * 8 / 5 Mbit/s. Under rrul it stays near full,
+    // so it adds at least half of that; and no more than both FIFOs full of MTU packets
+    // (100*1514*8/5e6 = 242 ms and /20e6 = 61 ms) plus the emulation's noise.
+    let up_tc = read("fifo-up-tc.json");
+    let pf = up_tc.as_array().unwrap().iter().find(|q| q["kind"] == "pfifo").expect("pfifo counters");
+    let mean_size = f(pf, "bytes") / f(pf, "packets");
+    let drain_ms = 100.0 * mean_size * 8.0 / 5e6 * 1e3;
+    let added = f(&fifo, "added_latency_ms");
+    eprintln!("pfifo: mean packet {mean_size:.0} B, upload FIFO drain {drain_ms:.1} ms, rrul adds {added:.1} ms");
+    assert!(added > drain_ms / 2.0, "pfifo adds {added} ms; its upload FIFO alone drains in {drain_ms} ms");
+    assert!(added < 242.0 + 61.0 + 30.0, "pfifo adds {added} ms: more than both FIFOs hold");
+    // CAKE at 95% of the line: best-effort probes see the sparse-flow path, not the queue.
+    let be = cake["latency_ms"]["per_stream"].as_array().unwrap().iter().find(|s| s["name"].as_str().unwrap().ends_with("be")).expect("BE probes").clone();
+    let be_added = f(&be, "loaded.p50") - f(&be, "idle.p50");
+    assert!(be_added < 15.0, "cake adds {be_added} ms to best-effort probes");
+    // Goodput under cake's 19 Mbit/s shaper: at most the shaped rate's TCP payload share.
+    let down = f(&cake, "throughput_mbps.down");
+    assert!(down < 19.0 * 1448.0 / 1514.0 * 1.03 && down > 19.0 * 0.6, "cake download {down} Mbit/s");
+}
+
+fn be_added(v: &serde_json::Value) -> f64 {
+    let s = &v["latency_ms"]["per_stream"][0];
+    f(s, "loaded.p50") - f(s, "idle.p50")
+}
+
+/// The same endpoints (this machine's TCP, cubic) through Linux's HTB + fq_codel in the guest
+/// and through the lab's FQ-CoDel: 20/20 Mbit/s, 4 ms base RTT. The lab counts 14 bytes per
+/// packet on top of the IP packet, as HTB counts the Ethernet header.
+#[test]
+fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
+    let _s = serial();
+    if !guest_ready() {
+        return;
+    }
+    let tests: [&[&str]; 2] = [&["tcp-down", "--flows", "4"], &["tcp-up", "--flows", "4"]];
+    let common_args = ["-l", "10", "--idle", "3", "--cc", "cubic", "-q", "--json", "-o", "/dev/null"];
+    let run_in = |prefix: &[String], t: &[&str]| -> serde_json::Value {
+        let mut args = vec!["test", t[0], ""];
+        args.extend_from_slice(&t[1..]);
+        args.extend_from_slice(&common_args);
+        let p: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        let host = if p.contains(&"--lab") { "10.77.0.2" } else { ROUTER_SRV_ADDR };
+        args[2] = host;
+        let out = common::run(&p, &args);
+        assert!(out.status.success(), "{t:?}: {}", String::from_utf8_lossy(&out.stderr));
+        json(&out)
+    };
+
+    // HTB's burst of 5 ms of rate rather than sqm's 1 ms: the emulated guest's timers fire late,
+    // and a 1 ms burst then loses rate that real hardware would not (measured: 49 instead of
+    // 52.7 Mbit/s at 57 Mbit/s).
+    let kernel = KernelRouter::start(
+        "agree",
+        &["--down", "fq_codel 20mbit", "--up", "fq_codel 20mbit", "--delay-down", "delay 2ms", "--delay-up", "delay 2ms", "--burst-us", "5000"],
+    );
+    let srv = ServerProc::start(&kernel.exec(&kernel.srv).iter().map(String::as_str).collect::<Vec<_>>(), "0.0.0.0:9461", &["-q"]);
+    let k: Vec<serde_json::Value> = tests.iter().map(|t| run_in(&kernel.exec(&kernel.cli), t)).collect();
+    drop(srv);
+    let stats = kernel.stop();
+    assert!(stats["rtr"].as_array().is_some_and(|q| q.iter().any(|q| q["kind"] == "fq_codel")), "fq_codel was the kernel's qdisc: {stats}");
+
+    let topo = "name='agree'\n[[link]]\nname='wan'\na='client'\nb='server'\n\
+                both={rate='20mbit', delay='2ms', overhead=14, qdisc='fq_codel'}\n";
+    let Some(lab) = LabUp::up("agree", topo) else { return };
+    let srv = lab.server("server");
+    let l: Vec<serde_json::Value> = tests.iter().map(|t| run_in(&lab.exec("client"), t)).collect();
+    drop(srv);
+
+    for ((t, k), l) in tests.iter().zip(&k).zip(&l) {
+        let dir = if t[0] == "tcp-down" { "throughput_mbps.down" } else { "throughput_mbps.up" };
+        let (kg, lg) = (f(k, dir), f(l, dir));
+        eprintln!("{}: goodput kernel {kg:.2} lab {lg:.2} Mbit/s; BE added p50 kernel {:.2} lab {:.2} ms", t[0], be_added(k), be_added(l));
+        // Issue #15's bounds: goodput within 3% in single-direction tests, added p50 within
+        // max(1 ms, 10%).
+        assert!((lg / kg - 1.0).abs() < 0.03, "{}: lab {lg} vs kernel {kg} Mbit/s", t[0]);
+        let (ka, la) = (be_added(k), be_added(l));
+        assert!((la - ka).abs() <= (0.1 * ka.abs()).max(1.0), "{}: added p50 lab {la} vs kernel {ka} ms", t[0]);
+    }
+}

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# The lab against Linux: the same line built once in bloatlab's lab and once with Linux's own
+# qdiscs in Debian's kernel as the router (scripts/kernel-ref.sh --tap), the same bloatlab
+# endpoints (this machine's TCP, congestion control pinned) running the same tests through
+# each. Prints per scenario and test: goodput each way, added latency p50/p90 per probe class
+# (BE, EF, CS1), drops, and the lab-to-kernel ratio of each.
+#
+#   scripts/bench-kernel-ref.sh [--out DIR] [--length S] [--repeat N] [--cc ALGO] [SCENARIO...]
+#
+# Scenarios (name: line; the lab adds 14 B per packet as the kernel counts Ethernet headers):
+SCENARIOS="
+unshaped      1gbit   1gbit     0    none
+delay-only    1gbit   1gbit     2    none
+fifo-sym      20mbit  20mbit    0    fifo
+fifo-asym     30mbit  2mbit     0    fifo
+fifo-asym-d   30mbit  2mbit     7.5  fifo
+codel-asym-d  30mbit  2mbit     7.5  codel
+fqc-short     20mbit  20mbit    2    fq_codel
+fqc-sym-d     20mbit  20mbit    7.5  fq_codel
+fqc-asym      57mbit  3800kbit  0    fq_codel
+fqc-asym-d    57mbit  3800kbit  7.5  fq_codel
+sqm-asym-d    57mbit  3800kbit  7.5  sqm
+netem-jitter  20mbit  20mbit    10   jitter
+netem-loss    20mbit  20mbit    10   loss
+netem-ge      20mbit  20mbit    10   ge
+"
+# Tests per scenario: tcp-down, tcp-up, rrul (voip with --voip).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BLOATLAB:-target/release/bloatlab}
+out=bench-kernel-ref-out
+length=20
+repeat=1
+cc=cubic
+tests="tcp-down tcp-up rrul"
+pick=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=$2; shift 2 ;;
+    --length) length=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    --cc) cc=$2; shift 2 ;;
+    --tests) tests=$2; shift 2 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) pick+=("$1"); shift ;;
+  esac
+done
+[ -x "$BIN" ] || { echo "bench-kernel-ref: build first (cargo build --release)" >&2; exit 1; }
+mkdir -p "$out"
+out=$(cd "$out" && pwd -P)
+
+# Per scenario: the lab's link settings and the kernel's shaper / delay-box arguments.
+lab_qdisc() { # kind -> lab key=value settings per direction (same for both)
+  case "$1" in
+    fifo) echo 'qdisc = "fifo", limit = 100' ;;
+    none) echo 'qdisc = "fifo", limit = 1000' ;;
+    codel) echo 'qdisc = "codel", limit = 1000' ;;
+    fq_codel) echo 'qdisc = "fq_codel"' ;;
+    sqm) echo 'qdisc = "fq_codel", limit = 1001, quantum = 300' ;;
+    jitter) echo 'qdisc = "fifo", limit = 1000, jitter = "2ms", reorder = true' ;;
+    loss) echo 'qdisc = "fifo", limit = 1000, loss = "1%"' ;;
+    ge) echo 'qdisc = "fifo", limit = 1000, ge = "1%,30%,50%,0%"' ;;
+  esac
+}
+kernel_shaper() { # kind rate
+  case "$1" in
+    fifo) echo "pfifo $2 100" ;;
+    none) echo "none" ;;
+    codel) echo "codel $2 limit 1000 noecn" ;;
+    fq_codel) echo "fq_codel $2" ;;
+    sqm) echo "fq_codel $2 limit 1001 quantum 300" ;;
+    jitter|loss|ge) echo "pfifo $2 1000" ;;
+  esac
+}
+kernel_netem() { # kind one-way-delay-ms
+  local d=$2 extra=
+  case "$1" in
+    jitter) extra="2ms" ;;  # netem's jitter: uniform +/- (no distribution table)
+    loss) extra="loss 1%" ;;
+    ge) extra="loss gemodel 1% 30% 50% 0%" ;;
+  esac
+  [ "$d" = 0 ] && [ -z "$extra" ] && return 0
+  echo "delay ${d}ms $extra"
+}
+
+run_test() { # prefix-ns host test file
+  local ns=$1 host=$2 t=$3 file=$4 args=(-l "$length" --idle 5 --cc "$cc" -q --json -o "$file.json.gz")
+  [ "$t" = tcp-down ] || [ "$t" = tcp-up ] && args+=(--flows 4)
+  [ "$t" = voip ] && args=(--under-load -l "$length" --idle 5 --cc "$cc" -q --json -o "$file.json.gz")
+  ip netns exec "$ns" ${ENDPOINT_PIN:-} "$BIN" test "$t" "$host" "${args[@]}" > "$file.summary.json" 2> "$file.err" || {
+    echo "  $t failed: $(tail -n1 "$file.err")" >&2; return 1; }
+}
+
+kernel_run() { # scen down up delay kind test file
+  local down=$2 up=$3 delay=$4 kind=$5 t=$6 file=$7
+  local dir; dir=$(mktemp -d /tmp/bloatlab-kref-bench.XXXXXX)
+  local cli=kb-cli srv=kb-srv
+  ip netns del $cli 2>/dev/null || true; ip netns del $srv 2>/dev/null || true
+  ip netns add $cli; ip netns add $srv
+  local args=(${KREF_TOPO_ARGS:-} --down "$(kernel_shaper "$kind" "$down")" --up "$(kernel_shaper "$kind" "$up")")
+  local nm; nm=$(kernel_netem "$kind" "$delay")
+  [ -n "$nm" ] && args+=(--delay-down "$nm" --delay-up "$nm")
+  scripts/kernel-ref.sh --out "$dir" --timeout $((length * 3 + 120)) --tap kbc@$cli --tap kbs@$srv -- \
+    "scripts/kernel-ref-topo.sh --nics $(printf '%q ' "${args[@]}")" > "$file.guest.log" 2>&1 &
+  local g=$!
+  for _ in $(seq 300); do [ -e "$dir/ready" ] && break; kill -0 $g 2>/dev/null || break; sleep 0.2; done
+  if [ ! -e "$dir/ready" ]; then echo "  kernel guest did not come up: $(tail -n1 "$file.guest.log")" >&2; wait $g; ip netns del $cli; ip netns del $srv; rm -rf "$dir"; return 1; fi
+  ip -n $cli addr add 10.99.2.1/24 dev kbc; ip -n $cli route add default via 10.99.2.254
+  ip -n $srv addr add 10.99.3.1/24 dev kbs; ip -n $srv route add default via 10.99.3.254
+  ip netns exec $srv ${ENDPOINT_PIN:-} "$BIN" server -q > /dev/null 2>&1 &
+  local s=$!
+  sleep 0.5
+  run_test $cli 10.99.3.1 "$t" "$file" || true
+  kill $s; wait $s 2>/dev/null || true
+  touch "$dir/stop"; wait $g || true
+  cp "$dir/tc-stats.json" "$file.tc.json" 2>/dev/null || true
+  ip netns del $cli; ip netns del $srv; rm -rf "$dir"
+}
+
+lab_run() { # scen down up delay kind test file
+  local down=$2 up=$3 delay=$4 kind=$5 t=$6 file=$7
+  local q; q=$(lab_qdisc "$kind")
+  local topo="$file.toml"
+  cat > "$topo" <<EOF
+name = "kbench"
+[[link]]
+name = "wan"
+a = "client"
+b = "server"
+both = { delay = "${delay}ms", overhead = 14, $q }
+up = { rate = "$up" }
+down = { rate = "$down" }
+EOF
+  "$BIN" lab run "$topo" --name kbench -- bash -c "
+    '$BIN' lab exec --lab kbench server -- '$BIN' server -q > /dev/null 2>&1 &
+    s=\$!; sleep 0.5
+    $(declare -f run_test); BIN='$BIN' length='$length' cc='$cc'
+    run_test bl-kbench-client 10.77.0.2 '$t' '$file'
+    '$BIN' lab stats --lab kbench --json > '$file.labstats.json'
+    kill \$s; wait \$s 2>/dev/null; true" || echo "  lab run failed" >&2
+}
+
+report() { python3 - "$out" "$@" <<'PY'
+import json, sys, os, statistics
+out = sys.argv[1]
+def load(p):
+    try: return json.load(open(p))
+    except Exception: return None
+def cls(s, name):
+    for st in s["latency_ms"]["per_stream"]:
+        if st["name"].upper().endswith(name) and st.get("loaded") and st.get("idle"):
+            return st["loaded"]["p50"] - st["idle"]["p50"], st["loaded"]["p90"] - st["idle"]["p50"], st["idle"]["p50"]
+    return None
+def fmt(v): return "-" if v is None else f"{v:.2f}"
+def ratio(a, b): return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+print(f"{'scenario/test':28} {'side':6} {'down':>7} {'up':>7} {'idle':>6} " + " ".join(f"{c+' p50':>8} {c+' p90':>8}" for c in ("BE", "EF", "BK")))
+for key in sys.argv[2:]:
+    rows = {}
+    for side in ("kernel", "lab"):
+        runs = [load(os.path.join(out, f)) for f in sorted(os.listdir(out)) if f.startswith(f"{key}.{side}.") and f.endswith(".summary.json")]
+        runs = [r for r in runs if r]
+        if not runs: continue
+        m = lambda f: (statistics.mean(v) if (v := [x for x in map(f, runs) if x is not None]) else None)
+        row = {"down": m(lambda r: r["throughput_mbps"]["down"]), "up": m(lambda r: r["throughput_mbps"]["up"]),
+               "idle": m(lambda r: r["latency_ms"]["idle"]["p50"] if r["latency_ms"]["idle"] else None)}
+        for c in ("BE", "EF", "BK"):
+            row[c + "50"] = m(lambda r: (cls(r, c) or (None,))[0])
+            row[c + "90"] = m(lambda r: (cls(r, c) or (None, None))[1])
+        rows[side] = row
+        print(f"{key:28} {side:6} {fmt(row['down']):>7} {fmt(row['up']):>7} {fmt(row['idle']):>6} " + " ".join(f"{fmt(row[c+'50']):>8} {fmt(row[c+'90']):>8}" for c in ("BE", "EF", "BK")) + f"  (n={len(runs)})")
+    if len(rows) == 2:
+        k, l = rows["kernel"], rows["lab"]
+        print(f"{key:28} {'ratio':6} {ratio(l['down'], k['down']):>7} {ratio(l['up'], k['up']):>7} {'':>6} " + " ".join(f"{ratio(l[c+'50'], k[c+'50']):>8} {ratio(l[c+'90'], k[c+'90']):>8}" for c in ("BE", "EF", "BK")))
+PY
+}
+
+keys=()
+while read -r name down up delay kind; do
+  [ -z "$name" ] && continue
+  if [ ${#pick[@]} -gt 0 ] && ! printf '%s\n' "${pick[@]}" | grep -qx "$name"; then continue; fi
+  for t in $tests; do
+    for r in $(seq "$repeat"); do
+      echo "== $name $t run $r: kernel" >&2
+      kernel_run "$name" "$down" "$up" "$delay" "$kind" "$t" "$out/$name.$t.kernel.$r"
+      echo "== $name $t run $r: lab" >&2
+      lab_run "$name" "$down" "$up" "$delay" "$kind" "$t" "$out/$name.$t.lab.$r"
+    done
+    keys+=("$name.$t")
+  done
+done <<< "$SCENARIOS"
+report "${keys[@]}" | tee "$out/report.txt"

@@ -1,0 +1,157 @@
+#!/bin/sh
+# The reference line with Linux's own qdiscs, built inside the kernel-ref guest:
+#
+#   client --- rtr (shapers) --- dly (netem delay box) --- server
+#   10.99.2.1  .2.254 | .4.1     .4.2 | .3.254               10.99.3.1
+#
+# The shapers sit on rtr's egress (towards the client: download; towards dly: upload), the delay
+# in its own forwarding namespace, never on an endpoint (where TCP Small Queues would see delayed
+# packets as still queued). GRO is off on the NICs and GSO capped everywhere: one skb, one wire packet.
+#
+#   kernel-ref-topo.sh [options] -- COMMAND...   endpoints are namespaces kr-cli, kr-srv in the
+#                                                guest; COMMAND runs after the set-up
+#   kernel-ref-topo.sh --nics [options]          endpoints are this machine's namespaces behind
+#                                                the guest's eth0 (client) and eth1 (server):
+#                                                set up, write $KREF_OUT/ready, wait for
+#                                                $KREF_OUT/stop, then write the counters
+# Options:
+#   --down SHAPER, --up SHAPER   none | pfifo RATE LIMIT | codel RATE [ARGS] |
+#                                fq_codel RATE [ARGS] | cake RATE [ARGS] | netem RATE [ARGS]
+#                                (pfifo, codel and fq_codel are leaves of one HTB class at RATE
+#                                with sqm's burst and quantum: 1 ms of rate, at least 1749 B)
+#   --burst-us N                 HTB burst and quantum in microseconds of rate (default 1000)
+#   --overhead N                 HTB shapers: tc stab overhead N (bytes on top of the Ethernet
+#                                frame the kernel already counts)
+#   --delay-down ARGS, --delay-up ARGS   netem ARGS on the delay box ("delay 7.5ms", "loss 1%")
+# Counters (tc -s -j qdisc of rtr and dly) go to $KREF_OUT/tc-stats.json at the end.
+set -eu
+
+nics=0; down=none; up=none; overhead=; ddown=; dup=; burst_us=1000
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --nics) nics=1; shift ;;
+    --down) down=$2; shift 2 ;;
+    --up) up=$2; shift 2 ;;
+    --overhead) overhead=$2; shift 2 ;;
+    --burst-us) burst_us=$2; shift 2 ;;
+    --delay-down) ddown=$2; shift 2 ;;
+    --delay-up) dup=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "kernel-ref-topo: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+out=${KREF_OUT:?run inside scripts/kernel-ref.sh}
+job="$*"
+
+in_ns() { ns=$1; shift; ip netns exec "$ns" "$@"; }
+
+# Every command costs ~0.2 s in the emulated guest: batch them.
+if [ $nics = 1 ]; then
+  # GRO would hand the qdiscs merged super-packets: off on the NICs (veths have none).
+  ethtool -K eth0 gro off tso off gso off >/dev/null 2>&1 || true
+  ethtool -K eth1 gro off tso off gso off >/dev/null 2>&1 || true
+  ip -b - <<EOF_
+netns add kr-rtr
+netns add kr-dly
+link set eth0 netns kr-rtr
+link set eth1 netns kr-dly
+link add rd netns kr-rtr type veth peer name dr netns kr-dly
+EOF_
+  ip -n kr-rtr link set eth0 name rc
+  ip -n kr-dly link set eth1 name ds
+else
+  ip -b - <<EOF_
+netns add kr-cli
+netns add kr-rtr
+netns add kr-dly
+netns add kr-srv
+link add rd netns kr-rtr type veth peer name dr netns kr-dly
+link add c0 netns kr-cli type veth peer name rc netns kr-rtr
+link add s0 netns kr-srv type veth peer name ds netns kr-dly
+EOF_
+  ip -n kr-cli -b - <<EOF_
+link set lo up
+addr add 10.99.2.1/24 dev c0
+link set dev c0 gso_max_size 1514 gso_max_segs 1 up
+route add default via 10.99.2.254
+EOF_
+  ip -n kr-srv -b - <<EOF_
+link set lo up
+addr add 10.99.3.1/24 dev s0
+link set dev s0 gso_max_size 1514 gso_max_segs 1 up
+route add default via 10.99.3.254
+EOF_
+fi
+ip -n kr-rtr -b - <<EOF_
+link set lo up
+addr add 10.99.2.254/24 dev rc
+addr add 10.99.4.1/24 dev rd
+link set dev rc gso_max_size 1514 gso_max_segs 1 up
+link set dev rd gso_max_size 1514 gso_max_segs 1 up
+route add 10.99.3.0/24 via 10.99.4.2
+EOF_
+ip -n kr-dly -b - <<EOF_
+link set lo up
+addr add 10.99.4.2/24 dev dr
+addr add 10.99.3.254/24 dev ds
+link set dev dr gso_max_size 1514 gso_max_segs 1 up
+link set dev ds gso_max_size 1514 gso_max_segs 1 up
+route add 10.99.2.0/24 via 10.99.4.1
+EOF_
+# Forwarding on in both routers (sysctl -w in one namespace each).
+for n in rtr dly; do in_ns kr-$n sh -c 'echo 1 > /proc/sys/net/ipv4/ip_forward'; done
+
+# sqm's HTB burst and quantum: 1000 us of rate in bytes (--burst-us), at least one ATM-expanded 1500 B packet.
+htb_bytes() {
+  kbit=$(tc_kbit "$1")
+  b=$((kbit * burst_us / 8000))
+  [ $b -lt 1749 ] && b=1749
+  echo $b
+}
+tc_kbit() { # 57mbit, 3800kbit, 1gbit -> kbit
+  case "$1" in
+    *gbit) echo $(( ${1%gbit} * 1000000 )) ;;
+    *mbit) awk -v v="${1%mbit}" 'BEGIN{printf "%d", v * 1000}' ;;
+    *kbit) echo "${1%kbit}" ;;
+    *) echo "kernel-ref-topo: rate $1: want kbit, mbit or gbit" >&2; exit 2 ;;
+  esac
+}
+
+shape() { # dev spec
+  dev=$1; set -- $2
+  kind=$1; [ "$kind" = none ] && return 0
+  rate=$2; shift 2
+  case "$kind" in
+    cake) in_ns kr-rtr tc qdisc add dev "$dev" root cake bandwidth "$rate" "$@"; return ;;
+    netem) in_ns kr-rtr tc qdisc add dev "$dev" root netem rate "$rate" "$@"; return ;;
+  esac
+  bytes=$(htb_bytes "$rate")
+  stab=; [ -n "$overhead" ] && stab="stab overhead $overhead linklayer ethernet"
+  in_ns kr-rtr tc qdisc add dev "$dev" root handle 1: $stab htb default 1
+  in_ns kr-rtr tc class add dev "$dev" parent 1: classid 1:1 htb rate "$rate" ceil "$rate" burst $bytes cburst $bytes quantum $bytes
+  case "$kind" in
+    pfifo) in_ns kr-rtr tc qdisc add dev "$dev" parent 1:1 handle 10: pfifo limit "$1" ;;
+    codel|fq_codel) in_ns kr-rtr tc qdisc add dev "$dev" parent 1:1 handle 10: "$kind" "$@" ;;
+    *) echo "kernel-ref-topo: shaper $kind: want none, pfifo, codel, fq_codel, cake or netem" >&2; exit 2 ;;
+  esac
+}
+shape rc "$down"
+shape rd "$up"
+# The delay box: netem with room for any bandwidth-delay product, so it never drops by itself.
+[ -n "$ddown" ] && in_ns kr-dly tc qdisc add dev dr root netem limit 100000 $ddown
+[ -n "$dup" ] && in_ns kr-dly tc qdisc add dev ds root netem limit 100000 $dup
+
+counters() {
+  { echo '{"rtr":'; in_ns kr-rtr tc -s -j qdisc show; echo ',"dly":'; in_ns kr-dly tc -s -j qdisc show; echo '}'; } > "$out/tc-stats.json"
+}
+
+if [ $nics = 1 ]; then
+  touch "$out/ready"
+  while [ ! -e "$out/stop" ]; do sleep 0.2; done
+  counters
+else
+  rc=0
+  sh -c "$job" || rc=$?
+  counters
+  exit $rc
+fi
