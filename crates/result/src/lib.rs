@@ -172,22 +172,32 @@ fn is_gz(path: &Path) -> bool {
 }
 
 /// Replaces `path` with `result` atomically: readers see the old or the new file, never half.
+/// A device or pipe (`-o /dev/null`, `-o /dev/stdout`, a FIFO) is written in place instead:
+/// renaming a temporary file over it would replace the device itself (as root, /dev/null).
 pub fn write_atomic(path: &Path, result: &ResultFile) -> Result<(), ResultError> {
     let err = |source| ResultError::Write { path: path.to_path_buf(), source };
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        let file = std::fs::OpenOptions::new().write(true).open(path).map_err(err)?;
+        return write_to(file, is_gz(path), result).map_err(err);
+    }
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
     let file = std::fs::File::create(&tmp).map_err(err)?;
-    let mut out = std::io::BufWriter::new(file);
-    if is_gz(path) {
-        let mut gz = flate2::write::GzEncoder::new(&mut out, flate2::Compression::fast());
-        serde_json::to_writer(&mut gz, result).map_err(|e| err(e.into()))?;
-        gz.finish().map_err(err)?;
-    } else {
-        serde_json::to_writer(&mut out, result).map_err(|e| err(e.into()))?;
-    }
-    out.flush().map_err(err)?;
+    write_to(file, is_gz(path), result).map_err(err)?;
     std::fs::rename(&tmp, path).map_err(err)
+}
+
+fn write_to(file: std::fs::File, gz: bool, result: &ResultFile) -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::new(file);
+    if gz {
+        let mut gz = flate2::write::GzEncoder::new(&mut out, flate2::Compression::fast());
+        serde_json::to_writer(&mut gz, result)?;
+        gz.finish()?;
+    } else {
+        serde_json::to_writer(&mut out, result)?;
+    }
+    out.flush()
 }
 
 /// Reads a result file, gzipped or not (told apart by content, not name).
@@ -261,6 +271,28 @@ mod tests {
         }
         let raw = std::fs::read(dir.join("r.json.gz")).unwrap();
         assert_eq!(&raw[..2], &[0x1f, 0x8b]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `-o /dev/null` once replaced /dev/null with a regular file (as root): a device or pipe
+    /// is written in place. A FIFO stands in for the device here.
+    #[test]
+    fn a_pipe_is_written_in_place_not_replaced() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = std::env::temp_dir().join(format!("bloatlab-result-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("pipe.json");
+        assert!(std::process::Command::new("mkfifo").arg(&p).status().unwrap().success());
+        let reader = {
+            let p = p.clone();
+            std::thread::spawn(move || std::fs::read(&p).unwrap())
+        };
+        write_atomic(&p, &sample()).unwrap();
+        // Checked before joining: had the pipe been replaced, its reader would wait forever.
+        assert!(std::fs::metadata(&p).unwrap().file_type().is_fifo(), "the pipe is still a pipe");
+        let got: ResultFile = serde_json::from_slice(&reader.join().unwrap()).unwrap();
+        assert_eq!(got, sample());
+        assert!(!dir.join("pipe.json.tmp").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
