@@ -84,7 +84,8 @@ kernel_netem() { # kind one-way-delay-ms
 }
 
 run_test() { # prefix-ns host test file
-  local ns=$1 host=$2 t=$3 file=$4 args=(-l "$length" --idle 5 --cc "$cc" -q --json -o "$file.json.gz")
+  local ns=$1 host=$2 t=$3 file=$4
+  local args=(-l "$length" --idle 5 --cc "$cc" -q --json -o "$file.json.gz")
   [ "$t" = tcp-down ] || [ "$t" = tcp-up ] && args+=(--flows 4)
   [ "$t" = voip ] && args=(--under-load -l "$length" --idle 5 --cc "$cc" -q --json -o "$file.json.gz")
   ip netns exec "$ns" ${ENDPOINT_PIN:-} "$BIN" test "$t" "$host" "${args[@]}" > "$file.summary.json" 2> "$file.err" || {
@@ -97,7 +98,7 @@ kernel_run() { # scen down up delay kind test file
   local cli=kb-cli srv=kb-srv
   ip netns del $cli 2>/dev/null || true; ip netns del $srv 2>/dev/null || true
   ip netns add $cli; ip netns add $srv
-  local args=(${KREF_TOPO_ARGS:-} --down "$(kernel_shaper "$kind" "$down")" --up "$(kernel_shaper "$kind" "$up")")
+  local args=(${KREF_TOPO_ARGS:---burst-us 5000} --down "$(kernel_shaper "$kind" "$down")" --up "$(kernel_shaper "$kind" "$up")")
   local nm; nm=$(kernel_netem "$kind" "$delay")
   [ -n "$nm" ] && args+=(--delay-down "$nm" --delay-up "$nm")
   scripts/kernel-ref.sh --out "$dir" --timeout $((length * 3 + 120)) --tap kbc@$cli --tap kbs@$srv -- \

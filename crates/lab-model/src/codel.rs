@@ -37,11 +37,10 @@ pub struct CodelState {
     dropping: bool,
 }
 
-/// At most this many drops in one dequeue (as newer Linux), so a dequeue stays bounded.
-const MAX_DROPS_PER_DEQUEUE: u32 = 256;
-
 impl CodelState {
-    /// `backlog` is what stays queued behind `p` (RFC 8289: bytes after the dequeue).
+    /// `backlog` is what stays queued in the whole qdisc behind `p` (Linux `codel_should_drop`
+    /// reads `sch->qstats.backlog`, already lowered by `p`; for FQ-CoDel that is every flow's
+    /// bytes, not this flow's).
     fn should_drop(&mut self, p: &Packet, backlog: usize, now: u64, params: &CodelParams) -> bool {
         let sojourn = now.saturating_sub(p.enqueued_ns);
         if sojourn < params.target_ns || backlog <= params.mtu {
@@ -52,29 +51,33 @@ impl CodelState {
             self.first_above_time = now + params.interval_ns;
             return false;
         }
-        now >= self.first_above_time
+        // codel_time_after: strictly after.
+        now > self.first_above_time
     }
 
     /// Dequeues from `queue` (whose byte total is `bytes`) at `now`, dropping or marking as the
-    /// state machine says.
-    pub fn dequeue(&mut self, queue: &mut VecDeque<Packet>, bytes: &mut usize, now: u64, params: &CodelParams, stats: &mut DirStats) -> Option<Packet> {
+    /// state machine says. `others` is what the rest of the qdisc holds (FQ-CoDel's other
+    /// flows; 0 for plain CoDel): the one-MTU rule looks at the whole backlog, as Linux does.
+    /// Like Linux, there is no cap on drops in one dequeue: the control law spaces them.
+    pub fn dequeue(&mut self, queue: &mut VecDeque<Packet>, bytes: &mut usize, others: usize, now: u64, params: &CodelParams, stats: &mut DirStats) -> Option<Packet> {
         let pop = |q: &mut VecDeque<Packet>, b: &mut usize| {
             let p = q.pop_front()?;
             *b -= p.len();
             Some(p)
         };
+        // Linux `codel_dequeue`: an empty queue only ends the dropping state; first_above_time
+        // survives, so a thin flow whose every packet waits too long is still caught (the
+        // empty checks below go through `codel_should_drop(NULL)`, which does reset it).
         let Some(mut p) = pop(queue, bytes) else {
             self.dropping = false;
-            self.first_above_time = 0;
             return None;
         };
-        let mut ok = self.should_drop(&p, *bytes, now, params);
-        let mut drops = 0;
+        let mut ok = self.should_drop(&p, *bytes + others, now, params);
         if self.dropping {
             if !ok {
                 self.dropping = false;
             } else {
-                while now >= self.drop_next && self.dropping && drops < MAX_DROPS_PER_DEQUEUE {
+                while now >= self.drop_next && self.dropping {
                     self.count = self.count.saturating_add(1);
                     if params.ecn && p.mark_ce() {
                         stats.ecn_marks += 1;
@@ -82,15 +85,15 @@ impl CodelState {
                         return Some(p);
                     }
                     stats.drops.aqm += 1;
-                    drops += 1;
                     match pop(queue, bytes) {
                         Some(next) => p = next,
                         None => {
+                            self.first_above_time = 0;
                             self.dropping = false;
                             return None;
                         }
                     }
-                    ok = self.should_drop(&p, *bytes, now, params);
+                    ok = self.should_drop(&p, *bytes + others, now, params);
                     if !ok {
                         self.dropping = false;
                     } else {
@@ -106,10 +109,11 @@ impl CodelState {
                 match pop(queue, bytes) {
                     Some(next) => {
                         p = next;
-                        let _ = self.should_drop(&p, *bytes, now, params);
+                        let _ = self.should_drop(&p, *bytes + others, now, params);
                     }
                     None => {
                         // Entering the dropping state still happens below: the signal was sent.
+                        self.first_above_time = 0;
                         self.enter_dropping(now, params);
                         return None;
                     }
@@ -157,7 +161,7 @@ impl Qdisc for Codel {
     }
 
     fn dequeue(&mut self, now: u64, stats: &mut DirStats) -> Option<Packet> {
-        self.state.dequeue(&mut self.queue, &mut self.bytes, now, &self.params, stats)
+        self.state.dequeue(&mut self.queue, &mut self.bytes, 0, now, &self.params, stats)
     }
 
     fn packets(&self) -> usize {

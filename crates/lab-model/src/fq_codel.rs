@@ -127,7 +127,8 @@ impl Qdisc for FqCodel {
                 continue;
             }
             let (before_pk, before_b) = (f.queue.len(), f.bytes);
-            let got = f.codel.dequeue(&mut f.queue, &mut f.bytes, now, &self.params.codel, stats);
+            let others = self.bytes - f.bytes;
+            let got = f.codel.dequeue(&mut f.queue, &mut f.bytes, others, now, &self.params.codel, stats);
             // CoDel may have dropped packets on the way: keep the totals in step.
             self.packets -= before_pk - f.queue.len();
             self.bytes -= before_b - f.bytes;
@@ -219,6 +220,42 @@ mod tests {
         let busy = bulk_bytes as f64 * 800.0 / (10_000 * MS) as f64;
         assert!(busy > 0.95, "bulk used {busy:.3} of the link");
         assert!(st.drops.aqm > 0, "CoDel must have acted on the bulk flows");
+    }
+
+    /// Linux's one-MTU rule looks at the whole qdisc's backlog (`sch->qstats.backlog` in
+    /// `codel_should_drop`), not the flow's: a thin flow that never has more than one packet
+    /// queued is still dropped when its packets keep waiting behind a busy qdisc. On a 1 Mbit/s
+    /// link (12 ms per 1500 B packet) with four bulk flows, a 1500 B packet every 97 ms waits
+    /// for the packet on the wire: 11, 10, 9 ... ms in turn (97 = 8 * 12 + 1), so it stays
+    /// above target for longer than an interval, and CoDel acts on it.
+    #[test]
+    fn a_thin_flow_behind_a_busy_qdisc_is_not_exempt_from_codel() {
+        let mut q = FqCodel::new(FqCodelParams { codel: CodelParams { ecn: false, ..Default::default() }, ..Default::default() });
+        let mut st = DirStats::default();
+        let tx = 12 * MS; // 1500 B at 1 Mbit/s
+        let (mut t, mut next_thin) = (0u64, 0u64);
+        let (mut thin_sent, mut thin_got) = (0, 0);
+        while t < 60_000 * MS {
+            // Four bulk flows keep the qdisc at about 100 packets.
+            if q.packets() < 100 {
+                for port in 0..4u16 {
+                    q.enqueue(udp4(1500, 5000 + port, 80, 0), t, &mut st);
+                }
+            }
+            if next_thin <= t {
+                q.enqueue(udp4(1500, 4000, 53, 0), next_thin, &mut st);
+                thin_sent += 1;
+                next_thin += 97 * MS;
+            }
+            if let Some(p) = q.dequeue(t, &mut st) {
+                thin_got += (u16::from_be_bytes([p.data[20], p.data[21]]) == 4000) as usize;
+            }
+            t += tx;
+        }
+        let thin_queued = q.flows.iter().map(|f| f.queue.iter().filter(|p| u16::from_be_bytes([p.data[20], p.data[21]]) == 4000).count()).sum::<usize>();
+        let thin_dropped = thin_sent - thin_got - thin_queued;
+        assert!(thin_dropped > 0, "the thin flow lost nothing to CoDel ({thin_sent} sent)");
+        assert!(thin_dropped < thin_sent / 4, "{thin_dropped} of {thin_sent} thin packets dropped");
     }
 
     #[test]
