@@ -62,7 +62,7 @@ impl CodelState {
     pub fn dequeue(&mut self, queue: &mut VecDeque<Packet>, bytes: &mut usize, others: usize, now: u64, params: &CodelParams, stats: &mut DirStats) -> Option<Packet> {
         let pop = |q: &mut VecDeque<Packet>, b: &mut usize| {
             let p = q.pop_front()?;
-            *b -= p.len();
+            *b -= p.frame_len;
             Some(p)
         };
         // Linux `codel_dequeue`: an empty queue only ends the dropping state; first_above_time
@@ -151,12 +151,12 @@ impl Codel {
 
 impl Qdisc for Codel {
     fn enqueue(&mut self, mut pkt: Packet, now: u64, stats: &mut DirStats) {
-        if self.limit.exceeded(self.queue.len() + 1, self.bytes + pkt.len()) {
+        if self.limit.exceeded(self.queue.len() + 1, self.bytes + pkt.frame_len) {
             stats.drops.overflow += 1;
             return;
         }
         pkt.enqueued_ns = now;
-        self.bytes += pkt.len();
+        self.bytes += pkt.frame_len;
         self.queue.push_back(pkt);
     }
 

@@ -21,23 +21,23 @@ impl Fifo {
 
 impl Qdisc for Fifo {
     fn enqueue(&mut self, mut pkt: Packet, now: u64, stats: &mut DirStats) {
-        if !self.head_drop && self.limit.exceeded(self.queue.len() + 1, self.bytes + pkt.len()) {
+        if !self.head_drop && self.limit.exceeded(self.queue.len() + 1, self.bytes + pkt.frame_len) {
             stats.drops.overflow += 1;
             return;
         }
         pkt.enqueued_ns = now;
-        self.bytes += pkt.len();
+        self.bytes += pkt.frame_len;
         self.queue.push_back(pkt);
         while self.limit.exceeded(self.queue.len(), self.bytes) {
             let old = self.queue.pop_front().expect("over a limit means not empty");
-            self.bytes -= old.len();
+            self.bytes -= old.frame_len;
             stats.drops.overflow += 1;
         }
     }
 
     fn dequeue(&mut self, _now: u64, _stats: &mut DirStats) -> Option<Packet> {
         let p = self.queue.pop_front()?;
-        self.bytes -= p.len();
+        self.bytes -= p.frame_len;
         Some(p)
     }
 

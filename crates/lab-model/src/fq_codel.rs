@@ -75,8 +75,8 @@ impl FqCodel {
         let mut dropped = 0;
         while dropped < self.params.drop_batch.max(1) {
             let Some(p) = f.queue.pop_front() else { break };
-            f.bytes -= p.len();
-            self.bytes -= p.len();
+            f.bytes -= p.frame_len;
+            self.bytes -= p.frame_len;
             self.packets -= 1;
             dropped += 1;
             if f.bytes <= threshold {
@@ -92,7 +92,7 @@ impl Qdisc for FqCodel {
     fn enqueue(&mut self, mut pkt: Packet, now: u64, stats: &mut DirStats) {
         let idx = (pkt.flow_hash(self.params.seed) % self.flows.len() as u64) as usize;
         pkt.enqueued_ns = now;
-        let len = pkt.len();
+        let len = pkt.frame_len;
         let f = &mut self.flows[idx];
         f.queue.push_back(pkt);
         f.bytes += len;
@@ -134,7 +134,7 @@ impl Qdisc for FqCodel {
             self.bytes -= before_b - f.bytes;
             match got {
                 Some(p) => {
-                    f.deficit -= p.len() as i64;
+                    f.deficit -= p.frame_len as i64;
                     return Some(p);
                 }
                 None => {

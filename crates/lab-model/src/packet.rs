@@ -5,14 +5,25 @@
 pub struct Packet {
     pub data: Vec<u8>,
     pub enqueued_ns: u64,
+    /// Bytes the link and its qdisc account for this packet: the IP packet plus the link's
+    /// per-packet overhead and ATM framing, as Linux's `qdisc_pkt_len` with a size table (and
+    /// the Ethernet header it counts anyway). Byte limits, DRR deficits and CoDel's backlog
+    /// use it, so a 52-byte ACK costs a flow what it costs on the wire.
+    pub frame_len: usize,
 }
 
 const ECN_MASK: u8 = 0b11;
 const CE: u8 = 0b11;
 
 impl Packet {
+    /// A packet accounted at its IP length (a link without overhead).
     pub fn new(data: Vec<u8>) -> Packet {
-        Packet { data, enqueued_ns: 0 }
+        let frame_len = data.len();
+        Packet { data, enqueued_ns: 0, frame_len }
+    }
+
+    pub fn with_frame_len(data: Vec<u8>, frame_len: usize) -> Packet {
+        Packet { data, enqueued_ns: 0, frame_len }
     }
 
     pub fn len(&self) -> usize {
