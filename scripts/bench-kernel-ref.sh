@@ -5,7 +5,8 @@
 # each. Prints per scenario and test: goodput each way, added latency p50/p90 per probe class
 # (BE, EF, CS1), drops, and the lab-to-kernel ratio of each.
 #
-#   scripts/bench-kernel-ref.sh [--out DIR] [--length S] [--repeat N] [--cc ALGO] [SCENARIO...]
+#   scripts/bench-kernel-ref.sh [--out DIR] [--length S] [--repeat N] [--cc ALGO]
+#                               [--tests "tcp-down tcp-up rrul voip"] [--report-only] [SCENARIO...]
 #
 # Scenarios (name: line; the lab adds 14 B per packet as the kernel counts Ethernet headers):
 SCENARIOS="
@@ -34,6 +35,7 @@ repeat=1
 cc=cubic
 tests="tcp-down tcp-up rrul"
 pick=()
+report_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift 2 ;;
@@ -41,6 +43,7 @@ while [ $# -gt 0 ]; do
     --repeat) repeat=$2; shift 2 ;;
     --cc) cc=$2; shift 2 ;;
     --tests) tests=$2; shift 2 ;;
+    --report-only) report_only=1; shift ;;
     -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) pick+=("$1"); shift ;;
   esac
@@ -48,6 +51,14 @@ done
 [ -x "$BIN" ] || { echo "bench-kernel-ref: build first (cargo build --release)" >&2; exit 1; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd -P)
+# Whatever stops the bench, leave no namespace, lab or guest behind.
+cleanup() {
+  ip netns del kb-cli 2>/dev/null; ip netns del kb-srv 2>/dev/null
+  "$BIN" lab down kbench >/dev/null 2>&1
+  rm -rf /tmp/bloatlab-kref-bench.*
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 # Per scenario: the lab's link settings and the kernel's shaper / delay-box arguments.
 lab_qdisc() { # kind -> lab key=value settings per direction (same for both)
@@ -150,28 +161,60 @@ def load(p):
 def cls(s, name):
     for st in s["latency_ms"]["per_stream"]:
         if st["name"].upper().endswith(name) and st.get("loaded") and st.get("idle"):
-            return st["loaded"]["p50"] - st["idle"]["p50"], st["loaded"]["p90"] - st["idle"]["p50"], st["idle"]["p50"]
+            return st["loaded"]["p50"] - st["idle"]["p50"], st["loaded"]["p90"] - st["idle"]["p50"]
     return None
-def fmt(v): return "-" if v is None else f"{v:.2f}"
-def ratio(a, b): return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
-print(f"{'scenario/test':28} {'side':6} {'down':>7} {'up':>7} {'idle':>6} " + " ".join(f"{c+' p50':>8} {c+' p90':>8}" for c in ("BE", "EF", "BK")))
+def marks(v):
+    if isinstance(v, dict): return sum(x for k, x in v.items() if k == "ecn_mark" and isinstance(x, int)) + sum(marks(x) for k, x in v.items() if k != "ecn_mark")
+    if isinstance(v, list): return sum(marks(x) for x in v)
+    return 0
+def kernel_counters(tc):
+    # Shaper roots on rtr (rc: towards the client = down, rd: up) and the delay box (dr: down, ds: up).
+    res = {}
+    for d, devs in (("down", ("rc", "dr")), ("up", ("rd", "ds"))):
+        qs = [q for side in ("rtr", "dly") for q in tc.get(side, []) if q.get("dev") in devs]
+        roots = [q for q in qs if q.get("root")]
+        res[d] = (sum(q["drops"] for q in roots), marks(qs))
+    return res
+def lab_counters(ls):
+    res = {}
+    for d in ("down", "up"):
+        v = ls["links"]["wan"][d]
+        res[d] = (sum(v["drops"].values()), v["ecn_marks"])
+    return res
+def fmt(v, w=7): return f"{'-':>{w}}" if v is None else f"{v:>{w}.2f}"
+def ratio(a, b): return f"{'-':>7}" if a is None or b is None or b == 0 else f"{a / b:>7.2f}"
+cols = ["down", "up", "idle"] + [c + s for c in ("BE", "EF", "BK") for s in ("50", "90")] + ["drop_d", "drop_u", "mark_d", "mark_u"]
+print("goodput Mbit/s; idle = idle RTT p50 (the kernel's includes the emulated guest's own ~1 ms);")
+print("added latency (loaded p50/p90 minus idle p50) per probe class, ms; drops and ECN marks per direction")
+print(f"{'scenario.test':24} {'side':6} " + " ".join(f"{c:>7}" for c in cols))
 for key in sys.argv[2:]:
     rows = {}
     for side in ("kernel", "lab"):
-        runs = [load(os.path.join(out, f)) for f in sorted(os.listdir(out)) if f.startswith(f"{key}.{side}.") and f.endswith(".summary.json")]
-        runs = [r for r in runs if r]
+        runs = []
+        for f in sorted(os.listdir(out)):
+            if f.startswith(f"{key}.{side}.") and f.endswith(".summary.json"):
+                s = load(os.path.join(out, f))
+                if not s: continue
+                base = os.path.join(out, f[: -len(".summary.json")])
+                c = load(base + ".tc.json") if side == "kernel" else load(base + ".labstats.json")
+                cnt = (kernel_counters(c) if side == "kernel" else lab_counters(c)) if c else None
+                runs.append((s, cnt))
         if not runs: continue
-        m = lambda f: (statistics.mean(v) if (v := [x for x in map(f, runs) if x is not None]) else None)
-        row = {"down": m(lambda r: r["throughput_mbps"]["down"]), "up": m(lambda r: r["throughput_mbps"]["up"]),
-               "idle": m(lambda r: r["latency_ms"]["idle"]["p50"] if r["latency_ms"]["idle"] else None)}
+        def m(fn):
+            v = [x for x in (fn(r) for r in runs) if x is not None]
+            return statistics.mean(v) if v else None
+        row = {"down": m(lambda r: r[0]["throughput_mbps"]["down"]), "up": m(lambda r: r[0]["throughput_mbps"]["up"]),
+               "idle": m(lambda r: r[0]["latency_ms"]["idle"]["p50"] if r[0]["latency_ms"]["idle"] else None)}
         for c in ("BE", "EF", "BK"):
-            row[c + "50"] = m(lambda r: (cls(r, c) or (None,))[0])
-            row[c + "90"] = m(lambda r: (cls(r, c) or (None, None))[1])
+            row[c + "50"] = m(lambda r: (cls(r[0], c) or (None, None))[0])
+            row[c + "90"] = m(lambda r: (cls(r[0], c) or (None, None))[1])
+        for d, i, name in (("down", 0, "drop_d"), ("up", 0, "drop_u"), ("down", 1, "mark_d"), ("up", 1, "mark_u")):
+            row[name] = m(lambda r: r[1][d][i] if r[1] else None)
         rows[side] = row
-        print(f"{key:28} {side:6} {fmt(row['down']):>7} {fmt(row['up']):>7} {fmt(row['idle']):>6} " + " ".join(f"{fmt(row[c+'50']):>8} {fmt(row[c+'90']):>8}" for c in ("BE", "EF", "BK")) + f"  (n={len(runs)})")
+        print(f"{key:24} {side:6} " + " ".join(fmt(row[c]) for c in cols) + f"  n={len(runs)}")
     if len(rows) == 2:
         k, l = rows["kernel"], rows["lab"]
-        print(f"{key:28} {'ratio':6} {ratio(l['down'], k['down']):>7} {ratio(l['up'], k['up']):>7} {'':>6} " + " ".join(f"{ratio(l[c+'50'], k[c+'50']):>8} {ratio(l[c+'90'], k[c+'90']):>8}" for c in ("BE", "EF", "BK")))
+        print(f"{key:24} {'ratio':6} " + " ".join(ratio(l[c], k[c]) if c != "idle" else f"{'':>7}" for c in cols))
 PY
 }
 
@@ -181,6 +224,7 @@ while read -r name down up delay kind; do
   if [ ${#pick[@]} -gt 0 ] && ! printf '%s\n' "${pick[@]}" | grep -qx "$name"; then continue; fi
   for t in $tests; do
     for r in $(seq "$repeat"); do
+      [ $report_only = 1 ] && break
       echo "== $name $t run $r: kernel" >&2
       kernel_run "$name" "$down" "$up" "$delay" "$kind" "$t" "$out/$name.$t.kernel.$r"
       echo "== $name $t run $r: lab" >&2

@@ -20,7 +20,8 @@
 # a router between the NICs and waits (scripts/kernel-ref-topo.sh does both).
 #
 # Cache: $KERNEL_REF_CACHE (default ~/.cache/bloatlab-kernel-ref) keeps the kernel and the
-# initramfs; nothing else is left behind but DIR.
+# initramfs; nothing else is left behind but DIR. $KERNEL_REF_PACKAGE names another kernel
+# package than linux-image-amd64's; $KERNEL_REF_APPEND adds to the kernel command line.
 set -uo pipefail
 
 out=./kernel-ref-out
@@ -79,8 +80,8 @@ ensure_kernel() {
   mkdir -p "$cache" || die "cannot create cache $cache"
   kwork=$(mktemp -d "$cache/build.XXXXXX") || die "cannot write to $cache"
   local work=$kwork
-  local pkg
-  pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+  local pkg=${KERNEL_REF_PACKAGE:-}
+  [ -n "$pkg" ] || pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
   if [ -z "$pkg" ]; then
     apt-get update -qq >/dev/null 2>&1
     pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
@@ -233,14 +234,17 @@ t1=$!
 tail -s 0.2 -n +1 -f --pid=$qpid "$ctl/stderr" >&2 &
 t2=$!
 
+# The console line that says why a guest stopped: a panic if there was one, else the last line.
+console_reason() {
+  grep -a -m1 -o 'Kernel panic.*' "$ctl/console" 2>/dev/null || tail -n1 "$ctl/console" 2>/dev/null | tr -d '\r'
+}
+
 start=$SECONDS
 booted=0
 while kill -0 $qpid 2>/dev/null; do
   if [ $booted = 0 ] && [ -e "$ctl/booted" ]; then booted=1; fi
   if [ $booted = 0 ] && [ $((SECONDS - start)) -ge "$boot_timeout_s" ]; then
-    echo "kernel-ref: the guest did not boot within ${boot_timeout_s} s; its console ended with:" >&2
-    tail -n 5 "$ctl/console" >&2
-    exit 125
+    die "the guest did not boot within ${boot_timeout_s} s (console: $(console_reason))"
   fi
   if [ $((SECONDS - start)) -ge "$timeout_s" ]; then
     echo "kernel-ref: the job ran past its timeout of ${timeout_s} s and was stopped" >&2
@@ -250,14 +254,13 @@ while kill -0 $qpid 2>/dev/null; do
 done
 wait $qpid; qrc=$?
 qpid=
+qmsg=$(tail -n1 "$ctl/qemu.log" 2>/dev/null)
 wait $t1 $t2
 if [ -s "$ctl/rc" ]; then
   exit "$(cat "$ctl/rc")"
 fi
 if [ -s "$ctl/init-error" ]; then die "the guest booted but $(cat "$ctl/init-error")"; fi
 if [ ! -e "$ctl/booted" ]; then
-  echo "kernel-ref: the guest did not boot (qemu exit $qrc); qemu said: $(tail -n1 "$ctl/qemu.log"); console ended with:" >&2
-  tail -n 5 "$ctl/console" >&2
-  exit 125
+  die "the guest did not boot (qemu exit $qrc${qmsg:+: $qmsg}; console: $(console_reason))"
 fi
-die "the guest stopped before the job finished (qemu exit $qrc); console: $(tail -n1 "$ctl/console")"
+die "the guest stopped before the job finished (qemu exit $qrc; console: $(console_reason))"

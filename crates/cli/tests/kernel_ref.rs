@@ -35,7 +35,7 @@ fn guest_adds_cake_and_tc_reads_it_back() {
 }
 
 #[test]
-fn guest_exit_code_output_dir_and_timeout() {
+fn harness_returns_exit_codes_and_says_in_one_line_why_it_failed() {
     let _s = serial();
     if !guest_ready() {
         return;
@@ -50,6 +50,22 @@ fn guest_exit_code_output_dir_and_timeout() {
     assert_eq!(out.status.code(), Some(124));
     assert!(String::from_utf8_lossy(&out.stderr).contains("past its timeout of 15 s"), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(t0.elapsed().as_secs() < 30, "the timeout is enforced, not waited out");
+
+    // A guest that cannot boot and a kernel that cannot be fetched: exit 125 and one line why.
+    let harness = |env: &[(&str, &str)]| {
+        let mut c = std::process::Command::new(script("kernel-ref.sh"));
+        c.args(["--out", dir.0.to_str().unwrap(), "--timeout", "60", "--", "true"]).envs(env.iter().copied());
+        let out = c.output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).trim().to_string())
+    };
+    let (code, err) = harness(&[("KERNEL_REF_APPEND", "rdinit=/nonexistent")]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.starts_with("kernel-ref: the guest did not boot") && err.contains("Kernel panic") && err.lines().count() == 1, "{err}");
+    let cache = TempDir::new("nocache");
+    let (code, err) = harness(&[("KERNEL_REF_CACHE", cache.0.to_str().unwrap()), ("KERNEL_REF_PACKAGE", "linux-image-0.0.0-none")]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("cannot fetch the kernel package linux-image-0.0.0-none") && err.lines().count() == 1, "{err}");
+    assert_eq!(std::fs::read_dir(&cache.0).unwrap().count(), 0, "a failed fetch leaves no half-built cache");
 }
 
 /// rrul with the endpoints inside the guest (Debian's TCP, pinned to cubic), first through
