@@ -20,6 +20,8 @@ fqc-short     20mbit  20mbit    2    fq_codel
 fqc-sym-d     20mbit  20mbit    7.5  fq_codel
 fqc-asym      57mbit  3800kbit  0    fq_codel
 fqc-asym-d    57mbit  3800kbit  7.5  fq_codel
+fqc-slow      15mbit  1mbit     0    fq_codel
+fqc-slow-d    15mbit  1mbit     7.5  fq_codel
 sqm-asym-d    57mbit  3800kbit  7.5  sqm
 netem-jitter  20mbit  20mbit    10   jitter
 netem-loss    20mbit  20mbit    10   loss

@@ -244,7 +244,7 @@ fn up(topology: &str, name: Option<String>) -> ExitCode {
         Err(e) => return fail(e),
     };
     let name = name.unwrap_or(topo.name.clone());
-    let log = std::env::temp_dir().join(format!("bloatlab-lab-{name}.log"));
+    let log = serve_log(&name);
     let log_file = match std::fs::File::create(&log) {
         Ok(f) => f,
         Err(e) => return fail(format!("{}: {e}", log.display())),
@@ -280,6 +280,11 @@ fn up(topology: &str, name: Option<String>) -> ExitCode {
     fail(format!("the lab did not come up in 15 s; see {}", log.display()))
 }
 
+/// Where the background lab process writes its errors; removed when it ends cleanly.
+fn serve_log(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("bloatlab-lab-{name}.log"))
+}
+
 /// Builds the lab and serves its control socket until `down` or a signal.
 fn serve(topology: &str, name: &str, stop: Arc<AtomicBool>) -> ExitCode {
     let lab = match load_topology(topology).and_then(|t| Lab::up(t, name).map_err(|e| e.to_string())) {
@@ -297,6 +302,7 @@ fn serve(topology: &str, name: &str, stop: Arc<AtomicBool>) -> ExitCode {
     }
     drop(lab);
     let _ = ctl.join();
+    let _ = std::fs::remove_file(serve_log(name));
     ExitCode::SUCCESS
 }
 

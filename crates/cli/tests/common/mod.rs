@@ -212,6 +212,9 @@ impl LabUp {
         let file = tmp_path(&format!("{name}.toml"));
         std::fs::write(&file, toml).unwrap();
         let out = run(&[], &["lab", "up", file.to_str().unwrap(), "--name", name]);
+        // The lab has read its topology: nothing of the test's stays in the temp directory.
+        let _ = std::fs::remove_file(&file);
+        let _ = std::fs::remove_dir(file.parent().unwrap());
         assert!(out.status.success(), "lab up: {}", String::from_utf8_lossy(&out.stderr));
         Some(LabUp { name: name.into() })
     }
