@@ -9,8 +9,8 @@
 # COMMAND is a shell command line, run by /bin/sh in the guest with KREF_OUT=DIR, in the
 # caller's working directory when the guest can see it (DIR otherwise). This machine's `/` is
 # visible read-only at the same paths; DIR (default ./kernel-ref-out) is writable at the same
-# path, so results land where the caller looks. The guest's /tmp, /run and /var/tmp are empty
-# tmpfs. The exit code is COMMAND's; 124 when it ran past --timeout; 125 when the harness
+# path, so results land where the caller looks. The guest's /run and /var/tmp are empty tmpfs;
+# its /tmp shows this machine's /tmp with writes kept in the guest's memory (an overlay). The exit code is COMMAND's; 124 when it ran past --timeout; 125 when the harness
 # itself failed (one line on stderr says why).
 #
 # Router mode: each --tap NAME@NS gives the guest one virtio-net NIC (eth0, eth1, ... in order)
@@ -51,7 +51,7 @@ case "$timeout_s" in ''|*[!0-9]*) die "--timeout wants whole seconds, got '$time
 [ "$(id -u)" = 0 ] || die "needs root (qemu's tap devices, apt-get for what is missing)"
 
 # The kernel's modules the guest loads, dependencies resolved from modules.dep.
-MODULES="virtio_pci 9pnet_virtio 9p virtio_net
+MODULES="virtio_pci 9pnet_virtio 9p overlay virtio_net
   sch_cake sch_netem sch_htb sch_codel sch_fq_codel sch_fq sch_tbf sch_prio sch_ingress sch_hfsc
   sch_sfq sch_red sch_pie cls_u32 cls_fw cls_matchall cls_flow act_mirred act_skbedit ifb veth tun"
 
@@ -76,7 +76,9 @@ ensure_tools() {
 # Debian's kernel package, downloaded and unpacked (not installed) into the cache.
 ensure_kernel() {
   local cur="$cache/current"
-  if [ -f "$cur/vmlinuz" ] && [ -f "$cur/initrd.cpio.gz" ] && [ -f "$cur/version" ]; then return 0; fi
+  # Bump FORMAT when the initramfs changes: a cache of another format is rebuilt.
+  local FORMAT=2
+  if [ -f "$cur/vmlinuz" ] && [ -f "$cur/initrd.cpio.gz" ] && [ "$(cat "$cur/format" 2>/dev/null)" = $FORMAT ]; then return 0; fi
   mkdir -p "$cache" || die "cannot create cache $cache"
   kwork=$(mktemp -d "$cache/build.XXXXXX") || die "cannot write to $cache"
   local work=$kwork
@@ -143,7 +145,10 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,ro host /newroot || fa
 R=/newroot
 mount -t proc proc $R/proc && mount -t sysfs sys $R/sys && mount -t devtmpfs dev $R/dev || fail "cannot mount proc/sys/dev"
 mount -t devpts devpts $R/dev/pts 2>/dev/null
-for d in /tmp /run /var/tmp; do mount -t tmpfs tmpfs $R$d || fail "cannot mount tmpfs on $d"; done
+for d in /run /var/tmp; do mount -t tmpfs tmpfs $R$d || fail "cannot mount tmpfs on $d"; done
+# /tmp: this machine's files stay visible (a checkout or DIR may live there), writes go to memory.
+mkdir -p /ovl && mount -t tmpfs tmpfs /ovl && mkdir /ovl/up /ovl/work
+mount -t overlay overlay -o lowerdir=$R/tmp,upperdir=/ovl/up,workdir=/ovl/work $R/tmp || fail "cannot mount the /tmp overlay"
 mkdir -p $R/run/kref-ctl && mount --move /ctl $R/run/kref-ctl || fail "cannot move the control share"
 . $R/run/kref-ctl/env
 mkdir -p "$R$KREF_OUT" 2>/dev/null
@@ -160,6 +165,7 @@ INIT
   cp "$work/root/boot/vmlinuz-$ver" "$new/vmlinuz"
   mv "$work/initrd.cpio.gz" "$new/initrd.cpio.gz"
   echo "$ver" > "$new/version"
+  echo $FORMAT > "$new/format"
   ln -sfn "$ver" "$cur"
   rm -rf "$kwork"; kwork=
 }
@@ -184,7 +190,7 @@ ctl=$(mktemp -d /tmp/bloatlab-kref.XXXXXX) || die "cannot make a temporary direc
 
 # The job runs where the caller is, unless the guest's fresh tmpfs hides that place.
 wd=$(pwd -P)
-case "$wd/" in /tmp/*|/run/*|/var/tmp/*) wd=$out ;; esac
+case "$wd/" in /run/*|/var/tmp/*) wd=$out ;; esac
 {
   printf 'KREF_OUT=%q\n' "$out"
 } > "$ctl/env"
