@@ -16,6 +16,7 @@ fifo-sym      20mbit  20mbit    0    fifo
 fifo-asym     30mbit  2mbit     0    fifo
 fifo-asym-d   30mbit  2mbit     7.5  fifo
 codel-asym-d  30mbit  2mbit     7.5  codel
+codel-slow-d  15mbit  1mbit     7.5  codel
 fqc-short     20mbit  20mbit    2    fq_codel
 fqc-sym-d     20mbit  20mbit    7.5  fq_codel
 fqc-asym      57mbit  3800kbit  0    fq_codel
