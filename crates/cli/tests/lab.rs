@@ -50,11 +50,15 @@ fn idle_rtt_adds_the_configured_delay() {
     let Some(lab) = LabUp::up("delay", "name='d'\n[[link]]\nname='l'\na='c'\nb='s'\nboth={delay='10ms'}\n") else { return };
     let _srv = lab.server("s");
     let s = lab.test("c", &["ping", "10.77.0.2", "-l", "3", "--idle", "0"]);
+    // Never below the configured 2 x 10 ms; above it only by the emulator's own forwarding
+    // (two TUN hops each way through a user process: 0.17-0.35 ms measured on this machine,
+    // with the code of before and after issue #15).
     let p50 = f(&s, "latency_ms.idle.p50");
-    assert!((p50 - 20.0).abs() <= 0.3, "RTT p50 {p50} ms for 2 x 10 ms");
+    assert!((20.0..=20.5).contains(&p50), "RTT p50 {p50} ms for 2 x 10 ms");
     // IPv6 takes the same path.
     let s6 = lab.test("c", &["ping", "[fd77:0:0:0::2]", "-l", "2", "--idle", "0"]);
-    assert!((f(&s6, "latency_ms.idle.p50") - 20.0).abs() <= 0.3);
+    let p50 = f(&s6, "latency_ms.idle.p50");
+    assert!((20.0..=20.5).contains(&p50), "IPv6 RTT p50 {p50} ms for 2 x 10 ms");
 }
 
 #[test]
@@ -135,7 +139,10 @@ fn demo_moves_the_queue_and_fixes_the_latency() {
     let fq_added = f(&v, "after.added_latency_ms");
     // A 1000-packet FIFO at 4 Mbit/s holds 3 s; the upload alone keeps hundreds of ms in it.
     assert!(fifo_added > 100.0, "modem FIFO added only {fifo_added} ms");
-    assert!(fq_added < 10.0, "FQ-CoDel shaper added {fq_added} ms");
+    // Through the 95% shaper the standing queue is gone: measured 8.1-11.9 ms since qdiscs
+    // count frame bytes (a 70-byte DOCSIS-framed ACK against sqm's quantum of 300), 6.9-10.3
+    // before; a 20x drop from the FIFO either way.
+    assert!(fq_added < 15.0, "FQ-CoDel shaper added {fq_added} ms");
     assert!(f(&v, "after.throughput_mbps.down") > 45.0, "{}", v["after"]["throughput_mbps"]);
     let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
     assert_eq!(names.iter().filter(|n| n.ends_with(".json.gz")).count(), 2, "both result files kept: {names:?}");
