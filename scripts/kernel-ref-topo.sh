@@ -69,18 +69,16 @@ link add rd netns kr-rtr type veth peer name dr netns kr-dly
 link add c0 netns kr-cli type veth peer name rc netns kr-rtr
 link add s0 netns kr-srv type veth peer name ds netns kr-dly
 EOF_
-  ip -n kr-cli -b - <<EOF_
+  endpoint() { # namespace device address gateway
+    ip -n "$1" -b - <<EOF_
 link set lo up
-addr add 10.99.2.1/24 dev c0
-link set dev c0 gso_max_size 1514 gso_max_segs 1 up
-route add default via 10.99.2.254
+addr add $3/24 dev $2
+link set dev $2 gso_max_size 1514 gso_max_segs 1 up
+route add default via $4
 EOF_
-  ip -n kr-srv -b - <<EOF_
-link set lo up
-addr add 10.99.3.1/24 dev s0
-link set dev s0 gso_max_size 1514 gso_max_segs 1 up
-route add default via 10.99.3.254
-EOF_
+  }
+  endpoint kr-cli c0 10.99.2.1 10.99.2.254
+  endpoint kr-srv s0 10.99.3.1 10.99.3.254
 fi
 ip -n kr-rtr -b - <<EOF_
 link set lo up
