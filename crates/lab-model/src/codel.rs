@@ -22,9 +22,23 @@ impl Default for CodelParams {
     }
 }
 
-/// The control law: the next signal `interval / sqrt(count)` after `t`.
-pub fn control_law(t: u64, interval_ns: u64, count: u32) -> u64 {
-    t + (interval_ns as f64 / (count.max(1) as f64).sqrt()) as u64
+/// The control law: the next signal `interval / sqrt(count)` after `t`, with 1/sqrt(count) as
+/// Linux keeps it (`codel_control_law`: `reciprocal_scale(interval, rec_inv_sqrt << 16)`). The
+/// lab scales nanoseconds where Linux scales its 1.024 us `codel_time_t`.
+pub fn control_law(t: u64, interval_ns: u64, rec_inv_sqrt: u16) -> u64 {
+    t + ((interval_ns as u128 * ((rec_inv_sqrt as u128) << 16)) >> 32) as u64
+}
+
+/// 1/sqrt(count) as a 16-bit fraction refined by one Newton step, `y (3 - count y^2) / 2`, each
+/// time count changes (Linux `codel_Newton_step`), not the exact root: Linux's second drop comes
+/// after interval/2, not interval/sqrt(2), and a dropping spell resumed at count = delta starts
+/// from the previous spell's estimate. Wrapping arithmetic as in the kernel's u64/u32 fields.
+fn newton_step(rec_inv_sqrt: u16, count: u32) -> u16 {
+    let invsqrt = (rec_inv_sqrt as u64) << 16;
+    let invsqrt2 = (invsqrt * invsqrt) >> 32;
+    let val = (3u64 << 32).wrapping_sub((count as u64).wrapping_mul(invsqrt2)) >> 2;
+    let val = val.wrapping_mul(invsqrt) >> (32 - 2 + 1);
+    (val >> 16) as u16
 }
 
 /// The state machine of one CoDel queue; FQ-CoDel keeps one per flow.
@@ -34,6 +48,9 @@ pub struct CodelState {
     drop_next: u64,
     pub count: u32,
     lastcount: u32,
+    /// 1/sqrt(count) in 1/65536 units (see `newton_step`); 0 until the first drop, as Linux's
+    /// zeroed `codel_vars`.
+    rec_inv_sqrt: u16,
     dropping: bool,
 }
 
@@ -78,10 +95,11 @@ impl CodelState {
                 self.dropping = false;
             } else {
                 while now >= self.drop_next && self.dropping {
-                    self.count = self.count.saturating_add(1);
+                    self.count = self.count.wrapping_add(1);
+                    self.rec_inv_sqrt = newton_step(self.rec_inv_sqrt, self.count);
                     if params.ecn && p.mark_ce() {
                         stats.ecn_marks += 1;
-                        self.drop_next = control_law(self.drop_next, params.interval_ns, self.count);
+                        self.drop_next = control_law(self.drop_next, params.interval_ns, self.rec_inv_sqrt);
                         return Some(p);
                     }
                     stats.drops.aqm += 1;
@@ -97,7 +115,7 @@ impl CodelState {
                     if !ok {
                         self.dropping = false;
                     } else {
-                        self.drop_next = control_law(self.drop_next, params.interval_ns, self.count);
+                        self.drop_next = control_law(self.drop_next, params.interval_ns, self.rec_inv_sqrt);
                     }
                 }
             }
@@ -128,9 +146,16 @@ impl CodelState {
         self.dropping = true;
         // Resume near the last drop rate when the previous dropping spell ended recently.
         let delta = self.count.saturating_sub(self.lastcount);
-        self.count = if delta > 1 && now.saturating_sub(self.drop_next) < 16 * params.interval_ns { delta } else { 1 };
+        if delta > 1 && now.saturating_sub(self.drop_next) < 16 * params.interval_ns {
+            self.count = delta;
+            // Linux refines the previous spell's estimate by one step, not from scratch.
+            self.rec_inv_sqrt = newton_step(self.rec_inv_sqrt, self.count);
+        } else {
+            self.count = 1;
+            self.rec_inv_sqrt = u16::MAX;
+        }
         self.lastcount = self.count;
-        self.drop_next = control_law(now, params.interval_ns, self.count);
+        self.drop_next = control_law(now, params.interval_ns, self.rec_inv_sqrt);
     }
 }
 
@@ -182,10 +207,21 @@ mod tests {
     use super::*;
     use crate::packet::udp4;
 
+    /// Linux's Newton iteration from 1.0: 1/sqrt(2) is first estimated as 0.5, then the steps
+    /// catch up with the root (0.5625 for 3, 0.4878 for 4) and stay within 1 % of it.
     #[test]
-    fn control_law_spacing_shrinks_as_one_over_sqrt_count() {
-        let gaps: Vec<u64> = (1..=4).map(|c| control_law(0, 100 * MS, c) / 1000).collect();
-        assert_eq!(gaps, vec![100_000, 70_710, 57_735, 50_000]);
+    fn control_law_spacing_follows_linux_newton_steps() {
+        let mut rec = u16::MAX;
+        let mut gaps_us = vec![control_law(0, 100 * MS, rec) / 1000];
+        for count in 2..=400u32 {
+            rec = newton_step(rec, count);
+            gaps_us.push(control_law(0, 100 * MS, rec) / 1000);
+        }
+        assert_eq!(gaps_us[..4], [99_998, 50_001, 56_250, 48_779]);
+        for (i, gap) in gaps_us.iter().enumerate().skip(8) {
+            let exact = 100_000.0 / ((i + 1) as f64).sqrt();
+            assert!((*gap as f64 / exact - 1.0).abs() < 0.01, "count {}: {gap} us, exact {exact:.0}", i + 1);
+        }
     }
 
     /// Reno-like flows (additive increase per RTT, halve once per RTT on a drop) start with windows far above the path's BDP, and keep the 10 Mbit/s link
@@ -247,7 +283,7 @@ mod tests {
 
     /// Persistent overload by responsive flows: once CoDel has taken control the median
     /// sojourn lies between target and twice target, and the first drops follow the control
-    /// law (an interval, then interval/sqrt(2), interval/sqrt(3)).
+    /// law with Linux's Newton estimates (an interval, then interval x 0.5, 0.5625, 0.4878).
     #[test]
     fn persistent_overload_holds_sojourn_near_target_by_the_control_law() {
         let mut q = Codel::new(Limit::packets(100_000), CodelParams::default());
@@ -257,10 +293,11 @@ mod tests {
         let median = sojourns[sojourns.len() / 2];
         let target = CodelParams::default().target_ns;
                 assert!(median >= target && median <= 2 * target, "median sojourn {} ms", median as f64 / 1e6);
-        // Signal k comes interval * (1 + 1/sqrt(2) + ... + 1/sqrt(k-1)) after the first; the
+        // Signal k comes the sum of the first k gaps of `control_law_spacing_follows_linux_newton_steps`
+        // after the first; the
         // schedule runs from the due times, dequeues (every 1.2 ms here) can only be late.
         let since_first = |k: usize| (drops[k] - drops[0]) as f64 / 1e6;
-        for (k, want) in [(1, 100.0), (2, 170.71), (3, 228.45), (4, 278.45)] {
+        for (k, want) in [(1, 99.998), (2, 150.0), (3, 206.25), (4, 255.029)] {
             assert!(since_first(k) >= want - 0.01 && since_first(k) <= want + 1.3, "drop {k}: {} ms after the first, control law says {want}", since_first(k));
         }
     }
