@@ -1,6 +1,8 @@
 //! From a result file's series to its summary. Windows: the idle phase whole; the load phase
-//! after its ramp-up (the first min(2 s, 20%) is left out, as crusader does, so slow start and
-//! the filling of queues do not dilute the steady state).
+//! from when its flows really started (the last handshake to finish; the first for RPM, whose
+//! load ramps up on purpose), after a ramp-up of min(2 s, 20%) of what remains, as crusader
+//! leaves out, so that slow start and the filling of queues do not dilute the steady state.
+//! Goodput is bytes over time: each sample covers the time since the flow's previous sample.
 
 use crate::{emodel, grade, rpm, stats};
 use bloatlab_result::*;
@@ -47,20 +49,51 @@ fn stream_name(series_name: &str) -> &str {
     series_name.rsplit(' ').next().unwrap_or(series_name)
 }
 
+/// When the load really began: the latest flow start (RPM: the earliest), not before the phase.
+fn flows_started(result: &ResultFile, phase: Window) -> f64 {
+    let starts = result.metadata.flows.iter().filter_map(|f| f.start);
+    let real = if result.metadata.test == "rpm" { starts.reduce(f64::min) } else { starts.reduce(f64::max) };
+    real.map_or(phase.start, |t| t.clamp(phase.start, phase.end))
+}
+
+/// Mean goodput over `w`, Mbit/s: the bits a flow's samples carry inside the window over its
+/// length. Sample i covers the time since sample i-1; the first, since the flow's `start` (else
+/// one `step` before it).
+fn mean_rate(s: &Series, w: Window, start: Option<f64>, step: f64) -> f64 {
+    let Some(first) = s.samples.first() else { return 0.0 };
+    let mut prev = start.unwrap_or(first.0 - step);
+    let mut bits = 0.0;
+    for &(t, v) in &s.samples {
+        let covered = t.min(w.end) - prev.max(w.start);
+        if covered > 0.0 {
+            bits += v.unwrap_or(0.0) * covered;
+        }
+        prev = t;
+    }
+    let len = w.end - w.start;
+    if len > 0.0 { bits / len } else { 0.0 }
+}
+
 pub fn summarize(result: &ResultFile) -> Summary {
     let idle = phase_window(result, "idle");
-    let load = phase_window(result, "load").map(|w| Window { start: w.start + ramp_up(w.end - w.start), end: w.end });
+    let load = phase_window(result, "load").map(|w| {
+        let began = flows_started(result, w);
+        Window { start: began + ramp_up(w.end - began), end: w.end }
+    });
     // Where the test's own figures (jitter, loss, VoIP) come from: under load if there was load.
     let main = load.or(idle);
 
     let mut s = Summary { test: result.metadata.test.clone(), partial: result.partial, ..Default::default() };
 
     if let Some(w) = main {
+        // The samples end up to a step before the phase does: bytes over the time they cover.
+        let sampled_until = result.series.iter().filter(|x| x.kind == SeriesKind::Throughput).filter_map(|x| x.samples.last()).map(|s| s.0).reduce(f64::max);
+        let w = Window { end: sampled_until.map_or(w.end, |t| t.clamp(w.start, w.end)), ..w };
         let mut down = Vec::new();
         let mut up = Vec::new();
         for series in result.series.iter().filter(|x| x.kind == SeriesKind::Throughput) {
-            let v: Vec<f64> = values(series, w).collect();
-            let mbps = if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+            let start = result.metadata.flows.iter().find(|f| f.name == series.name).and_then(|f| f.start);
+            let mbps = mean_rate(series, w, start, result.metadata.step);
             let dir = series.direction.clone().unwrap_or_default();
             if dir == "up" { up.push(mbps) } else { down.push(mbps) }
             s.throughput_mbps.per_flow.push(FlowThroughput {
@@ -267,6 +300,39 @@ mod tests {
         assert!((s.loss.up_percent.unwrap() - 1.0).abs() < 1e-9);
         assert!((s.loss.down_percent.unwrap() - 100.0 * 15.0 / 1485.0).abs() < 1e-9);
         assert!(!s.partial);
+    }
+
+    /// Samples taken late (a stalled loop, a slow disk) cover more time: goodput weighs them by
+    /// it. The plain mean of these samples would say 13.3 Mbit/s.
+    #[test]
+    fn goodput_is_bytes_over_time_when_samples_are_uneven() {
+        let s = series("tcp down 1 BE", SeriesKind::Throughput, Some("down"), vec![(6.0, Some(10.0)), (9.0, Some(20.0)), (10.0, Some(10.0))]);
+        let w = Window { start: 5.0, end: 10.0 };
+        assert!((mean_rate(&s, w, Some(5.0), 0.01) - 16.0).abs() < 1e-9);
+        // Half of the first sample's time lies before the window.
+        assert!((mean_rate(&s, Window { start: 5.5, end: 10.0 }, Some(5.0), 0.01) - 75.0 / 4.5).abs() < 1e-9);
+    }
+
+    /// The steady-state window starts from when the flows really started, not from the phase.
+    #[test]
+    fn the_loaded_window_starts_after_the_last_flow_started() {
+        let mut r = bloated();
+        let start = |name: &str, t: f64| FlowInfo { name: name.into(), start: Some(t), ..Default::default() };
+        r.metadata.flows = vec![start("tcp down 1 BE", 5.0), start("tcp down 2 BK", 5.0), start("tcp up 3 BE", 8.0)];
+        // The upload flow only started at 8 s: its samples before that carry nothing.
+        for (t, v) in r.series[3].samples.iter_mut() {
+            if *t < 8.0 {
+                *v = None;
+            }
+        }
+        let w = phase_window(&r, "load").unwrap();
+        assert_eq!(flows_started(&r, w), 8.0);
+        let s = summarize(&r);
+        // Window 9.4-15 s (ramp-up 20 % of the 7 s left): the flows' steady rates.
+        assert!((s.throughput_mbps.up.unwrap() - 4.5).abs() < 1e-9, "{:?}", s.throughput_mbps.up);
+        assert!((s.throughput_mbps.down.unwrap() - 20.0).abs() < 1e-9);
+        r.metadata.test = "rpm".into();
+        assert_eq!(flows_started(&r, w), 5.0, "RPM's load ramps on purpose: from its first flow");
     }
 
     #[test]

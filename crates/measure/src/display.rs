@@ -21,6 +21,8 @@ pub struct Status<'a> {
     pub down_mbps: Option<f64>,
     pub up_mbps: Option<f64>,
     pub rtt_ms: Option<f64>,
+    /// Flows still in their handshake (behind a full queue that can take seconds).
+    pub opening: usize,
 }
 
 impl Status<'_> {
@@ -37,6 +39,9 @@ impl Status<'_> {
                 let _ = write!(s, "  rtt {}", ms(r));
             }
             None => s.push_str("  rtt -"),
+        }
+        if self.opening > 0 {
+            let _ = write!(s, "  opening {} flow{}", self.opening, if self.opening == 1 { "" } else { "s" });
         }
         s
     }

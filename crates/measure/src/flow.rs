@@ -50,9 +50,14 @@ pub struct FlowConn {
     /// Set when the connection broke before we stopped it.
     pub broken: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
-    /// (t seconds, Mbit/s) per step.
+    /// (t seconds, Mbit/s) per step: the goodput since the previous sample, or since `started`.
     pub samples: Vec<(f64, Option<f64>)>,
     last_bytes: u64,
+    /// Seconds since the test started at which the handshake ended and data began.
+    pub started: f64,
+    pub last_sample: f64,
+    /// The connection broke and was reported; it is no longer sampled.
+    pub failed: bool,
 }
 
 impl FlowConn {
@@ -137,7 +142,7 @@ impl FlowConn {
         } else {
             PingPath::Direct(Mutex::new(stream.try_clone().map_err(MeasureError::io("flow socket"))?))
         };
-        Ok(FlowConn { flow, cc, stream, received, acked_base, ping_path, stop, broken, threads, samples: Vec::new(), last_bytes: 0 })
+        Ok(FlowConn { flow, cc, stream, received, acked_base, ping_path, stop, broken, threads, samples: Vec::new(), last_bytes: 0, started: 0.0, last_sample: 0.0, failed: false })
     }
 
     /// Goodput bytes so far: read by us (download) or acknowledged by the server (upload).
@@ -148,12 +153,29 @@ impl FlowConn {
         }
     }
 
-    /// Records one throughput sample for the step that ended at `t` and lasted `dt` seconds.
-    pub fn sample(&mut self, t: f64, dt: f64) {
+    /// Records the goodput since the previous sample (or the start) as a sample at `t`.
+    pub fn sample(&mut self, t: f64) {
+        let dt = (t - self.last_sample).max(1e-6);
         let b = self.bytes();
         let mbps = (b.saturating_sub(self.last_bytes)) as f64 * 8.0 / dt / 1e6;
         self.last_bytes = b;
+        self.last_sample = t;
         self.samples.push((t, Some(mbps)));
+    }
+
+    /// Mean goodput over the `secs` seconds before `t` (samples weighted by the time they cover).
+    pub fn recent_mbps(&self, t: f64, secs: f64) -> f64 {
+        let from = t - secs;
+        let mut prev = self.started;
+        let mut bits = 0.0;
+        for &(st, v) in &self.samples {
+            let covered = st - prev.max(from);
+            if covered > 0.0 {
+                bits += v.unwrap_or(0.0) * covered;
+            }
+            prev = st;
+        }
+        bits / secs
     }
 
     pub fn retransmits(&self) -> Option<u32> {

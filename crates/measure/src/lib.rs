@@ -6,6 +6,7 @@ mod connprobe;
 mod control;
 pub mod display;
 mod flow;
+mod load;
 pub mod plan;
 mod probe;
 mod record;

@@ -2,6 +2,7 @@
 
 use crate::connprobe::ConnRec;
 use crate::flow::{FlowConn, PingLog};
+use crate::load::Failure;
 use crate::probe::{ProbeStream, Rec};
 use bloatlab_analyze::clock::{self, Echo};
 use bloatlab_proto::{FlowReport, StreamReport};
@@ -16,6 +17,7 @@ pub struct Live<'a> {
     pub now: u64,
     pub idle_end: f64,
     pub flows: &'a [FlowConn],
+    pub failures: &'a [Failure],
     pub probes: &'a [ProbeStream],
     pub connect: Option<&'a [ConnRec]>,
     pub rpm: bool,
@@ -142,9 +144,22 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
             samples: done.iter().map(|(t, ms)| (secs(live.t0, *t), Some(*ms))).collect(),
         });
     }
+    let failure = |name: &str| live.failures.iter().find(|f| f.flow == name).map(|f| f.why.clone());
     for flow in live.flows {
         let server = live.report.and_then(|(_, flows)| flows.iter().find(|f| f.id == flow.flow.spec.id));
-        result.metadata.flows.push(FlowInfo { name: flow.flow.name.clone(), cc: flow.cc.clone(), server_bytes: server.map(|f| f.bytes) });
+        result.metadata.flows.push(FlowInfo {
+            name: flow.flow.name.clone(),
+            cc: flow.cc.clone(),
+            server_bytes: server.map(|f| f.bytes),
+            start: Some(flow.started),
+            error: failure(&flow.flow.name),
+        });
+    }
+    for f in live.failures {
+        if !live.flows.iter().any(|c| c.flow.name == f.flow) {
+            result.metadata.flows.push(FlowInfo { name: f.flow.clone(), error: Some(f.why.clone()), ..Default::default() });
+        }
+        result.events.push(Event { t: f.t, what: format!("flow {}: {}", f.flow, f.why) });
     }
     let mut summary = bloatlab_analyze::summarize(&result);
     let retrans: Vec<u32> = live.flows.iter().filter_map(|f| f.retransmits()).collect();

@@ -3,13 +3,14 @@
 use crate::connprobe::ConnProber;
 use crate::control::Control;
 use crate::display::{ProgressMode, Status};
-use crate::flow::{FlowConn, PingLog};
+use crate::flow::PingLog;
+use crate::load::Load;
 use crate::plan::{self, Params, TestKind};
 use crate::probe::ProbeStream;
 use crate::record::{self, Live};
 use crate::{target, MeasureError};
 use bloatlab_netio as netio;
-use bloatlab_proto::{Direction, TestRequest};
+use bloatlab_proto::{Direction, FlowReport, StreamReport, TestRequest};
 use bloatlab_result::{self as result, Host, Metadata, Phase, ResultFile};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -40,8 +41,6 @@ pub struct Outcome {
 
 /// How often a snapshot of the result file is written during a test.
 const SNAPSHOT_EVERY: f64 = 2.0;
-/// RPM: a new load connection is only added while goodput still grows by this much per step.
-const RPM_GROWTH: f64 = 1.05;
 
 fn resolve(host_port: &str) -> Result<Vec<SocketAddr>, MeasureError> {
     let (host, port) = target::split_host_port(host_port, bloatlab_proto::DEFAULT_PORT)
@@ -73,10 +72,31 @@ pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, Measu
         connection_probes: plan.connect_probe_interval.is_some(),
     };
     let control = Control::open(&addrs, request)?;
-    let addr = control.addr;
     let path = opts.output.clone().unwrap_or_else(|| default_output(params.test.name()));
+    let meta = metadata(params, host, &control);
+    // The file exists from the first moment, so even an immediate kill leaves something readable.
+    result::write_atomic(&path, &ResultFile::new(meta.clone()))?;
+    let snapshots = Snapshots::start(path.clone());
 
-    let mut meta = Metadata {
+    let t0 = netio::mono_ns();
+    let pings = Arc::new(PingLog::default());
+    let mut probes = Vec::new();
+    for s in &plan.streams {
+        probes.push(ProbeStream::start(control.addr, control.token, s.clone())?);
+    }
+    let conn = plan.connect_probe_interval.map(|i| ConnProber::start(control.addr, control.token, i));
+    let load = Load::new(control.addr, control.token, plan.flows.clone(), pings.clone(), params.test == TestKind::Rpm);
+    let progress = crate::display::Progress::new(opts.progress);
+    let mut test = Test { params, plan, t0, meta, pings, probes, conn, load, snapshots, progress };
+    let ended = test.drive(&control, opts);
+    let end_t = test.elapsed();
+    test.stop_and_drain(&ended, opts);
+    let report = if matches!(ended, Ended::ServerLost(_)) { None } else { control.finish() };
+    test.finish(path, ended, end_t, report)
+}
+
+fn metadata(params: &Params, host: &str, control: &Control) -> Metadata {
+    Metadata {
         tool: "bloatlab".into(),
         tool_version: env!("CARGO_PKG_VERSION").into(),
         test: params.test.name().into(),
@@ -90,7 +110,7 @@ pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, Measu
         },
         server: Host {
             name: host.into(),
-            address: Some(addr.to_string()),
+            address: Some(control.addr.to_string()),
             software: format!("bloatlab {}", control.server.version),
             kernel: control.server.kernel.clone(),
             default_cc: control.server.default_cc.clone(),
@@ -103,212 +123,211 @@ pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, Measu
         flows: Vec::new(),
         streams: Vec::new(),
         lab: None,
-    };
-    // The file exists from the first moment, so even an immediate kill leaves something readable.
-    result::write_atomic(&path, &ResultFile::new(meta.clone()))?;
-
-    let (snap_tx, snap_rx) = mpsc::channel::<ResultFile>();
-    let snap_path = path.clone();
-    let writer = std::thread::spawn(move || {
-        while let Ok(mut r) = snap_rx.recv() {
-            // Only the newest snapshot matters.
-            while let Ok(newer) = snap_rx.try_recv() {
-                r = newer;
-            }
-            let _ = result::write_atomic(&snap_path, &r);
-        }
-    });
-
-    let mut progress = crate::display::Progress::new(opts.progress);
-    let t0 = netio::mono_ns();
-    let elapsed = || (netio::mono_ns() - t0) as f64 / 1e9;
-    let pings = Arc::new(PingLog::default());
-    let mut probes = Vec::new();
-    for s in &plan.streams {
-        probes.push(ProbeStream::start(addr, control.token, s.clone())?);
     }
-    let mut conn = plan.connect_probe_interval.map(|i| ConnProber::start(addr, control.token, i));
-    let mut flows: Vec<FlowConn> = Vec::new();
-    let mut pending: Vec<plan::Flow> = plan.flows.clone();
-    let is_rpm = params.test == TestKind::Rpm;
-    let mut ramp_open = true;
-    let mut last_ramp_goodput = 0.0;
-    let mut next_ping = 0.0;
-    let mut ping_id = 0u64;
-    let mut next_sample = params.step;
-    let mut last_sample_t = 0.0;
-    let mut next_snapshot = SNAPSHOT_EVERY;
-    let mut next_status = 0.0;
-    let mut ended = Ended::Complete;
-    let mut phases = vec![Phase { name: "idle".into(), start: 0.0, end: plan.idle }];
-    if plan.load > 0.0 {
-        phases.push(Phase { name: "load".into(), start: plan.idle, end: plan.total() });
-    }
+}
 
-    let snapshot = |meta: &Metadata, flows: &[FlowConn], probes: &[ProbeStream], conn: &Option<ConnProber>, now: u64, finished: bool, report| {
-        let conn_log = conn.as_ref().map(|c| c.log.lock().unwrap().clone());
-        record::build(
-            meta,
-            &Live { t0, now, idle_end: plan.idle, flows, probes, connect: conn_log.as_deref(), rpm: is_rpm, pings: &pings, report, finished },
-        )
-    };
+/// Writes result snapshots on its own thread, so a slow disk never delays a sample.
+struct Snapshots {
+    tx: mpsc::Sender<ResultFile>,
+    writer: std::thread::JoinHandle<()>,
+}
 
-    loop {
-        let t = elapsed();
-        if t >= plan.total() {
-            break;
-        }
-        if opts.stop.load(Ordering::Relaxed) {
-            ended = Ended::Interrupted;
-            break;
-        }
-        if control.server_gone() {
-            ended = Ended::ServerLost("the server closed the control connection".into());
-            break;
-        }
-        if flows.iter().any(|f| f.broken.load(Ordering::Relaxed)) {
-            ended = Ended::ServerLost("a data connection was reset".into());
-            break;
-        }
-        // Open flows whose time has come.
-        let load_t = t - plan.idle;
-        if load_t >= 0.0 && ramp_open {
-            let due: Vec<plan::Flow> = pending.iter().filter(|f| f.start_after <= load_t).cloned().collect();
-            if !due.is_empty() && is_rpm && !flows.is_empty() {
-                // The draft adds load until goodput stops growing.
-                let now_goodput: f64 = flows.iter().filter_map(|f| f.samples.last().and_then(|s| s.1)).sum();
-                if now_goodput < last_ramp_goodput * RPM_GROWTH {
-                    ramp_open = false;
+impl Snapshots {
+    fn start(path: PathBuf) -> Snapshots {
+        let (tx, rx) = mpsc::channel::<ResultFile>();
+        let writer = std::thread::spawn(move || {
+            while let Ok(mut r) = rx.recv() {
+                // Only the newest snapshot matters.
+                while let Ok(newer) = rx.try_recv() {
+                    r = newer;
                 }
-                last_ramp_goodput = now_goodput;
+                let _ = result::write_atomic(&path, &r);
             }
-            if ramp_open {
-                pending.retain(|f| f.start_after > load_t);
-                for f in due {
-                    match FlowConn::open(addr, control.token, f, pings.clone()) {
-                        Ok(c) => flows.push(c),
-                        Err(e) => {
-                            ended = Ended::ServerLost(format!("opening a flow failed: {e}"));
-                            break;
-                        }
+        });
+        Snapshots { tx, writer }
+    }
+
+    fn send(&self, r: ResultFile) {
+        let _ = self.tx.send(r);
+    }
+
+    /// Waits until the last snapshot is on disk.
+    fn finish(self) {
+        drop(self.tx);
+        let _ = self.writer.join();
+    }
+}
+
+/// One running test: what it has opened and measured so far.
+struct Test<'a> {
+    params: &'a Params,
+    plan: plan::Plan,
+    t0: u64,
+    meta: Metadata,
+    pings: Arc<PingLog>,
+    probes: Vec<ProbeStream>,
+    conn: Option<ConnProber>,
+    load: Load,
+    snapshots: Snapshots,
+    progress: crate::display::Progress,
+}
+
+impl Test<'_> {
+    fn elapsed(&self) -> f64 {
+        (netio::mono_ns() - self.t0) as f64 / 1e9
+    }
+
+    /// The main loop: opens flows as they fall due, samples every step, sends probes on loaded
+    /// connections, shows progress and writes snapshots, until the plan ends or something stops it.
+    fn drive(&mut self, control: &Control, opts: &Options) -> Ended {
+        let step = self.params.step;
+        let (mut next_sample, mut next_ping, mut next_status, mut next_snapshot) = (step, 0.0, 0.0, SNAPSHOT_EVERY);
+        let mut ping_id = 0u64;
+        loop {
+            let t = self.elapsed();
+            if t >= self.plan.total() {
+                return Ended::Complete;
+            }
+            if opts.stop.load(Ordering::Relaxed) {
+                return Ended::Interrupted;
+            }
+            if control.server_gone() {
+                return Ended::ServerLost("the server closed the control connection".into());
+            }
+            let load_t = t - self.plan.idle;
+            if load_t >= 0.0 {
+                self.load.open_due(load_t, t);
+            }
+            self.load.take_opened(t);
+            if t >= next_sample {
+                self.load.sample(t);
+                next_sample += step;
+                if next_sample < t {
+                    next_sample = t + step;
+                }
+            }
+            if let Some(iv) = self.plan.loaded_probe_interval {
+                if load_t >= 0.0 && t >= next_ping {
+                    if let Some(f) = self.load.running(ping_id + 1) {
+                        ping_id += 1;
+                        f.ping(ping_id, &self.pings);
+                        next_ping = t + iv.as_secs_f64();
                     }
                 }
-                if ended != Ended::Complete {
-                    break;
-                }
             }
-        }
-        // Opening flows can take long on a bloated path (each handshake waits in the queue):
-        // sample with the time after it, or the bytes of that wait land in one short step.
-        let t = elapsed();
-        if t >= next_sample {
-            let dt = (t - last_sample_t).max(1e-6);
-            for f in flows.iter_mut() {
-                f.sample(t, dt);
+            if t >= next_status {
+                next_status = t + 0.25;
+                let st = self.status(t);
+                self.progress.update(&st);
             }
-            last_sample_t = t;
-            next_sample += params.step;
-            if next_sample < t {
-                next_sample = t + params.step;
+            if t >= next_snapshot {
+                next_snapshot = t + SNAPSHOT_EVERY;
+                self.snapshots.send(self.snapshot(t, false, None));
             }
-        }
-        if let Some(iv) = plan.loaded_probe_interval {
-            if load_t >= 0.0 && t >= next_ping && !flows.is_empty() {
-                ping_id += 1;
-                flows[(ping_id as usize) % flows.len()].ping(ping_id, &pings);
-                next_ping = t + iv.as_secs_f64();
+            // Sleep until the next thing is due (at most 5 ms): waking more often only takes CPU
+            // from the flows, which on loopback is the bottleneck.
+            let mut due = next_sample.min(next_snapshot).min(next_status);
+            if self.plan.loaded_probe_interval.is_some() {
+                due = due.min(next_ping);
             }
+            if let Some(first) = self.load.next_due() {
+                due = due.min(self.plan.idle + first);
+            }
+            std::thread::sleep(Duration::from_secs_f64((due - self.elapsed()).clamp(0.000_2, 0.005)));
         }
-        if t >= next_status {
-            next_status = t + 0.25;
-            let recent = |dir: Direction| -> Option<f64> {
-                let v: Vec<f64> = flows
-                    .iter()
-                    .filter(|f| f.flow.spec.direction == dir)
-                    .map(|f| {
-                        let tail: Vec<f64> = f.samples.iter().rev().take_while(|s| s.0 > t - 0.5).filter_map(|s| s.1).collect();
-                        if tail.is_empty() { 0.0 } else { tail.iter().sum::<f64>() / tail.len() as f64 }
-                    })
-                    .collect();
-                (!v.is_empty()).then(|| v.iter().sum())
-            };
-            let rtt = probes.first().and_then(|p| {
-                let l = p.log.lock().unwrap();
-                l.recs.iter().rev().find_map(|r| r.reply.map(|(t2, t3, t4)| ((t4 - r.t1) - (t3 - t2)) as f64 / 1e6))
-            });
-            progress.update(&Status {
-                test: params.test.name(),
-                phase: if load_t >= 0.0 && plan.load > 0.0 { "load" } else { "idle" },
-                elapsed: t,
-                total: plan.total(),
-                down_mbps: recent(Direction::Down),
-                up_mbps: recent(Direction::Up),
-                rtt_ms: rtt,
-            });
-        }
-        if t >= next_snapshot {
-            next_snapshot = t + SNAPSHOT_EVERY;
-            meta.phases = cut_phases(&phases, t);
-            meta.params["load_connections"] = flows.len().into();
-            let _ = snap_tx.send(snapshot(&meta, &flows, &probes, &conn, netio::mono_ns(), false, None));
-        }
-        // Sleep until the next thing is due (at most 5 ms): waking more often only takes CPU
-        // from the flows, which on loopback is the bottleneck.
-        let mut due = next_sample.min(next_snapshot).min(next_status);
-        if plan.loaded_probe_interval.is_some() {
-            due = due.min(next_ping);
-        }
-        if let Some(first) = pending.iter().map(|f| f.start_after).reduce(f64::min).filter(|_| ramp_open) {
-            due = due.min(plan.idle + first);
-        }
-        std::thread::sleep(Duration::from_secs_f64((due - elapsed()).clamp(0.000_2, 0.005)));
     }
-    let end_t = elapsed();
-    meta.phases = cut_phases(&phases, end_t);
-    meta.params["load_connections"] = flows.len().into();
 
-    // Stop the load, then give the probes still in flight time to come back through the queues.
-    for f in flows.iter_mut() {
-        f.stop();
+    fn status(&self, t: f64) -> Status<'static> {
+        let rtt = self.probes.first().and_then(|p| {
+            let l = p.log.lock().unwrap();
+            l.recs.iter().rev().find_map(|r| r.reply.map(|(t2, t3, t4)| ((t4 - r.t1) - (t3 - t2)) as f64 / 1e6))
+        });
+        let loading = t >= self.plan.idle && self.plan.load > 0.0;
+        Status {
+            test: self.params.test.name(),
+            phase: if loading { "load" } else { "idle" },
+            elapsed: t,
+            total: self.plan.total(),
+            down_mbps: self.load.recent_mbps(Direction::Down, t, 0.5),
+            up_mbps: self.load.recent_mbps(Direction::Up, t, 0.5),
+            rtt_ms: rtt,
+            opening: self.load.opening(),
+        }
     }
-    for p in &probes {
-        p.stop_sending();
+
+    /// The result file as it stands at `t` seconds.
+    fn snapshot(&self, t: f64, finished: bool, report: Option<&(Vec<StreamReport>, Vec<FlowReport>)>) -> ResultFile {
+        let mut meta = self.meta.clone();
+        let mut phases = vec![Phase { name: "idle".into(), start: 0.0, end: self.plan.idle }];
+        if self.plan.load > 0.0 {
+            phases.push(Phase { name: "load".into(), start: self.plan.idle, end: self.plan.total() });
+        }
+        meta.phases = cut_phases(&phases, t);
+        meta.params["load_connections"] = self.load.flows.len().into();
+        let conn_log = self.conn.as_ref().map(|c| c.log.lock().unwrap().clone());
+        record::build(
+            &meta,
+            &Live {
+                t0: self.t0,
+                now: netio::mono_ns(),
+                idle_end: self.plan.idle,
+                flows: &self.load.flows,
+                failures: &self.load.failures,
+                probes: &self.probes,
+                connect: conn_log.as_deref(),
+                rpm: self.params.test == TestKind::Rpm,
+                pings: &self.pings,
+                report,
+                finished,
+            },
+        )
     }
-    if let Some(c) = conn.as_mut() {
-        c.stop();
+
+    /// Stops the load, then gives the probes still in flight time to come back through the
+    /// queues (twice the longest round trip seen, 1-6 s; 1 s when the test did not complete).
+    fn stop_and_drain(&mut self, ended: &Ended, opts: &Options) {
+        self.load.stop();
+        for p in &self.probes {
+            p.stop_sending();
+        }
+        if let Some(c) = self.conn.as_mut() {
+            c.stop();
+        }
+        let max_rtt = self
+            .probes
+            .iter()
+            .flat_map(|p| p.log.lock().unwrap().recs.iter().filter_map(|r| r.reply.map(|(t2, t3, t4)| ((t4 - r.t1) - (t3 - t2)) as f64 / 1e9)).collect::<Vec<_>>())
+            .fold(0.0, f64::max);
+        let patience = if *ended == Ended::Complete { (2.0 * max_rtt + 0.5).clamp(1.0, 6.0) } else { 1.0 };
+        let drain_end = self.elapsed() + patience;
+        while self.elapsed() < drain_end && self.probes.iter().any(|p| p.outstanding() > 0) && !opts.stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for p in self.probes.iter_mut() {
+            p.stop();
+        }
     }
-    let max_rtt = probes
-        .iter()
-        .flat_map(|p| p.log.lock().unwrap().recs.iter().filter_map(|r| r.reply.map(|(t2, t3, t4)| ((t4 - r.t1) - (t3 - t2)) as f64 / 1e9)).collect::<Vec<_>>())
-        .fold(0.0, f64::max);
-    let patience = if ended == Ended::Complete { (2.0 * max_rtt + 0.5).clamp(1.0, 6.0) } else { 1.0 };
-    let drain_end = elapsed() + patience;
-    while elapsed() < drain_end && probes.iter().any(|p| p.outstanding() > 0) && !opts.stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(10));
+
+    /// Writes the final result file (phases cut at `end_t`) and says how the test ended.
+    fn finish(mut self, path: PathBuf, mut ended: Ended, end_t: f64, report: Option<(Vec<StreamReport>, Vec<FlowReport>)>) -> Result<Outcome, MeasureError> {
+        if ended == Ended::Complete && report.is_none() {
+            ended = Ended::ServerLost("the server sent no final report".into());
+        }
+        let mut final_result = self.snapshot(end_t, true, report.as_ref());
+        final_result.partial = ended != Ended::Complete;
+        if let Some(s) = final_result.summary.as_mut() {
+            s.partial = final_result.partial;
+        }
+        match &ended {
+            Ended::Complete => {}
+            Ended::Interrupted => final_result.events.push(result::Event { t: end_t, what: "interrupted by the user".into() }),
+            Ended::ServerLost(why) => final_result.events.push(result::Event { t: end_t, what: format!("server lost: {why}") }),
+        }
+        self.progress.finish();
+        self.snapshots.finish();
+        result::write_atomic(&path, &final_result)?;
+        Ok(Outcome { result: final_result, path, ended })
     }
-    for p in probes.iter_mut() {
-        p.stop();
-    }
-    let lost = matches!(ended, Ended::ServerLost(_));
-    let report = if lost { None } else { control.finish() };
-    if ended == Ended::Complete && report.is_none() {
-        ended = Ended::ServerLost("the server sent no final report".into());
-    }
-    let mut final_result = snapshot(&meta, &flows, &probes, &conn, netio::mono_ns(), true, report.as_ref());
-    final_result.partial = ended != Ended::Complete;
-    if let Some(s) = final_result.summary.as_mut() {
-        s.partial = final_result.partial;
-    }
-    match &ended {
-        Ended::Complete => {}
-        Ended::Interrupted => final_result.events.push(result::Event { t: end_t, what: "interrupted by the user".into() }),
-        Ended::ServerLost(why) => final_result.events.push(result::Event { t: end_t, what: format!("server lost: {why}") }),
-    }
-    drop(snap_tx);
-    let _ = writer.join();
-    result::write_atomic(&path, &final_result)?;
-    progress.finish();
-    Ok(Outcome { result: final_result, path, ended })
 }
 
 /// The phases as far as they happened by `t`.

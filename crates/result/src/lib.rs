@@ -104,6 +104,13 @@ pub struct FlowInfo {
     pub cc: Option<String>,
     /// Payload bytes the server counted (upload: received; download: written), if it reported.
     pub server_bytes: Option<u64>,
+    /// Seconds since the test started at which the flow's handshake ended and its data began;
+    /// its first throughput sample covers the time from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<f64>,
+    /// Why the flow could not be opened, or that its connection broke (the test went on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

@@ -1,0 +1,190 @@
+//! The load of a test: bulk flows opened in the background when their time comes, so that a
+//! handshake stuck behind a full queue delays only its own flow, never the sampling of the
+//! others; each flow is sampled from the moment its data started.
+
+use crate::flow::{FlowConn, PingLog};
+use crate::plan;
+use bloatlab_proto::{Direction, Token};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+
+/// RPM: a new load connection is only added while goodput still grows by this much per step.
+const RPM_GROWTH: f64 = 1.05;
+
+/// A flow that could not be opened or whose connection broke: reported, not fatal.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failure {
+    pub flow: String,
+    /// Seconds since the test started.
+    pub t: f64,
+    pub why: String,
+}
+
+/// The draft's load ramp (RPM): new connections only while the total goodput still grows.
+struct Ramp {
+    open: bool,
+    last_goodput: f64,
+}
+
+impl Ramp {
+    fn admits(&mut self, goodput_now: f64) -> bool {
+        if self.open && goodput_now < self.last_goodput * RPM_GROWTH {
+            self.open = false;
+        }
+        self.last_goodput = goodput_now;
+        self.open
+    }
+}
+
+type Opened = (plan::Flow, Result<FlowConn, String>);
+
+pub struct Load {
+    addr: SocketAddr,
+    token: Token,
+    pings: Arc<PingLog>,
+    /// Not yet due, earliest first.
+    pending: Vec<plan::Flow>,
+    ramp: Option<Ramp>,
+    opening: usize,
+    opened_tx: mpsc::Sender<Opened>,
+    opened_rx: mpsc::Receiver<Opened>,
+    pub flows: Vec<FlowConn>,
+    pub failures: Vec<Failure>,
+}
+
+impl Load {
+    /// `ramp`: open later flows only while goodput grows (RPM), instead of all as planned.
+    pub fn new(addr: SocketAddr, token: Token, mut flows: Vec<plan::Flow>, pings: Arc<PingLog>, ramp: bool) -> Load {
+        flows.sort_by(|a, b| a.start_after.total_cmp(&b.start_after));
+        let (opened_tx, opened_rx) = mpsc::channel();
+        Load {
+            addr,
+            token,
+            pings,
+            pending: flows,
+            ramp: ramp.then_some(Ramp { open: true, last_goodput: 0.0 }),
+            opening: 0,
+            opened_tx,
+            opened_rx,
+            flows: Vec::new(),
+            failures: Vec::new(),
+        }
+    }
+
+    /// Seconds into the load phase at which the next planned flow is due, if any.
+    pub fn next_due(&self) -> Option<f64> {
+        if self.ramp.as_ref().is_some_and(|r| !r.open) {
+            return None;
+        }
+        self.pending.first().map(|f| f.start_after)
+    }
+
+    /// Starts opening, each on its own thread, the flows due by `load_t` seconds into the load.
+    /// `t` is seconds since the test started, for failure reports.
+    pub fn open_due(&mut self, load_t: f64, t: f64) {
+        let due = self.pending.iter().take_while(|f| f.start_after <= load_t).count();
+        if due == 0 {
+            return;
+        }
+        if !self.flows.is_empty() {
+            let goodput = self.latest_goodput();
+            if let Some(ramp) = self.ramp.as_mut() {
+                if !ramp.admits(goodput) {
+                    self.pending.clear();
+                    return;
+                }
+            }
+        }
+        for flow in self.pending.drain(..due).collect::<Vec<_>>() {
+            let (addr, token, pings, tx) = (self.addr, self.token, self.pings.clone(), self.opened_tx.clone());
+            let name = flow.name.clone();
+            let opener = {
+                let flow = flow.clone();
+                move || {
+                    let r = FlowConn::open(addr, token, flow.clone(), pings).map_err(|e| e.to_string());
+                    // The test may have ended meanwhile: the flow is then dropped (and closed).
+                    let _ = tx.send((flow, r));
+                }
+            };
+            match std::thread::Builder::new().name(format!("open {name}")).spawn(opener) {
+                Ok(_) => self.opening += 1,
+                Err(e) => self.failures.push(Failure { flow: name, t, why: format!("cannot start a thread: {e}") }),
+            }
+        }
+    }
+
+    /// Takes in the flows whose handshake has finished; their data starts at `t`.
+    pub fn take_opened(&mut self, t: f64) {
+        while let Ok((flow, r)) = self.opened_rx.try_recv() {
+            self.opening -= 1;
+            match r {
+                Ok(mut c) => {
+                    c.started = t;
+                    c.last_sample = t;
+                    self.flows.push(c);
+                }
+                Err(why) => self.failures.push(Failure { flow: flow.name, t, why: format!("could not be opened: {why}") }),
+            }
+        }
+    }
+
+    /// Flows still in their handshake.
+    pub fn opening(&self) -> usize {
+        self.opening
+    }
+
+    /// Records a throughput sample at `t` for every running flow, and reports flows whose
+    /// connection broke since the last call (they keep the samples they had).
+    pub fn sample(&mut self, t: f64) {
+        for f in self.flows.iter_mut() {
+            if f.failed {
+                continue;
+            }
+            if f.broken.load(Ordering::Relaxed) {
+                f.failed = true;
+                self.failures.push(Failure { flow: f.flow.name.clone(), t, why: "connection broke".into() });
+                continue;
+            }
+            f.sample(t);
+        }
+    }
+
+    /// Sum of the running flows' latest samples, Mbit/s.
+    fn latest_goodput(&self) -> f64 {
+        self.flows.iter().filter(|f| !f.failed).filter_map(|f| f.samples.last().and_then(|s| s.1)).sum()
+    }
+
+    /// Mean goodput of one direction over the last `secs` seconds before `t`, if it has flows.
+    pub fn recent_mbps(&self, dir: Direction, t: f64, secs: f64) -> Option<f64> {
+        let flows: Vec<&FlowConn> = self.flows.iter().filter(|f| f.flow.spec.direction == dir).collect();
+        (!flows.is_empty()).then(|| flows.iter().map(|f| f.recent_mbps(t, secs)).sum())
+    }
+
+    /// A running flow for a probe on a loaded connection, chosen round-robin by `n`.
+    pub fn running(&self, n: u64) -> Option<&FlowConn> {
+        let live: Vec<&FlowConn> = self.flows.iter().filter(|f| !f.failed).collect();
+        (!live.is_empty()).then(|| live[(n % live.len() as u64) as usize])
+    }
+
+    pub fn stop(&mut self) {
+        for f in self.flows.iter_mut() {
+            f.stop();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ramp_closes_when_goodput_stops_growing_by_five_percent() {
+        let mut r = Ramp { open: true, last_goodput: 0.0 };
+        assert!(r.admits(10.0));
+        assert!(r.admits(20.0));
+        assert!(r.admits(21.0), "21 >= 20 x 1.05");
+        assert!(!r.admits(21.5), "21.5 < 21 x 1.05");
+        assert!(!r.admits(100.0), "once closed it stays closed");
+    }
+}
