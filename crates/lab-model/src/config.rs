@@ -63,6 +63,8 @@ impl Default for QdiscConfig {
 pub struct DirConfig {
     pub rate: Rate,
     pub delay_ns: u64,
+    /// Uniform +/- around `delay_ns`. May exceed it: a draw below zero sends at once, as netem's
+    /// `time_to_send = now + delay` does with a negative delay.
     pub jitter_ns: u64,
     /// With jitter: let packets overtake each other (netem's tfifo) instead of keeping order.
     pub reorder: bool,
@@ -143,14 +145,15 @@ fn parse_usize(s: &str, what: &str) -> Result<usize, ConfigError> {
     s.trim().parse().map_err(|_| ConfigError::Value(format!("{what} `{s}`: want a whole number")))
 }
 
-/// "1000" or "1000p" packets, "64kb"/"1mb"/"3000b" bytes, "100ms" time.
+/// "1000" or "1000p" packets, "64kb"/"1mb"/"3000b" bytes, "100ms" time. Sizes follow tc:
+/// `k`/`kb` = 1024 bytes, `m`/`mb` = 1024 * 1024 (tc-qdisc "UNITS").
 pub fn parse_limit(s: &str) -> Result<BufferLimit, ConfigError> {
     let t = s.trim().to_ascii_lowercase();
     let bad = || ConfigError::Value(format!("limit `{s}`: want packets (1000), bytes (64kb) or time (100ms)"));
     if t.ends_with("ms") || t.ends_with("us") || (t.ends_with('s') && !t.ends_with("bs")) {
         return parse_time_ns(&t).map(BufferLimit::Time);
     }
-    for (suf, m) in [("kb", 1000usize), ("mb", 1_000_000), ("b", 1)] {
+    for (suf, m) in [("kb", 1024usize), ("mb", 1 << 20), ("gb", 1 << 30), ("k", 1024), ("m", 1 << 20), ("g", 1 << 30), ("b", 1)] {
         if let Some(n) = t.strip_suffix(suf) {
             return n.trim().parse::<usize>().map(|v| BufferLimit::Bytes(v * m)).map_err(|_| bad());
         }
@@ -325,7 +328,8 @@ mod tests {
         assert_eq!(parse_time_ns("0"), Ok(0));
         assert!(parse_time_ns("7").is_err(), "a bare number is ambiguous");
         assert_eq!(parse_limit("1000"), Ok(BufferLimit::Packets(1000)));
-        assert_eq!(parse_limit("64kb"), Ok(BufferLimit::Bytes(64_000)));
+        assert_eq!(parse_limit("64kb"), Ok(BufferLimit::Bytes(65_536)), "tc: kb = 1024 bytes");
+        assert_eq!(parse_limit("1m"), Ok(BufferLimit::Bytes(1 << 20)));
         assert_eq!(parse_limit("100ms"), Ok(BufferLimit::Time(100 * MS)));
     }
 

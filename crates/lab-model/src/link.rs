@@ -340,6 +340,24 @@ mod tests {
         assert!((per_round - 1514.0 / 66.0).abs() < 0.5, "{per_round} ACKs per bulk packet");
     }
 
+    /// A time limit is link time, framing included: on an ATM line a 1500-byte packet with 40
+    /// bytes of overhead takes 33 cells (1749 bytes on the wire), so `100ms` at 8 Mbit/s holds
+    /// 100 000 / 1749 = 57 packets, not the 66 that bare IP bytes would allow, and the last one
+    /// waits no more than the 100 ms asked for.
+    #[test]
+    fn a_time_limit_counts_overhead_and_atm_cells() {
+        let mut d = dir(&[("rate", "8mbit"), ("atm", "on"), ("overhead", "40"), ("limit", "100ms")]);
+        for _ in 0..200 {
+            d.arrive(udp4(1500, 1, 2, 0).data, 0);
+        }
+        let mut out = Vec::new();
+        drain(&mut d, &mut out);
+        let frame_ns = 1749 * 8 * 1000 / 8; // ns at 8 Mbit/s
+        assert_eq!(out.len(), 1 + 57, "one on the wire, 57 queued");
+        let last_wait = out.last().unwrap().0 - frame_ns;
+        assert!(last_wait <= 100 * MS && last_wait > 95 * MS, "last packet waited {} ms", last_wait as f64 / 1e6);
+    }
+
     #[test]
     fn oversize_packets_are_dropped_as_mtu() {
         let mut d = dir(&[("mtu", "1400")]);

@@ -3,15 +3,16 @@
 use crate::config::{parse_rate, ConfigError};
 use crate::MS;
 
-/// A mahimahi delivery opportunity carries this many bytes.
-pub const TRACE_OPPORTUNITY_BYTES: usize = 1500;
+/// A mahimahi delivery opportunity carries this many bytes (its `PACKET_SIZE`: a 1500-byte
+/// packet plus the 4 bytes of its TUN framing).
+pub const TRACE_OPPORTUNITY_BYTES: usize = 1504;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Rate {
     /// No serialisation delay at all.
     Unlimited,
     BitsPerSecond(u64),
-    /// mahimahi: one millisecond timestamp per line, each an opportunity to send 1500 bytes;
+    /// mahimahi: one millisecond timestamp per line, each an opportunity to send 1504 bytes;
     /// loops after the last timestamp.
     Trace { opportunities_ms: Vec<u64>, period_ms: u64 },
     /// `SECONDS RATE` per line: from that time on, that rate; the last one holds.
@@ -138,7 +139,7 @@ mod tests {
     #[test]
     fn trace_of_one_opportunity_per_ms_is_12_mbit() {
         let mut s = Serializer::new(Rate::parse_trace("1\n2\n3\n4\n").unwrap(), 0);
-        assert_eq!(Rate::parse_trace("1\n2\n3\n4\n").unwrap().mean_bps(), Some(12_000_000));
+        assert_eq!(Rate::parse_trace("1\n2\n3\n4\n").unwrap().mean_bps(), Some(12_032_000));
         // Back to back 1500-byte packets leave one per opportunity, looping after 4 ms.
         let mut t = 0;
         let mut deps = Vec::new();
