@@ -202,7 +202,14 @@ pub fn run(cmd: LabCommand, stop: impl Fn() -> Arc<AtomicBool>) -> ExitCode {
         }
         LabCommand::Down { name, all } => {
             if all {
-                let removed = lab::down_all();
+                let names: Vec<String> = lab::running().into_iter().map(|(i, _)| i.name).collect();
+                let mut removed = lab::down_all();
+                // A killed lab's log outlives it; once its remains are gone, so is the log.
+                for log in names.iter().map(|n| serve_log(n)) {
+                    if std::fs::remove_file(&log).is_ok() {
+                        removed.push(format!("log {}", log.display()));
+                    }
+                }
                 for r in &removed {
                     eprintln!("removed {r}");
                 }
@@ -482,22 +489,37 @@ fn humantime_stamp() -> String {
 }
 
 fn side_by_side(b: &Summary, a: &Summary) -> String {
-    let p = |s: &Summary, f: fn(&Summary) -> Option<f64>| f(s).map_or("-".to_string(), |v| format!("{v:.1}"));
-    type Row = (&'static str, fn(&Summary) -> Option<f64>);
+    // Decimals per row: counts print as whole numbers.
+    let p = |s: &Summary, f: fn(&Summary) -> Option<f64>, decimals: usize| f(s).map_or("-".to_string(), |v| format!("{v:.decimals$}"));
+    type Row = (&'static str, fn(&Summary) -> Option<f64>, usize);
     let rows: [Row; 8] = [
-        ("idle latency p50, ms", |s| s.latency_ms.idle.map(|p| p.p50)),
-        ("loaded latency p50, ms", |s| s.latency_ms.loaded.map(|p| p.p50)),
-        ("loaded latency p99, ms", |s| s.latency_ms.loaded.map(|p| p.p99)),
-        ("added latency, ms", |s| s.added_latency_ms),
-        ("download, Mbit/s", |s| s.throughput_mbps.down),
-        ("upload, Mbit/s", |s| s.throughput_mbps.up),
-        ("probe loss, %", |s| Some(s.loss.percent)),
-        ("TCP retransmits (up)", |s| s.tcp_retransmits.map(|v| v as f64)),
+        ("idle latency p50, ms", |s| s.latency_ms.idle.map(|p| p.p50), 1),
+        ("loaded latency p50, ms", |s| s.latency_ms.loaded.map(|p| p.p50), 1),
+        ("loaded latency p99, ms", |s| s.latency_ms.loaded.map(|p| p.p99), 1),
+        ("added latency, ms", |s| s.added_latency_ms, 1),
+        ("download, Mbit/s", |s| s.throughput_mbps.down, 1),
+        ("upload, Mbit/s", |s| s.throughput_mbps.up, 1),
+        ("probe loss, %", |s| Some(s.loss.percent), 1),
+        ("TCP retransmits (up)", |s| s.tcp_retransmits.map(|v| v as f64), 0),
     ];
     let mut out = format!("\n{:<26} {:>14} {:>14}\n", "", "modem FIFO", "FQ-CoDel 95%");
-    for (name, f) in rows {
-        out += &format!("{name:<26} {:>14} {:>14}\n", p(b, f), p(a, f));
+    for (name, f, decimals) in rows {
+        out += &format!("{name:<26} {:>14} {:>14}\n", p(b, f, decimals), p(a, f, decimals));
     }
     out += &format!("{:<26} {:>14} {:>14}\n", "grade", b.grade.as_deref().unwrap_or("-"), a.grade.as_deref().unwrap_or("-"));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_side_by_side_table_prints_counts_as_whole_numbers() {
+        let s = Summary { tcp_retransmits: Some(393), added_latency_ms: Some(12.345), ..Default::default() };
+        let table = side_by_side(&s, &s);
+        let row = |name: &str| table.lines().find(|l| l.starts_with(name)).unwrap().split_whitespace().last().unwrap().to_string();
+        assert_eq!(row("TCP retransmits"), "393");
+        assert_eq!(row("added latency"), "12.3");
+    }
 }

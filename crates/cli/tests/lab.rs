@@ -121,6 +121,7 @@ fn down_all_cleans_up_after_a_killed_lab() {
     std::mem::forget(lab);
     assert_eq!(netns_and_links(), before);
     assert!(!std::path::Path::new("/run/bloatlab/labs/killed").exists());
+    assert!(!std::env::temp_dir().join("bloatlab-lab-killed.log").exists(), "the killed lab's log is removed with it");
 }
 
 #[test]

@@ -96,6 +96,11 @@ function phaseAreas(run) {{
     label: {{ position: 'insideTop', color: '#666' }},
     data: run.phases.map(function (p) {{ return [{{ name: p.name, xAxis: p.start }}, {{ xAxis: p.end }}]; }}) }};
 }}
+// Every time chart of a run spans the same 0..end, so the eye can line up when the queue
+// filled with when the throughput rose.
+function runEnd(run) {{
+  return run.phases.length ? Math.max.apply(null, run.phases.map(function (p) {{ return p.end; }})) : null;
+}}
 function timeChart(el, run, lines, unit) {{
   var chart = newChart(el);
   var points = 0;
@@ -111,7 +116,7 @@ function timeChart(el, run, lines, unit) {{
     tooltip: {{ trigger: 'axis', valueFormatter: function (v) {{ return v == null ? '–' : v.toFixed(2) + ' ' + unit; }} }},
     legend: {{ type: 'scroll', top: 0 }},
     grid: {{ left: 60, right: 30, top: 40, bottom: 70 }},
-    xAxis: {{ type: 'value', name: 's', min: 0 }},
+    xAxis: {{ type: 'value', name: 's', min: 0, max: runEnd(run) }},
     yAxis: {{ type: 'value', name: unit }},
     dataZoom: [{{ type: 'inside' }}, {{ type: 'slider' }}],
     series: series

@@ -20,8 +20,23 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+fn tmp_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("bloatlab-it-{}", std::process::id()))
+}
+
+/// A path in this test process's own temporary directory, which is removed when the process
+/// exits, whether its tests passed or failed (the harness ends with `exit`, which runs atexit
+/// handlers).
 pub fn tmp_path(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("bloatlab-it-{}", std::process::id()));
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    extern "C" fn remove_tmp_dir() {
+        let _ = std::fs::remove_dir_all(tmp_dir());
+    }
+    // SAFETY: registers a plain function without captured state.
+    REGISTER.call_once(|| unsafe {
+        libc::atexit(remove_tmp_dir);
+    });
+    let dir = tmp_dir();
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }
