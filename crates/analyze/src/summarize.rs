@@ -9,6 +9,12 @@ use bloatlab_result::*;
 
 /// Packetization delay of the assumed 20 ms VoIP frames, added to the mouth-to-ear delay.
 const VOIP_PACKETIZATION_MS: f64 = 20.0;
+/// Absolute one-way delays are reported only when the clock offset is known within this.
+pub const OWD_UNCERTAINTY_BOUND_MS: f64 = 1.0;
+/// A direction is bloated when its added one-way delay p50 under load is at least this and at
+/// least `BLOAT_SHARE` of both directions' added delay together.
+pub const BLOAT_MIN_MS: f64 = 5.0;
+pub const BLOAT_SHARE: f64 = 0.25;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Window {
@@ -43,6 +49,30 @@ fn named<'a>(result: &'a ResultFile, prefix: &'a str) -> impl Iterator<Item = &'
 fn pct_of(result: &ResultFile, prefix: &str, w: Option<Window>) -> Option<Percentiles> {
     let w = w?;
     stats::percentiles(named(result, prefix).flat_map(|s| values(s, w)).collect::<Vec<_>>())
+}
+
+/// One-way delay above each series' own minimum in `base` (offset-free: a constant offset
+/// cancels), pooled over the series whose names start with `prefix`, over `w`.
+fn added_owd(result: &ResultFile, prefix: &str, base: Window, w: Window) -> Option<Percentiles> {
+    let mut all = Vec::new();
+    for series in named(result, prefix) {
+        let Some(min) = values(series, base).reduce(f64::min) else { continue };
+        all.extend(values(series, w).map(|v| v - min));
+    }
+    stats::percentiles(all)
+}
+
+/// "up", "down", "both" or "none" from the added one-way delays' medians.
+fn bloat_direction(up: Option<f64>, down: Option<f64>) -> Option<&'static str> {
+    let (up, down) = (up?, down?);
+    let total = up.max(0.0) + down.max(0.0);
+    let bloated = |d: f64| d >= BLOAT_MIN_MS && d >= BLOAT_SHARE * total;
+    Some(match (bloated(up), bloated(down)) {
+        (true, true) => "both",
+        (true, false) => "up",
+        (false, true) => "down",
+        (false, false) => "none",
+    })
 }
 
 fn stream_name(series_name: &str) -> &str {
@@ -114,8 +144,18 @@ pub fn summarize(result: &ResultFile) -> Summary {
     let lat = &mut s.latency_ms;
     lat.idle = pct_of(result, "rtt ", idle);
     lat.loaded = pct_of(result, "rtt ", load);
-    lat.idle_owd = DirectionLatency { up: pct_of(result, "owd up ", idle), down: pct_of(result, "owd down ", idle) };
-    lat.loaded_owd = DirectionLatency { up: pct_of(result, "owd up ", load), down: pct_of(result, "owd down ", load) };
+    let owd_known = match result.metadata.clock_offset {
+        Some(o) if o.uncertainty_ms <= OWD_UNCERTAINTY_BOUND_MS => Ok(()),
+        Some(o) => Err(format!("the clock offset is known only to +/-{:.1} ms (bound {OWD_UNCERTAINTY_BOUND_MS} ms); see added one-way delays", o.uncertainty_ms)),
+        None => Err("no clock offset estimate (no echoed probes)".to_string()),
+    };
+    match &owd_known {
+        Ok(()) => {
+            lat.idle_owd = DirectionLatency { up: pct_of(result, "owd up ", idle), down: pct_of(result, "owd down ", idle) };
+            lat.loaded_owd = DirectionLatency { up: pct_of(result, "owd up ", load), down: pct_of(result, "owd down ", load) };
+        }
+        Err(why) => lat.owd_unavailable = Some(why.clone()),
+    }
     lat.tcp_connect = pct_of(result, "tcp-connect", main);
     for series in named(result, "rtt ") {
         lat.per_stream.push(StreamLatency {
@@ -129,6 +169,13 @@ pub fn summarize(result: &ResultFile) -> Summary {
         let added = l.p50 - i.p50;
         s.added_latency_ms = Some(added);
         s.grade = Some(grade::grade(added).to_string());
+    }
+
+    if let (Some(base), Some(w)) = (idle, main) {
+        s.added_owd_ms = DirectionLatency { up: added_owd(result, "owd up ", base, w), down: added_owd(result, "owd down ", base, w) };
+        if load.is_some() {
+            s.bloat_direction = bloat_direction(s.added_owd_ms.up.map(|p| p.p50), s.added_owd_ms.down.map(|p| p.p50)).map(Into::into);
+        }
     }
 
     s.loss = loss(&result.metadata.streams);
@@ -150,7 +197,15 @@ pub fn summarize(result: &ResultFile) -> Summary {
             let counts = result.metadata.streams.iter().find(|c| c.name == "voip");
             let (up_loss, down_loss) = counts.map(direction_loss).unwrap_or((None, None));
             let total_loss = counts.map(|c| stream_loss(c).2).unwrap_or(0.0);
-            let p99 = |dir: &str| owd(dir).and_then(|x| stats::percentiles(values(x, w).collect::<Vec<_>>())).map(|p| p.p99);
+            // The network delay: the one-way p99 when the offset is known; else half the idle
+            // round trip plus that direction's added one-way p99.
+            let half_rtt = s.latency_ms.idle.map(|p| p.p50 / 2.0);
+            let p99 = |dir: &str| match (&owd_known, idle) {
+                (Ok(()), _) => owd(dir).and_then(|x| stats::percentiles(values(x, w).collect::<Vec<_>>())).map(|p| p.p99),
+                (Err(_), Some(base)) => Some(half_rtt? + added_owd(result, &format!("owd {dir} {name}"), base, w)?.p99),
+                (Err(_), None) => None,
+            };
+            let delay_basis = if owd_known.is_ok() { "one-way p99" } else { "idle rtt/2 + added one-way p99" };
             if let (Some(u), Some(d)) = (p99("up"), p99("down")) {
                 let (mu, md) = (u + VOIP_PACKETIZATION_MS, d + VOIP_PACKETIZATION_MS);
                 let r_up = emodel::r_factor(mu, up_loss.unwrap_or(total_loss));
@@ -164,6 +219,7 @@ pub fn summarize(result: &ResultFile) -> Summary {
                     mos: mos_up.min(mos_down),
                     mouth_to_ear_up_ms: mu,
                     mouth_to_ear_down_ms: md,
+                    delay_basis: delay_basis.into(),
                 });
             }
         }
@@ -335,6 +391,36 @@ mod tests {
         assert_eq!(flows_started(&r, w), 5.0, "RPM's load ramps on purpose: from its first flow");
     }
 
+    /// A path whose upload queue fills: one-way delays carry an unknown clock offset (+3 ms here,
+    /// known only to +/-7.8 ms), which the added delay does not need.
+    #[test]
+    fn added_one_way_delay_finds_the_bloated_direction_without_the_offset() {
+        let mut r = bloated();
+        r.metadata.clock_offset = Some(ClockOffset { offset_ms: 0.0, uncertainty_ms: 7.8, samples: 10, reference_s: 0.0, drift_ppm: None });
+        let grid = |f: fn(f64) -> f64| (0..1500).map(|i| i as f64 * 0.01).map(|t| (t, Some(f(t)))).collect::<Vec<_>>();
+        r.series.push(series("owd up udp-be", SeriesKind::Owd, Some("up"), grid(|t| if t < 5.0 { 10.8 } else { 410.8 })));
+        r.series.push(series("owd down udp-be", SeriesKind::Owd, Some("down"), grid(|t| if t < 5.0 { 4.8 } else { 6.8 })));
+        let s = summarize(&r);
+        assert!((s.added_owd_ms.up.unwrap().p50 - 400.0).abs() < 1e-9);
+        assert!((s.added_owd_ms.down.unwrap().p50 - 2.0).abs() < 1e-9);
+        assert_eq!(s.bloat_direction.as_deref(), Some("up"));
+        assert!(s.latency_ms.loaded_owd.up.is_none() && s.latency_ms.owd_unavailable.as_deref().unwrap().contains("7.8"));
+        // Known well enough: the absolute one-way delays are shown.
+        r.metadata.clock_offset.as_mut().unwrap().uncertainty_ms = 0.2;
+        let s = summarize(&r);
+        assert_eq!(s.latency_ms.loaded_owd.up.unwrap().p50, 410.8);
+        assert!(s.latency_ms.owd_unavailable.is_none());
+    }
+
+    #[test]
+    fn bloat_direction_rule() {
+        assert_eq!(bloat_direction(Some(290.0), Some(3.0)), Some("up"));
+        assert_eq!(bloat_direction(Some(60.0), Some(40.0)), Some("both"));
+        assert_eq!(bloat_direction(Some(60.0), Some(10.0)), Some("up"), "10 ms is below a quarter of 70");
+        assert_eq!(bloat_direction(Some(4.0), Some(4.0)), Some("none"), "under 5 ms is no bloat");
+        assert_eq!(bloat_direction(None, Some(4.0)), None);
+    }
+
     #[test]
     fn server_limited_probes_are_not_loss() {
         let c = StreamCounts { sent: 100, received: 90, server_received: Some(90), server_limited: 10, ..Default::default() };
@@ -351,10 +437,19 @@ mod tests {
         ));
         let owd: Vec<(f64, Option<f64>)> = (0..500).map(|i| (i as f64 * 0.02, Some(0.2 + (i % 3) as f64 * 0.05))).collect();
         r.series.push(series("owd up voip", SeriesKind::Owd, Some("up"), owd.clone()));
-        r.series.push(series("owd down voip", SeriesKind::Owd, Some("down"), owd));
+        r.series.push(series("owd down voip", SeriesKind::Owd, Some("down"), owd.clone()));
+        r.metadata.clock_offset = Some(ClockOffset { offset_ms: 0.0, uncertainty_ms: 0.2, samples: 100, reference_s: 0.0, drift_ppm: None });
         let s = summarize(&r);
-        let v = s.voip.unwrap();
+        let v = s.voip.clone().unwrap();
         assert!(v.mos > 4.0 && v.mos <= 4.5, "{v:?}");
+        assert_eq!(v.delay_basis, "one-way p99");
+        // Offset too uncertain: half the idle round trip plus the added one-way delay.
+        r.metadata.clock_offset.as_mut().unwrap().uncertainty_ms = 20.0;
+        let rtt: Vec<(f64, Option<f64>)> = owd.iter().map(|(t, _)| (*t, Some(30.0))).collect();
+        r.series.push(series("rtt voip", SeriesKind::Latency, None, rtt));
+        let v2 = summarize(&r).voip.unwrap();
+        assert_eq!(v2.delay_basis, "idle rtt/2 + added one-way p99");
+        assert!((v2.mouth_to_ear_up_ms - (15.0 + 0.1 + VOIP_PACKETIZATION_MS)).abs() < 1e-9, "{v2:?}");
         assert!(s.jitter_ms.up.unwrap() > 0.0 && s.jitter_ms.up.unwrap() < 0.1);
         assert!(s.added_latency_ms.is_none() && s.grade.is_none());
     }

@@ -52,7 +52,7 @@ fn goodput_matches_the_htb_rate_in_each_direction() {
     let _g = serial();
     let Some(t) = topo("g", 1000) else { return };
     let _srv = t.server();
-    let down = measure(&t, &["tcp-down", "--flows", "4", "-l", "12", "--idle", "1"]);
+    let (down, down_file) = measure_file(&t, &["tcp-down", "--flows", "4", "-l", "12", "--idle", "1"]);
     let mbps = f(&down, "throughput_mbps.down");
     // Goodput is the TCP payload: 1448 of every 1514 bytes on the wire, 95.6% of the rate.
     assert!((mbps - DOWN_MBPS).abs() <= 0.1 * DOWN_MBPS, "tcp-down {mbps} Mbit/s vs HTB 20");
@@ -62,9 +62,33 @@ fn goodput_matches_the_htb_rate_in_each_direction() {
         assert!(flow["mbps"].as_f64().unwrap() > 0.1, "{flow}");
     }
 
-    let up = measure(&t, &["tcp-up", "--flows", "4", "-l", "12", "--idle", "1"]);
+    let (up, up_file) = measure_file(&t, &["tcp-up", "--flows", "4", "-l", "12", "--idle", "1"]);
     let mbps = f(&up, "throughput_mbps.up");
     assert!((mbps - UP_MBPS).abs() <= 0.1 * UP_MBPS, "tcp-up {mbps} Mbit/s vs HTB 5");
+
+    // The loaded direction's queue is the whole added round trip: its added one-way delay
+    // matches the added RTT (measured 23.4 vs 23.4 ms down, 265.1 vs 265.0 up with BBR), is no
+    // more than its FIFO can hold (0.6 s down, 2.4 s up), and the other direction, carrying only
+    // ACKs, adds nothing. No clock offset is involved.
+    for (s, dir, other, limit_s) in [(&down, "down", "up", fifo_delay_s(1000, DOWN_MBPS)), (&up, "up", "down", fifo_delay_s(1000, UP_MBPS))] {
+        let added = f(s, &format!("added_owd_ms.{dir}.p50"));
+        let rtt_added = f(s, "added_latency_ms");
+        assert!((added - rtt_added).abs() <= (0.05 * rtt_added).max(2.0), "{dir}: added one-way {added} ms, added RTT {rtt_added} ms");
+        assert!(added > 5.0 && added <= 1000.0 * limit_s + 20.0, "{dir}: added one-way {added} ms, FIFO holds {limit_s} s");
+        assert!(f(s, &format!("added_owd_ms.{other}.p50")) < 5.0, "{}", s["added_owd_ms"]);
+        assert_eq!(s["bloat_direction"], dir, "{}", s["added_owd_ms"]);
+    }
+    // Client and server read this machine's one monotonic clock (from different origins): the
+    // drift between them is 0, and the veths' round trips bound the offset to well under 1 ms.
+    for file in [&down_file, &up_file] {
+        let o = file.metadata.clock_offset.expect("a clock offset");
+        assert!(o.uncertainty_ms < 1.0, "{o:?}");
+        // The flows close with a reset, so the queues drain within the settling time (a graceful
+        // close left 150 ms round trips in the upload FIFO for all of it: the upload socket
+        // buffers kept sending after the load had ended).
+        let drift = o.drift_ppm.expect("the queues drained while settling: a drift estimate");
+        assert!(drift.abs() < 5.0, "one clock, yet a drift of {drift} ppm");
+    }
 }
 
 #[test]

@@ -92,6 +92,18 @@ impl Progress {
     }
 }
 
+/// The bloat direction in words: "the upload direction adds 290 ms".
+fn bloat_words(s: &Summary) -> Option<String> {
+    let p50 = |p: &Option<Percentiles>| p.map_or(0.0, |p| p.p50);
+    let (up, down) = (p50(&s.added_owd_ms.up), p50(&s.added_owd_ms.down));
+    Some(match s.bloat_direction.as_deref()? {
+        "up" => format!("the upload direction adds {}", ms(up)),
+        "down" => format!("the download direction adds {}", ms(down)),
+        "both" => format!("both directions add delay: upload {}, download {}", ms(up), ms(down)),
+        _ => "neither direction adds much delay".to_string(),
+    })
+}
+
 /// Milliseconds with a precision that suits their size.
 pub fn ms(v: f64) -> String {
     if v.abs() < 1.0 {
@@ -154,8 +166,22 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
             }
         }
     }
+    if let Some(why) = &l.owd_unavailable {
+        let _ = writeln!(out, "  one-way delays not shown: {why}");
+    }
     if let Some(o) = &meta.clock_offset {
-        let _ = writeln!(out, "  clock offset server-client {} +/- {}", ms(o.offset_ms), ms(o.uncertainty_ms));
+        let drift = o.drift_ppm.map_or(String::new(), |d| format!(", drift {d:+.1} ppm"));
+        let _ = writeln!(out, "  clock offset server-client {} +/- {}{drift}", ms(o.offset_ms), ms(o.uncertainty_ms));
+    }
+    let a = &s.added_owd_ms;
+    if s.added_latency_ms.is_some() && (a.up.is_some() || a.down.is_some()) {
+        let _ = writeln!(out, "Added one-way delay under load (above each direction's idle minimum)");
+        for line in [pct_line("upload direction", &a.up), pct_line("download direction", &a.down)].into_iter().flatten() {
+            let _ = writeln!(out, "{line}");
+        }
+        if let Some(verdict) = bloat_words(s) {
+            let _ = writeln!(out, "  {verdict}");
+        }
     }
     let j = &s.jitter_ms;
     if j.up.is_some() || j.down.is_some() {

@@ -36,13 +36,18 @@ enum PingPath {
     Direct(Mutex<TcpStream>),
     /// Upload flows: the ping joins the data the writer thread is queueing.
     Queued(mpsc::Sender<u64>),
+    /// The flow has stopped (its socket copy is closed).
+    Closed,
 }
 
 pub struct FlowConn {
     pub flow: Flow,
     /// Congestion control of the sending socket (ours for upload, the server's for download).
     pub cc: Option<String>,
-    stream: TcpStream,
+    /// `None` once stopped: the socket is closed then, abortively.
+    stream: Option<TcpStream>,
+    /// Retransmissions counted when the flow stopped (upload).
+    final_retransmits: Option<u32>,
     received: Arc<AtomicU64>,
     acked_base: u64,
     ping_path: PingPath,
@@ -142,14 +147,17 @@ impl FlowConn {
         } else {
             PingPath::Direct(Mutex::new(stream.try_clone().map_err(MeasureError::io("flow socket"))?))
         };
-        Ok(FlowConn { flow, cc, stream, received, acked_base, ping_path, stop, broken, threads, samples: Vec::new(), last_bytes: 0, started: 0.0, last_sample: 0.0, failed: false })
+        Ok(FlowConn { flow, cc, stream: Some(stream), final_retransmits: None, received, acked_base, ping_path, stop, broken, threads, samples: Vec::new(), last_bytes: 0, started: 0.0, last_sample: 0.0, failed: false })
     }
 
     /// Goodput bytes so far: read by us (download) or acknowledged by the server (upload).
     pub fn bytes(&self) -> u64 {
         match self.flow.spec.direction {
             Direction::Down => self.received.load(Ordering::Relaxed),
-            Direction::Up => netio::tcp_info(&self.stream).map(|i| i.bytes_acked.saturating_sub(self.acked_base)).unwrap_or(self.last_bytes),
+            Direction::Up => match &self.stream {
+                Some(s) => netio::tcp_info(s).map(|i| i.bytes_acked.saturating_sub(self.acked_base)).unwrap_or(self.last_bytes),
+                None => self.last_bytes,
+            },
         }
     }
 
@@ -179,7 +187,14 @@ impl FlowConn {
     }
 
     pub fn retransmits(&self) -> Option<u32> {
-        (self.flow.spec.direction == Direction::Up).then(|| netio::tcp_info(&self.stream).ok().map(|i| i.total_retrans)).flatten()
+        match &self.stream {
+            Some(s) => self.retransmits_of(s),
+            None => self.final_retransmits,
+        }
+    }
+
+    fn retransmits_of(&self, s: &TcpStream) -> Option<u32> {
+        (self.flow.spec.direction == Direction::Up).then(|| netio::tcp_info(s).ok().map(|i| i.total_retrans)).flatten()
     }
 
     pub fn ping(&self, id: u64, log: &PingLog) {
@@ -191,15 +206,25 @@ impl FlowConn {
             PingPath::Queued(tx) => {
                 let _ = tx.send(id);
             }
+            PingPath::Closed => {}
         }
     }
 
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        // The load ends now: a graceful close would still send (or, for a download, make the
+        // server send) what fills the socket buffers, megabytes that keep the queues full for
+        // seconds after the load phase. Linger 0 makes the close a reset that discards them.
+        let Some(stream) = self.stream.take() else { return };
+        self.final_retransmits = self.retransmits_of(&stream);
+        let _ = socket2::SockRef::from(&stream).set_linger(Some(std::time::Duration::ZERO));
+        let _ = stream.shutdown(std::net::Shutdown::Both);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        // The last copies of the socket: closing them sends the reset.
+        self.ping_path = PingPath::Closed;
+        drop(stream);
     }
 }
 

@@ -51,6 +51,8 @@ pub struct Load {
     opened_rx: mpsc::Receiver<Opened>,
     pub flows: Vec<FlowConn>,
     pub failures: Vec<Failure>,
+    /// The load has ended: flows still in their handshake are closed when they arrive.
+    stopped: bool,
 }
 
 impl Load {
@@ -69,12 +71,13 @@ impl Load {
             opened_rx,
             flows: Vec::new(),
             failures: Vec::new(),
+            stopped: false,
         }
     }
 
     /// Seconds into the load phase at which the next planned flow is due, if any.
     pub fn next_due(&self) -> Option<f64> {
-        if self.ramp.as_ref().is_some_and(|r| !r.open) {
+        if self.stopped || self.ramp.as_ref().is_some_and(|r| !r.open) {
             return None;
         }
         self.pending.first().map(|f| f.start_after)
@@ -84,7 +87,7 @@ impl Load {
     /// `t` is seconds since the test started, for failure reports.
     pub fn open_due(&mut self, load_t: f64, t: f64) {
         let due = self.pending.iter().take_while(|f| f.start_after <= load_t).count();
-        if due == 0 {
+        if due == 0 || self.stopped {
             return;
         }
         if !self.flows.is_empty() {
@@ -119,6 +122,8 @@ impl Load {
         while let Ok((flow, r)) = self.opened_rx.try_recv() {
             self.opening -= 1;
             match r {
+                // Dropping it closes it.
+                Ok(_) if self.stopped => {}
                 Ok(mut c) => {
                     c.started = t;
                     c.last_sample = t;
@@ -137,6 +142,9 @@ impl Load {
     /// Records a throughput sample at `t` for every running flow, and reports flows whose
     /// connection broke since the last call (they keep the samples they had).
     pub fn sample(&mut self, t: f64) {
+        if self.stopped {
+            return;
+        }
         for f in self.flows.iter_mut() {
             if f.failed {
                 continue;
@@ -167,7 +175,10 @@ impl Load {
         (!live.is_empty()).then(|| live[(n % live.len() as u64) as usize])
     }
 
+    /// Ends the load: closes every flow; nothing opens or is sampled after this.
     pub fn stop(&mut self) {
+        self.stopped = true;
+        self.pending.clear();
         for f in self.flows.iter_mut() {
             f.stop();
         }

@@ -84,6 +84,8 @@ pub struct Plan {
     pub idle: f64,
     /// Load phase length (0 for tests without load).
     pub load: f64,
+    /// After the load: probes only, while queues drain, for a second clock estimate (drift).
+    pub settle: f64,
     pub flows: Vec<Flow>,
     pub streams: Vec<Stream>,
     /// Interval of new-connection probes (TCP connect RTT, RPM foreign probes).
@@ -94,6 +96,11 @@ pub struct Plan {
 
 impl Plan {
     pub fn total(&self) -> f64 {
+        self.idle + self.load + self.settle
+    }
+
+    /// Seconds from the test start at which the load ends (and settling begins).
+    pub fn load_end(&self) -> f64 {
         self.idle + self.load
     }
 }
@@ -106,6 +113,9 @@ pub const VOIP_SIZE: u16 = 172;
 pub const RPM_MAX_CONNECTIONS: u16 = 16;
 /// RPM: one new load connection per direction each this many seconds (the draft's ID).
 pub const RPM_RAMP_INTERVAL: f64 = 1.0;
+/// Probes after the load, for the second clock estimate: long enough for the fastest third of
+/// them to find drained queues (a 1000-packet FIFO at 20 Mbit/s drains in 0.6 s).
+pub const SETTLE_S: f64 = 2.0;
 
 pub fn plan(p: &Params) -> Plan {
     let step_us = (p.step * 1e6).round() as u32;
@@ -174,7 +184,8 @@ pub fn plan(p: &Params) -> Plan {
             loaded = Some(Duration::from_millis(100));
         }
     }
-    Plan { idle, load, flows, streams, connect_probe_interval: connect, loaded_probe_interval: loaded }
+    let settle = if load > 0.0 { SETTLE_S } else { 0.0 };
+    Plan { idle, load, settle, flows, streams, connect_probe_interval: connect, loaded_probe_interval: loaded }
 }
 
 #[cfg(test)]
@@ -193,7 +204,7 @@ mod tests {
         assert_eq!(names[..4], ["tcp down 1 BE", "tcp down 2 BK", "tcp down 3 CS5", "tcp down 4 EF"]);
         assert_eq!(names[4], "tcp up 5 BE");
         assert_eq!(p.streams.iter().map(|s| s.spec.dscp).collect::<Vec<_>>(), [0, 46, 8]);
-        assert_eq!((p.idle, p.load, p.total()), (5.0, 30.0, 35.0));
+        assert_eq!((p.idle, p.load, p.settle, p.total()), (5.0, 30.0, 2.0, 37.0));
         assert!(plan(&params(TestKind::RrulBe)).flows.iter().all(|f| f.spec.dscp == 0));
     }
 
@@ -211,7 +222,7 @@ mod tests {
         assert_eq!(plan(&params(TestKind::TcpBidir)).flows.len(), 8);
         assert!(plan(&params(TestKind::TcpUp)).flows.iter().all(|f| f.spec.direction == Direction::Up));
         let p = plan(&params(TestKind::Ping));
-        assert_eq!((p.idle, p.load), (30.0, 0.0));
+        assert_eq!((p.idle, p.load, p.total()), (30.0, 0.0, 30.0));
         assert!(p.connect_probe_interval.is_some());
     }
 

@@ -16,6 +16,8 @@ pub struct Live<'a> {
     pub t0: u64,
     pub now: u64,
     pub idle_end: f64,
+    /// Seconds from the start at which the load ended and settling began, if the test has load.
+    pub settle_start: Option<f64>,
     pub flows: &'a [FlowConn],
     pub failures: &'a [Failure],
     pub probes: &'a [ProbeStream],
@@ -39,22 +41,24 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
     let mut result = ResultFile::new(meta.clone());
     result.partial = !live.finished;
 
-    // Clock offset from the idle phase's echoes when there are enough, else from all of them.
+    // Clock offset from the idle phase's echoes when there are enough, else from all of them;
+    // drift from a second estimate over the settling after the load.
     let logs: Vec<_> = live.probes.iter().map(|p| p.log.lock().unwrap()).collect();
-    let echoes = |idle_only: bool| -> Vec<Echo> {
+    let echoes = |keep: &dyn Fn(f64) -> bool| -> Vec<Echo> {
         logs.iter()
             .flat_map(|l| l.recs.iter())
-            .filter(|r| !idle_only || secs(live.t0, r.t1) <= live.idle_end)
+            .filter(|r| keep(secs(live.t0, r.t1)))
             .filter_map(|r| r.reply.map(|(t2, t3, t4)| Echo { t1: r.t1, t2, t3, t4 }))
             .collect()
     };
-    let mut e = echoes(true);
-    if e.len() < 10 {
-        e = echoes(false);
+    let mut before = echoes(&|t| t <= live.idle_end);
+    if before.len() < 10 {
+        before = echoes(&|_| true);
     }
-    let offset = clock::estimate(&e);
+    let after = live.settle_start.map(|s| echoes(&|t| t >= s)).unwrap_or_default();
+    let offset = clock::estimate_with_drift(&before, &after, live.t0);
     result.metadata.clock_offset = offset;
-    let off_ns = offset.map_or(0.0, |o| o.offset_ms * 1e6);
+    let off_ns = |t: f64| offset.map_or(0.0, |o| o.at(t) * 1e6);
 
     for flow in live.flows {
         result.series.push(Series {
@@ -82,8 +86,9 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
                     received += 1;
                     let e = Echo { t1: r.t1, t2, t3, t4 };
                     rtt.push((t, Some(e.rtt_ns() as f64 / 1e6)));
-                    up.push((t, Some((t2 as f64 - off_ns - r.t1 as f64) / 1e6)));
-                    down.push((t, Some((t4 as f64 - (t3 as f64 - off_ns)) / 1e6)));
+                    let off = off_ns(t);
+                    up.push((t, Some((t2 as f64 - off - r.t1 as f64) / 1e6)));
+                    down.push((t, Some((t4 as f64 - (t3 as f64 - off)) / 1e6)));
                 }
                 None => {
                     rtt.push((t, None));

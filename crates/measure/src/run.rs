@@ -195,8 +195,12 @@ impl Test<'_> {
                 return Ended::ServerLost("the server closed the control connection".into());
             }
             let load_t = t - self.plan.idle;
-            if load_t >= 0.0 {
+            let loading = load_t >= 0.0 && t < self.plan.load_end();
+            if loading {
                 self.load.open_due(load_t, t);
+            } else if t >= self.plan.load_end() && self.plan.load > 0.0 {
+                // Settling: the queues drain while the probes go on (second clock estimate).
+                self.load.stop();
             }
             self.load.take_opened(t);
             if t >= next_sample {
@@ -207,7 +211,7 @@ impl Test<'_> {
                 }
             }
             if let Some(iv) = self.plan.loaded_probe_interval {
-                if load_t >= 0.0 && t >= next_ping {
+                if loading && t >= next_ping {
                     if let Some(f) = self.load.running(ping_id + 1) {
                         ping_id += 1;
                         f.ping(ping_id, &self.pings);
@@ -242,10 +246,16 @@ impl Test<'_> {
             let l = p.log.lock().unwrap();
             l.recs.iter().rev().find_map(|r| r.reply.map(|(t2, t3, t4)| ((t4 - r.t1) - (t3 - t2)) as f64 / 1e6))
         });
-        let loading = t >= self.plan.idle && self.plan.load > 0.0;
+        let phase = if t < self.plan.idle || self.plan.load == 0.0 {
+            "idle"
+        } else if t < self.plan.load_end() {
+            "load"
+        } else {
+            "settle"
+        };
         Status {
             test: self.params.test.name(),
-            phase: if loading { "load" } else { "idle" },
+            phase,
             elapsed: t,
             total: self.plan.total(),
             down_mbps: self.load.recent_mbps(Direction::Down, t, 0.5),
@@ -260,7 +270,8 @@ impl Test<'_> {
         let mut meta = self.meta.clone();
         let mut phases = vec![Phase { name: "idle".into(), start: 0.0, end: self.plan.idle }];
         if self.plan.load > 0.0 {
-            phases.push(Phase { name: "load".into(), start: self.plan.idle, end: self.plan.total() });
+            phases.push(Phase { name: "load".into(), start: self.plan.idle, end: self.plan.load_end() });
+            phases.push(Phase { name: "settle".into(), start: self.plan.load_end(), end: self.plan.total() });
         }
         meta.phases = cut_phases(&phases, t);
         meta.params["load_connections"] = self.load.flows.len().into();
@@ -271,6 +282,7 @@ impl Test<'_> {
                 t0: self.t0,
                 now: netio::mono_ns(),
                 idle_end: self.plan.idle,
+                settle_start: (self.plan.settle > 0.0).then(|| self.plan.load_end()),
                 flows: &self.load.flows,
                 failures: &self.load.failures,
                 probes: &self.probes,

@@ -69,6 +69,20 @@ pub struct ClockOffset {
     /// Half the round trip of the probes it came from: the true offset lies within +/- this.
     pub uncertainty_ms: f64,
     pub samples: usize,
+    /// Seconds from the test start at which `offset_ms` holds.
+    #[serde(default)]
+    pub reference_s: f64,
+    /// How fast the offset changes, parts per million (server clock rate minus client's), from a
+    /// second estimate after the load; `None` when there was none or its queues had not drained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift_ppm: Option<f64>,
+}
+
+impl ClockOffset {
+    /// The offset at `t` seconds from the test start, ms (drift applied when known).
+    pub fn at(&self, t: f64) -> f64 {
+        self.offset_ms + self.drift_ppm.unwrap_or(0.0) * 1e-6 * (t - self.reference_s) * 1e3
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -54,9 +54,12 @@ pub struct Latency {
     pub idle: Option<Percentiles>,
     /// Round-trip times of UDP probes during the load phase (after its ramp-up).
     pub loaded: Option<Percentiles>,
-    /// One-way delays under load, per direction (clock-offset corrected).
+    /// One-way delays under load, per direction (clock-offset corrected); only when the offset
+    /// is known within the README's bound, else `null` and `owd_unavailable` says why.
     pub loaded_owd: DirectionLatency,
     pub idle_owd: DirectionLatency,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owd_unavailable: Option<String>,
     /// Round trips of fresh TCP connections (connect time), as httping measures.
     pub tcp_connect: Option<Percentiles>,
     pub per_stream: Vec<StreamLatency>,
@@ -81,7 +84,7 @@ pub struct Jitter {
     pub down: Option<f64>,
 }
 
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Voip {
     /// ITU-T G.107 transmission rating R and the MOS it maps to, per direction.
     pub r_up: f64,
@@ -93,6 +96,10 @@ pub struct Voip {
     /// Mouth-to-ear delay the E-model was given, ms.
     pub mouth_to_ear_up_ms: f64,
     pub mouth_to_ear_down_ms: f64,
+    /// Where the network part of it came from: "one-way p99" or, when the clock offset is too
+    /// uncertain, "idle rtt/2 + added one-way p99".
+    #[serde(default)]
+    pub delay_basis: String,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -118,6 +125,13 @@ pub struct Summary {
     pub latency_ms: Latency,
     /// Loaded p50 minus idle p50 round trip, ms.
     pub added_latency_ms: Option<f64>,
+    /// One-way delay above that direction's idle minimum, over the loaded window (no clock
+    /// offset needed, drift corrected when known).
+    #[serde(default)]
+    pub added_owd_ms: DirectionLatency,
+    /// Which direction's queue adds the delay: "up", "down", "both" or "none" (rule in the README).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bloat_direction: Option<String>,
     /// A+ .. F for the added latency (thresholds in the README).
     pub grade: Option<String>,
     pub loss: Loss,
