@@ -179,6 +179,8 @@ pub fn summarize(result: &ResultFile) -> Summary {
     }
 
     s.loss = loss(&result.metadata.streams);
+    s.loss.idle_percent = probe_loss_in(result, idle);
+    s.loss.load_percent = probe_loss_in(result, phase_window(result, "load"));
 
     // Jitter and VoIP quality come from the call stream when there is one, else the first probe
     // stream.
@@ -206,10 +208,16 @@ pub fn summarize(result: &ResultFile) -> Summary {
                 (Err(_), None) => None,
             };
             let delay_basis = if owd_known.is_ok() { "one-way p99" } else { "idle rtt/2 + added one-way p99" };
-            if let (Some(u), Some(d)) = (p99("up"), p99("down")) {
+            // Each direction's share of the call's network loss, from the server's counts.
+            let share = |dir_loss: Option<f64>| match (up_loss, down_loss) {
+                (Some(u), Some(d)) if u + d > 0.0 => dir_loss.unwrap_or(0.0) / (u + d),
+                _ => if total_loss > 0.0 { 1.0 } else { 0.0 },
+            };
+            let heard = |dir: &str, dir_loss| owd(dir).map(|x| call_as_heard(x, w, share(dir_loss)));
+            if let (Some(u), Some(d), Some((loss_u, burst_u)), Some((loss_d, burst_d))) = (p99("up"), p99("down"), heard("up", up_loss), heard("down", down_loss)) {
                 let (mu, md) = (u + VOIP_PACKETIZATION_MS, d + VOIP_PACKETIZATION_MS);
-                let r_up = emodel::r_factor(mu, up_loss.unwrap_or(total_loss));
-                let r_down = emodel::r_factor(md, down_loss.unwrap_or(total_loss));
+                let r_up = emodel::r_factor(mu, loss_u, burst_u);
+                let r_down = emodel::r_factor(md, loss_d, burst_d);
                 let (mos_up, mos_down) = (emodel::mos(r_up), emodel::mos(r_down));
                 s.voip = Some(Voip {
                     r_up,
@@ -220,6 +228,10 @@ pub fn summarize(result: &ResultFile) -> Summary {
                     mouth_to_ear_up_ms: mu,
                     mouth_to_ear_down_ms: md,
                     delay_basis: delay_basis.into(),
+                    loss_up_percent: loss_u,
+                    loss_down_percent: loss_d,
+                    burst_r_up: burst_u,
+                    burst_r_down: burst_d,
                 });
             }
         }
@@ -227,6 +239,33 @@ pub fn summarize(result: &ResultFile) -> Summary {
 
     s.rpm = rpm_summary(result, idle, load);
     s
+}
+
+/// The call in one direction as its listener hears it, over `w` only: (loss percent, BurstR).
+/// A packet is lost when its round trip was (counted at `share`, this direction's part of the
+/// call's network loss) or when it came later than the jitter buffer, sized for 99 % of the
+/// delays (the mouth-to-ear rule), allows; BurstR comes from that sequence of losses.
+fn call_as_heard(owd: &Series, w: Window, share: f64) -> (f64, f64) {
+    let in_window: Vec<Option<f64>> = owd.samples.iter().filter(|(t, _)| w.contains(*t)).map(|(_, v)| *v).collect();
+    let buffer = stats::percentiles(in_window.iter().flatten().copied().collect::<Vec<_>>()).map_or(f64::INFINITY, |p| p.p99);
+    let n = in_window.len().max(1) as f64;
+    let network = in_window.iter().filter(|v| v.is_none()).count() as f64;
+    let late = in_window.iter().flatten().filter(|&&v| v > buffer).count() as f64;
+    let sequence: Vec<bool> = in_window.iter().map(|v| v.is_none_or(|v| v > buffer)).collect();
+    (100.0 * (network * share + late) / n, emodel::burst_r(&sequence))
+}
+
+/// Round-trip loss of the probes sent in `w`, percent.
+fn probe_loss_in(result: &ResultFile, w: Option<Window>) -> Option<f64> {
+    let w = w?;
+    let (mut sent, mut lost) = (0u64, 0u64);
+    for series in named(result, "rtt ") {
+        for (_, v) in series.samples.iter().filter(|(t, _)| w.contains(*t)) {
+            sent += 1;
+            lost += u64::from(v.is_none());
+        }
+    }
+    (sent > 0).then(|| 100.0 * lost as f64 / sent as f64)
 }
 
 /// (sent that the server did not decline, lost, percent) of one stream.
@@ -410,6 +449,44 @@ mod tests {
         let s = summarize(&r);
         assert_eq!(s.latency_ms.loaded_owd.up.unwrap().p50, 410.8);
         assert!(s.latency_ms.owd_unavailable.is_none());
+    }
+
+    /// The call as heard: losses outside the evaluated window do not count, a burst inside it
+    /// raises BurstR, and the 1 % of packets beyond the p99 jitter buffer count as lost.
+    #[test]
+    fn voip_loss_is_the_calls_own_in_its_window_with_late_packets_and_bursts() {
+        let owd: Series = series(
+            "owd up voip",
+            SeriesKind::Owd,
+            Some("up"),
+            (0..1000)
+                .map(|i| {
+                    let t = i as f64 * 0.02; // 20 s call, window 10-20 s
+                    let lost = (100..150).contains(&i) || (700..720).contains(&i);
+                    (t, (!lost).then_some(10.0 + (i % 100) as f64 * 0.1))
+                })
+                .collect(),
+        );
+        let w = Window { start: 10.0, end: 20.0 };
+        let (loss, burst) = call_as_heard(&owd, w, 1.0);
+        // 20 of 500 lost in the window (the 50 lost before it do not count), plus the 1 % late.
+        let late = 100.0 * 5.0 / 500.0;
+        assert!((loss - (4.0 + late)).abs() < 0.5, "{loss} %");
+        assert!(burst > 5.0, "one run of 20 losses is bursty: BurstR {burst}");
+        assert!(emodel::ie_eff(loss, burst) > emodel::ie_eff(loss, 1.0));
+    }
+
+    #[test]
+    fn loss_is_reported_per_phase() {
+        let mut r = bloated();
+        for (t, v) in r.series[0].samples.iter_mut() {
+            if *t >= 10.0 && *t < 11.0 {
+                *v = None; // 100 of the load phase's 1000 probes
+            }
+        }
+        let s = summarize(&r);
+        assert_eq!(s.loss.idle_percent, Some(0.0));
+        assert!((s.loss.load_percent.unwrap() - 10.0).abs() < 0.2, "{:?}", s.loss.load_percent);
     }
 
     #[test]

@@ -193,6 +193,9 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
     if let (Some(u), Some(d)) = (lo.up_percent, lo.down_percent) {
         let _ = write!(out, " (up {u:.2}%, down {d:.2}%)");
     }
+    if let (Some(i), Some(l)) = (lo.idle_percent, lo.load_percent) {
+        let _ = write!(out, "; idle {i:.2}%, under load {l:.2}%");
+    }
     if lo.server_limited > 0 {
         let _ = write!(out, "; {} declined by the server's rate limit, not counted", lo.server_limited);
     }
@@ -203,8 +206,9 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
     if let Some(v) = &s.voip {
         let _ = writeln!(
             out,
-            "VoIP (G.107 E-model)    MOS {:.2}  (up {:.2}, R {:.1}; down {:.2}, R {:.1}; mouth-to-ear {} / {})",
-            v.mos, v.mos_up, v.r_up, v.mos_down, v.r_down, ms(v.mouth_to_ear_up_ms), ms(v.mouth_to_ear_down_ms)
+            "VoIP (G.107 E-model)    MOS {:.2}  (up {:.2}, R {:.1}; down {:.2}, R {:.1}; mouth-to-ear {} / {}, {}; loss {:.2}% / {:.2}% with late packets, BurstR {:.2} / {:.2})",
+            v.mos, v.mos_up, v.r_up, v.mos_down, v.r_down, ms(v.mouth_to_ear_up_ms), ms(v.mouth_to_ear_down_ms), v.delay_basis,
+            v.loss_up_percent, v.loss_down_percent, v.burst_r_up, v.burst_r_down
         );
     }
     if let Some(r) = &s.rpm {

@@ -115,7 +115,8 @@ impl RunView {
             if let Some(p) = load {
                 cdf_values.extend(values_in(&s.samples, p.start, p.end));
             }
-            for p in &r.metadata.phases {
+            // Settling after the load only serves the clock estimate: no box of its own.
+            for p in r.metadata.phases.iter().filter(|p| p.name != "settle") {
                 let values = values_in(&s.samples, p.start, p.end);
                 let samples = values.len();
                 if let Some(five) = five_numbers(values) {

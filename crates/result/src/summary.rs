@@ -75,6 +75,11 @@ pub struct Loss {
     pub down_percent: Option<f64>,
     /// Probes the server declined by its own rate limit: not counted as loss.
     pub server_limited: u64,
+    /// Round-trip loss of the probes sent in each phase (whole phases), percent.
+    #[serde(default)]
+    pub idle_percent: Option<f64>,
+    #[serde(default)]
+    pub load_percent: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -100,6 +105,17 @@ pub struct Voip {
     /// uncertain, "idle rtt/2 + added one-way p99".
     #[serde(default)]
     pub delay_basis: String,
+    /// Packet loss the E-model was given per direction, percent: the call's network loss in the
+    /// evaluated window plus packets later than the jitter buffer (the 1 % beyond p99).
+    #[serde(default)]
+    pub loss_up_percent: f64,
+    #[serde(default)]
+    pub loss_down_percent: f64,
+    /// G.107 BurstR of those losses per direction (1 = random).
+    #[serde(default)]
+    pub burst_r_up: f64,
+    #[serde(default)]
+    pub burst_r_down: f64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
