@@ -60,7 +60,7 @@ fn flate2_read(gz: &[u8], out: &mut Vec<u8>) {
 fn ipv6_bracket_form_works() {
     let _g = serial();
     if UdpSocket::bind("[::1]:0").is_err() {
-        return skip("no IPv6 loopback on this machine");
+        return missing("no IPv6 loopback on this machine");
     }
     let srv = ServerProc::start(&[], "[::1]:0", &["-q"]);
     let out = run(&[], &["test", "ping", &srv.addr, "-l", "1", "--json", "-q", "-o", tmp_path("v6.json").to_str().unwrap()]);

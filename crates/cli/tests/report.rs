@@ -43,7 +43,7 @@ fn html_report_renders_every_chart_in_headless_chromium() {
     let text = std::fs::read_to_string(&html).unwrap();
     assert!(!text.contains("src=\"http") && !text.contains("cdn."), "the report must open offline");
     if !have("chromium") {
-        return skip("chromium is not installed (apt-get install chromium)");
+        return missing("chromium is not installed (apt-get install chromium)");
     }
     let url = format!("file://{}", html.display());
     let common = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=10000"];
@@ -111,7 +111,7 @@ fn flent_reads_our_export_and_agrees_on_the_numbers() {
     let samples: usize = r.series.iter().map(|s| s.samples.len()).sum();
     assert_eq!(std::fs::read_to_string(&csv).unwrap().lines().count(), samples + 1);
     if !have("flent") {
-        return skip("flent is not installed (apt-get install flent)");
+        return missing("flent is not installed (apt-get install flent)");
     }
     let o = Command::new("flent").args(["-i", out.to_str().unwrap(), "-f", "summary"]).output().unwrap();
     let text = String::from_utf8_lossy(&o.stdout);
