@@ -12,6 +12,27 @@ pub fn quantile_sorted(sorted: &[f64], q: f64) -> f64 {
     sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
 }
 
+/// Mean rate over `from..to` of rate samples `(t, rate)` sorted by time, each covering the time
+/// since the previous sample (the first, since `first_from`); a missing rate counts as 0. Only
+/// the samples reaching into the window are read.
+pub fn rate_over(samples: &[(f64, Option<f64>)], first_from: f64, from: f64, to: f64) -> f64 {
+    let len = to - from;
+    if len <= 0.0 {
+        return 0.0;
+    }
+    let first = samples.partition_point(|s| s.0 <= from);
+    let mut prev = if first == 0 { first_from } else { samples[first - 1].0 };
+    let mut area = 0.0;
+    for &(t, v) in &samples[first..] {
+        if prev >= to {
+            break;
+        }
+        area += v.unwrap_or(0.0) * (t.min(to) - prev.max(from)).max(0.0);
+        prev = t;
+    }
+    area / len
+}
+
 /// p50/p90/p99, min, max and mean; `None` for no samples. NaNs are ignored.
 pub fn percentiles(values: impl IntoIterator<Item = f64>) -> Option<Percentiles> {
     let mut v: Vec<f64> = values.into_iter().filter(|x| !x.is_nan()).collect();

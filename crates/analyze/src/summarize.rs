@@ -91,17 +91,7 @@ fn flows_started(result: &ResultFile, phase: Window) -> f64 {
 /// one `step` before it).
 fn mean_rate(s: &Series, w: Window, start: Option<f64>, step: f64) -> f64 {
     let Some(first) = s.samples.first() else { return 0.0 };
-    let mut prev = start.unwrap_or(first.0 - step);
-    let mut bits = 0.0;
-    for &(t, v) in &s.samples {
-        let covered = t.min(w.end) - prev.max(w.start);
-        if covered > 0.0 {
-            bits += v.unwrap_or(0.0) * covered;
-        }
-        prev = t;
-    }
-    let len = w.end - w.start;
-    if len > 0.0 { bits / len } else { 0.0 }
+    stats::rate_over(&s.samples, start.unwrap_or(first.0 - step), w.start, w.end)
 }
 
 pub fn summarize(result: &ResultFile) -> Summary {
@@ -199,22 +189,26 @@ pub fn summarize(result: &ResultFile) -> Summary {
             let counts = result.metadata.streams.iter().find(|c| c.name == "voip");
             let (up_loss, down_loss) = counts.map(direction_loss).unwrap_or((None, None));
             let total_loss = counts.map(|c| stream_loss(c).2).unwrap_or(0.0);
-            // The network delay: the one-way p99 when the offset is known; else half the idle
-            // round trip plus that direction's added one-way p99.
-            let half_rtt = s.latency_ms.idle.map(|p| p.p50 / 2.0);
-            let p99 = |dir: &str| match (&owd_known, idle) {
-                (Ok(()), _) => owd(dir).and_then(|x| stats::percentiles(values(x, w).collect::<Vec<_>>())).map(|p| p.p99),
-                (Err(_), Some(base)) => Some(half_rtt? + added_owd(result, &format!("owd {dir} {name}"), base, w)?.p99),
-                (Err(_), None) => None,
-            };
-            let delay_basis = if owd_known.is_ok() { "one-way p99" } else { "idle rtt/2 + added one-way p99" };
             // Each direction's share of the call's network loss, from the server's counts.
             let share = |dir_loss: Option<f64>| match (up_loss, down_loss) {
                 (Some(u), Some(d)) if u + d > 0.0 => dir_loss.unwrap_or(0.0) / (u + d),
                 _ => if total_loss > 0.0 { 1.0 } else { 0.0 },
             };
-            let heard = |dir: &str, dir_loss| owd(dir).map(|x| call_as_heard(x, w, share(dir_loss)));
-            if let (Some(u), Some(d), Some((loss_u, burst_u)), Some((loss_d, burst_d))) = (p99("up"), p99("down"), heard("up", up_loss), heard("down", down_loss)) {
+            // The network delay is the jitter buffer's depth, the one-way p99, when the offset is
+            // known; else half the idle round trip plus that direction's added one-way p99 (the
+            // p99 above the direction's idle minimum).
+            let half_rtt = s.latency_ms.idle.map(|p| p.p50 / 2.0);
+            let heard = |dir: &str, dir_loss| {
+                let x = owd(dir)?;
+                let call = call_as_heard(x, w, share(dir_loss))?;
+                let delay = match owd_known {
+                    Ok(()) => call.buffer,
+                    Err(_) => half_rtt? + call.buffer - values(x, idle?).reduce(f64::min)?,
+                };
+                Some((delay, call.loss, call.burst_r))
+            };
+            let delay_basis = if owd_known.is_ok() { "one-way p99" } else { "idle rtt/2 + added one-way p99" };
+            if let (Some((u, loss_u, burst_u)), Some((d, loss_d, burst_d))) = (heard("up", up_loss), heard("down", down_loss)) {
                 let (mu, md) = (u + VOIP_PACKETIZATION_MS, d + VOIP_PACKETIZATION_MS);
                 let r_up = emodel::r_factor(mu, loss_u, burst_u);
                 let r_down = emodel::r_factor(md, loss_d, burst_d);
@@ -241,18 +235,26 @@ pub fn summarize(result: &ResultFile) -> Summary {
     s
 }
 
-/// The call in one direction as its listener hears it, over `w` only: (loss percent, BurstR).
+/// One direction of the call as its listener hears it over `w`.
+struct HeardCall {
+    /// The jitter buffer's depth: the p99 of the one-way delays (the mouth-to-ear rule).
+    buffer: f64,
+    /// Percent of packets lost or later than the buffer allows.
+    loss: f64,
+    burst_r: f64,
+}
+
 /// A packet is lost when its round trip was (counted at `share`, this direction's part of the
-/// call's network loss) or when it came later than the jitter buffer, sized for 99 % of the
-/// delays (the mouth-to-ear rule), allows; BurstR comes from that sequence of losses.
-fn call_as_heard(owd: &Series, w: Window, share: f64) -> (f64, f64) {
+/// call's network loss) or when it came later than the jitter buffer allows; BurstR comes from
+/// that sequence of losses. `None` when no packet of the window arrived.
+fn call_as_heard(owd: &Series, w: Window, share: f64) -> Option<HeardCall> {
     let in_window: Vec<Option<f64>> = owd.samples.iter().filter(|(t, _)| w.contains(*t)).map(|(_, v)| *v).collect();
-    let buffer = stats::percentiles(in_window.iter().flatten().copied().collect::<Vec<_>>()).map_or(f64::INFINITY, |p| p.p99);
-    let n = in_window.len().max(1) as f64;
+    let buffer = stats::percentiles(in_window.iter().flatten().copied())?.p99;
+    let n = in_window.len() as f64;
     let network = in_window.iter().filter(|v| v.is_none()).count() as f64;
     let late = in_window.iter().flatten().filter(|&&v| v > buffer).count() as f64;
     let sequence: Vec<bool> = in_window.iter().map(|v| v.is_none_or(|v| v > buffer)).collect();
-    (100.0 * (network * share + late) / n, emodel::burst_r(&sequence))
+    Some(HeardCall { buffer, loss: 100.0 * (network * share + late) / n, burst_r: emodel::burst_r(&sequence) })
 }
 
 /// Round-trip loss of the probes sent in `w`, percent.
@@ -468,7 +470,8 @@ mod tests {
                 .collect(),
         );
         let w = Window { start: 10.0, end: 20.0 };
-        let (loss, burst) = call_as_heard(&owd, w, 1.0);
+        let call = call_as_heard(&owd, w, 1.0).unwrap();
+        let (loss, burst) = (call.loss, call.burst_r);
         // 20 of 500 lost in the window (the 50 lost before it do not count), plus the 1 % late.
         let late = 100.0 * 5.0 / 500.0;
         assert!((loss - (4.0 + late)).abs() < 0.5, "{loss} %");

@@ -173,17 +173,7 @@ impl FlowConn {
 
     /// Mean goodput over the `secs` seconds before `t` (samples weighted by the time they cover).
     pub fn recent_mbps(&self, t: f64, secs: f64) -> f64 {
-        let from = t - secs;
-        let mut prev = self.started;
-        let mut bits = 0.0;
-        for &(st, v) in &self.samples {
-            let covered = st - prev.max(from);
-            if covered > 0.0 {
-                bits += v.unwrap_or(0.0) * covered;
-            }
-            prev = st;
-        }
-        bits / secs
+        bloatlab_analyze::stats::rate_over(&self.samples, self.started, t - secs, t)
     }
 
     pub fn retransmits(&self) -> Option<u32> {

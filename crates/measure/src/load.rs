@@ -37,7 +37,8 @@ impl Ramp {
     }
 }
 
-type Opened = (plan::Flow, Result<FlowConn, String>);
+/// A flow's name and how its opening went.
+type Opened = (String, Result<FlowConn, String>);
 
 pub struct Load {
     addr: SocketAddr,
@@ -102,13 +103,11 @@ impl Load {
         for flow in self.pending.drain(..due).collect::<Vec<_>>() {
             let (addr, token, pings, tx) = (self.addr, self.token, self.pings.clone(), self.opened_tx.clone());
             let name = flow.name.clone();
-            let opener = {
-                let flow = flow.clone();
-                move || {
-                    let r = FlowConn::open(addr, token, flow.clone(), pings).map_err(|e| e.to_string());
-                    // The test may have ended meanwhile: the flow is then dropped (and closed).
-                    let _ = tx.send((flow, r));
-                }
+            let reply_name = name.clone();
+            let opener = move || {
+                let r = FlowConn::open(addr, token, flow, pings).map_err(|e| e.to_string());
+                // The test may have ended meanwhile: the flow is then dropped (and closed).
+                let _ = tx.send((reply_name, r));
             };
             match std::thread::Builder::new().name(format!("open {name}")).spawn(opener) {
                 Ok(_) => self.opening += 1,
@@ -119,7 +118,7 @@ impl Load {
 
     /// Takes in the flows whose handshake has finished; their data starts at `t`.
     pub fn take_opened(&mut self, t: f64) {
-        while let Ok((flow, r)) = self.opened_rx.try_recv() {
+        while let Ok((name, r)) = self.opened_rx.try_recv() {
             self.opening -= 1;
             match r {
                 // Dropping it closes it.
@@ -129,7 +128,7 @@ impl Load {
                     c.last_sample = t;
                     self.flows.push(c);
                 }
-                Err(why) => self.failures.push(Failure { flow: flow.name, t, why: format!("could not be opened: {why}") }),
+                Err(why) => self.failures.push(Failure { flow: name, t, why: format!("could not be opened: {why}") }),
             }
         }
     }
