@@ -17,6 +17,7 @@ fifo-asym     30mbit  2mbit     0    fifo
 fifo-asym-d   30mbit  2mbit     7.5  fifo
 codel-asym-d  30mbit  2mbit     7.5  codel
 codel-slow-d  15mbit  1mbit     7.5  codel
+codel-5-d     5mbit   1mbit     7.5  codel
 fqc-short     20mbit  20mbit    2    fq_codel
 fqc-sym-d     20mbit  20mbit    7.5  fq_codel
 fqc-asym      57mbit  3800kbit  0    fq_codel
@@ -129,6 +130,8 @@ kernel_run() { # scen down up delay kind test file
   kill $s; wait $s 2>/dev/null || true
   touch "$dir/stop"; wait $g || true
   cp "$dir/tc-stats.json" "$file.tc.json" 2>/dev/null || true
+  [ -e "$dir/timer-hist.txt" ] && cp "$dir/timer-hist.txt" "$file.timer.txt"
+  [ -e "$dir/qdisc-samples.jsonl" ] && paste -d" " "$dir/qdisc-stamps.txt" <(paste -d" " - - < "$dir/qdisc-samples.jsonl") > "$file.qdisc.txt"
   ip netns del $cli; ip netns del $srv; rm -rf "$dir"
 }
 

@@ -23,10 +23,15 @@
 #   --overhead N                 HTB shapers: tc stab overhead N (bytes on top of the Ethernet
 #                                frame the kernel already counts)
 #   --delay-down ARGS, --delay-up ARGS   netem ARGS on the delay box ("delay 7.5ms", "loss 1%")
+#   --sample-ms N                (with --nics) every N ms, the router's qdiscs (tc -s -j, one
+#                                JSON array per line: rc then rd) to $KREF_OUT/qdisc-samples.jsonl
+#                                with the guest's uptime before each pair (one tc process: cheap)
+#   --timer-probe                (with --nics) cyclictest (rt-tests on this machine) measures the
+#                                guest's timer lateness while it routes: $KREF_OUT/timer-hist.txt
 # Counters (tc -s -j qdisc of rtr and dly) go to $KREF_OUT/tc-stats.json at the end.
 set -eu
 
-nics=0; down=none; up=none; overhead=; ddown=; dup=; burst_us=1000
+nics=0; down=none; up=none; overhead=; ddown=; dup=; burst_us=1000; sample_ms=; timer_probe=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --nics) nics=1; shift ;;
@@ -36,6 +41,8 @@ while [ $# -gt 0 ]; do
     --burst-us) burst_us=$2; shift 2 ;;
     --delay-down) ddown=$2; shift 2 ;;
     --delay-up) dup=$2; shift 2 ;;
+    --sample-ms) sample_ms=$2; shift 2 ;;
+    --timer-probe) timer_probe=1; shift ;;
     --) shift; break ;;
     *) echo "kernel-ref-topo: unknown option $1" >&2; exit 2 ;;
   esac
@@ -144,8 +151,24 @@ counters() {
 }
 
 if [ $nics = 1 ]; then
+  if [ -n "$sample_ms" ]; then
+    # One tc process reads commands from a pipe: spawning tc per sample costs ~0.2 s here.
+    # Each pair of lines has its stamp (guest uptime) on the same line of qdisc-stamps.txt.
+    sleep_s=$(awk -v m="$sample_ms" 'BEGIN{printf "%.3f", m / 1000}')
+    ( while [ ! -e "$out/stop" ]; do
+        read -r up _ < /proc/uptime; echo "$up" >> "$out/qdisc-stamps.txt"
+        echo "qdisc show dev rc"; echo "qdisc show dev rd"; sleep "$sleep_s"
+      done ) | in_ns kr-rtr tc -s -j -batch - > "$out/qdisc-samples.jsonl" 2>/dev/null &
+  fi
+  if [ $timer_probe = 1 ]; then
+    # A 1 ms periodic timer, like a shaper's watchdog: how late does the guest wake it?
+    cyclictest -m -t1 -p 80 -i 1000 -h 50000 -q --histfile="$out/timer-hist.txt" > "$out/timer-summary.txt" 2>&1 &
+    ct=$!
+  fi
   touch "$out/ready"
   while [ ! -e "$out/stop" ]; do sleep 0.2; done
+  [ $timer_probe = 1 ] && kill -INT $ct
+  wait
   counters
 else
   rc=0

@@ -349,9 +349,9 @@ fn stats_text(stats: &serde_json::Value) -> String {
             let drops = &d["drops"];
             let dn = |k: &str| drops[k].as_u64().unwrap_or(0);
             let hist: bloatlab_lab_model::stats::SojournHistogram = serde_json::from_value(d["sojourn"].clone()).unwrap_or_default();
-            let q = |p: f64| hist.quantile_us(p).map_or("-".to_string(), |us| format!("<{:.1}ms", us as f64 / 1000.0));
+            let q = |p: f64| hist.quantile_us(p).map_or("-".to_string(), |us| format!("{:.2}ms", us as f64 / 1000.0));
             out += &format!(
-                "{name} {dir:<4} {}\n  {} pkts in, {} out ({:.1} MB); drops: queue {}, aqm {}, loss {}, mtu {}, tun {}; ecn marks {}\n  queue now {} pkts (max {}); sojourn p50 {} p99 {}\n",
+                "{name} {dir:<4} {}\n  {} pkts in, {} out ({:.1} MB); drops: queue {}, aqm {}, loss {}, mtu {}, tun {}; ecn marks {}\n  queue now {} pkts (max {}); sojourn p50 {} p90 {} p99 {}\n  before the model, in the TUN device ({} pkts): waited at most {} us (p99 {} us), {} pkts at once (p99 {})\n",
                 d["config"].as_str().unwrap_or(""),
                 n("rx_packets"),
                 n("tx_packets"),
@@ -360,12 +360,18 @@ fn stats_text(stats: &serde_json::Value) -> String {
                 dn("aqm"),
                 dn("loss"),
                 dn("mtu"),
-                d["tun_tx_dropped"].as_u64().map_or("?".into(), |v| v.to_string()),
+                d["tun"]["dropped"].as_u64().map_or("?".into(), |v| v.to_string()),
                 n("ecn_marks"),
                 n("queue_packets"),
                 n("max_queue_packets"),
                 q(0.5),
+                q(0.9),
                 q(0.99),
+                d["tun"]["txqueuelen"],
+                d["tun"]["wait_us"]["max"],
+                d["tun"]["wait_us"]["p99"],
+                d["tun"]["waiting_packets"]["max"],
+                d["tun"]["waiting_packets"]["p99"],
             );
         }
     }

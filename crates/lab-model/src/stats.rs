@@ -1,5 +1,6 @@
 //! Per-direction counters: what came in, what went out, and why the rest did not.
 
+use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 /// Drops by reason, so that no loss goes unexplained.
@@ -15,43 +16,61 @@ pub struct Drops {
     pub mtu: u64,
 }
 
-/// Sojourn times in the queue, bucketed by powers of two of microseconds: bucket `i` holds
-/// sojourns in [2^(i-1), 2^i) us, bucket 0 below 1 us.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+/// Sojourn times in the queue, in microseconds, with two significant digits (an HDR histogram:
+/// any recorded value is within 1% of its bucket's, from 1 us up to an hour).
+/// Serialised as the non-empty buckets, `{"us": [[value, count], ...]}`, so any JSON reader can
+/// rebuild the distribution.
+#[derive(Clone, Debug, PartialEq)]
 pub struct SojournHistogram {
-    pub buckets: Vec<u64>,
+    hist: Histogram<u64>,
 }
 
-pub const SOJOURN_BUCKETS: usize = 24;
+const SOJOURN_MAX_US: u64 = 3_600_000_000;
 
 impl Default for SojournHistogram {
     fn default() -> Self {
-        SojournHistogram { buckets: vec![0; SOJOURN_BUCKETS] }
+        SojournHistogram { hist: Histogram::new_with_max(SOJOURN_MAX_US, 2).expect("valid HDR bounds") }
     }
 }
 
 impl SojournHistogram {
     pub fn record(&mut self, ns: u64) {
-        let us = ns / 1000;
-        let i = (u64::BITS - us.leading_zeros()) as usize;
-        self.buckets[i.min(SOJOURN_BUCKETS - 1)] += 1;
+        self.hist.saturating_record(ns / 1000);
     }
 
-    /// Upper edge, in microseconds, of the bucket holding quantile `q` (0..1); None when empty.
+    pub fn count(&self) -> u64 {
+        self.hist.len()
+    }
+
+    /// The sojourn, in microseconds, at quantile `q` (0..1), within 1%; None when empty.
     pub fn quantile_us(&self, q: f64) -> Option<u64> {
-        let total: u64 = self.buckets.iter().sum();
-        if total == 0 {
-            return None;
+        (!self.hist.is_empty()).then(|| self.hist.value_at_quantile(q))
+    }
+
+    fn buckets(&self) -> Vec<(u64, u64)> {
+        self.hist.iter_recorded().map(|v| (self.hist.highest_equivalent(v.value_iterated_to()), v.count_at_value())).collect()
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct SojournBuckets {
+    us: Vec<(u64, u64)>,
+}
+
+impl Serialize for SojournHistogram {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        SojournBuckets { us: self.buckets() }.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for SojournHistogram {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let b = SojournBuckets::deserialize(d)?;
+        let mut h = SojournHistogram::default();
+        for (us, n) in b.us {
+            h.hist.saturating_record_n(us, n);
         }
-        let want = ((q * total as f64).ceil() as u64).max(1);
-        let mut seen = 0;
-        for (i, n) in self.buckets.iter().enumerate() {
-            seen += n;
-            if seen >= want {
-                return Some(1u64 << i);
-            }
-        }
-        None
+        Ok(h)
     }
 }
 
@@ -74,15 +93,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn histogram_buckets_by_powers_of_two() {
+    fn sojourn_quantiles_are_within_one_percent() {
         let mut h = SojournHistogram::default();
-        h.record(500); // 0 us
-        h.record(1_500); // 1 us -> bucket 1
-        h.record(3_000_000); // 3000 us -> [2048, 4096) -> bucket 12
-        assert_eq!(h.buckets[0], 1);
-        assert_eq!(h.buckets[1], 1);
-        assert_eq!(h.buckets[12], 1);
-        assert_eq!(h.quantile_us(1.0), Some(4096));
-        assert_eq!(h.quantile_us(0.1), Some(1));
+        // 1000 sojourns of 1..=1000 x 37 us: p50 is 18.5 ms, p99 36.63 ms.
+        for i in 1..=1000u64 {
+            h.record(i * 37_000);
+        }
+        let near = |got: u64, want: f64| (got as f64 - want).abs() <= want * 0.01;
+        assert!(near(h.quantile_us(0.5).unwrap(), 18_500.0), "{:?}", h.quantile_us(0.5));
+        assert!(near(h.quantile_us(0.99).unwrap(), 36_630.0), "{:?}", h.quantile_us(0.99));
+        assert!(near(h.quantile_us(1.0).unwrap(), 37_000.0));
+        assert_eq!(SojournHistogram::default().quantile_us(0.5), None);
+    }
+
+    #[test]
+    fn sojourn_histogram_survives_json() {
+        let mut h = SojournHistogram::default();
+        for ns in [500, 1_500, 3_000_000, 3_000_000, 250_000_000] {
+            h.record(ns);
+        }
+        let json = serde_json::to_value(&h).unwrap();
+        assert_eq!(json["us"].as_array().unwrap().len(), 4, "{json}");
+        let back: SojournHistogram = serde_json::from_value(json).unwrap();
+        assert_eq!(back.count(), 5);
+        for q in [0.1, 0.5, 0.7, 1.0] {
+            assert_eq!(back.quantile_us(q), h.quantile_us(q), "q {q}");
+        }
     }
 }

@@ -4,10 +4,51 @@
 use crate::tun::{read_packet, wait_readable, write_packet};
 use bloatlab_lab_model::Direction;
 use bloatlab_netio::mono_ns;
+use hdrhistogram::Histogram;
+use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+
+/// What waited in the sending TUN device's own transmit queue, outside the link model (which
+/// only sees a packet once this thread has read it). Two upper bounds: the packets read since
+/// the device was last found empty (a burst the sender wrote at once counts, although it waits
+/// only microseconds), and per packet the time it may have waited: it entered after the device
+/// was last known empty (found empty, or when the sleeping thread woke), and after the packet
+/// `txqueuelen` reads before it had been read (no more fit ahead of it). Only the kernel's
+/// wake-up latency escapes both.
+pub struct TunQueue {
+    packets: Histogram<u64>,
+    wait_us: Histogram<u64>,
+}
+
+impl Default for TunQueue {
+    fn default() -> Self {
+        let h = || Histogram::new_with_max(1 << 30, 2).expect("valid HDR bounds");
+        TunQueue { packets: h(), wait_us: h() }
+    }
+}
+
+/// The 99th percentile and the maximum of a histogram (0, 0 when empty).
+fn p99_max(h: &Histogram<u64>) -> (u64, u64) {
+    if h.is_empty() {
+        return (0, 0);
+    }
+    (h.value_at_quantile(0.99), h.max())
+}
+
+impl TunQueue {
+    /// (p99, max) of the packets found waiting each time the device was emptied.
+    pub fn packets(&self) -> (u64, u64) {
+        p99_max(&self.packets)
+    }
+
+    /// (p99, max) of the time a packet may have waited in the device, microseconds.
+    pub fn wait_us(&self) -> (u64, u64) {
+        p99_max(&self.wait_us)
+    }
+}
 
 /// Reads per wake-up before the thread turns to its due packets, so a flood cannot starve
 /// the output side.
@@ -15,7 +56,7 @@ const READ_BATCH: usize = 64;
 /// Longest sleep while idle: how soon a stop request is noticed.
 const IDLE_WAIT_NS: u64 = 50_000_000;
 
-pub fn spawn(name: String, from: RawFd, to: RawFd, model: Arc<Mutex<Direction>>, stop: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
+pub fn spawn(name: String, from: RawFd, to: RawFd, txqueuelen: usize, model: Arc<Mutex<Direction>>, tun_queue: Arc<Mutex<TunQueue>>, stop: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new().name(name).spawn(move || {
         // Without this nanosleep-style waits wake ~50 us late (see the TUN reference notes).
         // SAFETY: prctl with plain integer arguments.
@@ -28,16 +69,37 @@ pub fn spawn(name: String, from: RawFd, to: RawFd, model: Arc<Mutex<Direction>>,
         // SAFETY: this thread's own scheduling policy, valid parameters.
         unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
         let mut buf = vec![0u8; 65536];
+        // Packets read, and their longest possible wait, since the device was last empty.
+        let (mut since_empty, mut empty_at, mut longest_wait) = (0u64, mono_ns(), 0u64);
+        // When the last `txqueuelen` packets were read.
+        let mut read_times: VecDeque<u64> = VecDeque::with_capacity(txqueuelen + 1);
         while !stop.load(Ordering::Relaxed) {
             let mut reads = 0;
             let mut dir = model.lock().unwrap_or_else(|e| e.into_inner());
             while reads < READ_BATCH {
                 match read_packet(from, &mut buf) {
                     Ok(Some(n)) => {
-                        dir.arrive(buf[..n].to_vec(), mono_ns());
+                        let now = mono_ns();
+                        dir.arrive(buf[..n].to_vec(), now);
                         reads += 1;
+                        since_empty += 1;
+                        let entered_after = if read_times.len() == txqueuelen { empty_at.max(read_times[0]) } else { empty_at };
+                        longest_wait = longest_wait.max(now - entered_after);
+                        read_times.push_back(now);
+                        if read_times.len() > txqueuelen {
+                            read_times.pop_front();
+                        }
                     }
-                    Ok(None) => break,
+                    Ok(None) => {
+                        empty_at = mono_ns();
+                        if since_empty > 0 {
+                            let mut q = tun_queue.lock().unwrap_or_else(|e| e.into_inner());
+                            q.packets.saturating_record(since_empty);
+                            q.wait_us.saturating_record(longest_wait / 1000);
+                            (since_empty, longest_wait) = (0, 0);
+                        }
+                        break;
+                    }
                     // The device went away (namespace deleted): the lab is shutting down.
                     Err(_) => return,
                 }
@@ -50,8 +112,11 @@ pub fn spawn(name: String, from: RawFd, to: RawFd, model: Arc<Mutex<Direction>>,
             }
             let wait = dir.next_wakeup().map_or(IDLE_WAIT_NS, |t| t.saturating_sub(mono_ns()).min(IDLE_WAIT_NS));
             drop(dir);
+            // Asleep, the thread wakes as soon as a packet comes: the device was empty until it
+            // woke (by a packet or by its timeout, when ppoll found nothing readable).
             if reads < READ_BATCH && wait > 0 {
                 wait_readable(from, wait);
+                empty_at = mono_ns();
             }
         }
     })

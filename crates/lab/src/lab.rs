@@ -1,7 +1,7 @@
 //! A running lab: namespaces, TUN devices, forwarder threads. Dropping it tears everything
 //! down, also on error paths and panics.
 
-use crate::forward;
+use crate::forward::{self, TunQueue};
 use crate::ns::{self, ip};
 use crate::topology::Topology;
 use crate::tun::Tun;
@@ -44,7 +44,15 @@ pub struct HostInfo {
 pub struct LinkRuntime {
     pub up: Arc<Mutex<Direction>>,
     pub down: Arc<Mutex<Direction>>,
+    pub up_tun: Arc<Mutex<TunQueue>>,
+    pub down_tun: Arc<Mutex<TunQueue>>,
 }
+
+/// Packets a TUN device holds before the forwarder reads them: a queue outside the model, so
+/// short. The forwarder reads within microseconds when a link is shaped below its ~270 kpps,
+/// so this fills only when the emulator itself is the bottleneck (unshaped multi-Gbit/s); 256
+/// packets are then about 1 ms of its forwarding, and overflow is counted as `tun.dropped`.
+const TUN_TXQUEUELEN: u32 = 256;
 
 /// The part of a lab the control socket shares.
 pub struct Shared {
@@ -115,7 +123,12 @@ impl Lab {
         let links = topo
             .links
             .iter()
-            .map(|l| LinkRuntime { up: Arc::new(Mutex::new(Direction::new(l.up.clone(), now))), down: Arc::new(Mutex::new(Direction::new(l.down.clone(), now))) })
+            .map(|l| LinkRuntime {
+                up: Arc::new(Mutex::new(Direction::new(l.up.clone(), now))),
+                down: Arc::new(Mutex::new(Direction::new(l.down.clone(), now))),
+                up_tun: Arc::default(),
+                down_tun: Arc::default(),
+            })
             .collect();
         let info = LabInfo { name: name.into(), topology: topo.name.clone(), pid: std::process::id(), socket: dir.join("control.sock"), hosts: BTreeMap::new() };
         let mut lab = Lab {
@@ -159,9 +172,7 @@ impl Lab {
                 ip(&["link", "set", "dev", &tmp, "netns", &n])?;
                 ip(&["-n", &n, "link", "set", "dev", &tmp, "name", &l.name])?;
                 let mtu = if side == "a" { l.up.mtu } else { l.down.mtu };
-                // A transmit queue longer than any burst our reader can fall behind by: drops
-                // there would be outside the emulated queue (they are counted in stats).
-                ip(&["-n", &n, "link", "set", "dev", &l.name, "mtu", &mtu.to_string(), "txqueuelen", "5000", "up"])?;
+                ip(&["-n", &n, "link", "set", "dev", &l.name, "mtu", &mtu.to_string(), "txqueuelen", &TUN_TXQUEUELEN.to_string(), "up"])?;
                 let (v4, v6) = topo.addrs(i, host);
                 ip(&["-n", &n, "addr", "add", &format!("{v4}/24"), "dev", &l.name])?;
                 ip(&["-n", &n, "-6", "addr", "add", &format!("{v6}/64"), "dev", &l.name, "nodad"])?;
@@ -181,9 +192,9 @@ impl Lab {
         for (i, l) in topo.links.iter().enumerate() {
             let (a, b) = (self.tuns[2 * i].raw(), self.tuns[2 * i + 1].raw());
             let rt = &self.shared.links[i];
-            let t1 = forward::spawn(format!("{}-up", l.name), a, b, rt.up.clone(), self.stop.clone()).map_err(|e| e.to_string())?;
+            let t1 = forward::spawn(format!("{}-up", l.name), a, b, TUN_TXQUEUELEN as usize, rt.up.clone(), rt.up_tun.clone(), self.stop.clone()).map_err(|e| e.to_string())?;
             self.threads.push(t1);
-            let t2 = forward::spawn(format!("{}-down", l.name), b, a, rt.down.clone(), self.stop.clone()).map_err(|e| e.to_string())?;
+            let t2 = forward::spawn(format!("{}-down", l.name), b, a, TUN_TXQUEUELEN as usize, rt.down.clone(), rt.down_tun.clone(), self.stop.clone()).map_err(|e| e.to_string())?;
             self.threads.push(t2);
         }
         let shared = Arc::get_mut(&mut self.shared).expect("not shared yet");
@@ -230,21 +241,30 @@ impl Shared {
         Ok(format!("{link} {dir}: {}", out.join(" | ")))
     }
 
-    /// Counters of every link direction, with the TUN transmit-queue drops in front of it.
+    /// Counters of every link direction, with the TUN transmit queue in front of it.
     pub fn stats(&self) -> serde_json::Value {
         let mut links = serde_json::Map::new();
         for (l, rt) in self.topo.links.iter().zip(&self.links) {
             let mut dirs = serde_json::Map::new();
-            for (dname, d, sender) in [("up", &rt.up, &l.a), ("down", &rt.down, &l.b)] {
+            for (dname, d, tun, sender) in [("up", &rt.up, &rt.up_tun, &l.a), ("down", &rt.down, &rt.down_tun, &l.b)] {
                 let (stats, config, qdisc): (DirStats, String, &str) = {
                     let g = d.lock().unwrap_or_else(|e| e.into_inner());
                     (g.stats.clone(), g.config().describe(), g.qdisc_name())
                 };
                 let tun_drops = ns::tx_dropped(&namespace(&self.info.name, sender), &l.name);
+                let ((packets_p99, packets_max), (wait_p99, wait_max)) = {
+                    let t = tun.lock().unwrap_or_else(|e| e.into_inner());
+                    (t.packets(), t.wait_us())
+                };
                 let mut v = serde_json::to_value(&stats).expect("plain data");
                 v["config"] = config.into();
                 v["qdisc"] = qdisc.into();
-                v["tun_tx_dropped"] = tun_drops.into();
+                v["tun"] = serde_json::json!({
+                    "txqueuelen": TUN_TXQUEUELEN,
+                    "dropped": tun_drops,
+                    "waiting_packets": { "p99": packets_p99, "max": packets_max },
+                    "wait_us": { "p99": wait_p99, "max": wait_max },
+                });
                 dirs.insert(dname.into(), v);
             }
             links.insert(l.name.clone(), serde_json::Value::Object(dirs));
