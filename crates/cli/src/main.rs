@@ -1,6 +1,6 @@
 //! The `bloatlab` binary: argument parsing and wiring only.
 
-use bloatlab_measure::display::{summary_text, ProgressMode};
+use bloatlab_measure::display::{events_text, summary_text, ProgressMode};
 use bloatlab_measure::{Ended, Options, Params, TestKind};
 mod lab_cmd;
 mod report_cmd;
@@ -299,6 +299,9 @@ fn test(a: TestArgs) -> ExitCode {
         println!("{}", serde_json::to_string_pretty(&summary).expect("summary serializes"));
     } else {
         print!("{}", summary_text(&summary, &outcome.result.metadata));
+    }
+    if !a.quiet {
+        eprint!("{}", events_text(&outcome.result.events));
     }
     let path = outcome.path.display();
     match outcome.ended {

@@ -32,6 +32,35 @@ fn ping_json_has_the_documented_fields_and_a_readable_result_file() {
     assert!(names.contains(&"rtt udp-be") && names.contains(&"owd up udp-be") && names.contains(&"tcp-connect"), "{names:?}");
 }
 
+#[test]
+fn rrul_records_each_dscp_mark_as_the_sockets_carry_it() {
+    let _g = serial();
+    let srv = ServerProc::start(&[], "127.0.0.1:0", &[]);
+    let out_file = tmp_path("rrul-dscp.json.gz");
+    let out = run(&[], &["test", "rrul", &srv.addr, "-l", "2", "--idle", "0.5", "-q", "-o", out_file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("DSCP"), "no mark refused on loopback: {}", String::from_utf8_lossy(&out.stderr));
+    let r = bloatlab_result_read(&out_file);
+    // Read back from each sending socket: the client's for uploads, the server's for downloads
+    // and replies. Linux lets any process set any DSCP, so each holds as requested.
+    let flows = r["metadata"]["flows"].as_array().unwrap();
+    assert_eq!(flows.len(), 8);
+    for fl in flows {
+        let want = match fl["name"].as_str().unwrap().rsplit(' ').next().unwrap() {
+            "BE" => 0,
+            "BK" => 8,
+            "CS5" => 40,
+            "EF" => 46,
+            other => panic!("unexpected class {other}"),
+        };
+        assert_eq!(fl["dscp_applied"], want, "{fl}");
+    }
+    for st in r["metadata"]["streams"].as_array().unwrap() {
+        assert_eq!(st["dscp_applied_up"], st["dscp"], "{st}");
+        assert_eq!(st["dscp_applied_down"], st["dscp"], "{st}");
+    }
+}
+
 fn bloatlab_result_read(path: &std::path::Path) -> serde_json::Value {
     let raw = std::fs::read(path).unwrap();
     let mut json = Vec::new();

@@ -52,7 +52,7 @@ fn refusal(addr: SocketAddr, reason: RefuseReason, message: String) -> MeasureEr
 
 fn read_msg(reader: &mut BufReader<TcpStream>, addr: SocketAddr) -> Result<ServerMsg, MeasureError> {
     match netio::read_line(reader, proto::MAX_LINE) {
-        Ok(Some(line)) => proto::decode_line(&line).map_err(|e| MeasureError::Version { addr, message: e.to_string() }),
+        Ok(Some(line)) => proto::decode_line::<ServerMsg>(&line).map(ServerMsg::printable).map_err(|e| MeasureError::Version { addr, message: e.to_string() }),
         Ok(None) => Err(MeasureError::HandshakeLost),
         Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
             Err(MeasureError::Version { addr, message: "no answer to hello within 5 s".into() })
@@ -95,7 +95,8 @@ impl Control {
             let msg = netio::read_line(&mut reader, proto::MAX_LINE)
                 .ok()
                 .flatten()
-                .and_then(|l| proto::decode_line::<ServerMsg>(&l).ok());
+                .and_then(|l| proto::decode_line::<ServerMsg>(&l).ok())
+                .map(ServerMsg::printable);
             let _ = tx.send(msg);
         });
         Ok(Control { addr, token, server, stream, incoming })

@@ -1,6 +1,6 @@
 //! What a person sees: live progress while a test runs, and the summary afterwards.
 
-use bloatlab_result::{Metadata, Percentiles, Summary};
+use bloatlab_result::{Event, Metadata, Percentiles, Summary};
 use std::fmt::Write as _;
 use std::io::Write;
 
@@ -221,6 +221,16 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
     }
     if let (Some(a), Some(g)) = (s.added_latency_ms, &s.grade) {
         let _ = writeln!(out, "Added latency under load {}  grade {g}", ms(a));
+    }
+    out
+}
+
+/// The run's events (failed flows, refused DSCP marks, interruptions), one line each, so that
+/// nothing that makes the numbers less than they seem goes unsaid.
+pub fn events_text(events: &[Event]) -> String {
+    let mut out = String::new();
+    for e in events {
+        let _ = writeln!(out, "note at {:.1} s: {}", e.t, e.what);
     }
     out
 }

@@ -44,6 +44,10 @@ pub struct FlowConn {
     pub flow: Flow,
     /// Congestion control of the sending socket (ours for upload, the server's for download).
     pub cc: Option<String>,
+    /// The DSCP the sending socket carries, read back after setting it.
+    pub dscp_applied: Option<u8>,
+    /// Why the sending socket does not carry the requested DSCP, when it does not.
+    pub dscp_refused: Option<String>,
     /// `None` once stopped: the socket is closed then, abortively.
     stream: Option<TcpStream>,
     /// Retransmissions counted when the flow stopped (upload).
@@ -68,7 +72,7 @@ pub struct FlowConn {
 impl FlowConn {
     pub fn open(addr: SocketAddr, token: Token, flow: Flow, pings: Arc<PingLog>) -> Result<FlowConn, MeasureError> {
         let mut stream = connect(&[addr])?;
-        let _ = netio::set_dscp(socket2::SockRef::from(&stream), flow.spec.dscp, &addr);
+        let client_dscp = netio::apply_dscp(socket2::SockRef::from(&stream), flow.spec.dscp, &addr);
         let upload = flow.spec.direction == Direction::Up;
         if upload {
             if let Some(cc) = &flow.spec.cc {
@@ -77,11 +81,21 @@ impl FlowConn {
         }
         let _ = stream.set_read_timeout(Some(crate::control::CONNECT_TIMEOUT));
         let mut reader = BufReader::new(stream.try_clone().map_err(MeasureError::io("flow socket"))?);
-        let server_cc = match hello(&mut stream, &mut reader, addr, &ClientMsg::DataHello { token, flow: flow.spec.id })? {
-            ServerMsg::DataOk { cc } => cc,
+        let (server_cc, server_dscp) = match hello(&mut stream, &mut reader, addr, &ClientMsg::DataHello { token, flow: flow.spec.id })? {
+            ServerMsg::DataOk { cc, dscp } => (cc, dscp),
             other => return Err(MeasureError::Version { addr, message: format!("unexpected answer {other:?}") }),
         };
         let cc = if upload { netio::cc(&stream) } else { server_cc };
+        // The mark that counts is the sender's: ours for an upload, the server's for a download.
+        let (dscp_applied, dscp_refused) = if upload {
+            (client_dscp.as_ref().ok().copied(), netio::dscp_refusal(flow.spec.dscp, &client_dscp))
+        } else {
+            let refused = match server_dscp {
+                Some(d) => netio::dscp_refusal(flow.spec.dscp, &Ok(d)).map(|w| format!("on the server, {w}")),
+                None => Some(format!("the server did not confirm DSCP {}", flow.spec.dscp)),
+            };
+            (server_dscp, refused)
+        };
         let acked_base = if upload { netio::tcp_info(&stream).map(|i| i.bytes_acked).unwrap_or(0) } else { 0 };
         // Periodic timeouts let the threads notice `stop`.
         let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
@@ -147,7 +161,7 @@ impl FlowConn {
         } else {
             PingPath::Direct(Mutex::new(stream.try_clone().map_err(MeasureError::io("flow socket"))?))
         };
-        Ok(FlowConn { flow, cc, stream: Some(stream), final_retransmits: None, received, acked_base, ping_path, stop, broken, threads, samples: Vec::new(), last_bytes: 0, started: 0.0, last_sample: 0.0, failed: false })
+        Ok(FlowConn { flow, cc, dscp_applied, dscp_refused, stream: Some(stream), final_retransmits: None, received, acked_base, ping_path, stop, broken, threads, samples: Vec::new(), last_bytes: 0, started: 0.0, last_sample: 0.0, failed: false })
     }
 
     /// Goodput bytes so far: read by us (download) or acknowledged by the server (upload).

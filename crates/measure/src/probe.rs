@@ -28,6 +28,10 @@ pub struct Log {
 
 pub struct ProbeStream {
     pub stream: Stream,
+    /// The DSCP our requests carry, read back after setting it.
+    pub dscp_applied: Option<u8>,
+    /// Why our requests do not carry the requested DSCP, when they do not.
+    pub dscp_refused: Option<String>,
     pub log: Arc<Mutex<Log>>,
     stop_send: Arc<AtomicBool>,
     stop_recv: Arc<AtomicBool>,
@@ -39,7 +43,9 @@ impl ProbeStream {
         let bind: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
         let sock = UdpSocket::bind(bind).map_err(MeasureError::io("UDP socket"))?;
         sock.connect(addr).map_err(|source| MeasureError::Unreachable { addr, source })?;
-        let _ = netio::set_dscp(socket2::SockRef::from(&sock), stream.spec.dscp, &addr);
+        let applied = netio::apply_dscp(socket2::SockRef::from(&sock), stream.spec.dscp, &addr);
+        let dscp_refused = netio::dscp_refusal(stream.spec.dscp, &applied);
+        let dscp_applied = applied.ok();
         let _ = sock.set_read_timeout(Some(Duration::from_millis(100)));
         let log = Arc::new(Mutex::new(Log::default()));
         let stop_send = Arc::new(AtomicBool::new(false));
@@ -97,7 +103,7 @@ impl ProbeStream {
                 }
             }));
         }
-        Ok(ProbeStream { stream, log, stop_send, stop_recv, threads })
+        Ok(ProbeStream { stream, dscp_applied, dscp_refused, log, stop_send, stop_recv, threads })
     }
 
     pub fn stop_sending(&self) {

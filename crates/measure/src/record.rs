@@ -118,7 +118,16 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
             received,
             server_received: server.map(|s| s.received),
             server_limited: server.map_or(0, |s| s.server_limited),
+            dscp_applied_up: p.dscp_applied,
+            dscp_applied_down: server.and_then(|s| s.dscp_applied),
         });
+        if let Some(why) = &p.dscp_refused {
+            result.events.push(Event { t: 0.0, what: format!("probe stream {name}: {why}") });
+        }
+        if let Some(applied) = server.and_then(|s| s.dscp_applied).filter(|&a| a != p.stream.spec.dscp) {
+            let want = p.stream.spec.dscp;
+            result.events.push(Event { t: 0.0, what: format!("probe stream {name}: DSCP {want} was requested but the server's replies carried {applied}") });
+        }
     }
     drop(logs);
 
@@ -158,7 +167,11 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
             server_bytes: server.map(|f| f.bytes),
             start: Some(flow.started),
             error: failure(&flow.flow.name),
+            dscp_applied: flow.dscp_applied,
         });
+        if let Some(why) = &flow.dscp_refused {
+            result.events.push(Event { t: flow.started, what: format!("flow {}: {why}", flow.flow.name) });
+        }
     }
     for f in live.failures {
         if !live.flows.iter().any(|c| c.flow.name == f.flow) {

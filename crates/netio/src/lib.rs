@@ -15,20 +15,32 @@ pub fn mono_ns() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
-/// Puts `dscp` (0..=63) in the TOS / traffic-class byte of everything the socket sends. Both
-/// options are tried: a dual-stack IPv6 socket talking to an IPv4-mapped peer uses IP_TOS.
-pub fn set_dscp(sock: SockRef<'_>, dscp: u8, peer: &SocketAddr) -> io::Result<()> {
+/// Puts `dscp` (0..=63) in the TOS / traffic-class byte of everything the socket sends, then
+/// reads back the DSCP the socket now carries: the mark as applied, which a kernel, a sandbox or
+/// a policy may have refused or altered. A dual-stack IPv6 socket talking to an IPv4-mapped
+/// peer sends IPv4 packets, marked by IP_TOS: that is the option set and read back then.
+pub fn apply_dscp(sock: SockRef<'_>, dscp: u8, peer: &SocketAddr) -> io::Result<u8> {
     let tos = u32::from(dscp) << 2;
-    match peer {
-        SocketAddr::V4(_) => sock.set_tos_v4(tos),
-        SocketAddr::V6(a) => {
-            let r6 = sock.set_tclass_v6(tos);
-            if a.ip().to_ipv4_mapped().is_some() {
-                // Best effort: the kernel takes IP_TOS on v6 sockets for mapped peers.
-                let _ = sock.set_tos_v4(tos);
-            }
-            r6
-        }
+    let ipv4_packets = match peer {
+        SocketAddr::V4(_) => true,
+        SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_some(),
+    };
+    let applied = if ipv4_packets {
+        sock.set_tos_v4(tos)?;
+        sock.tos_v4()?
+    } else {
+        sock.set_tclass_v6(tos)?;
+        sock.tclass_v6()?
+    };
+    Ok((applied >> 2) as u8)
+}
+
+/// What became of a requested DSCP mark: `None` when it holds, else a sentence for the user.
+pub fn dscp_refusal(requested: u8, applied: &io::Result<u8>) -> Option<String> {
+    match applied {
+        Ok(a) if *a == requested => None,
+        Ok(a) => Some(format!("DSCP {requested} was requested but the socket carries {a}")),
+        Err(e) => Some(format!("DSCP {requested} could not be set: {e}")),
     }
 }
 
@@ -168,6 +180,18 @@ pub fn read_line(r: &mut impl BufRead, max: usize) -> io::Result<Option<Vec<u8>>
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    #[test]
+    fn a_mark_is_read_back_and_a_refused_one_is_named() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = l.local_addr().unwrap();
+        let s = TcpStream::connect(peer).unwrap();
+        assert_eq!(apply_dscp(SockRef::from(&s), 46, &peer).unwrap(), 46);
+        assert_eq!(dscp_refusal(46, &Ok(46)), None);
+        assert_eq!(dscp_refusal(46, &Ok(0)).unwrap(), "DSCP 46 was requested but the socket carries 0");
+        let denied = Err(io::Error::from(io::ErrorKind::PermissionDenied));
+        assert!(dscp_refusal(8, &denied).unwrap().starts_with("DSCP 8 could not be set"));
+    }
 
     #[test]
     fn reads_lines_and_refuses_endless_ones() {

@@ -137,6 +137,10 @@ pub struct StreamReport {
     pub received: u64,
     /// Requests the server itself declined (its rate limit); these are not network loss.
     pub server_limited: u64,
+    /// The DSCP the server's replies carried, read back from its socket after setting it
+    /// (absent from older servers, or when the mark could not be set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dscp_applied: Option<u8>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -160,11 +164,61 @@ pub enum ServerMsg {
         max_duration_ms: u64,
     },
     Accepted { token: Token, max_duration_ms: u64 },
-    /// Answer to `data_hello`: frames follow. `cc` is the server socket's congestion control.
-    DataOk { cc: Option<String> },
+    /// Answer to `data_hello`: frames follow. `cc` is the server socket's congestion control,
+    /// `dscp` the mark its socket carries, read back after setting it.
+    DataOk {
+        cc: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dscp: Option<u8>,
+    },
     Refused { reason: RefuseReason, message: String },
     ProbeReply,
     Report { streams: Vec<StreamReport>, flows: Vec<FlowReport> },
+}
+
+/// Longest text from a peer that is shown as it came.
+const PRINTABLE_MAX: usize = 200;
+
+/// `text` from a peer made safe for a terminal or a log: control characters (escape sequences,
+/// carriage returns, bidirectional overrides) shown escaped, and at most 200 characters kept.
+pub fn printable(text: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == PRINTABLE_MAX {
+            out.push_str("...");
+            break;
+        }
+        let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || bidi {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl ServerMsg {
+    /// The message with every text field passed through [`printable`]: what a client keeps of
+    /// a server's words before they can reach a terminal.
+    pub fn printable(self) -> ServerMsg {
+        let opt = |o: Option<String>| o.map(|s| printable(&s));
+        match self {
+            ServerMsg::HelloOk { version, server_version, default_cc, kernel, max_duration_ms } => ServerMsg::HelloOk {
+                version,
+                server_version: printable(&server_version),
+                default_cc: printable(&default_cc),
+                kernel: printable(&kernel),
+                max_duration_ms,
+            },
+            ServerMsg::DataOk { cc, dscp } => ServerMsg::DataOk { cc: opt(cc), dscp },
+            ServerMsg::Refused { reason, message } => ServerMsg::Refused { reason, message: printable(&message) },
+            ServerMsg::Report { streams, flows } => {
+                ServerMsg::Report { streams, flows: flows.into_iter().map(|f| FlowReport { cc: opt(f.cc), ..f }).collect() }
+            }
+            other @ (ServerMsg::Accepted { .. } | ServerMsg::ProbeReply) => other,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -220,6 +274,21 @@ mod tests {
         assert_eq!(decode_line::<ClientMsg>(&line).unwrap(), m);
         let r = ServerMsg::Refused { reason: RefuseReason::Busy, message: "2 tests running".into() };
         assert_eq!(decode_line::<ServerMsg>(&encode_line(&r)).unwrap(), r);
+    }
+
+    #[test]
+    fn a_servers_words_reach_the_terminal_escaped_and_bounded() {
+        // A terminal escape that would clear the screen, a fake newline, a bidi override.
+        let evil = "busy\u{1b}[2J\r\nok \u{202e}txt.exe";
+        let m = ServerMsg::Refused { reason: RefuseReason::Busy, message: evil.into() }.printable();
+        let ServerMsg::Refused { message, .. } = m else { unreachable!() };
+        assert_eq!(message, "busy\\u{1b}[2J\\r\\nok \\u{202e}txt.exe");
+        assert!(!message.chars().any(|c| c.is_control()));
+        let long = printable(&"é".repeat(10_000));
+        assert_eq!(long.chars().count(), 203, "200 characters and an ellipsis");
+        let hello = ServerMsg::HelloOk { version: 1, server_version: "1\u{7}".into(), default_cc: "bbr".into(), kernel: "6.1\u{1b}]0;x\u{7}".into(), max_duration_ms: 1 };
+        let ServerMsg::HelloOk { server_version, kernel, .. } = hello.printable() else { unreachable!() };
+        assert_eq!((server_version.as_str(), kernel.as_str()), ("1\\u{7}", "6.1\\u{1b}]0;x\\u{7}"));
     }
 
     #[test]

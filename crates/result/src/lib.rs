@@ -125,6 +125,10 @@ pub struct FlowInfo {
     /// Why the flow could not be opened, or that its connection broke (the test went on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The DSCP the sending socket (the client's for an upload, the server's for a download)
+    /// carried, read back after setting it: the mark as applied, not as intended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dscp_applied: Option<u8>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -141,6 +145,12 @@ pub struct StreamCounts {
     pub server_received: Option<u64>,
     /// Requests the server declined by its own rate limit: not network loss.
     pub server_limited: u64,
+    /// The DSCP the client's requests carried, read back from its socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dscp_applied_up: Option<u8>,
+    /// The DSCP the server's replies carried, read back from its socket (its report).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dscp_applied_down: Option<u8>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]

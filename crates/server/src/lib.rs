@@ -295,7 +295,7 @@ fn data(mut stream: TcpStream, reader: BufReader<TcpStream>, peer: SocketAddr, t
     let Some(spec) = session.request.flows.iter().find(|f| f.id == flow_id).cloned() else {
         return refuse(&mut stream, RefuseReason::BadRequest, format!("no flow {flow_id} in this test"));
     };
-    let _ = netio::set_dscp(socket2::SockRef::from(&stream), spec.dscp, &peer);
+    let dscp = netio::apply_dscp(socket2::SockRef::from(&stream), spec.dscp, &peer).ok();
     if spec.direction == proto::Direction::Down {
         if let Some(cc) = &spec.cc {
             if let Err(e) = netio::set_cc(&stream, cc) {
@@ -305,7 +305,7 @@ fn data(mut stream: TcpStream, reader: BufReader<TcpStream>, peer: SocketAddr, t
     }
     let cc = netio::cc(&stream);
     let counter = session.flow_counter(flow_id, cc.clone());
-    if send(&mut stream, &ServerMsg::DataOk { cc }).is_err() {
+    if send(&mut stream, &ServerMsg::DataOk { cc, dscp }).is_err() {
         return;
     }
     // Periodic timeouts let blocked reads and writes notice the end of the test.

@@ -41,6 +41,8 @@ impl Bucket {
 #[derive(Debug)]
 pub struct StreamState {
     pub dscp: u8,
+    /// The mark the replies carried, read back from the socket when it was set.
+    pub dscp_applied: Option<u8>,
     pub received: u64,
     pub limited: u64,
     pub bucket: Bucket,
@@ -61,7 +63,7 @@ impl Session {
         let streams = request
             .streams
             .iter()
-            .map(|s| (s.id, StreamState { dscp: s.dscp, received: 0, limited: 0, bucket: Bucket::new(s.interval_us, now) }))
+            .map(|s| (s.id, StreamState { dscp: s.dscp, dscp_applied: None, received: 0, limited: 0, bucket: Bucket::new(s.interval_us, now) }))
             .collect();
         Session { client_ip, deadline, request, streams: Mutex::new(streams), flows: Mutex::new(Vec::new()), ended: AtomicBool::new(false) }
     }
@@ -92,7 +94,7 @@ impl Session {
             .lock()
             .unwrap()
             .iter()
-            .map(|(id, s)| StreamReport { id: *id, received: s.received, server_limited: s.limited })
+            .map(|(id, s)| StreamReport { id: *id, received: s.received, server_limited: s.limited, dscp_applied: s.dscp_applied })
             .collect();
         let flows = self
             .flows

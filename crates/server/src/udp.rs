@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 pub(crate) fn serve(sock: UdpSocket, shared: &Shared) {
     let _ = sock.set_read_timeout(Some(Duration::from_millis(200)));
     let mut buf = [0u8; probe::MAX_LEN + 1];
-    let mut current_dscp: Option<u8> = None;
+    // The mark the socket carries now: (requested, read back).
+    let mut current_dscp: Option<(u8, Option<u8>)> = None;
     while !shared.stop.load(Ordering::Relaxed) {
         let (n, from) = match sock.recv_from(&mut buf) {
             Ok(x) => x,
@@ -22,7 +23,16 @@ pub(crate) fn serve(sock: UdpSocket, shared: &Shared) {
             continue;
         }
         let Some(session) = shared.sessions.get(&req.token, from.ip().to_canonical()) else { continue };
-        let (rx_count, dscp) = {
+        let dscp = {
+            let streams = session.streams.lock().unwrap();
+            let Some(st) = streams.get(&req.stream) else { continue };
+            st.dscp
+        };
+        if current_dscp.map(|c| c.0) != Some(dscp) {
+            // One socket serves every stream: switch its marking only when the stream's differs.
+            current_dscp = Some((dscp, netio::apply_dscp(socket2::SockRef::from(&sock), dscp, &from).ok()));
+        }
+        let rx_count = {
             let mut streams = session.streams.lock().unwrap();
             let Some(st) = streams.get_mut(&req.stream) else { continue };
             if !st.bucket.take(Instant::now()) {
@@ -30,13 +40,9 @@ pub(crate) fn serve(sock: UdpSocket, shared: &Shared) {
                 continue;
             }
             st.received += 1;
-            (st.received, st.dscp)
+            st.dscp_applied = current_dscp.and_then(|c| c.1);
+            st.received
         };
-        if current_dscp != Some(dscp) {
-            // One socket serves every stream: switch its marking only when the stream's differs.
-            let _ = netio::set_dscp(socket2::SockRef::from(&sock), dscp, &from);
-            current_dscp = Some(dscp);
-        }
         let reply = Probe {
             kind: Kind::Reply,
             server_recv_ns: recv_ns,
