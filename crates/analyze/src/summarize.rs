@@ -314,8 +314,16 @@ fn loss(streams: &[StreamCounts]) -> Loss {
     l
 }
 
+/// RPM from the completed probes of the last MAD intervals of the load (the draft's window;
+/// older result files without the run's intervals: the loaded window), with the probes of the
+/// whole load that never completed counted.
 fn rpm_summary(result: &ResultFile, idle: Option<Window>, load: Option<Window>) -> Option<Rpm> {
-    let w = load?;
+    let phase = phase_window(result, "load")?;
+    let run = result.metadata.rpm.as_ref();
+    let w = match run {
+        Some(r) => Window { start: (phase.end - f64::from(r.mad) * r.interval_s).max(phase.start), end: phase.end },
+        None => load?,
+    };
     let get = |name: &str, w: Window| result.series(name).map(|x| values(x, w).collect::<Vec<_>>()).unwrap_or_default();
     let connect = get("rpm foreign-connect", w);
     let request = get("rpm foreign-request", w);
@@ -325,6 +333,12 @@ fn rpm_summary(result: &ResultFile, idle: Option<Window>, load: Option<Window>) 
         let both: Vec<f64> = get("rpm foreign-connect", iw).into_iter().chain(get("rpm foreign-request", iw)).collect();
         stats::trimmed_mean(&both, rpm::KEEP).map(|tm| 60_000.0 / tm)
     });
+    // A foreign probe failed when its connect or its request did not complete.
+    let unanswered = |name: &str| result.series(name).map_or(0, |x| x.samples.iter().filter(|(t, v)| phase.contains(*t) && v.is_none()).count());
+    let foreign_failed = match (result.series("rpm foreign-connect"), result.series("rpm foreign-request")) {
+        (Some(c), Some(r)) => c.samples.iter().zip(&r.samples).filter(|((t, a), (_, b))| phase.contains(*t) && (a.is_none() || b.is_none())).count(),
+        _ => 0,
+    };
     Some(Rpm {
         rpm: value,
         foreign,
@@ -332,7 +346,10 @@ fn rpm_summary(result: &ResultFile, idle: Option<Window>, load: Option<Window>) 
         idle: idle_rpm,
         band: rpm::band(value).to_string(),
         load_connections: result.metadata.params.get("load_connections").and_then(|v| v.as_u64()).unwrap_or(0) as usize,
-        probes: connect.len() + loaded.len(),
+        probes: request.len() + loaded.len(),
+        probe_timeouts: foreign_failed + unanswered("rpm loaded"),
+        confidence: run.map_or("medium", |r| rpm::confidence(r).name()).to_string(),
+        window_s: w.end - w.start,
     })
 }
 
@@ -356,6 +373,7 @@ mod tests {
             flows: vec![],
             streams,
             lab: None,
+            rpm: None,
         }
     }
 

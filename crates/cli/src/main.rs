@@ -154,6 +154,13 @@ struct TestArgs {
     /// UDP latency probe size in bytes (56..1472).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(56..=1472))]
     probe_size: u16,
+    /// rpm: the responsiveness draft's interval (ID) in seconds: one more load connection per
+    /// direction each interval; goodput, then responsiveness, count as saturated when the
+    /// moving averages of 4 intervals stay within 5%, and the test then ends (else at --length,
+    /// with lower confidence). Draft -09 proposes 5 s, which needs a --length of 60 or more; 1 s
+    /// is draft -08's value and every deployed client's.
+    #[arg(long, default_value_t = 1.0, value_parser = positive_seconds)]
+    rpm_interval: f64,
     /// Result file (versioned JSON, gzipped when the name ends in .gz). Default:
     /// bloatlab-TEST-TIMESTAMP.json.gz
     #[arg(short, long)]
@@ -164,6 +171,13 @@ struct TestArgs {
     /// No progress output.
     #[arg(short, long)]
     quiet: bool,
+}
+
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.1..=60.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}`: want seconds between 0.1 and 60")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -277,6 +291,7 @@ fn test(a: TestArgs) -> ExitCode {
         dscp: a.dscp,
         under_load: a.under_load,
         probe_size: a.probe_size,
+        rpm_interval: a.rpm_interval,
     };
     let progress = if a.quiet {
         ProgressMode::Quiet

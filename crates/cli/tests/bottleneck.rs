@@ -159,3 +159,58 @@ fn voip_over_an_idle_path_is_clean() {
     assert!(mos > 4.0, "MOS {mos}: {}", s["voip"]);
     assert!(f(&s, "loss.percent") < 1.0, "{}", s["loss"]);
 }
+
+/// RPM through the same line with deep and with short FIFOs. A round trip under load waits in
+/// both queues: up to 0.6 + 2.4 s with 1000 packets, 18 + 73 ms with 30. Probes ride with the
+/// draft's load (one more connection each way per second, up to 16), so responsiveness is far
+/// below idle through the deep FIFOs and near the short FIFOs' bound through the short ones.
+#[test]
+fn rpm_through_deep_fifos_is_far_below_idle_and_through_short_ones_near_their_bound() {
+    let _g = serial();
+    let Some(t) = topo("p", 1000) else { return };
+    let _srv = t.server();
+    let (deep, deep_file) = measure_file(&t, &["rpm", "--cc", "cubic", "-l", "15", "--idle", "2"]);
+    let rpm_deep = f(&deep, "rpm.rpm");
+    let idle_rpm = f(&deep, "rpm.idle");
+    // Idle: a handshake and a request through veths, well under 2 ms each.
+    assert!(idle_rpm > 30_000.0, "idle RPM {idle_rpm}");
+    // Deep FIFOs: every probe waits hundreds of ms; 60000 / 200 ms = 300 RPM ("poor").
+    assert!(rpm_deep < 300.0 && rpm_deep * 50.0 < idle_rpm, "deep FIFOs: {} RPM, idle {idle_rpm}", rpm_deep);
+    assert!(deep_file.metadata.rpm.as_ref().is_some_and(|r| r.intervals.len() >= 10), "the draft's intervals are recorded");
+
+    t.reshape(30, "20mbit", "5mbit").unwrap();
+    let (short, short_file) = measure_file(&t, &["rpm", "--cc", "cubic", "-l", "15", "--idle", "2"]);
+    let rpm_short = f(&short, "rpm.rpm");
+    // A handshake waits at most in both full short FIFOs: 18 + 73 = 91 ms. The means also carry
+    // the tail drops of 30-packet FIFOs under 32 cubic flows (a lost SYN costs 1 s: measured
+    // foreign 390 RPM, a mean of 154 ms), so the bound holds for the median.
+    let bound_ms = (fifo_delay_s(30, DOWN_MBPS) + fifo_delay_s(30, UP_MBPS)) * 1e3;
+    let load = short_file.metadata.phases.iter().find(|p| p.name == "load").unwrap();
+    let mut connects: Vec<f64> = short_file.series("rpm foreign-connect").unwrap().samples.iter().filter(|s| s.0 > load.start + 5.0 && s.0 < load.end).filter_map(|s| s.1).collect();
+    connects.sort_by(f64::total_cmp);
+    let median = connects[connects.len() / 2];
+    assert!(median <= bound_ms + 10.0, "short FIFOs: median handshake {median} ms, both queues hold {bound_ms} ms");
+    assert!(rpm_short > 5.0 * rpm_deep, "short FIFOs {rpm_short} RPM, deep {rpm_deep} RPM");
+    for s in [&deep, &short] {
+        assert!(s["rpm"]["probe_timeouts"].as_u64().is_some(), "{}", s["rpm"]);
+        assert!(matches!(s["rpm"]["confidence"].as_str(), Some("low" | "medium" | "high")), "{}", s["rpm"]);
+    }
+}
+
+/// A call under 4 + 4 bulk flows: through 1000-packet FIFOs its packets wait up to 0.6 s down
+/// and 2.4 s up, which the E-model's delay impairment punishes; through 30-packet FIFOs the
+/// mouth-to-ear delay stays near 100 ms and the call is fine despite some tail drops.
+#[test]
+fn voip_under_load_is_worse_through_deep_fifos_than_through_short_ones() {
+    let _g = serial();
+    let Some(t) = topo("w", 1000) else { return };
+    let _srv = t.server();
+    let deep = measure(&t, &["voip", "--under-load", "--cc", "cubic", "-l", "12", "--idle", "2"]);
+    t.reshape(30, "20mbit", "5mbit").unwrap();
+    let short = measure(&t, &["voip", "--under-load", "--cc", "cubic", "-l", "12", "--idle", "2"]);
+    let (mos_deep, mos_short) = (f(&deep, "voip.mos"), f(&short, "voip.mos"));
+    assert!(mos_deep < 3.0, "deep FIFOs: MOS {mos_deep} ({})", deep["voip"]);
+    assert!(mos_short > mos_deep + 0.8, "short FIFOs: MOS {mos_short}, deep {mos_deep} ({})", short["voip"]);
+    // The deep case's worse direction is the one whose FIFO drains slowest: up (2.4 s).
+    assert!(f(&deep, "voip.mouth_to_ear_up_ms") > f(&short, "voip.mouth_to_ear_up_ms") + 200.0, "{} vs {}", deep["voip"], short["voip"]);
+}

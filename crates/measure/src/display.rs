@@ -215,8 +215,8 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
         let idle = r.idle.map_or(String::new(), |i| format!(", idle {i:.0}"));
         let _ = writeln!(
             out,
-            "Responsiveness          {:.0} RPM ({})  foreign {:.0}, loaded {:.0}{idle}; {} load connections, {} probes",
-            r.rpm, r.band, r.foreign, r.loaded, r.load_connections, r.probes
+            "Responsiveness          {:.0} RPM ({}, confidence {})  foreign {:.0}, loaded {:.0}{idle}; {} load connections, {} probes over the last {:.0} s, {} timed out",
+            r.rpm, r.band, r.confidence, r.foreign, r.loaded, r.load_connections, r.probes, r.window_s, r.probe_timeouts
         );
     }
     if let (Some(a), Some(g)) = (s.added_latency_ms, &s.grade) {

@@ -23,6 +23,11 @@ pub struct PingLog {
 }
 
 impl PingLog {
+    /// Send times of the pings still waiting for their pong.
+    pub fn unanswered(&self) -> Vec<u64> {
+        self.pending.lock().unwrap().values().copied().collect()
+    }
+
     fn pong(&self, id: u64) {
         let now = netio::mono_ns();
         if let Some(sent) = self.pending.lock().unwrap().remove(&id) {
@@ -140,16 +145,21 @@ impl FlowConn {
             let (tx, rx) = mpsc::channel::<u64>();
             let (stop, broken) = (stop.clone(), broken.clone());
             let mut w = stream.try_clone().map_err(MeasureError::io("flow socket"))?;
+            let responsive = flow.responsive;
             threads.push(std::thread::spawn(move || {
                 let mut chunk = vec![0u8; frame::HEADER_LEN + frame::DATA_PAYLOAD];
-                chunk[..frame::HEADER_LEN].copy_from_slice(&frame::data_header(frame::DATA_PAYLOAD));
                 while !stop.load(Ordering::Relaxed) {
                     while let Ok(id) = rx.try_recv() {
                         if write_until_stopped(&mut w, &frame::ping(id), &stop).is_err() {
                             break;
                         }
                     }
-                    if write_until_stopped(&mut w, &chunk, &stop).is_err() {
+                    let payload = match responsive {
+                        true => frame::responsive_payload(netio::keep_unsent_small(&w).unwrap_or(frame::RESPONSIVE_PAYLOAD as u32)),
+                        false => frame::DATA_PAYLOAD,
+                    };
+                    chunk[..frame::HEADER_LEN].copy_from_slice(&frame::data_header(payload));
+                    if write_until_stopped(&mut w, &chunk[..frame::HEADER_LEN + payload], &stop).is_err() {
                         if !stop.load(Ordering::Relaxed) {
                             broken.store(true, Ordering::Relaxed);
                         }

@@ -9,9 +9,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 
-/// RPM: a new load connection is only added while goodput still grows by this much per step.
-const RPM_GROWTH: f64 = 1.05;
-
 /// A flow that could not be opened or whose connection broke: reported, not fatal.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Failure {
@@ -19,22 +16,6 @@ pub struct Failure {
     /// Seconds since the test started.
     pub t: f64,
     pub why: String,
-}
-
-/// The draft's load ramp (RPM): new connections only while the total goodput still grows.
-struct Ramp {
-    open: bool,
-    last_goodput: f64,
-}
-
-impl Ramp {
-    fn admits(&mut self, goodput_now: f64) -> bool {
-        if self.open && goodput_now < self.last_goodput * RPM_GROWTH {
-            self.open = false;
-        }
-        self.last_goodput = goodput_now;
-        self.open
-    }
 }
 
 /// A flow's name and how its opening went.
@@ -46,7 +27,6 @@ pub struct Load {
     pings: Arc<PingLog>,
     /// Not yet due, earliest first.
     pending: Vec<plan::Flow>,
-    ramp: Option<Ramp>,
     opening: usize,
     opened_tx: mpsc::Sender<Opened>,
     opened_rx: mpsc::Receiver<Opened>,
@@ -57,8 +37,7 @@ pub struct Load {
 }
 
 impl Load {
-    /// `ramp`: open later flows only while goodput grows (RPM), instead of all as planned.
-    pub fn new(addr: SocketAddr, token: Token, mut flows: Vec<plan::Flow>, pings: Arc<PingLog>, ramp: bool) -> Load {
+    pub fn new(addr: SocketAddr, token: Token, mut flows: Vec<plan::Flow>, pings: Arc<PingLog>) -> Load {
         flows.sort_by(|a, b| a.start_after.total_cmp(&b.start_after));
         let (opened_tx, opened_rx) = mpsc::channel();
         Load {
@@ -66,7 +45,6 @@ impl Load {
             token,
             pings,
             pending: flows,
-            ramp: ramp.then_some(Ramp { open: true, last_goodput: 0.0 }),
             opening: 0,
             opened_tx,
             opened_rx,
@@ -78,7 +56,7 @@ impl Load {
 
     /// Seconds into the load phase at which the next planned flow is due, if any.
     pub fn next_due(&self) -> Option<f64> {
-        if self.stopped || self.ramp.as_ref().is_some_and(|r| !r.open) {
+        if self.stopped {
             return None;
         }
         self.pending.first().map(|f| f.start_after)
@@ -90,15 +68,6 @@ impl Load {
         let due = self.pending.iter().take_while(|f| f.start_after <= load_t).count();
         if due == 0 || self.stopped {
             return;
-        }
-        if !self.flows.is_empty() {
-            let goodput = self.latest_goodput();
-            if let Some(ramp) = self.ramp.as_mut() {
-                if !ramp.admits(goodput) {
-                    self.pending.clear();
-                    return;
-                }
-            }
         }
         for flow in self.pending.drain(..due).collect::<Vec<_>>() {
             let (addr, token, pings, tx) = (self.addr, self.token, self.pings.clone(), self.opened_tx.clone());
@@ -157,11 +126,6 @@ impl Load {
         }
     }
 
-    /// Sum of the running flows' latest samples, Mbit/s.
-    fn latest_goodput(&self) -> f64 {
-        self.flows.iter().filter(|f| !f.failed).filter_map(|f| f.samples.last().and_then(|s| s.1)).sum()
-    }
-
     /// Mean goodput of one direction over the last `secs` seconds before `t`, if it has flows.
     pub fn recent_mbps(&self, dir: Direction, t: f64, secs: f64) -> Option<f64> {
         let flows: Vec<&FlowConn> = self.flows.iter().filter(|f| f.flow.spec.direction == dir).collect();
@@ -181,20 +145,5 @@ impl Load {
         for f in self.flows.iter_mut() {
             f.stop();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_ramp_closes_when_goodput_stops_growing_by_five_percent() {
-        let mut r = Ramp { open: true, last_goodput: 0.0 };
-        assert!(r.admits(10.0));
-        assert!(r.admits(20.0));
-        assert!(r.admits(21.0), "21 >= 20 x 1.05");
-        assert!(!r.admits(21.5), "21.5 < 21 x 1.05");
-        assert!(!r.admits(100.0), "once closed it stays closed");
     }
 }

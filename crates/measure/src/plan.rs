@@ -61,6 +61,8 @@ pub struct Params {
     pub under_load: bool,
     /// UDP probe payload size, bytes.
     pub probe_size: u16,
+    /// rpm: the draft's interval (ID), seconds: one more load connection per direction each.
+    pub rpm_interval: f64,
 }
 
 /// A probe stream of the plan, with the name its series carry.
@@ -77,6 +79,9 @@ pub struct Flow {
     pub spec: FlowSpec,
     /// Seconds into the load phase at which the flow opens (RPM adds load gradually).
     pub start_after: f64,
+    /// RPM load: small frames, and unsent data in the socket kept near 5 ms of the flow's rate,
+    /// so that a probe on the connection waits behind little more than the network's queue.
+    pub responsive: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -111,8 +116,6 @@ pub const VOIP_INTERVAL_US: u32 = 20_000;
 pub const VOIP_SIZE: u16 = 172;
 /// RPM: load connections per direction at most (the draft's MNP).
 pub const RPM_MAX_CONNECTIONS: u16 = 16;
-/// RPM: one new load connection per direction each this many seconds (the draft's ID).
-pub const RPM_RAMP_INTERVAL: f64 = 1.0;
 /// Probes after the load, for the second clock estimate: long enough for the fastest third of
 /// them to find drained queues (a 1000-packet FIFO at 20 Mbit/s drains in 0.6 s).
 pub const SETTLE_S: f64 = 2.0;
@@ -124,10 +127,11 @@ pub fn plan(p: &Params) -> Plan {
         spec: StreamSpec { id, interval_us: step_us, size: p.probe_size, dscp },
     };
     let mut flows = Vec::new();
+    let responsive = p.test == TestKind::Rpm;
     let mut add = |direction: Direction, dscp: u8, start_after: f64| {
         let id = flows.len() as u16 + 1;
         let name = format!("tcp {} {} {}", direction.as_str(), id, dscp_name(dscp));
-        flows.push(Flow { name, spec: FlowSpec { id, direction, dscp, cc: p.cc.clone() }, start_after });
+        flows.push(Flow { name, spec: FlowSpec { id, direction, dscp, cc: p.cc.clone() }, start_after, responsive });
     };
     let mut streams = vec![probe(0, "udp-be", 0)];
     let (mut idle, mut load) = (p.idle, p.length);
@@ -175,11 +179,15 @@ pub fn plan(p: &Params) -> Plan {
             }
         }
         TestKind::Rpm => {
+            // The draft: start with one connection (per direction: both are tested at once, as
+            // Apple's networkQuality does by default) and add one each interval, up to 16,
+            // whether or not goodput still grows.
             for i in 0..RPM_MAX_CONNECTIONS {
-                add(Direction::Down, 0, f64::from(i) * RPM_RAMP_INTERVAL);
-                add(Direction::Up, 0, f64::from(i) * RPM_RAMP_INTERVAL);
+                add(Direction::Down, 0, f64::from(i) * p.rpm_interval);
+                add(Direction::Up, 0, f64::from(i) * p.rpm_interval);
             }
-            // The draft caps probing at 100 probe pairs per second; 10 per second is plenty.
+            // The draft allows 100 probes per interval (MPS), as many foreign as self probes;
+            // 10 pairs per second keep within it for any interval of 1 s or more.
             connect = Some(Duration::from_millis(100));
             loaded = Some(Duration::from_millis(100));
         }
@@ -193,7 +201,7 @@ mod tests {
     use super::*;
 
     fn params(test: TestKind) -> Params {
-        Params { test, length: 30.0, idle: 5.0, step: 0.01, flows: 4, cc: None, dscp: 46, under_load: false, probe_size: 64 }
+        Params { test, length: 30.0, idle: 5.0, step: 0.01, flows: 4, cc: None, dscp: 46, under_load: false, probe_size: 64, rpm_interval: 1.0 }
     }
 
     #[test]
@@ -231,6 +239,10 @@ mod tests {
         let p = plan(&params(TestKind::Rpm));
         assert_eq!(p.flows.len(), 32);
         assert_eq!(p.flows[2].start_after, 1.0);
+        assert!(p.flows.iter().all(|f| f.responsive));
         assert!(p.loaded_probe_interval.is_some());
+        let p5 = plan(&Params { rpm_interval: 5.0, ..params(TestKind::Rpm) });
+        assert_eq!(p5.flows[31].start_after, 75.0);
+        assert!(!plan(&params(TestKind::Rrul)).flows[0].responsive);
     }
 }

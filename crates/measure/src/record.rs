@@ -148,15 +148,17 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
         }
     }
     if live.rpm {
-        let done = live.pings.done.lock().unwrap();
-        result.series.push(Series {
-            name: "rpm loaded".into(),
-            kind: SeriesKind::Latency,
-            direction: None,
-            dscp: Some(0),
-            unit: "ms".into(),
-            samples: done.iter().map(|(t, ms)| (secs(live.t0, *t), Some(*ms))).collect(),
-        });
+        let mut samples: Vec<(f64, Option<f64>)> = live.pings.done.lock().unwrap().iter().map(|(t, ms)| (secs(live.t0, *t), Some(*ms))).collect();
+        // At the end, a ping still without its pong never completed: kept as a timeout, unless
+        // it went out so shortly before the load ended (within the longest answered round trip,
+        // at least 1 s) that closing the flow cut it off.
+        if let (true, Some(load_end)) = (live.finished, live.settle_start) {
+            let longest = samples.iter().filter_map(|s| s.1).fold(0.0, f64::max) / 1e3;
+            let cutoff = load_end - longest.max(1.0);
+            samples.extend(live.pings.unanswered().into_iter().map(|t| (secs(live.t0, t), None)).filter(|s| s.0 < cutoff));
+            samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
+        result.series.push(Series { name: "rpm loaded".into(), kind: SeriesKind::Latency, direction: None, dscp: Some(0), unit: "ms".into(), samples });
     }
     let failure = |name: &str| live.failures.iter().find(|f| f.flow == name).map(|f| f.why.clone());
     for flow in live.flows {

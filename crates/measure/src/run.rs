@@ -9,6 +9,7 @@ use crate::plan::{self, Params, TestKind};
 use crate::probe::ProbeStream;
 use crate::record::{self, Live};
 use crate::{target, MeasureError};
+use bloatlab_analyze::rpm;
 use bloatlab_netio as netio;
 use bloatlab_proto::{Direction, FlowReport, StreamReport, TestRequest};
 use bloatlab_result::{self as result, Host, Metadata, Phase, ResultFile};
@@ -85,9 +86,11 @@ pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, Measu
         probes.push(ProbeStream::start(control.addr, control.token, s.clone())?);
     }
     let conn = plan.connect_probe_interval.map(|i| ConnProber::start(control.addr, control.token, i));
-    let load = Load::new(control.addr, control.token, plan.flows.clone(), pings.clone(), params.test == TestKind::Rpm);
+    let load = Load::new(control.addr, control.token, plan.flows.clone(), pings.clone());
     let progress = crate::display::Progress::new(opts.progress);
-    let mut test = Test { params, plan, t0, meta, pings, probes, conn, load, snapshots, progress };
+    let load_end = plan.load_end();
+    let rpm = (params.test == TestKind::Rpm).then(|| RpmRamp { saturation: rpm::Saturation::new(params.rpm_interval), next: params.rpm_interval });
+    let mut test = Test { params, plan, load_end, rpm, t0, meta, pings, probes, conn, load, snapshots, progress };
     let ended = test.drive(&control, opts);
     let end_t = test.elapsed();
     test.stop_and_drain(&ended, opts);
@@ -123,6 +126,7 @@ fn metadata(params: &Params, host: &str, control: &Control) -> Metadata {
         flows: Vec::new(),
         streams: Vec::new(),
         lab: None,
+        rpm: None,
     }
 }
 
@@ -158,10 +162,21 @@ impl Snapshots {
     }
 }
 
+/// The responsiveness draft's intervals: when the next one ends, and the saturation test.
+struct RpmRamp {
+    saturation: rpm::Saturation,
+    /// Seconds into the load phase at which the current interval ends.
+    next: f64,
+}
+
 /// One running test: what it has opened and measured so far.
 struct Test<'a> {
     params: &'a Params,
     plan: plan::Plan,
+    /// Seconds from the test start at which the load ends: the plan's, or earlier when an RPM
+    /// test has its answer.
+    load_end: f64,
+    rpm: Option<RpmRamp>,
     t0: u64,
     meta: Metadata,
     pings: Arc<PingLog>,
@@ -177,6 +192,40 @@ impl Test<'_> {
         (netio::mono_ns() - self.t0) as f64 / 1e9
     }
 
+    fn total(&self) -> f64 {
+        self.load_end + self.plan.settle
+    }
+
+    /// RPM: at the end of each of the draft's intervals, the goodput of that interval per
+    /// direction and the responsiveness of the last MAD intervals' probes go to the saturation
+    /// test; once it has its answer, the load ends here.
+    fn rpm_interval(&mut self, t: f64) {
+        let Some(r) = self.rpm.as_mut() else { return };
+        let load_t = t - self.plan.idle;
+        if load_t < r.next || t >= self.load_end {
+            return;
+        }
+        let id = self.params.rpm_interval;
+        r.next += id;
+        let down = self.load.recent_mbps(Direction::Down, t, id);
+        let up = self.load.recent_mbps(Direction::Up, t, id);
+        let since = self.t0 + ((t - id * rpm::MAD as f64).max(self.plan.idle) * 1e9) as u64;
+        let (mut connect, mut request) = (Vec::new(), Vec::new());
+        if let Some(c) = &self.conn {
+            for &(_, tcp, req) in c.log.lock().unwrap().iter().filter(|r| r.0 >= since) {
+                if let (Some(tcp), Some(req)) = (tcp, req) {
+                    connect.push(tcp);
+                    request.push(req);
+                }
+            }
+        }
+        let loaded: Vec<f64> = self.pings.done.lock().unwrap().iter().filter(|p| p.0 >= since).map(|p| p.1).collect();
+        let responsiveness = rpm::rpm(&connect, &request, &loaded).map(|x| x.0);
+        if r.saturation.interval(t, down, up, responsiveness) {
+            self.load_end = t;
+        }
+    }
+
     /// The main loop: opens flows as they fall due, samples every step, sends probes on loaded
     /// connections, shows progress and writes snapshots, until the plan ends or something stops it.
     fn drive(&mut self, control: &Control, opts: &Options) -> Ended {
@@ -185,7 +234,7 @@ impl Test<'_> {
         let mut ping_id = 0u64;
         loop {
             let t = self.elapsed();
-            if t >= self.plan.total() {
+            if t >= self.total() {
                 return Ended::Complete;
             }
             if opts.stop.load(Ordering::Relaxed) {
@@ -195,16 +244,17 @@ impl Test<'_> {
                 return Ended::ServerLost("the server closed the control connection".into());
             }
             let load_t = t - self.plan.idle;
-            let loading = load_t >= 0.0 && t < self.plan.load_end();
+            let loading = load_t >= 0.0 && t < self.load_end;
             if loading {
                 self.load.open_due(load_t, t);
-            } else if t >= self.plan.load_end() && self.plan.load > 0.0 {
+            } else if t >= self.load_end && self.plan.load > 0.0 {
                 // Settling: the queues drain while the probes go on (second clock estimate).
                 self.load.stop();
             }
             self.load.take_opened(t);
             if t >= next_sample {
                 self.load.sample(t);
+                self.rpm_interval(t);
                 next_sample += step;
                 if next_sample < t {
                     next_sample = t + step;
@@ -248,7 +298,7 @@ impl Test<'_> {
         });
         let phase = if t < self.plan.idle || self.plan.load == 0.0 {
             "idle"
-        } else if t < self.plan.load_end() {
+        } else if t < self.load_end {
             "load"
         } else {
             "settle"
@@ -257,7 +307,7 @@ impl Test<'_> {
             test: self.params.test.name(),
             phase,
             elapsed: t,
-            total: self.plan.total(),
+            total: self.total(),
             down_mbps: self.load.recent_mbps(Direction::Down, t, 0.5),
             up_mbps: self.load.recent_mbps(Direction::Up, t, 0.5),
             rtt_ms: rtt,
@@ -270,11 +320,12 @@ impl Test<'_> {
         let mut meta = self.meta.clone();
         let mut phases = vec![Phase { name: "idle".into(), start: 0.0, end: self.plan.idle }];
         if self.plan.load > 0.0 {
-            phases.push(Phase { name: "load".into(), start: self.plan.idle, end: self.plan.load_end() });
-            phases.push(Phase { name: "settle".into(), start: self.plan.load_end(), end: self.plan.total() });
+            phases.push(Phase { name: "load".into(), start: self.plan.idle, end: self.load_end });
+            phases.push(Phase { name: "settle".into(), start: self.load_end, end: self.total() });
         }
         meta.phases = cut_phases(&phases, t);
         meta.params["load_connections"] = self.load.flows.len().into();
+        meta.rpm = self.rpm.as_ref().map(|r| r.saturation.run().clone());
         let conn_log = self.conn.as_ref().map(|c| c.log.lock().unwrap().clone());
         record::build(
             &meta,
@@ -282,7 +333,7 @@ impl Test<'_> {
                 t0: self.t0,
                 now: netio::mono_ns(),
                 idle_end: self.plan.idle,
-                settle_start: (self.plan.settle > 0.0).then(|| self.plan.load_end()),
+                settle_start: (self.plan.settle > 0.0).then_some(self.load_end),
                 flows: &self.load.flows,
                 failures: &self.load.failures,
                 probes: &self.probes,

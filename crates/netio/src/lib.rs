@@ -115,6 +115,13 @@ struct RawTcpInfo {
     max_pacing_rate: u64,
     bytes_acked: u64,
     bytes_received: u64,
+    segs_out: u32,
+    segs_in: u32,
+    notsent_bytes: u32,
+    min_rtt: u32,
+    data_segs_in: u32,
+    data_segs_out: u32,
+    delivery_rate: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -124,6 +131,10 @@ pub struct TcpInfo {
     pub rtt_us: u32,
     pub total_retrans: u32,
     pub snd_cwnd: u32,
+    /// Bytes written to the socket and not yet sent.
+    pub notsent_bytes: u32,
+    /// The kernel's latest delivery-rate estimate, bytes per second (0 before it has one).
+    pub delivery_rate: u64,
 }
 
 pub fn tcp_info(stream: &TcpStream) -> io::Result<TcpInfo> {
@@ -146,7 +157,53 @@ pub fn tcp_info(stream: &TcpStream) -> io::Result<TcpInfo> {
         return Err(io::Error::new(io::ErrorKind::Unsupported, "kernel too old for tcpi_bytes_acked"));
     }
     // The kernel counts the SYN's sequence number as one acknowledged byte.
-    Ok(TcpInfo { bytes_acked: raw.bytes_acked.saturating_sub(1), rtt_us: raw.rtt, total_retrans: raw.total_retrans, snd_cwnd: raw.snd_cwnd })
+    Ok(TcpInfo {
+        bytes_acked: raw.bytes_acked.saturating_sub(1),
+        rtt_us: raw.rtt,
+        total_retrans: raw.total_retrans,
+        snd_cwnd: raw.snd_cwnd,
+        notsent_bytes: raw.notsent_bytes,
+        delivery_rate: raw.delivery_rate,
+    })
+}
+
+/// How much unsent data a responsive sender lets its socket hold: 5 ms at the connection's
+/// delivery rate (draft-ietf-ippm-responsiveness: 625 B at 1 Mbit/s, 62 500 B at 100 Mbit/s),
+/// 16 KiB until the kernel has a rate estimate.
+pub fn unsent_budget(delivery_rate_bytes_per_s: u64) -> u32 {
+    if delivery_rate_bytes_per_s == 0 {
+        return 16 * 1024;
+    }
+    (delivery_rate_bytes_per_s / 200).clamp(1, u64::from(u32::MAX)) as u32
+}
+
+/// Before a responsive sender's write: TCP_NOTSENT_LOWAT set to `unsent_budget` of the
+/// connection's current delivery rate, so the write waits until the socket holds no more.
+/// Returns the budget.
+pub fn keep_unsent_small(stream: &TcpStream) -> io::Result<u32> {
+    let lowat = unsent_budget(tcp_info(stream)?.delivery_rate);
+    // SAFETY: a u32 option value of the right size for TCP_NOTSENT_LOWAT.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            &lowat as *const u32 as *const libc::c_void,
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(lowat)
+}
+
+/// Waits until `fd` is readable (for a listener: a connection is waiting) or `timeout` passed.
+pub fn wait_readable(fd: &impl AsRawFd, timeout: std::time::Duration) -> bool {
+    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
+    n > 0
 }
 
 /// Reads one `\n`-terminated line of at most `max` bytes. `Ok(None)` at a clean end of stream;
@@ -180,6 +237,14 @@ pub fn read_line(r: &mut impl BufRead, max: usize) -> io::Result<Option<Vec<u8>>
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    #[test]
+    fn the_unsent_budget_is_five_ms_of_the_rate() {
+        assert_eq!(unsent_budget(125_000), 625, "1 Mbit/s");
+        assert_eq!(unsent_budget(12_500_000), 62_500, "100 Mbit/s");
+        assert_eq!(unsent_budget(0), 16 * 1024, "no estimate yet");
+        assert_eq!(unsent_budget(100), 1);
+    }
 
     #[test]
     fn a_mark_is_read_back_and_a_refused_one_is_named() {

@@ -6,6 +6,18 @@ pub const HEADER_LEN: usize = 4;
 pub const MAX_PAYLOAD: usize = (1 << 24) - 1;
 /// Payload of a data frame the senders write: large enough that headers cost 0.02%.
 pub const DATA_PAYLOAD: usize = 128 * 1024;
+/// Largest payload of a data frame on a responsiveness (RPM) load connection: HTTP/2's default
+/// frame, so a probe on the connection never waits behind more application data than in the
+/// draft's tests. See [`responsive_payload`].
+pub const RESPONSIVE_PAYLOAD: usize = 16 * 1024;
+
+/// The payload of a responsive sender's next data frame, from the unsent data its socket may
+/// hold (5 ms of the connection's rate): a probe queued behind the frame being written then
+/// waits about as long as behind the socket's own budget. 1 KiB to 16 KiB: a 16 KiB frame takes
+/// 0.4 s at the 0.3 Mbit/s one of 16 flows gets from 5 Mbit/s.
+pub fn responsive_payload(unsent_budget: u32) -> usize {
+    (unsent_budget as usize).clamp(1024, RESPONSIVE_PAYLOAD)
+}
 /// Read size of the receivers: the size iperf3 uses; larger buffers measured slower on loopback
 /// (the copy out of the socket falls out of the L2 cache).
 pub const READ_BUFFER: usize = 128 * 1024;

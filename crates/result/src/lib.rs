@@ -110,6 +110,9 @@ pub struct Metadata {
     /// Ground truth from an emulated network (filled in by the lab), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lab: Option<serde_json::Value>,
+    /// RPM tests: the draft's algorithm interval by interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpm: Option<RpmRun>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -129,6 +132,32 @@ pub struct FlowInfo {
     /// carried, read back after setting it: the mark as applied, not as intended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dscp_applied: Option<u8>,
+}
+
+/// How an RPM test went, interval by interval (draft-ietf-ippm-responsiveness's algorithm).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RpmRun {
+    /// ID: seconds per interval; one load connection per direction was added each interval.
+    pub interval_s: f64,
+    /// MAD: intervals per moving average, and moving averages per stability test.
+    pub mad: u32,
+    /// SDT: the stability tolerance (standard deviation over the current value).
+    pub sdt: f64,
+    pub intervals: Vec<RpmInterval>,
+    /// Seconds into the test at which goodput (each loaded direction) became stable.
+    pub goodput_saturated_at: Option<f64>,
+    /// Seconds into the test at which responsiveness became stable after it: the test's end.
+    pub responsiveness_saturated_at: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RpmInterval {
+    /// Seconds into the test at which the interval ended.
+    pub t: f64,
+    pub down_mbps: Option<f64>,
+    pub up_mbps: Option<f64>,
+    /// RPM of the probes of the last MAD intervals, as it stood at the end of this one.
+    pub responsiveness: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -278,6 +307,7 @@ mod tests {
             flows: vec![],
             streams: vec![],
             lab: None,
+            rpm: None,
         });
         r.series.push(Series {
             name: "rtt udp-be".into(),

@@ -131,7 +131,20 @@ pub struct Rpm {
     /// "poor" | "fair" | "good" | "excellent".
     pub band: String,
     pub load_connections: usize,
+    /// Completed probes the result is computed from (foreign and self), those of the last MAD
+    /// intervals of the load.
     pub probes: usize,
+    /// Probes of the load phase that never completed (connection refused or timed out, no
+    /// answer on a loaded connection by the end): not in the means, but counted here.
+    #[serde(default)]
+    pub probe_timeouts: usize,
+    /// The draft's confidence: "low" (fewer than MAD intervals), "medium" (no stability),
+    /// "high" (goodput and responsiveness stable).
+    #[serde(default)]
+    pub confidence: String,
+    /// Seconds of load over which the result's probes were taken (the last MAD intervals).
+    #[serde(default)]
+    pub window_s: f64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

@@ -127,7 +127,8 @@ struct Shared {
 }
 
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    // Non-blocking accept with a short sleep so that stop() is noticed.
+    // Non-blocking accept, woken by the next connection or after 200 ms to notice stop(): a
+    // connection must never wait for a polling interval (it would add to every RPM probe).
     listener.set_nonblocking(true).expect("nonblocking listener");
     while !shared.stop.load(Ordering::Relaxed) {
         match listener.accept() {
@@ -146,7 +147,10 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     shared.connections.fetch_sub(1, Ordering::Relaxed);
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(20)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                netio::wait_readable(&listener, Duration::from_millis(200));
+            }
+            // Out of descriptors or memory: back off instead of spinning.
             Err(_) => thread::sleep(Duration::from_millis(20)),
         }
     }
@@ -361,19 +365,28 @@ fn sink_frames(mut reader: BufReader<TcpStream>, session: &Session, mut on_event
     }
 }
 
+/// Download data, with pongs between frames. An RPM test's flows are responsive, as the draft
+/// asks of its servers: unsent data in the socket kept near 5 ms of the connection's rate, and
+/// frames of about that size (at most HTTP/2's 16 KiB), so a pong waits behind the network's
+/// queue, not behind ours.
 fn send_frames(stream: &mut TcpStream, session: &Session, counter: &std::sync::atomic::AtomicU64, pongs: &mpsc::Receiver<u64>) {
+    let responsive = session.request.test == "rpm";
     let mut chunk = vec![0u8; frame::HEADER_LEN + frame::DATA_PAYLOAD];
-    chunk[..frame::HEADER_LEN].copy_from_slice(&frame::data_header(frame::DATA_PAYLOAD));
     while session.live() {
         while let Ok(id) = pongs.try_recv() {
             if write_fully(stream, &frame::pong(id), session).is_err() {
                 return;
             }
         }
-        if write_fully(stream, &chunk, session).is_err() {
+        let payload = match responsive {
+            true => frame::responsive_payload(netio::keep_unsent_small(stream).unwrap_or(frame::RESPONSIVE_PAYLOAD as u32)),
+            false => frame::DATA_PAYLOAD,
+        };
+        chunk[..frame::HEADER_LEN].copy_from_slice(&frame::data_header(payload));
+        if write_fully(stream, &chunk[..frame::HEADER_LEN + payload], session).is_err() {
             return;
         }
-        counter.fetch_add(frame::DATA_PAYLOAD as u64, Ordering::Relaxed);
+        counter.fetch_add(payload as u64, Ordering::Relaxed);
     }
 }
 
