@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# bloatlab side by side with its peers on one kernel bottleneck, in the same run:
+#   client - router - server network namespaces, HTB 20 Mbit/s down / 5 Mbit/s up with a pfifo
+#   of LIMIT packets on the router's egress (a shaper on a sender's own interface would hide
+#   the bloat), congestion control pinned in both end namespaces.
+# Per LIMIT, one after the other on the same line:
+#   rrul:     bloatlab rrul            | flent rrul (netperf + irtt + ping)
+#   bidir:    bloatlab tcp-bidir -f 8  | crusader's bidirectional phase (8 streams)
+#   download: bloatlab tcp-down -f 1   | irtt (10 ms) during an iperf3 -R download
+# and prints loaded RTT p50/p90 and goodput each way, with the ratio bloatlab/peer.
+#
+#   scripts/bench-peers.sh [--out DIR] [--length S] [--cc ALGO] [--limits "1000 30"]
+#
+# Needs root, iperf3, irtt, flent (apt-get install flent irtt iperf3 fping), netperf built with
+# --enable-demo (flent's requirement) and crusader's CLI built from source, on PATH or in
+# $PEERS_BIN (see BENCHMARKS.md for how they were built).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BLOATLAB:-$PWD/target/release/bloatlab}
+out=bench-peers-out
+length=20
+cc=cubic
+limits="1000 30"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=$2; shift 2 ;;
+    --length) length=$2; shift 2 ;;
+    --cc) cc=$2; shift 2 ;;
+    --limits) limits=$2; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "bench-peers: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+[ -n "${PEERS_BIN:-}" ] && export PATH="$PEERS_BIN:$PATH"
+[ "$(id -u)" = 0 ] || { echo "bench-peers: needs root (network namespaces)" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "bench-peers: build first (cargo build --release)" >&2; exit 1; }
+for tool in iperf3 irtt flent netperf netserver crusader python3 tc; do
+  command -v $tool >/dev/null || { echo "bench-peers: $tool not found (PATH or \$PEERS_BIN)" >&2; exit 1; }
+done
+mkdir -p "$out"
+out=$(cd "$out" && pwd -P)
+
+P=bp
+CLI=${P}cli RTR=${P}rtr SRV=${P}srv SRV_ADDR=10.99.3.1
+in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
+# Whatever stops the bench: end the servers, delete the namespaces.
+cleanup() {
+  for n in $CLI $RTR $SRV; do
+    pids=$(ip netns pids $n 2>/dev/null || true)
+    [ -n "$pids" ] && kill $pids 2>/dev/null || true
+  done
+  sleep 0.3
+  for n in $CLI $RTR $SRV; do ip netns del $n 2>/dev/null || true; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+topology_up() {
+  cleanup
+  for n in $CLI $RTR $SRV; do ip netns add $n; ip -n $n link set lo up; done
+  ip link add c0 netns $CLI type veth peer name rc netns $RTR
+  ip link add s0 netns $SRV type veth peer name rs netns $RTR
+  ip -n $CLI addr add 10.99.2.1/24 dev c0; ip -n $RTR addr add 10.99.2.254/24 dev rc
+  ip -n $SRV addr add $SRV_ADDR/24 dev s0; ip -n $RTR addr add 10.99.3.254/24 dev rs
+  for p in "$CLI c0" "$RTR rc" "$RTR rs" "$SRV s0"; do
+    set -- $p
+    # TCP's 64 KB software-GSO packets would count as one packet in a pfifo.
+    ip -n $1 link set $2 gso_max_size 1514 gso_max_segs 1 up
+    in_ns $1 ethtool -K $2 tso off gso off gro off >/dev/null 2>&1 || true
+  done
+  ip -n $CLI route add default via 10.99.2.254
+  ip -n $SRV route add default via 10.99.3.254
+  in_ns $RTR sysctl -qw net.ipv4.ip_forward=1
+  # Every tool's flows get the same congestion control, also those that cannot set it.
+  for n in $CLI $SRV; do in_ns $n sysctl -qw net.ipv4.tcp_congestion_control=$cc; done
+  in_ns $SRV "$BIN" server -q >/dev/null 2>&1 &
+  in_ns $SRV netserver -D >/dev/null 2>&1 &
+  in_ns $SRV irtt server -q >/dev/null 2>&1 &
+  in_ns $SRV iperf3 -s >/dev/null 2>&1 &
+  (cd "$out" && in_ns $SRV crusader serve >/dev/null 2>&1) &
+  sleep 1
+}
+
+shape() { # LIMIT
+  for spec in "rc 20mbit" "rs 5mbit"; do
+    set -- $spec
+    in_ns $RTR tc qdisc del dev $1 root 2>/dev/null || true
+    in_ns $RTR tc qdisc add dev $1 root handle 1: htb default 1
+    in_ns $RTR tc class add dev $1 parent 1: classid 1:1 htb rate $2
+    in_ns $RTR tc qdisc add dev $1 parent 1:1 handle 10: pfifo limit "$LIMIT"
+  done
+}
+
+bloatlab() { # name test args...
+  local name=$1; shift
+  in_ns $CLI "$BIN" test "$@" $SRV_ADDR --cc $cc -q --json -o "$out/$name.json.gz" > "$out/$name.summary.json"
+}
+
+for LIMIT in $limits; do
+  echo "== pfifo $LIMIT" >&2
+  topology_up
+  shape
+  echo "  rrul: bloatlab, flent" >&2
+  bloatlab "rrul.$LIMIT.bloatlab" rrul -l "$length" --idle 5
+  in_ns $CLI flent rrul -H $SRV_ADDR -l "$length" -s 0.05 -D "$out" -t "pfifo$LIMIT" -o /dev/null -f summary > "$out/rrul.$LIMIT.flent.txt" 2>&1 || echo "  flent failed: $(tail -n1 "$out/rrul.$LIMIT.flent.txt")" >&2
+  mv "$(ls -t "$out"/rrul-*pfifo$LIMIT*.flent.gz | head -n1)" "$out/rrul.$LIMIT.flent.gz" 2>/dev/null || true
+  echo "  bidirectional, 8 flows each way: bloatlab, crusader" >&2
+  bloatlab "bidir.$LIMIT.bloatlab" tcp-bidir --flows 8 -l "$length" --idle 5
+  (cd "$out" && in_ns $CLI crusader test $SRV_ADDR --streams 8 --load-duration "$length" --download-only-off 2>/dev/null) > "$out/bidir.$LIMIT.crusader.txt" 2>&1 || true
+  echo "  one download flow: bloatlab, irtt during iperf3" >&2
+  bloatlab "down.$LIMIT.bloatlab" tcp-down --flows 1 -l "$length" --idle 5
+  in_ns $CLI iperf3 -c $SRV_ADDR -R -t $((length + 2)) -C $cc -J > "$out/down.$LIMIT.iperf3.json" 2>&1 &
+  ip3=$!
+  sleep 2
+  in_ns $CLI irtt client -i 10ms -d "${length}s" -q -o "$out/down.$LIMIT.irtt.json" $SRV_ADDR >/dev/null 2>&1 || true
+  wait $ip3 || true
+done
+
+python3 - "$out" "$length" $limits <<'PY'
+import gzip, json, os, statistics, sys
+out, length, limits = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+def load(p):
+    try:
+        return json.load(gzip.open(p) if p.endswith(".gz") else open(p))
+    except Exception:
+        return None
+def pct(v, q):
+    v = sorted(x for x in v if x is not None)
+    if not v: return None
+    i = q * (len(v) - 1); lo = int(i); hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (i - lo)
+def bl(name):
+    s = load(f"{out}/{name}.summary.json")
+    if not s: return None
+    l = s["latency_ms"]["loaded"] or {}
+    return {"down": s["throughput_mbps"]["down"], "up": s["throughput_mbps"]["up"], "p50": l.get("p50"), "p90": l.get("p90")}
+def flent(limit):
+    d = load(f"{out}/rrul.{limit}.flent.gz")
+    if not d: return None
+    x, r = d["x_values"], d["results"]
+    # Load from 5 s to 5 s + length; leave out its first min(2 s, 20 %), as bloatlab does.
+    a, b = 5 + min(2, 0.2 * length), 5 + length
+    pick = lambda name: [v for t, v in zip(x, r.get(name, [])) if a <= t <= b and v is not None]
+    lat = pick("Ping (ms) ICMP") + pick("Ping (ms) UDP BE") + pick("Ping (ms) UDP BK") + pick("Ping (ms) UDP EF")
+    mean = lambda v: statistics.mean(v) if v else None
+    return {"down": mean(pick("TCP download sum")), "up": mean(pick("TCP upload sum")), "p50": pct(lat, .5), "p90": pct(lat, .9)}
+def irtt(limit):
+    d = load(f"{out}/down.{limit}.irtt.json")
+    i = load(f"{out}/down.{limit}.iperf3.json")
+    if not d: return None
+    rtts = [rt["delay"]["rtt"] / 1e6 for rt in d.get("round_trips", []) if rt.get("delay", {}).get("rtt")]
+    down = i["end"]["sum_received"]["bits_per_second"] / 1e6 if i and "end" in i else None
+    return {"down": down, "up": None, "p50": pct(rtts, .5), "p90": pct(rtts, .9)}
+def crusader(limit):
+    # crusader prints per phase "Throughput: X Mbps" style lines; read what its summary gives.
+    p = f"{out}/bidir.{limit}.crusader.txt"
+    if not os.path.exists(p): return None
+    return None
+fmt = lambda v: f"{'-':>8}" if v is None else f"{v:8.1f}"
+ratio = lambda a, b: f"{'-':>6}" if a is None or not b else f"{a / b:6.2f}"
+print("loaded RTT (ms) and goodput (Mbit/s), the same line in one run; ratio = bloatlab / peer")
+print(f"{'line':10} {'test':9} {'tool':10} {'down':>8} {'up':>8} {'RTT p50':>8} {'RTT p90':>8}   ratios: down     up    p50    p90")
+for limit in limits:
+    for test, blname, peer, pname in (("rrul", f"rrul.{limit}.bloatlab", flent(limit), "flent"),
+                                      ("bidir", f"bidir.{limit}.bloatlab", crusader(limit), "crusader"),
+                                      ("download", f"down.{limit}.bloatlab", irtt(limit), "irtt+iperf3")):
+        b = bl(blname)
+        for tool, v in (("bloatlab", b), (pname, peer)):
+            if v is None:
+                print(f"pfifo {limit:<4} {test:9} {tool:10} (no result)")
+                continue
+            line = f"pfifo {limit:<4} {test:9} {tool:10} {fmt(v['down'])} {fmt(v['up'])} {fmt(v['p50'])} {fmt(v['p90'])}"
+            if tool != "bloatlab" and b:
+                line += "        " + " ".join(ratio(b[k], v[k]) for k in ("down", "up", "p50", "p90"))
+            print(line)
+PY
