@@ -43,8 +43,10 @@ out=$(cd "$out" && pwd -P)
 P=bp
 CLI=${P}cli RTR=${P}rtr SRV=${P}srv SRV_ADDR=10.99.3.1
 in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
-# Whatever stops the bench: end the servers, delete the namespaces.
-cleanup() {
+# A namespace may only default to an algorithm the host allows unprivileged sockets to use:
+# allow $cc for the bench's duration, then restore the list.
+allowed=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
+remove_namespaces() {
   for n in $CLI $RTR $SRV; do
     pids=$(ip netns pids $n 2>/dev/null || true)
     [ -n "$pids" ] && kill $pids 2>/dev/null || true
@@ -52,11 +54,17 @@ cleanup() {
   sleep 0.3
   for n in $CLI $RTR $SRV; do ip netns del $n 2>/dev/null || true; done
 }
+# Whatever stops the bench: end the servers, delete the namespaces, restore the sysctl.
+cleanup() {
+  remove_namespaces
+  sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed" || true
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 topology_up() {
-  cleanup
+  remove_namespaces
+  sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed $cc"
   for n in $CLI $RTR $SRV; do ip netns add $n; ip -n $n link set lo up; done
   ip link add c0 netns $CLI type veth peer name rc netns $RTR
   ip link add s0 netns $SRV type veth peer name rs netns $RTR
@@ -75,7 +83,7 @@ topology_up() {
   for n in $CLI $SRV; do in_ns $n sysctl -qw net.ipv4.tcp_congestion_control=$cc; done
   in_ns $SRV "$BIN" server -q >/dev/null 2>&1 &
   in_ns $SRV netserver -D >/dev/null 2>&1 &
-  in_ns $SRV irtt server -q >/dev/null 2>&1 &
+  in_ns $SRV irtt server -b $SRV_ADDR >/dev/null 2>&1 &
   in_ns $SRV iperf3 -s >/dev/null 2>&1 &
   (cd "$out" && in_ns $SRV crusader serve >/dev/null 2>&1) &
   sleep 1
@@ -102,11 +110,14 @@ for LIMIT in $limits; do
   shape
   echo "  rrul: bloatlab, flent" >&2
   bloatlab "rrul.$LIMIT.bloatlab" rrul -l "$length" --idle 5
-  in_ns $CLI flent rrul -H $SRV_ADDR -l "$length" -s 0.05 -D "$out" -t "pfifo$LIMIT" -o /dev/null -f summary > "$out/rrul.$LIMIT.flent.txt" 2>&1 || echo "  flent failed: $(tail -n1 "$out/rrul.$LIMIT.flent.txt")" >&2
+  in_ns $CLI flent rrul -H $SRV_ADDR -l "$length" -D "$out" -t "pfifo$LIMIT" -f summary > "$out/rrul.$LIMIT.flent.txt" 2>&1 || echo "  flent failed: $(tail -n1 "$out/rrul.$LIMIT.flent.txt")" >&2
   mv "$(ls -t "$out"/rrul-*pfifo$LIMIT*.flent.gz | head -n1)" "$out/rrul.$LIMIT.flent.gz" 2>/dev/null || true
   echo "  bidirectional, 8 flows each way: bloatlab, crusader" >&2
   bloatlab "bidir.$LIMIT.bloatlab" tcp-bidir --flows 8 -l "$length" --idle 5
-  (cd "$out" && in_ns $CLI crusader test $SRV_ADDR --streams 8 --load-duration "$length" --download-only-off 2>/dev/null) > "$out/bidir.$LIMIT.crusader.txt" 2>&1 || true
+  rm -rf "$out/crusader-results"
+  (cd "$out" && in_ns $CLI crusader test $SRV_ADDR --bidirectional --streams 8 --load-duration "$length" --out-name "bidir$LIMIT") > "$out/bidir.$LIMIT.crusader.txt" 2>&1 || echo "  crusader failed: $(tail -n1 "$out/bidir.$LIMIT.crusader.txt")" >&2
+  crr=$(ls "$out"/crusader-results/bidir$LIMIT*.crr 2>/dev/null | head -n1)
+  [ -n "$crr" ] && crusader export "$crr" -o "$out/bidir.$LIMIT.crusader.json" -f >/dev/null 2>&1 || true
   echo "  one download flow: bloatlab, irtt during iperf3" >&2
   bloatlab "down.$LIMIT.bloatlab" tcp-down --flows 1 -l "$length" --idle 5
   in_ns $CLI iperf3 -c $SRV_ADDR -R -t $((length + 2)) -C $cc -J > "$out/down.$LIMIT.iperf3.json" 2>&1 &
@@ -152,10 +163,27 @@ def irtt(limit):
     down = i["end"]["sum_received"]["bits_per_second"] / 1e6 if i and "end" in i else None
     return {"down": down, "up": None, "p50": pct(rtts, .5), "p90": pct(rtts, .9)}
 def crusader(limit):
-    # crusader prints per phase "Throughput: X Mbps" style lines; read what its summary gives.
-    p = f"{out}/bidir.{limit}.crusader.txt"
-    if not os.path.exists(p): return None
-    return None
+    # From crusader's raw data (its export): the bidirectional phase, less its first
+    # min(2 s, 20 %) as bloatlab and crusader itself trim; pings every 5 ms.
+    d = load(f"{out}/bidir.{limit}.crusader.json")
+    if not d: return None
+    sec = lambda v: v["secs"] + v["nanos"] / 1e9
+    ph = [p for p in d["test_data"] if p["kind"] == "Both"] or d["test_data"]
+    a, b = sec(ph[0]["start"]), sec(ph[0]["end"])
+    a += min(2.0, 0.2 * (b - a))
+    lat = [sec(p["latency"]["total"]) * 1e3 for p in d["pings"] if p.get("latency") and p["latency"].get("total") and a <= sec(p["sent"]) <= b]
+    def bytes_at(stream, t):
+        prev = 0
+        for x in stream["data"]:
+            if sec(x["time"]) > t: break
+            prev = x["bytes"]
+        return prev
+    rate = {True: 0.0, False: 0.0}
+    for g in d["stream_groups"]:
+        if not g["both"]: continue
+        for st in g["streams"]:
+            rate[g["download"]] += (bytes_at(st, b) - bytes_at(st, a)) * 8 / (b - a) / 1e6
+    return {"down": rate[True], "up": rate[False], "p50": pct(lat, .5), "p90": pct(lat, .9)}
 fmt = lambda v: f"{'-':>8}" if v is None else f"{v:8.1f}"
 ratio = lambda a, b: f"{'-':>6}" if a is None or not b else f"{a / b:6.2f}"
 print("loaded RTT (ms) and goodput (Mbit/s), the same line in one run; ratio = bloatlab / peer")

@@ -70,9 +70,45 @@ struct ServerArgs {
     /// Longest test accepted, in seconds (idle phase included).
     #[arg(long, default_value_t = 180)]
     max_duration: u64,
+    /// Tests one client address may run at once.
+    #[arg(long, default_value_t = 2)]
+    max_tests_per_ip: usize,
     /// Most bulk TCP flows in one test.
     #[arg(long, default_value_t = 32)]
     max_flows: usize,
+    /// Most UDP probe streams in one test.
+    #[arg(long, default_value_t = 8)]
+    max_streams: usize,
+    /// Most probe packets per second one test may announce, all its streams together.
+    #[arg(long, default_value_t = 2000)]
+    max_probe_pps: u32,
+    /// Mbit/s one test may move, both directions together (bulk flows are paced to it).
+    /// Default: no limit.
+    #[arg(long)]
+    max_rate: Option<f64>,
+    /// TCP connections open at once, of every kind; further ones are told the server is busy.
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
+    /// TCP connections one client address may have open at once.
+    #[arg(long, default_value_t = 64)]
+    max_connections_per_ip: usize,
+    /// Require this shared key (a file of at least 16 bytes; or the key itself in
+    /// BLOATLAB_KEY): clients prove it in the handshake (bloatlab test --key) and sign every
+    /// UDP probe; unsigned probes are dropped and counted.
+    #[arg(long, value_name = "FILE")]
+    key: Option<PathBuf>,
+    /// Serve only clients in these networks (CIDR, repeatable: --allow 192.0.2.0/24 --allow
+    /// 2001:db8::/32). Default: everyone.
+    #[arg(long, value_name = "CIDR")]
+    allow: Vec<ipnet::IpNet>,
+    /// DSCP marks clients may ask for (comma-separated numbers or names: BE,BK,EF,CS5).
+    /// Default: all.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = bloatlab_proto::parse_dscp)]
+    allow_dscp: Option<Vec<u8>>,
+    /// Tell clients without the key this host's kernel version and TCP congestion control
+    /// (recorded in their results); by default only clients with the key learn them.
+    #[arg(long)]
+    expose_host: bool,
     /// Do not log each test to stderr (the one "listening on" line is still printed: with
     /// port 0 it is the only way to learn the port).
     #[arg(long, short)]
@@ -161,6 +197,10 @@ struct TestArgs {
     /// is draft -08's value and every deployed client's.
     #[arg(long, default_value_t = 1.0, value_parser = positive_seconds)]
     rpm_interval: f64,
+    /// The server's shared key, when it requires one (a file; or the key itself in
+    /// BLOATLAB_KEY).
+    #[arg(long, value_name = "FILE")]
+    key: Option<PathBuf>,
     /// Result file (versioned JSON, gzipped when the name ends in .gz). Default:
     /// bloatlab-TEST-TIMESTAMP.json.gz
     #[arg(short, long)]
@@ -239,17 +279,51 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(1)
 }
 
+/// The shared key: the file's bytes (a trailing newline dropped), else BLOATLAB_KEY's value.
+fn load_key(file: Option<&std::path::Path>) -> Result<Option<Vec<u8>>, String> {
+    let raw = match file {
+        Some(f) => std::fs::read(f).map_err(|e| format!("key file {}: {e}", f.display()))?,
+        None => match std::env::var_os("BLOATLAB_KEY") {
+            Some(v) => v.into_encoded_bytes(),
+            None => return Ok(None),
+        },
+    };
+    let key = raw.strip_suffix(b"\n").unwrap_or(&raw);
+    let key = key.strip_suffix(b"\r").unwrap_or(key);
+    if key.len() < bloatlab_proto::auth::MIN_KEY_LEN {
+        return Err(format!("the key must be at least {} bytes (got {})", bloatlab_proto::auth::MIN_KEY_LEN, key.len()));
+    }
+    Ok(Some(key.to_vec()))
+}
+
 fn server(a: ServerArgs) -> ExitCode {
+    let key = match load_key(a.key.as_deref()) {
+        Ok(k) => k,
+        Err(e) => return fail(e),
+    };
+    if let Some(r) = a.max_rate.filter(|r| !(r.is_finite() && *r > 0.0)) {
+        return fail(format!("--max-rate {r}: want a positive number of Mbit/s"));
+    }
     let config = bloatlab_server::Config {
         listen: a.listen,
         max_tests: a.max_tests,
+        max_tests_per_ip: a.max_tests_per_ip,
         max_duration: Duration::from_secs(a.max_duration),
         max_flows: a.max_flows,
+        max_streams: a.max_streams,
+        max_probe_pps: a.max_probe_pps,
+        max_rate_bytes: a.max_rate.map(|m| m * 1e6 / 8.0),
+        max_connections: a.max_connections,
+        max_connections_per_ip: a.max_connections_per_ip,
+        key,
+        allow: a.allow,
+        allow_dscp: a.allow_dscp,
+        expose_host: a.expose_host,
         verbose: !a.quiet,
         ..Default::default()
     };
     let stop = stop_flag();
-    let server = match bloatlab_server::Server::start(config) {
+    let mut server = match bloatlab_server::Server::start(config) {
         Ok(s) => s,
         Err(e) => return fail(format!("{e}; is another server running there? choose another with --listen")),
     };
@@ -302,7 +376,11 @@ fn test(a: TestArgs) -> ExitCode {
     } else {
         ProgressMode::Lines
     };
-    let opts = Options { output: a.output, progress, stop: stop_flag() };
+    let key = match load_key(a.key.as_deref()) {
+        Ok(k) => k,
+        Err(e) => return fail(e),
+    };
+    let opts = Options { output: a.output, progress, stop: stop_flag(), key };
     let lab_at_start = lab_counters();
     let mut outcome = match bloatlab_measure::run(&params, &a.host, &opts) {
         Ok(o) => o,

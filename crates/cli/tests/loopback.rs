@@ -216,6 +216,7 @@ fn udp_echo_answers_nothing_without_a_live_token() {
         server_recv_ns: 0,
         server_send_ns: 0,
         server_rx_count: 0,
+        flags: 0,
     };
     let mut buf = vec![0u8; 64];
     probe.encode(&mut buf).unwrap();

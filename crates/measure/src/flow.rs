@@ -86,7 +86,8 @@ impl FlowConn {
         }
         let _ = stream.set_read_timeout(Some(crate::control::CONNECT_TIMEOUT));
         let mut reader = BufReader::new(stream.try_clone().map_err(MeasureError::io("flow socket"))?);
-        let (server_cc, server_dscp) = match hello(&mut stream, &mut reader, addr, &ClientMsg::DataHello { token, flow: flow.spec.id })? {
+        let deadline = std::time::Instant::now() + crate::control::CONNECT_TIMEOUT;
+        let (server_cc, server_dscp) = match hello(&mut stream, &mut reader, addr, &ClientMsg::DataHello { token, flow: flow.spec.id }, deadline)? {
             ServerMsg::DataOk { cc, dscp } => (cc, dscp),
             other => return Err(MeasureError::Version { addr, message: format!("unexpected answer {other:?}") }),
         };

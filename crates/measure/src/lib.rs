@@ -26,8 +26,10 @@ pub enum MeasureError {
     Unreachable { addr: SocketAddr, source: std::io::Error },
     #[error("{addr} does not speak this bloatlab protocol: {message}")]
     Version { addr: SocketAddr, message: String },
-    #[error("server is busy: {0}")]
+    #[error("server refused the test: {0}")]
     Busy(String),
+    #[error("server refused the key: {0}")]
+    Auth(String),
     #[error("server refused the test: {0}")]
     Refused(String),
     #[error("server refused the test token: {0}; the test may have outlived the server's limit")]

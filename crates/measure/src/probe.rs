@@ -3,7 +3,8 @@
 use crate::plan::Stream;
 use crate::MeasureError;
 use bloatlab_netio as netio;
-use bloatlab_proto::probe::{Kind, Probe, MAX_LEN};
+use bloatlab_proto::auth;
+use bloatlab_proto::probe::{self, Kind, Probe, MAX_LEN};
 use bloatlab_proto::Token;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,7 +40,8 @@ pub struct ProbeStream {
 }
 
 impl ProbeStream {
-    pub fn start(addr: SocketAddr, token: Token, stream: Stream) -> Result<ProbeStream, MeasureError> {
+    /// With `key`, every request is signed and only replies signed under it are taken.
+    pub fn start(addr: SocketAddr, token: Token, stream: Stream, key: Option<Arc<[u8]>>) -> Result<ProbeStream, MeasureError> {
         let bind: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
         let sock = UdpSocket::bind(bind).map_err(MeasureError::io("UDP socket"))?;
         sock.connect(addr).map_err(|source| MeasureError::Unreachable { addr, source })?;
@@ -55,7 +57,7 @@ impl ProbeStream {
         let interval = Duration::from_micros(stream.spec.interval_us.into());
         let id = stream.spec.id;
         {
-            let (sock, log, stop) = (sock.try_clone().map_err(MeasureError::io("UDP socket"))?, log.clone(), stop_send.clone());
+            let (sock, log, stop, key) = (sock.try_clone().map_err(MeasureError::io("UDP socket"))?, log.clone(), stop_send.clone(), key.clone());
             threads.push(std::thread::spawn(move || {
                 let mut buf = vec![0u8; size.min(MAX_LEN)];
                 let mut next = netio::mono_ns();
@@ -68,8 +70,13 @@ impl ProbeStream {
                     }
                     let mut l = log.lock().unwrap();
                     let t1 = netio::mono_ns();
-                    let p = Probe { kind: Kind::Request, stream: id, token, seq: l.recs.len() as u32, client_send_ns: t1, server_recv_ns: 0, server_send_ns: 0, server_rx_count: 0 };
-                    if p.encode(&mut buf).is_ok() && sock.send(&buf).is_ok() {
+                    let flags = if key.is_some() { probe::FLAG_MAC } else { 0 };
+                    let p = Probe { kind: Kind::Request, stream: id, token, seq: l.recs.len() as u32, client_send_ns: t1, server_recv_ns: 0, server_send_ns: 0, server_rx_count: 0, flags };
+                    let encoded = p.encode(&mut buf).is_ok();
+                    if let (true, Some(k)) = (encoded, &key) {
+                        auth::sign_probe(k, &mut buf);
+                    }
+                    if encoded && sock.send(&buf).is_ok() {
                         l.recs.push(Rec { t1, reply: None });
                     }
                     drop(l);
@@ -92,10 +99,19 @@ impl ProbeStream {
                     if p.kind != Kind::Reply || p.token != token || p.stream != id {
                         continue;
                     }
+                    if let Some(k) = &key {
+                        if p.flags & probe::FLAG_MAC == 0 || !auth::probe_signed(k, &buf[..n]) {
+                            continue;
+                        }
+                    }
                     let mut l = log.lock().unwrap();
                     if let Some(r) = l.recs.get_mut(p.seq as usize) {
-                        // Duplicates and forged replies (wrong send time) are ignored.
-                        if r.reply.is_none() && r.t1 == p.client_send_ns {
+                        // Duplicates, forged replies (wrong send time) and impossible server
+                        // times (sent before received, or held longer than the whole round trip)
+                        // are ignored: no later subtraction can then go below zero.
+                        let held = p.server_send_ns.checked_sub(p.server_recv_ns);
+                        let plausible = held.is_some_and(|h| h <= t4.saturating_sub(r.t1));
+                        if r.reply.is_none() && r.t1 == p.client_send_ns && plausible {
                             r.reply = Some((p.server_recv_ns, p.server_send_ns, t4));
                             l.received += 1;
                         }

@@ -25,6 +25,8 @@ pub struct Options {
     pub progress: ProgressMode,
     /// Set by Ctrl-C: end the test early, keep what was measured.
     pub stop: Arc<AtomicBool>,
+    /// The server's shared key, when it requires one (`--key FILE`, `BLOATLAB_KEY`).
+    pub key: Option<Vec<u8>>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +41,9 @@ pub struct Outcome {
     pub path: PathBuf,
     pub ended: Ended,
 }
+
+/// What the metadata says of host details a server keeps from unauthenticated clients.
+const HIDDEN: &str = "not disclosed by the server";
 
 /// How often a snapshot of the result file is written during a test.
 const SNAPSHOT_EVERY: f64 = 2.0;
@@ -64,15 +69,22 @@ fn default_output(test: &str) -> PathBuf {
 
 pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, MeasureError> {
     let addrs = resolve(host)?;
-    let plan = plan::plan(params);
+    let mut plan = plan::plan(params);
+    if opts.key.is_some() {
+        // A signed probe carries its 16-byte MAC at its end.
+        for s in plan.streams.iter_mut() {
+            s.spec.size = s.spec.size.max(bloatlab_proto::probe::MIN_SIGNED_LEN as u16);
+        }
+    }
     let request = TestRequest {
         test: params.test.name().into(),
         duration_ms: (plan.total() * 1000.0).ceil() as u64,
         flows: plan.flows.iter().map(|f| f.spec.clone()).collect(),
         streams: plan.streams.iter().map(|s| s.spec.clone()).collect(),
         connection_probes: plan.connect_probe_interval.is_some(),
+        auth: None,
     };
-    let control = Control::open(&addrs, request)?;
+    let control = Control::open(&addrs, request, opts.key.as_deref())?;
     let path = opts.output.clone().unwrap_or_else(|| default_output(params.test.name()));
     let meta = metadata(params, host, &control);
     // The file exists from the first moment, so even an immediate kill leaves something readable.
@@ -82,8 +94,9 @@ pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, Measu
     let t0 = netio::mono_ns();
     let pings = Arc::new(PingLog::default());
     let mut probes = Vec::new();
+    let key: Option<Arc<[u8]>> = opts.key.as_deref().map(Arc::from);
     for s in &plan.streams {
-        probes.push(ProbeStream::start(control.addr, control.token, s.clone())?);
+        probes.push(ProbeStream::start(control.addr, control.token, s.clone(), key.clone())?);
     }
     let conn = plan.connect_probe_interval.map(|i| ConnProber::start(control.addr, control.token, i));
     let load = Load::new(control.addr, control.token, plan.flows.clone(), pings.clone());
@@ -115,8 +128,8 @@ fn metadata(params: &Params, host: &str, control: &Control) -> Metadata {
             name: host.into(),
             address: Some(control.addr.to_string()),
             software: format!("bloatlab {}", control.server.version),
-            kernel: control.server.kernel.clone(),
-            default_cc: control.server.default_cc.clone(),
+            kernel: control.server.kernel.clone().unwrap_or_else(|| HIDDEN.into()),
+            default_cc: control.server.default_cc.clone().unwrap_or_else(|| HIDDEN.into()),
         },
         cc: params.cc.clone(),
         start_time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),

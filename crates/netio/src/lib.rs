@@ -3,8 +3,8 @@
 
 use socket2::SockRef;
 use std::io::{self, BufRead};
-use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -45,7 +45,7 @@ pub fn dscp_refusal(requested: u8, applied: &io::Result<u8>) -> Option<String> {
 }
 
 /// Sets the TCP congestion control of one socket; the error names the algorithms available.
-pub fn set_cc(stream: &TcpStream, name: &str) -> io::Result<()> {
+pub fn set_cc(stream: &impl AsFd, name: &str) -> io::Result<()> {
     SockRef::from(stream).set_tcp_congestion(name.as_bytes()).map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -55,7 +55,7 @@ pub fn set_cc(stream: &TcpStream, name: &str) -> io::Result<()> {
 }
 
 /// The congestion control in effect on a socket.
-pub fn cc(stream: &TcpStream) -> Option<String> {
+pub fn cc(stream: &impl AsFd) -> Option<String> {
     let raw = SockRef::from(stream).tcp_congestion().ok()?;
     let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
     Some(String::from_utf8_lossy(&raw[..end]).into_owned())
@@ -137,7 +137,7 @@ pub struct TcpInfo {
     pub delivery_rate: u64,
 }
 
-pub fn tcp_info(stream: &TcpStream) -> io::Result<TcpInfo> {
+pub fn tcp_info(stream: &impl AsRawFd) -> io::Result<TcpInfo> {
     let mut raw = RawTcpInfo::default();
     let mut len = std::mem::size_of::<RawTcpInfo>() as libc::socklen_t;
     // SAFETY: raw is a plain repr(C) struct of `len` bytes that the kernel fills at most.
@@ -180,7 +180,7 @@ pub fn unsent_budget(delivery_rate_bytes_per_s: u64) -> u32 {
 /// Before a responsive sender's write: TCP_NOTSENT_LOWAT set to `unsent_budget` of the
 /// connection's current delivery rate, so the write waits until the socket holds no more.
 /// Returns the budget.
-pub fn keep_unsent_small(stream: &TcpStream) -> io::Result<u32> {
+pub fn keep_unsent_small(stream: &impl AsRawFd) -> io::Result<u32> {
     let lowat = unsent_budget(tcp_info(stream)?.delivery_rate);
     // SAFETY: a u32 option value of the right size for TCP_NOTSENT_LOWAT.
     let rc = unsafe {
@@ -236,7 +236,7 @@ pub fn read_line(r: &mut impl BufRead, max: usize) -> io::Result<Option<Vec<u8>>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpListener;
+    use std::net::{TcpListener, TcpStream};
 
     #[test]
     fn the_unsent_budget_is_five_ms_of_the_rate() {
@@ -264,7 +264,7 @@ mod tests {
         assert_eq!(read_line(&mut r, 10).unwrap().unwrap(), b"one");
         assert_eq!(read_line(&mut r, 10).unwrap().unwrap(), b"two");
         assert!(read_line(&mut r, 10).is_err(), "unterminated last line");
-        let long = vec![b'x'; 100];
+        let long = [b'x'; 100];
         assert!(read_line(&mut io::BufReader::with_capacity(8, &long[..]), 10).is_err());
         assert!(read_line(&mut io::BufReader::new(&b""[..]), 10).unwrap().is_none());
     }

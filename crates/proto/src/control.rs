@@ -100,6 +100,9 @@ pub struct TestRequest {
     /// Whether the client will open new-connection probes (RPM).
     #[serde(default)]
     pub connection_probes: bool,
+    /// With a keyed server: the HMAC of its challenge ([`crate::auth::answer`]), hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -128,6 +131,10 @@ pub enum RefuseReason {
     Token,
     /// The message could not be understood.
     BadRequest,
+    /// The server requires its shared key and the client did not prove it holds it.
+    Auth,
+    /// The client's address is not among those the server serves.
+    Forbidden,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -152,18 +159,33 @@ pub struct FlowReport {
     pub cc: Option<String>,
 }
 
+/// What a server tells of its host.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub kernel: String,
+    /// The system-wide TCP congestion control.
+    pub default_cc: String,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ServerMsg {
     HelloOk {
         version: u32,
         server_version: String,
-        /// The server's system-wide TCP congestion control.
-        default_cc: String,
-        kernel: String,
         max_duration_ms: u64,
+        /// Present when the server requires its shared key: answer it in the test request.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        challenge: Option<String>,
     },
-    Accepted { token: Token, max_duration_ms: u64 },
+    Accepted {
+        token: Token,
+        max_duration_ms: u64,
+        /// The server's host, for the result's metadata; only to authenticated clients, or to
+        /// all when the operator allows it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        host: Option<HostInfo>,
+    },
     /// Answer to `data_hello`: frames follow. `cc` is the server socket's congestion control,
     /// `dscp` the mark its socket carries, read back after setting it.
     DataOk {
@@ -204,19 +226,20 @@ impl ServerMsg {
     pub fn printable(self) -> ServerMsg {
         let opt = |o: Option<String>| o.map(|s| printable(&s));
         match self {
-            ServerMsg::HelloOk { version, server_version, default_cc, kernel, max_duration_ms } => ServerMsg::HelloOk {
-                version,
-                server_version: printable(&server_version),
-                default_cc: printable(&default_cc),
-                kernel: printable(&kernel),
+            ServerMsg::HelloOk { version, server_version, max_duration_ms, challenge } => {
+                ServerMsg::HelloOk { version, server_version: printable(&server_version), max_duration_ms, challenge: opt(challenge) }
+            }
+            ServerMsg::Accepted { token, max_duration_ms, host } => ServerMsg::Accepted {
+                token,
                 max_duration_ms,
+                host: host.map(|h| HostInfo { kernel: printable(&h.kernel), default_cc: printable(&h.default_cc) }),
             },
             ServerMsg::DataOk { cc, dscp } => ServerMsg::DataOk { cc: opt(cc), dscp },
             ServerMsg::Refused { reason, message } => ServerMsg::Refused { reason, message: printable(&message) },
             ServerMsg::Report { streams, flows } => {
                 ServerMsg::Report { streams, flows: flows.into_iter().map(|f| FlowReport { cc: opt(f.cc), ..f }).collect() }
             }
-            other @ (ServerMsg::Accepted { .. } | ServerMsg::ProbeReply) => other,
+            ServerMsg::ProbeReply => ServerMsg::ProbeReply,
         }
     }
 }
@@ -268,6 +291,7 @@ mod tests {
             flows: vec![FlowSpec { id: 1, direction: Direction::Up, dscp: 46, cc: Some("cubic".into()) }],
             streams: vec![StreamSpec { id: 0, interval_us: 10_000, size: 64, dscp: 0 }],
             connection_probes: false,
+            auth: None,
         });
         let line = encode_line(&m);
         assert_eq!(*line.last().unwrap(), b'\n');
@@ -286,9 +310,12 @@ mod tests {
         assert!(!message.chars().any(|c| c.is_control()));
         let long = printable(&"é".repeat(10_000));
         assert_eq!(long.chars().count(), 203, "200 characters and an ellipsis");
-        let hello = ServerMsg::HelloOk { version: 1, server_version: "1\u{7}".into(), default_cc: "bbr".into(), kernel: "6.1\u{1b}]0;x\u{7}".into(), max_duration_ms: 1 };
-        let ServerMsg::HelloOk { server_version, kernel, .. } = hello.printable() else { unreachable!() };
-        assert_eq!((server_version.as_str(), kernel.as_str()), ("1\\u{7}", "6.1\\u{1b}]0;x\\u{7}"));
+        let hello = ServerMsg::HelloOk { version: 2, server_version: "1\u{7}".into(), max_duration_ms: 1, challenge: None };
+        let ServerMsg::HelloOk { server_version, .. } = hello.printable() else { unreachable!() };
+        assert_eq!(server_version, "1\\u{7}");
+        let host = Some(HostInfo { kernel: "6.1\u{1b}]0;x\u{7}".into(), default_cc: "bbr".into() });
+        let ServerMsg::Accepted { host, .. } = (ServerMsg::Accepted { token: Token([0; 16]), max_duration_ms: 1, host }).printable() else { unreachable!() };
+        assert_eq!(host.unwrap().kernel, "6.1\\u{1b}]0;x\\u{7}");
     }
 
     #[test]

@@ -6,14 +6,16 @@
 //! [`frame`]s) or a new-connection responsiveness probe (`probe_hello`). The UDP port of the same
 //! number echoes [`probe`] packets for tests that completed the control handshake.
 
+pub mod auth;
 pub mod control;
 pub mod frame;
 pub mod probe;
 
 pub use control::*;
 
-/// Version of the control protocol, the frame format and the probe format together.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version of the control protocol, the frame format and the probe format together. 2: host
+/// details moved from `hello_ok` to `accepted`, the optional shared-key handshake, probe MACs.
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Sent in every hello so that a stray client of another protocol is told apart from an old
 /// bloatlab.
 pub const MAGIC: &str = "bloatlab";

@@ -3,11 +3,17 @@
 //!
 //! Layout (big endian): magic "BLP1" | kind u8 | flags u8 | stream u16 | token [16] | seq u32 |
 //! client_send_ns u64 | server_recv_ns u64 | server_send_ns u64 | server_rx_count u32 | padding.
+//! With a shared key (flag [`FLAG_MAC`]) the last 16 bytes of the padding are the packet's MAC
+//! ([`crate::auth::sign_probe`]), in requests and replies alike.
 
 pub const MAGIC: [u8; 4] = *b"BLP1";
 pub const HEADER_LEN: usize = 56;
 /// Largest probe the server echoes; larger ones are not bloatlab's.
 pub const MAX_LEN: usize = 1472;
+/// Flag: the packet ends in a MAC under the shared key.
+pub const FLAG_MAC: u8 = 1;
+/// Shortest probe that can carry a MAC.
+pub const MIN_SIGNED_LEN: usize = HEADER_LEN + crate::auth::PROBE_MAC_LEN;
 
 use crate::Token;
 
@@ -30,6 +36,8 @@ pub struct Probe {
     pub server_send_ns: u64,
     /// Requests of this stream the server had accepted, this one included (0 in requests).
     pub server_rx_count: u32,
+    /// `FLAG_MAC` when the packet is signed.
+    pub flags: u8,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -53,7 +61,7 @@ impl Probe {
             Kind::Request => 0,
             Kind::Reply => 1,
         };
-        buf[5] = 0;
+        buf[5] = self.flags;
         buf[6..8].copy_from_slice(&self.stream.to_be_bytes());
         buf[8..24].copy_from_slice(&self.token.0);
         buf[24..28].copy_from_slice(&self.seq.to_be_bytes());
@@ -88,6 +96,7 @@ impl Probe {
             server_recv_ns: u64_at(36),
             server_send_ns: u64_at(44),
             server_rx_count: u32::from_be_bytes(buf[52..56].try_into().unwrap()),
+            flags: buf[5],
         })
     }
 }
@@ -107,6 +116,7 @@ mod tests {
             server_recv_ns: u64::MAX,
             server_send_ns: 5,
             server_rx_count: 42,
+            flags: FLAG_MAC,
         };
         let mut buf = vec![0xee; 172];
         p.encode(&mut buf).unwrap();

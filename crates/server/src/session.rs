@@ -1,15 +1,14 @@
-//! Live tests, keyed by token.
+//! Live tests, keyed by token: what each may still do, and what it did.
 
 use bloatlab_proto::{FlowReport, ServerMsg, StreamReport, TestRequest, Token};
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
 
-/// Token bucket for one probe stream: refills at twice the announced rate and holds 10 s worth,
-/// so requests that a bloated queue delivers in a bunch are all answered, while a client that
-/// sends far more than it announced is held to its word.
+/// Token bucket: refills at `per_sec` and holds `cap`.
 #[derive(Debug)]
 pub struct Bucket {
     tokens: f64,
@@ -19,21 +18,47 @@ pub struct Bucket {
 }
 
 impl Bucket {
-    pub fn new(interval_us: u32, now: Instant) -> Self {
-        let per_sec = 2e6 / f64::from(interval_us.max(1));
-        let cap = (per_sec * 5.0).max(50.0);
+    pub fn new(per_sec: f64, cap: f64, now: Instant) -> Self {
         Bucket { tokens: cap, per_sec, cap, last: now }
     }
 
+    /// For one probe stream: refills at twice the announced rate and holds 5 s worth (at least
+    /// 50), so requests that a bloated queue delivers in a bunch are all answered, while a client
+    /// that sends far more than it announced is held to its word.
+    pub fn for_stream(interval_us: u32, now: Instant) -> Self {
+        let per_sec = 2e6 / f64::from(interval_us.max(1));
+        Bucket::new(per_sec, (per_sec * 5.0).max(50.0), now)
+    }
+
     pub fn take(&mut self, now: Instant) -> bool {
-        let dt = now.saturating_duration_since(self.last).as_secs_f64();
-        self.last = now;
-        self.tokens = (self.tokens + dt * self.per_sec).min(self.cap);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
+        self.take_n(1.0, now)
+    }
+
+    fn take_n(&mut self, n: f64, now: Instant) -> bool {
+        self.refill(now);
+        if self.tokens >= n {
+            self.tokens -= n;
             true
         } else {
             false
+        }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + dt * self.per_sec).min(self.cap);
+    }
+
+    /// Takes `n` tokens, going into debt if need be; returns how long to wait until the debt is
+    /// paid: a sender that waits that long keeps to `per_sec` on average.
+    pub fn pay(&mut self, n: f64, now: Instant) -> Duration {
+        self.refill(now);
+        self.tokens -= n;
+        if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-self.tokens / self.per_sec)
         }
     }
 }
@@ -48,60 +73,120 @@ pub struct StreamState {
     pub bucket: Bucket,
 }
 
+/// One bulk flow of the test: its one data connection, once claimed, and what it carried.
+#[derive(Debug, Default)]
+pub struct FlowState {
+    claimed: bool,
+    pub bytes: Arc<AtomicU64>,
+    pub cc: Option<String>,
+}
+
 pub struct Session {
     pub client_ip: IpAddr,
     pub deadline: Instant,
     pub request: TestRequest,
     pub streams: Mutex<HashMap<u16, StreamState>>,
-    flows: Mutex<Vec<(u16, Arc<AtomicU64>, Option<String>)>>,
-    ended: AtomicBool,
+    flows: Mutex<HashMap<u16, FlowState>>,
+    /// New-connection probes: only for tests that asked, at a bounded rate.
+    conn_probes: Option<Mutex<Bucket>>,
+    /// Bytes per second the whole test may move (`--max-rate`), both directions together.
+    rate: Option<Mutex<Bucket>>,
+    /// Pings a client sent faster than it read their pongs: dropped, not queued.
+    pub pings_dropped: AtomicU64,
+    /// Probes of this test whose MAC did not verify under the server's key.
+    pub probes_unauthenticated: AtomicU64,
+    ended: watch::Sender<bool>,
 }
 
+/// New-connection probes per second a test may open: the client sends 10 (RPM); twice that
+/// leaves room for a bunch delayed by a queue.
+const CONN_PROBES_PER_S: f64 = 20.0;
+
 impl Session {
-    pub fn new(client_ip: IpAddr, deadline: Instant, request: TestRequest) -> Self {
+    pub fn new(client_ip: IpAddr, deadline: Instant, request: TestRequest, max_rate_bytes: Option<f64>) -> Self {
         let now = Instant::now();
         let streams = request
             .streams
             .iter()
-            .map(|s| (s.id, StreamState { dscp: s.dscp, dscp_applied: None, received: 0, limited: 0, bucket: Bucket::new(s.interval_us, now) }))
+            .map(|s| (s.id, StreamState { dscp: s.dscp, dscp_applied: None, received: 0, limited: 0, bucket: Bucket::for_stream(s.interval_us, now) }))
             .collect();
-        Session { client_ip, deadline, request, streams: Mutex::new(streams), flows: Mutex::new(Vec::new()), ended: AtomicBool::new(false) }
+        let flows = request.flows.iter().map(|f| (f.id, FlowState::default())).collect();
+        let conn_probes = request.connection_probes.then(|| Mutex::new(Bucket::new(CONN_PROBES_PER_S, 2.0 * CONN_PROBES_PER_S, now)));
+        // A quarter second of burst: enough for one frame at any sane rate.
+        let rate = max_rate_bytes.map(|r| Mutex::new(Bucket::new(r, (r / 4.0).max(256.0 * 1024.0), now)));
+        Session {
+            client_ip,
+            deadline,
+            request,
+            streams: Mutex::new(streams),
+            flows: Mutex::new(flows),
+            conn_probes,
+            rate,
+            pings_dropped: AtomicU64::new(0),
+            probes_unauthenticated: AtomicU64::new(0),
+            ended: watch::channel(false).0,
+        }
     }
 
     /// True until the client finished or left, or the deadline passed.
     pub fn live(&self) -> bool {
-        !self.ended.load(Ordering::Relaxed) && Instant::now() < self.deadline
+        !*self.ended.borrow() && Instant::now() < self.deadline
     }
 
     pub fn end(&self) {
-        self.ended.store(true, Ordering::Relaxed);
+        self.ended.send_replace(true);
     }
 
-    /// The byte counter of a data connection (a reconnect of the same flow adds to it).
-    pub fn flow_counter(&self, id: u16, cc: Option<String>) -> Arc<AtomicU64> {
-        let mut flows = self.flows.lock().unwrap();
-        if let Some((_, c, _)) = flows.iter().find(|(i, _, _)| *i == id) {
-            return c.clone();
+    /// Completes when the test has ended (its control connection finished or closed).
+    pub async fn ended(&self) {
+        let mut rx = self.ended.subscribe();
+        let _ = rx.wait_for(|e| *e).await;
+    }
+
+    /// Claims flow `id`'s data connection: each flow gets one, once. Returns its byte counter.
+    pub fn claim_flow(&self, id: u16, cc: Option<String>) -> Result<Arc<AtomicU64>, String> {
+        let mut flows = self.flows.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(f) = flows.get_mut(&id) else { return Err(format!("no flow {id} in this test")) };
+        if f.claimed {
+            return Err(format!("flow {id} already has its data connection (one per flow)"));
         }
-        let c = Arc::new(AtomicU64::new(0));
-        flows.push((id, c.clone(), cc));
-        c
+        f.claimed = true;
+        f.cc = cc;
+        Ok(f.bytes.clone())
+    }
+
+    /// Whether a new-connection probe may be answered now.
+    pub fn admit_conn_probe(&self) -> Result<(), &'static str> {
+        match &self.conn_probes {
+            None => Err("this test did not ask for connection probes"),
+            Some(b) if b.lock().unwrap_or_else(|e| e.into_inner()).take(Instant::now()) => Ok(()),
+            Some(_) => Err("connection probes faster than 20 per second"),
+        }
+    }
+
+    /// How long to wait before moving `bytes` more, to keep the test within `--max-rate`.
+    pub fn pace(&self, bytes: usize) -> Duration {
+        match &self.rate {
+            None => Duration::ZERO,
+            Some(b) => b.lock().unwrap_or_else(|e| e.into_inner()).pay(bytes as f64, Instant::now()),
+        }
     }
 
     pub fn report(&self) -> ServerMsg {
         let streams = self
             .streams
             .lock()
-            .unwrap()
+            .unwrap_or_else(|e| e.into_inner())
             .iter()
             .map(|(id, s)| StreamReport { id: *id, received: s.received, server_limited: s.limited, dscp_applied: s.dscp_applied })
             .collect();
         let flows = self
             .flows
             .lock()
-            .unwrap()
+            .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .map(|(id, c, cc)| FlowReport { id: *id, bytes: c.load(Ordering::Relaxed), cc: cc.clone() })
+            .filter(|(_, f)| f.claimed)
+            .map(|(id, f)| FlowReport { id: *id, bytes: f.bytes.load(Ordering::Relaxed), cc: f.cc.clone() })
             .collect();
         ServerMsg::Report { streams, flows }
     }
@@ -111,41 +196,75 @@ impl Session {
 pub struct Sessions(Mutex<HashMap<Token, Arc<Session>>>);
 
 impl Sessions {
-    /// Adds a session unless `max` are live; the error is the number running.
-    pub fn insert(&self, token: Token, s: Arc<Session>, max: usize) -> Result<(), usize> {
-        let mut map = self.0.lock().unwrap();
+    pub fn insert(&self, token: Token, s: Arc<Session>) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         map.retain(|_, s| s.live());
-        if map.len() >= max {
-            return Err(map.len());
-        }
         map.insert(token, s);
-        Ok(())
     }
 
-    /// The live session of `token`, if `from` is the address that opened it.
+    /// The live session of `token`, if `from` is the address that opened it (any port of it: a
+    /// NAT may give each of the client's sockets its own, and the token is the secret).
     pub fn get(&self, token: &Token, from: IpAddr) -> Option<Arc<Session>> {
-        let map = self.0.lock().unwrap();
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         map.get(token).filter(|s| s.client_ip == from && s.live()).cloned()
     }
 
     pub fn remove(&self, token: &Token) {
-        self.0.lock().unwrap().remove(token);
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(token);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use bloatlab_proto::{Direction, FlowSpec};
 
     #[test]
     fn bucket_absorbs_a_bunch_but_not_a_flood() {
         let t0 = Instant::now();
         // 10 ms stream: 200/s refill, 1000 burst.
-        let mut b = Bucket::new(10_000, t0);
+        let mut b = Bucket::for_stream(10_000, t0);
         let bunch = (0..1000).filter(|_| b.take(t0)).count();
-        assert_eq!(bunch, 1000, "a 10 s bunch of delayed probes is answered");
+        assert_eq!(bunch, 1000, "a 5 s bunch of delayed probes is answered");
         assert!(!b.take(t0), "but not one more at the same instant");
         assert!(b.take(t0 + Duration::from_millis(5)), "refills at twice the announced rate");
+    }
+
+    #[test]
+    fn pacing_holds_a_sender_to_the_rate() {
+        let t0 = Instant::now();
+        let mut b = Bucket::new(1_000_000.0, 250_000.0, t0);
+        assert_eq!(b.pay(250_000.0, t0), Duration::ZERO, "the burst goes at once");
+        // 500 kB more at 1 MB/s: wait 0.5 s.
+        assert_eq!(b.pay(500_000.0, t0), Duration::from_millis(500));
+    }
+
+    fn request(flows: u16, connection_probes: bool) -> TestRequest {
+        TestRequest {
+            test: "t".into(),
+            duration_ms: 1000,
+            flows: (1..=flows).map(|id| FlowSpec { id, direction: Direction::Down, dscp: 0, cc: None }).collect(),
+            streams: Vec::new(),
+            connection_probes,
+            auth: None,
+        }
+    }
+
+    #[test]
+    fn each_flow_gets_one_data_connection() {
+        let s = Session::new(IpAddr::from([127, 0, 0, 1]), Instant::now() + Duration::from_secs(5), request(1, false), None);
+        assert!(s.claim_flow(1, None).is_ok());
+        assert_eq!(s.claim_flow(1, None).unwrap_err(), "flow 1 already has its data connection (one per flow)");
+        assert_eq!(s.claim_flow(2, None).unwrap_err(), "no flow 2 in this test");
+    }
+
+    #[test]
+    fn connection_probes_only_when_asked_and_at_a_bounded_rate() {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let no = Session::new(IpAddr::from([127, 0, 0, 1]), deadline, request(0, false), None);
+        assert_eq!(no.admit_conn_probe(), Err("this test did not ask for connection probes"));
+        let yes = Session::new(IpAddr::from([127, 0, 0, 1]), deadline, request(0, true), None);
+        let admitted = (0..100).filter(|_| yes.admit_conn_probe().is_ok()).count();
+        assert_eq!(admitted, 40, "a burst of 2 s worth, then 20 per second");
     }
 }

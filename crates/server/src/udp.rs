@@ -1,39 +1,57 @@
-//! UDP echo for probe streams of live tests.
+//! UDP echo for the probe streams of live tests. A reply is never longer than its request,
+//! goes only to an address that completed a test's handshake (any port of it: the token is the
+//! secret, and a NAT may give each client socket its own port), never exceeds the rate the test
+//! negotiated, and with a shared key only answers, and signs, probes that carry a valid MAC.
 
 use crate::Shared;
 use bloatlab_netio as netio;
+use bloatlab_proto::auth;
 use bloatlab_proto::probe::{self, Kind, Probe};
-use std::net::UdpSocket;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::net::UdpSocket;
 
-pub(crate) fn serve(sock: UdpSocket, shared: &Shared) {
-    let _ = sock.set_read_timeout(Some(Duration::from_millis(200)));
+pub(crate) async fn serve(sock: UdpSocket, shared: Arc<Shared>) {
     let mut buf = [0u8; probe::MAX_LEN + 1];
     // The mark the socket carries now: (requested, read back).
     let mut current_dscp: Option<(u8, Option<u8>)> = None;
-    while !shared.stop.load(Ordering::Relaxed) {
-        let (n, from) = match sock.recv_from(&mut buf) {
+    loop {
+        let (n, from) = match sock.recv_from(&mut buf).await {
             Ok(x) => x,
             Err(_) => continue,
         };
         let recv_ns = netio::mono_ns();
-        let Ok(req) = Probe::decode(&buf[..n]) else { continue };
-        if req.kind != Kind::Request {
+        let ip = from.ip().to_canonical();
+        if !shared.allowed(ip) {
+            shared.counters.not_allowed.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        let Some(session) = shared.sessions.get(&req.token, from.ip().to_canonical()) else { continue };
-        let dscp = {
-            let streams = session.streams.lock().unwrap();
-            let Some(st) = streams.get(&req.stream) else { continue };
-            st.dscp
+        let Some(req) = Probe::decode(&buf[..n]).ok().filter(|p| p.kind == Kind::Request) else {
+            shared.counters.udp_unknown.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        let Some(session) = shared.sessions.get(&req.token, ip) else {
+            shared.counters.udp_unknown.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        if let Some(key) = &shared.config.key {
+            if req.flags & probe::FLAG_MAC == 0 || !auth::probe_signed(key, &buf[..n]) {
+                shared.counters.udp_unauthenticated.fetch_add(1, Ordering::Relaxed);
+                session.probes_unauthenticated.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        }
+        let Some(dscp) = session.streams.lock().unwrap_or_else(|e| e.into_inner()).get(&req.stream).map(|st| st.dscp) else {
+            shared.counters.udp_unknown.fetch_add(1, Ordering::Relaxed);
+            continue;
         };
         if current_dscp.map(|c| c.0) != Some(dscp) {
             // One socket serves every stream: switch its marking only when the stream's differs.
             current_dscp = Some((dscp, netio::apply_dscp(socket2::SockRef::from(&sock), dscp, &from).ok()));
         }
         let rx_count = {
-            let mut streams = session.streams.lock().unwrap();
+            let mut streams = session.streams.lock().unwrap_or_else(|e| e.into_inner());
             let Some(st) = streams.get_mut(&req.stream) else { continue };
             if !st.bucket.take(Instant::now()) {
                 st.limited += 1;
@@ -43,16 +61,13 @@ pub(crate) fn serve(sock: UdpSocket, shared: &Shared) {
             st.dscp_applied = current_dscp.and_then(|c| c.1);
             st.received
         };
-        let reply = Probe {
-            kind: Kind::Reply,
-            server_recv_ns: recv_ns,
-            server_send_ns: netio::mono_ns(),
-            server_rx_count: rx_count as u32,
-            ..req
-        };
+        let reply = Probe { kind: Kind::Reply, server_recv_ns: recv_ns, server_send_ns: netio::mono_ns(), server_rx_count: rx_count as u32, ..req };
         // Same buffer, same length: the reply can never be larger than the request.
         if reply.encode(&mut buf[..n]).is_ok() {
-            let _ = sock.send_to(&buf[..n], from);
+            if let Some(key) = &shared.config.key {
+                auth::sign_probe(key, &mut buf[..n]);
+            }
+            let _ = sock.send_to(&buf[..n], from).await;
         }
     }
 }
