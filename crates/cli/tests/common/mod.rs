@@ -45,6 +45,8 @@ pub fn tmp_path(name: &str) -> PathBuf {
 pub struct ServerProc {
     pub child: Child,
     pub addr: String,
+    /// Its log lines (stderr) so far.
+    pub log: std::sync::Arc<Mutex<Vec<String>>>,
 }
 
 impl ServerProc {
@@ -64,8 +66,20 @@ impl ServerProc {
             .unwrap_or_else(|| panic!("unexpected server line: {first}"))
             .to_string();
         // Keep draining its log so it never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        ServerProc { child, addr }
+        let log = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let keep = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                keep.lock().unwrap().push(line);
+            }
+        });
+        ServerProc { child, addr, log }
+    }
+
+    /// Resident memory of the server process, kB.
+    pub fn rss_kb(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap()
     }
 
     pub fn kill(&mut self) {
