@@ -157,7 +157,7 @@ fn a_client_that_never_reads_its_pongs_costs_the_server_no_memory() {
 fn limits_apply_per_address_and_to_the_rate_a_test_moves() {
     let _g = serial();
     let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q", "--max-tests-per-ip", "1", "--max-rate", "20"]);
-    let mut first = command(&[], &["test", "tcp-down", &srv.addr, "-l", "4", "--idle", "0.5", "--flows", "2", "-q", "--json", "-o", tmp_path("rate.json").to_str().unwrap()])
+    let first = command(&[], &["test", "tcp-down", &srv.addr, "-l", "4", "--idle", "0.5", "--flows", "2", "-q", "--json", "-o", tmp_path("rate.json").to_str().unwrap()])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -318,4 +318,90 @@ fn the_client_refuses_a_server_of_another_version_and_a_trickling_one() {
     assert_eq!(out.status.code(), Some(1));
     assert!(t0.elapsed() < Duration::from_secs(13), "the handshake took {:?}", t0.elapsed());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no complete answer within 10 s"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn a_hundred_clients_at_once_each_complete_or_are_told_no() {
+    let _g = serial();
+    let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q", "--max-tests-per-ip", "100"]);
+    let t0 = Instant::now();
+    let children: Vec<_> = (0..100)
+        .map(|i| {
+            command(&[], &["test", "ping", &srv.addr, "-l", "1", "--idle", "0", "-q", "-o", tmp_path(&format!("soak{i}.json")).to_str().unwrap()])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut peak_rss = 0;
+    let (mut done, mut busy) = (0, 0);
+    for c in children {
+        peak_rss = peak_rss.max(srv.rss_kb());
+        let out = c.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(0) => done += 1,
+            Some(1) if err.contains("server is busy") && err.trim().lines().count() == 1 => busy += 1,
+            other => panic!("client ended {other:?}: {err}"),
+        }
+    }
+    eprintln!("100 clients in {:?}: {done} completed, {busy} told busy; server peak RSS {peak_rss} kB", t0.elapsed());
+    assert!(done >= 4, "at least the server's 4 test slots served someone");
+    assert_eq!(done + busy, 100);
+    assert!(peak_rss < 64 * 1024, "server RSS {peak_rss} kB");
+    // Every slot came back: a new test is accepted at once.
+    assert!(run(&[], &["test", "ping", &srv.addr, "-l", "1", "--idle", "0", "-q", "-o", tmp_path("after.json").to_str().unwrap()]).status.success());
+}
+
+#[test]
+fn a_killed_client_leaves_a_readable_partial_file_and_frees_its_slot() {
+    let _g = serial();
+    let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q", "--max-tests", "1"]);
+    let file = tmp_path("killed.json");
+    let mut c = command(&[], &["test", "tcp-down", &srv.addr, "-l", "30", "--idle", "1", "-q", "-o", file.to_str().unwrap()]).spawn().unwrap();
+    wait_ms(3500);
+    unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+    let _ = c.wait();
+    let r = bloatlab_result::read(&file).expect("the last snapshot is a readable result file");
+    assert!(r.partial, "a killed run's file says it is partial");
+    assert!(r.series.iter().any(|s| s.name.starts_with("tcp down") && !s.samples.is_empty()), "it holds what was measured");
+    // The control connection closed with the process: the one test slot is free again.
+    let t0 = Instant::now();
+    let next = run(&[], &["test", "ping", &srv.addr, "-l", "1", "--idle", "0", "-q", "-o", tmp_path("next.json").to_str().unwrap()]);
+    assert!(next.status.success(), "{}", String::from_utf8_lossy(&next.stderr));
+    assert!(t0.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn bad_files_and_values_get_one_line_naming_the_problem() {
+    let bad_result = tmp_path("bad-result.json");
+    std::fs::write(&bad_result, r#"{"format":"bloatlab-result","version":1,"metadata":"#).unwrap();
+    let bad_topo = tmp_path("bad.toml");
+    std::fs::write(&bad_topo, "name = 'x'\n[[link]\na = 'c'\n").unwrap();
+    let bad_key = tmp_path("short.key");
+    std::fs::write(&bad_key, "short").unwrap();
+    let html = tmp_path("r.html");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["report", bad_result.to_str().unwrap(), "-o", html.to_str().unwrap()], "is not a bloatlab result"),
+        (vec!["export", "/etc/hostname", "--format", "csv", "-o", html.to_str().unwrap()], "is not a bloatlab result"),
+        (vec!["lab", "up", bad_topo.to_str().unwrap()], "line 2, column"),
+        (vec!["test", "ping", "127.0.0.1", "--step=-1"], "--step"),
+        (vec!["test", "rpm", "127.0.0.1", "--rpm-interval", "0"], "want seconds between 0.1 and 60"),
+        (vec!["test", "ping", "127.0.0.1", "--key", bad_key.to_str().unwrap()], "at least 16 bytes"),
+        (vec!["server", "--key", bad_key.to_str().unwrap()], "at least 16 bytes"),
+        (vec!["server", "--allow", "10.0.0.0/33"], "--allow"),
+        (vec!["server", "--max-rate=-3"], "--max-rate"),
+    ];
+    for (args, says) in cases {
+        let out = run(&[], &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(matches!(out.status.code(), Some(1) | Some(2)), "{args:?}: exit {:?}", out.status.code());
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "{args:?}: {err}");
+        // One line for errors of ours; clap's usage errors add their usage block.
+        if out.status.code() == Some(1) {
+            assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        }
+    }
 }

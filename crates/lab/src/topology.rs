@@ -53,13 +53,27 @@ fn value_text(v: &toml::Value) -> String {
     }
 }
 
+/// A TOML error on one line, with the line and column it points at.
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let msg = e.message().trim().replace('\n', "; ");
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("line {line}, column {column}: {msg}")
+        }
+        None => msg,
+    }
+}
+
 fn name_ok(s: &str) -> bool {
     !s.is_empty() && s.len() <= 12 && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
 }
 
 impl Topology {
     pub fn from_toml(text: &str, read_file: &dyn Fn(&str) -> Result<String, String>) -> Result<Topology, TopologyError> {
-        let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| TopologyError::Toml(e.message().to_string()))?;
+        let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| TopologyError::Toml(toml_error(text, &e)))?;
         let name = doc.get("name").and_then(|v| v.as_str()).unwrap_or("lab").to_string();
         let description = doc.get("description").and_then(|v| v.as_str()).unwrap_or("").to_string();
         let links_v = doc.get("link").and_then(|v| v.as_array()).ok_or_else(|| TopologyError::Shape("no [[link]] entries".into()))?;
@@ -193,6 +207,12 @@ mod tests {
         assert_eq!(t.addrs(2, "server"), ("10.77.2.2".into(), "fd77:0:0:2::2".into()));
         assert_eq!(t.links[2].up.delay_ns, 10_000_000);
         assert_eq!(t.links[2].down.delay_ns, 0);
+    }
+
+    #[test]
+    fn a_toml_error_is_one_line_with_its_place() {
+        let e = Topology::from_toml("name = 'x'\n[[link]\n", &nofile).unwrap_err().to_string();
+        assert!(e.contains("line 2, column") && !e.contains('\n'), "{e}");
     }
 
     #[test]

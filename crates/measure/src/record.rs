@@ -138,7 +138,12 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
             direction: None,
             dscp: Some(0),
             unit: "ms".into(),
-            samples: conn.iter().map(|r| (secs(live.t0, r.0), pick(r))).collect(),
+            samples: {
+                // Logged as they complete; kept in the order they were sent.
+                let mut v: Vec<(f64, Option<f64>)> = conn.iter().map(|r| (secs(live.t0, r.0), pick(r))).collect();
+                v.sort_by(|a, b| a.0.total_cmp(&b.0));
+                v
+            },
         };
         if live.rpm {
             result.series.push(mk("rpm foreign-connect", |r| r.1));
@@ -149,6 +154,7 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
     }
     if live.rpm {
         let mut samples: Vec<(f64, Option<f64>)> = live.pings.done.lock().unwrap().iter().map(|(t, ms)| (secs(live.t0, *t), Some(*ms))).collect();
+        samples.sort_by(|a, b| a.0.total_cmp(&b.0));
         // At the end, a ping still without its pong never completed: kept as a timeout, unless
         // it went out so shortly before the load ended (within the longest answered round trip,
         // at least 1 s) that closing the flow cut it off.

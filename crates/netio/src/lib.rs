@@ -209,6 +209,7 @@ pub fn wait_readable(fd: &impl AsRawFd, timeout: std::time::Duration) -> bool {
 /// Reads one `\n`-terminated line of at most `max` bytes. `Ok(None)` at a clean end of stream;
 /// an error for an over-long line (the peer does not speak the protocol).
 pub fn read_line(r: &mut impl BufRead, max: usize) -> io::Result<Option<Vec<u8>>> {
+    let too_long = || io::Error::new(io::ErrorKind::InvalidData, format!("line longer than {max} bytes"));
     let mut line = Vec::new();
     loop {
         let buf = r.fill_buf()?;
@@ -219,16 +220,18 @@ pub fn read_line(r: &mut impl BufRead, max: usize) -> io::Result<Option<Vec<u8>>
                 Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed mid-line"))
             };
         }
-        if let Some(i) = buf.iter().position(|&b| b == b'\n') {
-            line.extend_from_slice(&buf[..i]);
-            r.consume(i + 1);
-            return Ok(Some(line));
+        let (chunk, end) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], Some(i + 1)),
+            None => (buf, None),
+        };
+        if line.len() + chunk.len() > max {
+            return Err(too_long());
         }
-        let n = buf.len();
-        line.extend_from_slice(buf);
-        r.consume(n);
-        if line.len() > max {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("line longer than {max} bytes")));
+        line.extend_from_slice(chunk);
+        let used = end.unwrap_or(chunk.len());
+        r.consume(used);
+        if end.is_some() {
+            return Ok(Some(line));
         }
     }
 }

@@ -266,30 +266,87 @@ pub fn read(path: &Path) -> Result<ResultFile, ResultError> {
     std::fs::File::open(path)
         .and_then(|mut f| f.read_to_end(&mut raw))
         .map_err(|source| ResultError::Read { path: path.to_path_buf(), source })?;
+    parse(&raw).map_err(|why| ResultError::Format { path: path.to_path_buf(), why })
+}
+
+/// Largest result accepted once decompressed: result files are shared, and a small gzip file
+/// could otherwise unpack to all of memory. A 30 s test at a 1 ms step is some 20 MB.
+const MAX_UNPACKED: u64 = 256 << 20;
+
+/// A result file's bytes, gzipped or not, checked for format and version.
+pub fn parse(raw: &[u8]) -> Result<ResultFile, String> {
+    let unpacked;
     let json = if raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&raw[..])
-            .read_to_end(&mut out)
-            .map_err(|e| ResultError::Format { path: path.to_path_buf(), why: e.to_string() })?;
-        out
+        flate2::read::GzDecoder::new(raw).take(MAX_UNPACKED + 1).read_to_end(&mut out).map_err(|e| e.to_string())?;
+        if out.len() as u64 > MAX_UNPACKED {
+            return Err(format!("more than {} MiB once unpacked", MAX_UNPACKED >> 20));
+        }
+        unpacked = out;
+        &unpacked[..]
     } else {
         raw
     };
-    let fmt_err = |why: String| ResultError::Format { path: path.to_path_buf(), why };
-    let value: serde_json::Value = serde_json::from_slice(&json).map_err(|e| fmt_err(e.to_string()))?;
+    let value: serde_json::Value = serde_json::from_slice(json).map_err(|e| e.to_string())?;
     if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT) {
-        return Err(fmt_err(format!("no \"format\": \"{FORMAT}\"")));
+        return Err(format!("no \"format\": \"{FORMAT}\""));
     }
     let version = value.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
     if version != VERSION as u64 {
-        return Err(fmt_err(format!("version {version}, this bloatlab reads version {VERSION}")));
+        return Err(format!("version {version}, this bloatlab reads version {VERSION}"));
     }
-    serde_json::from_value(value).map_err(|e| fmt_err(e.to_string()))
+    let r: ResultFile = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    check(&r)?;
+    Ok(r)
+}
+
+/// What every reader relies on and a hand-edited or hostile file may break: times are finite,
+/// phases end after they start, throughput samples (each covering the time since the one
+/// before) lie in time order.
+fn check(r: &ResultFile) -> Result<(), String> {
+    let m = &r.metadata;
+    if !(m.step.is_finite() && m.step > 0.0) {
+        return Err(format!("metadata.step {} is not a positive number of seconds", m.step));
+    }
+    for p in &m.phases {
+        if !(p.start.is_finite() && p.end.is_finite()) || p.end < p.start {
+            return Err(format!("phase `{}` runs from {} s to {} s", p.name, p.start, p.end));
+        }
+    }
+    for f in &m.flows {
+        if f.start.is_some_and(|t| !t.is_finite()) {
+            return Err(format!("flow `{}` starts at {:?} s", f.name, f.start));
+        }
+    }
+    for s in &r.series {
+        if let Some(w) = s.samples.windows(2).find(|w| s.kind == SeriesKind::Throughput && w[0].0.partial_cmp(&w[1].0).is_none_or(|o| o.is_gt())) {
+            return Err(format!("series `{}`: sample at {} s after one at {} s (times must be finite and in order)", s.name, w[1].0, w[0].0));
+        }
+        if s.samples.iter().any(|x| !x.0.is_finite() || x.1.is_some_and(|v| !v.is_finite())) {
+            return Err(format!("series `{}` has a sample that is not a finite number", s.name));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by fuzzing (fuzz/fuzz_targets/result_file.rs): a load phase ending before it
+    /// started made the summary's clamp panic. Such files are now refused with the reason.
+    #[test]
+    fn a_file_whose_phases_or_samples_make_no_sense_is_refused_with_the_reason() {
+        let mut r = sample();
+        r.metadata.phases = vec![Phase { name: "load".into(), start: 5.3, end: 1.3 }];
+        let raw = serde_json::to_vec(&r).unwrap();
+        assert_eq!(parse(&raw).unwrap_err(), "phase `load` runs from 5.3 s to 1.3 s");
+        let mut r = sample();
+        r.series[0].kind = SeriesKind::Throughput;
+        r.series[0].samples = vec![(2.0, Some(1.0)), (1.0, Some(1.0))];
+        assert!(parse(&serde_json::to_vec(&r).unwrap()).unwrap_err().contains("after one at 2 s"));
+        assert!(parse(&serde_json::to_vec(&sample()).unwrap()).is_ok());
+    }
 
     fn sample() -> ResultFile {
         let mut r = ResultFile::new(Metadata {

@@ -179,7 +179,7 @@ async fn control(mut r: Reader, mut w: OwnedWriteHalf, ip: IpAddr, hello_by: Ins
 }
 
 /// The request against the server's limits; the error names the limit.
-pub(crate) fn validate(req: &TestRequest, cfg: &crate::Config) -> Result<(), String> {
+pub fn validate(req: &TestRequest, cfg: &crate::Config) -> Result<(), String> {
     if Duration::from_millis(req.duration_ms) > cfg.max_duration {
         return Err(format!("test of {} s exceeds this server's limit of {} s", req.duration_ms / 1000, cfg.max_duration.as_secs()));
     }

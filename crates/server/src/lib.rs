@@ -13,8 +13,11 @@ mod conn;
 mod data;
 mod lines;
 mod limits;
-mod session;
+pub mod session;
 mod udp;
+
+/// The request check, public for the fuzzer (fuzz/fuzz_targets/request.rs).
+pub use conn::validate;
 
 use bloatlab_proto as proto;
 use limits::Slots;

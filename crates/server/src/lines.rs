@@ -14,19 +14,19 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R, max: usize) -> io::Re
         if buf.is_empty() {
             return if line.is_empty() { Ok(None) } else { Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed mid-line")) };
         }
-        if let Some(i) = buf.iter().position(|&b| b == b'\n') {
-            line.extend_from_slice(&buf[..i]);
-            r.consume(i + 1);
-            if line.len() > max {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("line longer than {max} bytes")));
-            }
-            return Ok(Some(line));
-        }
-        let n = buf.len();
-        line.extend_from_slice(buf);
-        r.consume(n);
-        if line.len() > max {
+        let (chunk, end) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], Some(i + 1)),
+            None => (buf, None),
+        };
+        // Checked before copying: memory stays within `max` whatever the peer sends.
+        if line.len() + chunk.len() > max {
             return Err(io::Error::new(io::ErrorKind::InvalidData, format!("line longer than {max} bytes")));
+        }
+        line.extend_from_slice(chunk);
+        let used = end.unwrap_or(chunk.len());
+        r.consume(used);
+        if end.is_some() {
+            return Ok(Some(line));
         }
     }
 }
