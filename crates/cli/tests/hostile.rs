@@ -405,3 +405,29 @@ fn bad_files_and_values_get_one_line_naming_the_problem() {
         }
     }
 }
+
+#[test]
+fn hundreds_of_trickling_connections_cost_little_and_end_at_their_deadline() {
+    let _g = serial();
+    let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q", "--max-connections", "1000", "--max-connections-per-ip", "1000"]);
+    let before = srv.rss_kb();
+    let mut conns: Vec<TcpStream> = (0..400).map(|_| TcpStream::connect(&srv.addr).unwrap()).collect();
+    for c in conns.iter_mut() {
+        c.write_all(b"{").unwrap();
+    }
+    wait_ms(1000);
+    let held = srv.rss_kb();
+    wait_ms(5000);
+    let mut closed = 0;
+    for c in conns.iter_mut() {
+        c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        closed += match c.read(&mut [0u8; 8]) {
+            Ok(0) => 1,
+            Err(e) if !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => 1,
+            _ => 0,
+        };
+    }
+    eprintln!("400 trickling connections: server RSS {before} kB -> {held} kB while held; {closed} closed by their deadline");
+    assert_eq!(closed, 400, "every half-hello was cut off at 5 s");
+    assert!(held < before + 16 * 1024, "RSS {before} -> {held} kB for 400 idle connections");
+}

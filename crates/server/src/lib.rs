@@ -1,5 +1,5 @@
-//! The measurement server, meant for the public Internet. One tokio runtime; every connection a
-//! task under a total deadline (its hello, then its test); every slot (connection, test, flow) a
+//! The measurement server, meant for the public Internet. One tokio runtime for TCP (the UDP echo
+//! keeps a thread of its own, for timing); every connection a task under a total deadline (its hello, then its test); every slot (connection, test, flow) a
 //! guard that is given back however its task ends; the same limits in all and per client
 //! address for every kind of connection.
 //!
@@ -145,7 +145,7 @@ impl Shared {
 pub struct Server {
     pub local_addr: SocketAddr,
     stop: watch::Sender<bool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Server {
@@ -160,9 +160,7 @@ impl Server {
             .map_err(|source| ServerError::Bind { addr: config.listen, source })?
             .as_socket()
             .ok_or(ServerError::Bind { addr: config.listen, source: std::io::ErrorKind::InvalidInput.into() })?;
-        for s in [&tcp, &udp] {
-            s.set_nonblocking(true).map_err(|source| ServerError::Bind { addr: config.listen, source })?;
-        }
+        tcp.set_nonblocking(true).map_err(|source| ServerError::Bind { addr: config.listen, source })?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             connections: Slots::new("connections", config.max_connections, config.max_connections_per_ip),
@@ -174,31 +172,32 @@ impl Server {
             stop: stop_rx,
         });
         let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("bloatlab-server").build().map_err(ServerError::Runtime)?;
-        let thread = std::thread::Builder::new()
+        let udp_shared = shared.clone();
+        let udp_thread = std::thread::Builder::new().name("udp-echo".into()).spawn(move || udp::serve(udp.into(), udp_shared)).map_err(ServerError::Runtime)?;
+        let tcp_thread = std::thread::Builder::new()
             .name("bloatlab-server".into())
             .spawn(move || {
                 rt.block_on(async move {
-                    let (tcp, udp) = match (tokio::net::TcpListener::from_std(std::net::TcpListener::from(tcp)), tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(udp))) {
-                        (Ok(t), Ok(u)) => (t, u),
-                        (Err(e), _) | (_, Err(e)) => return eprintln!("bloatlab server: {e}"),
+                    let tcp = match tokio::net::TcpListener::from_std(std::net::TcpListener::from(tcp)) {
+                        Ok(t) => t,
+                        Err(e) => return eprintln!("bloatlab server: {e}"),
                     };
+                    // The accept loop runs as a task on a worker, like every connection.
+                    let accept = tokio::spawn(conn::accept_loop(tcp, shared.clone()));
                     let mut stop = shared.stop.clone();
-                    tokio::select! {
-                        _ = conn::accept_loop(tcp, shared.clone()) => {}
-                        _ = udp::serve(udp, shared.clone()) => {}
-                        _ = stop.wait_for(|s| *s) => {}
-                    }
+                    let _ = stop.wait_for(|s| *s).await;
+                    accept.abort();
                 });
                 rt.shutdown_timeout(Duration::from_secs(1));
             })
             .map_err(ServerError::Runtime)?;
-        Ok(Server { local_addr, stop: stop_tx, thread: Some(thread) })
+        Ok(Server { local_addr, stop: stop_tx, threads: vec![udp_thread, tcp_thread] })
     }
 
     /// Stops accepting and ends every connection; returns once the runtime is down.
     pub fn stop(&mut self) {
         let _ = self.stop.send(true);
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
