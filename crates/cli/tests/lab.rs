@@ -52,13 +52,14 @@ fn idle_rtt_adds_the_configured_delay() {
     let s = lab.test("c", &["ping", "10.77.0.2", "-l", "3", "--idle", "0"]);
     // Never below the configured 2 x 10 ms; above it only by the emulator's own forwarding
     // (two TUN hops each way through a user process: 0.17-0.35 ms measured on this machine,
-    // with the code of before and after issue #15).
+    // with the code of before and after issue #15; 0.44-0.65 on a noisier day, with the code
+    // before and after issue #9 alike).
     let p50 = f(&s, "latency_ms.idle.p50");
-    assert!((20.0..=20.5).contains(&p50), "RTT p50 {p50} ms for 2 x 10 ms");
+    assert!((20.0..=21.0).contains(&p50), "RTT p50 {p50} ms for 2 x 10 ms");
     // IPv6 takes the same path.
     let s6 = lab.test("c", &["ping", "[fd77:0:0:0::2]", "-l", "2", "--idle", "0"]);
     let p50 = f(&s6, "latency_ms.idle.p50");
-    assert!((20.0..=20.5).contains(&p50), "IPv6 RTT p50 {p50} ms for 2 x 10 ms");
+    assert!((20.0..=21.0).contains(&p50), "IPv6 RTT p50 {p50} ms for 2 x 10 ms");
 }
 
 #[test]
@@ -119,7 +120,9 @@ both = { delay = "10ms" }
     let _srv = lab.server("server");
     let s = lab.test("laptop", &["tcp-down", "10.77.2.2", "--flows", "2", "-l", "5", "--idle", "1"]);
     let idle = f(&s, "latency_ms.idle.p50");
-    assert!(idle > 32.0 && idle < 34.0, "2 x (1 + 5 + 10) ms plus serialisation: {idle}");
+    // Six TUN traversals each way add 1-1.5 ms here (33.1-33.5 measured with the code before
+    // and after issue #9 alike); 35.2 once while CI had just run the emulated kernel.
+    assert!(idle > 32.0 && idle < 36.0, "2 x (1 + 5 + 10) ms plus serialisation: {idle}");
     // The 20 Mbit/s hop is the bottleneck.
     let down = f(&s, "throughput_mbps.down");
     assert!(down > 17.5 && down < 20.0, "{down}");
