@@ -10,6 +10,7 @@
 # and prints loaded RTT p50/p90 and goodput each way, with the ratio bloatlab/peer.
 #
 #   scripts/bench-peers.sh [--out DIR] [--length S] [--cc ALGO] [--limits "1000 30"]
+#                          [--tests "rrul bidir download"]
 #
 # Needs root, iperf3, irtt, flent (apt-get install flent irtt iperf3 fping), netperf built with
 # --enable-demo (flent's requirement) and crusader's CLI built from source, on PATH or in
@@ -21,13 +22,15 @@ out=bench-peers-out
 length=20
 cc=cubic
 limits="1000 30"
+tests="rrul bidir download"
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift 2 ;;
     --length) length=$2; shift 2 ;;
     --cc) cc=$2; shift 2 ;;
     --limits) limits=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --tests) tests=$2; shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "bench-peers: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -99,6 +102,20 @@ shape() { # LIMIT
   done
 }
 
+# The referee: the router's own queues, sampled every 100 ms while a tool runs (bytes in each
+# pfifo), written as "t rc_bytes rs_bytes" lines to FILE.
+sample_queues() { # FILE
+  exec ip netns exec $RTR sh -c 'q() { tc -s qdisc show dev $1 | awk "/pfifo/{f=1} f&&/backlog/{sub(/b\$/,\"\",\$2); print \$2; exit}"; }
+    while :; do echo "$(date +%s.%N) $(q rc) $(q rs)"; sleep 0.1; done' > "$1"
+}
+with_queues() { # FILE command...
+  local f=$1; shift
+  sample_queues "$f" &
+  local sq=$!
+  "$@" || true
+  kill $sq 2>/dev/null; wait $sq 2>/dev/null || true
+}
+
 bloatlab() { # name test args...
   local name=$1; shift
   in_ns $CLI "$BIN" test "$@" $SRV_ADDR --cc $cc -q --json -o "$out/$name.json.gz" > "$out/$name.summary.json"
@@ -108,16 +125,22 @@ for LIMIT in $limits; do
   echo "== pfifo $LIMIT" >&2
   topology_up
   shape
+  want() { case " $tests " in *" $1 "*) return 0 ;; esac; return 1; }
+  if want rrul; then
   echo "  rrul: bloatlab, flent" >&2
-  bloatlab "rrul.$LIMIT.bloatlab" rrul -l "$length" --idle 5
-  in_ns $CLI flent rrul -H $SRV_ADDR -l "$length" -D "$out" -t "pfifo$LIMIT" -f summary > "$out/rrul.$LIMIT.flent.txt" 2>&1 || echo "  flent failed: $(tail -n1 "$out/rrul.$LIMIT.flent.txt")" >&2
+  with_queues "$out/rrul.$LIMIT.bloatlab.queues" bloatlab "rrul.$LIMIT.bloatlab" rrul -l "$length" --idle 5
+  with_queues "$out/rrul.$LIMIT.flent.queues" in_ns $CLI flent rrul -H $SRV_ADDR -l "$length" -D "$out" -t "pfifo$LIMIT" -f summary > "$out/rrul.$LIMIT.flent.txt" 2>&1 || echo "  flent failed: $(tail -n1 "$out/rrul.$LIMIT.flent.txt")" >&2
   mv "$(ls -t "$out"/rrul-*pfifo$LIMIT*.flent.gz | head -n1)" "$out/rrul.$LIMIT.flent.gz" 2>/dev/null || true
+  fi
+  if want bidir; then
   echo "  bidirectional, 8 flows each way: bloatlab, crusader" >&2
   bloatlab "bidir.$LIMIT.bloatlab" tcp-bidir --flows 8 -l "$length" --idle 5
   rm -rf "$out/crusader-results"
   (cd "$out" && in_ns $CLI crusader test $SRV_ADDR --bidirectional --streams 8 --load-duration "$length" --out-name "bidir$LIMIT") > "$out/bidir.$LIMIT.crusader.txt" 2>&1 || echo "  crusader failed: $(tail -n1 "$out/bidir.$LIMIT.crusader.txt")" >&2
   crr=$(ls "$out"/crusader-results/bidir$LIMIT*.crr 2>/dev/null | head -n1)
   [ -n "$crr" ] && crusader export "$crr" -o "$out/bidir.$LIMIT.crusader.json" -f >/dev/null 2>&1 || true
+  fi
+  if want download; then
   echo "  one download flow: bloatlab, irtt during iperf3" >&2
   bloatlab "down.$LIMIT.bloatlab" tcp-down --flows 1 -l "$length" --idle 5
   in_ns $CLI iperf3 -c $SRV_ADDR -R -t $((length + 2)) -C $cc -J > "$out/down.$LIMIT.iperf3.json" 2>&1 &
@@ -125,6 +148,7 @@ for LIMIT in $limits; do
   sleep 2
   in_ns $CLI irtt client -i 10ms -d "${length}s" -q -o "$out/down.$LIMIT.irtt.json" $SRV_ADDR >/dev/null 2>&1 || true
   wait $ip3 || true
+  fi
 done
 
 python3 - "$out" "$length" $limits <<'PY'
@@ -168,8 +192,10 @@ def crusader(limit):
     d = load(f"{out}/bidir.{limit}.crusader.json")
     if not d: return None
     sec = lambda v: v["secs"] + v["nanos"] / 1e9
-    ph = [p for p in d["test_data"] if p["kind"] == "Both"] or d["test_data"]
-    a, b = sec(ph[0]["start"]), sec(ph[0]["end"])
+    ph = [p for p in d["test_data"] if p["kind"] == "Bidirectional"] or d["test_data"]
+    # The phase's record runs on past the load (its grace period): the load is load_duration.
+    a = sec(ph[0]["start"])
+    b = min(sec(ph[0]["end"]), a + sec(d["config"]["load_duration"]))
     a += min(2.0, 0.2 * (b - a))
     lat = [sec(p["latency"]["total"]) * 1e3 for p in d["pings"] if p.get("latency") and p["latency"].get("total") and a <= sec(p["sent"]) <= b]
     def bytes_at(stream, t):
@@ -184,9 +210,27 @@ def crusader(limit):
         for st in g["streams"]:
             rate[g["download"]] += (bytes_at(st, b) - bytes_at(st, a)) * 8 / (b - a) / 1e6
     return {"down": rate[True], "up": rate[False], "p50": pct(lat, .5), "p90": pct(lat, .9)}
+def queues(name):
+    # The router's pfifos as a probe crossing both would find them: bytes over each rate (HTB
+    # counts the Ethernet frame, as the backlog does), over the span the queues were in use,
+    # less its first min(2 s, 20 %) as for the tools.
+    p = f"{out}/{name}.queues"
+    if not os.path.exists(p): return None
+    rows = []
+    for line in open(p):
+        f = line.split()
+        if len(f) == 3 and f[1].isdigit() and f[2].isdigit():
+            rows.append((float(f[0]), int(f[1]) * 8 / 20e6 * 1e3 + int(f[2]) * 8 / 5e6 * 1e3))
+    busy = [t for t, d in rows if d > 0]
+    if not busy: return None
+    a, b = busy[0], busy[-1]
+    a += min(2.0, 0.2 * (b - a))
+    d = [x for t, x in rows if a <= t <= b]
+    return {"down": None, "up": None, "p50": pct(d, .5), "p90": pct(d, .9)}
 fmt = lambda v: f"{'-':>8}" if v is None else f"{v:8.1f}"
 ratio = lambda a, b: f"{'-':>6}" if a is None or not b else f"{a / b:6.2f}"
-print("loaded RTT (ms) and goodput (Mbit/s), the same line in one run; ratio = bloatlab / peer")
+print("loaded RTT (ms) and goodput (Mbit/s), the same line in one run; ratio = bloatlab / peer;")
+print("'queues': the delay the router's two FIFOs held (sampled every 0.1 s) while that tool ran")
 print(f"{'line':10} {'test':9} {'tool':10} {'down':>8} {'up':>8} {'RTT p50':>8} {'RTT p90':>8}   ratios: down     up    p50    p90")
 for limit in limits:
     for test, blname, peer, pname in (("rrul", f"rrul.{limit}.bloatlab", flent(limit), "flent"),
@@ -201,4 +245,9 @@ for limit in limits:
             if tool != "bloatlab" and b:
                 line += "        " + " ".join(ratio(b[k], v[k]) for k in ("down", "up", "p50", "p90"))
             print(line)
+        if test == "rrul":
+            for tool in ("bloatlab", "flent"):
+                q = queues(f"rrul.{limit}.{tool}")
+                if q:
+                    print(f"pfifo {limit:<4} {test:9} {'  queues':10} {fmt(None)} {fmt(None)} {fmt(q['p50'])} {fmt(q['p90'])}   (the router's FIFOs during {tool}'s run)")
 PY
