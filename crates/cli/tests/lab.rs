@@ -143,18 +143,26 @@ both = { delay = "10ms" }
     assert!(sent("at_end") - sent("at_start") > 5000, "{lab}");
 }
 
+/// SIGKILLs a lab's background process, as a reboot or the OOM killer would.
+fn kill_lab_process(name: &str) {
+    let info: serde_json::Value = serde_json::from_slice(&std::fs::read(format!("/run/bloatlab/labs/{name}/info.json")).unwrap()).unwrap();
+    unsafe { libc::kill(info["pid"].as_i64().unwrap() as i32, libc::SIGKILL) };
+    wait_ms(300);
+}
+
 #[test]
-fn down_all_cleans_up_after_a_killed_lab() {
+fn a_killed_lab_neither_blocks_its_name_nor_outlives_down_all() {
     let _g = serial();
     let before = netns_and_links();
     let Some(lab) = LabUp::up("killed", ONE_LINK) else { return };
-    let info: serde_json::Value = serde_json::from_slice(&std::fs::read("/run/bloatlab/labs/killed/info.json").unwrap()).unwrap();
-    let pid = info["pid"].as_i64().unwrap() as i32;
-    unsafe { libc::kill(pid, libc::SIGKILL) };
-    wait_ms(300);
+    kill_lab_process("killed");
+    std::mem::forget(lab);
+    // `lab up` clears what the dead process left (its namespaces survive it) and comes up.
+    let again = LabUp::up("killed", ONE_LINK).expect("root was there a moment ago");
+    kill_lab_process("killed");
+    std::mem::forget(again);
     let out = run(&[], &["lab", "down", "--all"]);
     assert!(out.status.success());
-    std::mem::forget(lab);
     assert_eq!(netns_and_links(), before);
     assert!(!std::path::Path::new("/run/bloatlab/labs/killed").exists());
     assert!(!std::env::temp_dir().join("bloatlab-lab-killed.log").exists(), "the killed lab's log is removed with it");

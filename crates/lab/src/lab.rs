@@ -113,6 +113,9 @@ impl Lab {
             if alive {
                 return Err(LabError::Exists(info.name));
             }
+            // Its process was killed (SIGKILL, a reboot of the sandbox): namespaces outlive it
+            // and would block this name forever, so clear what its state file says it owned.
+            remove_remains(&info);
         }
         let taken: Vec<String> = ns::list();
         if topo.hosts.iter().any(|h| taken.contains(&namespace(name, h))) {
@@ -285,6 +288,14 @@ impl Drop for Lab {
         }
         let _ = std::fs::remove_dir_all(&self.state_dir);
     }
+}
+
+/// Deletes a dead lab's namespaces and state directory (its TUN devices died with it).
+fn remove_remains(info: &LabInfo) {
+    for h in info.hosts.values() {
+        let _ = ns::delete(&h.namespace);
+    }
+    let _ = std::fs::remove_dir_all(state_dir(&info.name));
 }
 
 /// Removes every lab namespace, state directory and stray TUN device, also of labs whose
