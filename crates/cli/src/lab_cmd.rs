@@ -92,6 +92,11 @@ pub enum LabCommand {
         /// No progress output.
         #[arg(short, long)]
         quiet: bool,
+        /// The fix the second run applies at 95% of the line rates on the router: `cake`
+        /// (its own shaper, `docsis` framing, ingress mode downstream) or `fq_codel` (HTB-style
+        /// shaping with FQ-CoDel, quantum 300, as sqm-scripts' simple.qos).
+        #[arg(long, default_value = "cake", value_parser = ["cake", "fq_codel"])]
+        fix: String,
     },
     /// (internal) The background process of `lab up`.
     #[command(hide = true)]
@@ -236,7 +241,7 @@ pub fn run(cmd: LabCommand, stop: impl Fn() -> Arc<AtomicBool>) -> ExitCode {
             fail(format!("lab {} did not stop; try `bloatlab lab down --all`", info.name))
         }
         LabCommand::Run { topology, name, cmd } => run_cmd(&topology, name, &cmd, stop()),
-        LabCommand::Demo { length, json, out_dir, quiet } => demo(length, json, &out_dir, quiet, stop()),
+        LabCommand::Demo { length, json, out_dir, quiet, fix } => demo(length, json, &out_dir, quiet, &fix, stop()),
     }
 }
 
@@ -373,7 +378,44 @@ fn stats_text(stats: &serde_json::Value) -> String {
                 d["tun"]["waiting_packets"]["max"],
                 d["tun"]["waiting_packets"]["p99"],
             );
+            if let Some(c) = d.get("cake").filter(|c| !c.is_null()) {
+                out += &cake_text(c, dn("ack_filter"));
+            }
         }
+    }
+    out
+}
+
+/// CAKE's tins as `tc -s qdisc show` lays them out: one column per tin.
+fn cake_text(c: &serde_json::Value, ack_drops: u64) -> String {
+    let Some(tins) = c["tins"].as_array() else { return String::new() };
+    let mut out = format!("  cake: rate {:.2} Mbit/s, memory {} of {} B, ack drops {ack_drops}\n", c["rate_bps"].as_f64().unwrap_or(0.0) / 1e6, c["memory_used"], c["memory_limit"]);
+    out += &format!("  {:<12}", "");
+    for t in tins {
+        out += &format!("{:>14}", t["name"].as_str().unwrap_or(""));
+    }
+    out += "\n";
+    let rows: [(&str, &str, f64); 12] = [
+        ("thresh Mbit", "thresh_bps", 1e6),
+        ("target ms", "target_us", 1e3),
+        ("interval ms", "interval_us", 1e3),
+        ("pk_delay ms", "pk_delay_us", 1e3),
+        ("av_delay ms", "av_delay_us", 1e3),
+        ("sp_delay ms", "sp_delay_us", 1e3),
+        ("pkts", "packets", 1.0),
+        ("drops", "drops", 1.0),
+        ("marks", "marks", 1.0),
+        ("ack_drop", "ack_drops", 1.0),
+        ("sp_flows", "sparse_flows", 1.0),
+        ("bk_flows", "bulk_flows", 1.0),
+    ];
+    for (label, key, scale) in rows {
+        out += &format!("  {label:<12}");
+        for t in tins {
+            let v = t[key].as_f64().unwrap_or(0.0) / scale;
+            out += &if scale == 1.0 { format!("{v:>14.0}") } else { format!("{v:>14.2}") };
+        }
+        out += "\n";
     }
     out
 }
@@ -418,7 +460,7 @@ fn lab_rrul(info: &LabInfo, server: &str, length: f64, out: &std::path::Path, qu
     serde_json::from_slice(&o.stdout).map_err(|_| format!("the rrul run failed (exit {:?})", o.status.code()))
 }
 
-fn demo(length: f64, json: bool, out_dir: &std::path::Path, quiet: bool, stop: Arc<AtomicBool>) -> ExitCode {
+fn demo(length: f64, json: bool, out_dir: &std::path::Path, quiet: bool, fix: &str, stop: Arc<AtomicBool>) -> ExitCode {
     let topo = load_topology("cable").expect("preset");
     let say = |m: &str| {
         if !quiet {
@@ -449,17 +491,27 @@ fn demo(length: f64, json: bool, out_dir: &std::path::Path, quiet: bool, stop: A
         if stop.load(Ordering::Relaxed) {
             return Err("interrupted".into());
         }
-        // 95% of the link rates, FQ-CoDel, on the router's LAN side in both directions: the
-        // queue moves from the modem into one the router controls. The shaper counts DOCSIS's
-        // 18 bytes per packet as the modem does (SQM's `docsis` keyword): without them a
-        // stream of small ACKs outruns the modem and its FIFO fills again. Quantum 300 as
-        // sqm-scripts' simple.qos: with 1514 a round through 8 bulk flows takes 25 ms at
-        // 3.8 Mbit/s, and a probe every 10 ms would lose its sparse-flow priority.
+        // 95% of the link rates on the router's LAN side in both directions: the queue moves
+        // from the modem into one the router controls. The shaper counts DOCSIS's 18 bytes
+        // per packet as the modem does (SQM's `docsis` keyword): without them a stream of
+        // small ACKs outruns the modem and its FIFO fills again.
         for (dir, rate) in [("up", "3.8mbit"), ("down", "57mbit")] {
-            let settings = [("rate", rate), ("qdisc", "fq_codel"), ("overhead", "18"), ("quantum", "300")].map(|(k, v)| (k.to_string(), v.to_string()));
+            let settings: Vec<(&str, String)> = if fix == "cake" {
+                // CAKE shapes by itself (the LAN link stays unshaped); downstream it runs in
+                // ingress mode, as sqm puts it on the IFB behind the modem.
+                let ingress = if dir == "down" { " ingress" } else { "" };
+                vec![("qdisc", format!("cake bandwidth {rate} docsis{ingress}"))]
+            } else {
+                // Quantum 300 as sqm-scripts' simple.qos: with 1514 a round through 8 bulk
+                // flows takes 25 ms at 3.8 Mbit/s, and a probe every 10 ms would lose its
+                // sparse-flow priority.
+                vec![("rate", rate.to_string()), ("qdisc", "fq_codel".into()), ("overhead", "18".into()), ("quantum", "300".into())]
+            };
+            let settings: Vec<(String, String)> = settings.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
             lab.shared.set("lan", dir, &settings)?;
         }
-        say("2/2 rrul with an FQ-CoDel shaper at 95% (57/3.8 Mbit/s) in front of the bottleneck");
+        let label = if fix == "cake" { "CAKE" } else { "an FQ-CoDel shaper" };
+        say(&format!("2/2 rrul with {label} at 95% (57/3.8 Mbit/s) in front of the bottleneck"));
         let after = lab_rrul(&info, &target, length, &after_path, quiet)?;
         Ok((before, after))
     })();
@@ -471,7 +523,7 @@ fn demo(length: f64, json: bool, out_dir: &std::path::Path, quiet: bool, stop: A
             if json {
                 println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "before": before, "after": after })).expect("json"));
             } else {
-                print!("{}", side_by_side(&before, &after));
+                print!("{}", side_by_side(&before, &after, if fix == "cake" { "CAKE 95%" } else { "FQ-CoDel 95%" }));
             }
             say(&format!("results: {} and {}", before_path.display(), after_path.display()));
             let report = out_dir.join(format!("bloatlab-demo-{stamp}.html"));
@@ -494,7 +546,7 @@ fn humantime_stamp() -> String {
     s.replace([':', '-'], "").trim_end_matches('Z').to_string()
 }
 
-fn side_by_side(b: &Summary, a: &Summary) -> String {
+fn side_by_side(b: &Summary, a: &Summary, fix: &str) -> String {
     // Decimals per row: counts print as whole numbers.
     let p = |s: &Summary, f: fn(&Summary) -> Option<f64>, decimals: usize| f(s).map_or("-".to_string(), |v| format!("{v:.decimals$}"));
     type Row = (&'static str, fn(&Summary) -> Option<f64>, usize);
@@ -508,7 +560,7 @@ fn side_by_side(b: &Summary, a: &Summary) -> String {
         ("probe loss, %", |s| Some(s.loss.percent), 1),
         ("TCP retransmits (up)", |s| s.tcp_retransmits.map(|v| v as f64), 0),
     ];
-    let mut out = format!("\n{:<26} {:>14} {:>14}\n", "", "modem FIFO", "FQ-CoDel 95%");
+    let mut out = format!("\n{:<26} {:>14} {:>14}\n", "", "modem FIFO", fix);
     for (name, f, decimals) in rows {
         out += &format!("{name:<26} {:>14} {:>14}\n", p(b, f, decimals), p(a, f, decimals));
     }
@@ -523,9 +575,20 @@ mod tests {
     #[test]
     fn the_side_by_side_table_prints_counts_as_whole_numbers() {
         let s = Summary { tcp_retransmits: Some(393), added_latency_ms: Some(12.345), ..Default::default() };
-        let table = side_by_side(&s, &s);
+        let table = side_by_side(&s, &s, "CAKE 95%");
         let row = |name: &str| table.lines().find(|l| l.starts_with(name)).unwrap().split_whitespace().last().unwrap().to_string();
         assert_eq!(row("TCP retransmits"), "393");
         assert_eq!(row("added latency"), "12.3");
+    }
+
+    #[test]
+    fn cake_stats_print_one_column_per_tin_in_tcs_order() {
+        use bloatlab_lab_model::cake::{Cake, CakeParams};
+        let c = Cake::new(CakeParams::parse("bandwidth 20mbit diffserv3").unwrap(), 1500, 1);
+        let text = cake_text(&serde_json::to_value(c.stats()).unwrap(), 0);
+        let header: Vec<&str> = text.lines().nth(1).unwrap().split("  ").map(str::trim).filter(|s| !s.is_empty()).collect();
+        assert_eq!(header, ["Bulk", "Best Effort", "Voice"], "{text}");
+        let thresh = text.lines().find(|l| l.trim_start().starts_with("thresh")).unwrap();
+        assert_eq!(thresh.split_whitespace().skip(2).collect::<Vec<_>>(), ["1.25", "20.00", "5.00"], "{text}");
     }
 }

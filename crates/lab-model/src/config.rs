@@ -1,6 +1,7 @@
 //! One direction of a link, configured by `key=value` pairs: the same parser serves topology
 //! files, presets and `bloatlab lab set`.
 
+use crate::cake::{Cake, CakeParams};
 use crate::codel::{Codel, CodelParams};
 use crate::fifo::Fifo;
 use crate::fq_codel::{FqCodel, FqCodelParams};
@@ -30,6 +31,8 @@ pub enum QdiscKind {
     FifoHeadDrop,
     Codel,
     FqCodel,
+    /// CAKE with its own shaper and options, in tc's words after `qdisc = "cake ..."`.
+    Cake(CakeParams),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -206,12 +209,15 @@ impl DirConfig {
             "overhead" => self.overhead = parse_usize(v, "overhead")?,
             "atm" => self.atm = parse_bool(v)?,
             "qdisc" => {
-                self.qdisc.kind = match v {
+                let (kind, options) = v.split_once(char::is_whitespace).unwrap_or((v, ""));
+                self.qdisc.kind = match kind {
+                    "cake" => QdiscKind::Cake(CakeParams::parse(options)?),
+                    _ if !options.trim().is_empty() => return Err(ConfigError::Value(format!("qdisc `{v}`: only cake takes options here; set the others with their own keys (limit, target, ...)"))),
                     "fifo" | "pfifo" | "droptail" => QdiscKind::Fifo,
                     "fifo-headdrop" | "drophead" => QdiscKind::FifoHeadDrop,
                     "codel" => QdiscKind::Codel,
                     "fq_codel" | "fq-codel" => QdiscKind::FqCodel,
-                    _ => return Err(ConfigError::Value(format!("qdisc `{v}`: want fifo, fifo-headdrop, codel or fq_codel"))),
+                    _ => return Err(ConfigError::Value(format!("qdisc `{v}`: want fifo, fifo-headdrop, codel, fq_codel or \"cake [options as tc takes them]\""))),
                 }
             }
             "limit" => self.qdisc.limit = Some(parse_limit(v)?),
@@ -268,6 +274,7 @@ impl DirConfig {
                     ..d
                 }))
             }
+            QdiscKind::Cake(p) => Box::new(Cake::new(p, self.mtu, self.seed)),
         }
     }
 
@@ -301,8 +308,14 @@ impl DirConfig {
             QdiscKind::FifoHeadDrop => "fifo-headdrop",
             QdiscKind::Codel => "codel",
             QdiscKind::FqCodel => "fq_codel",
+            QdiscKind::Cake(p) => {
+                out += &format!(", {}", p.describe());
+                ""
+            }
         };
-        out += &format!(", {kind} limit {limit}");
+        if !kind.is_empty() {
+            out += &format!(", {kind} limit {limit}");
+        }
         if self.overhead > 0 || self.atm {
             out += &format!(", overhead {} B{}", self.overhead, if self.atm { " ATM" } else { "" });
         }
@@ -337,7 +350,11 @@ mod tests {
     fn set_rejects_unknown_keys_and_bad_values_with_their_names() {
         let mut c = DirConfig::default();
         assert!(matches!(c.set("speed", "1", &no_files), Err(ConfigError::Key(k)) if k == "speed"));
-        assert!(c.set("qdisc", "cake", &no_files).unwrap_err().to_string().contains("fq_codel"));
+        assert!(c.set("qdisc", "red", &no_files).unwrap_err().to_string().contains("fq_codel"));
+        c.set("qdisc", "cake bandwidth 57mbit docsis ack-filter", &no_files).unwrap();
+        assert!(matches!(c.qdisc.kind, QdiscKind::Cake(p) if p.bandwidth_bps == 57_000_000 && p.overhead == Some(18)));
+        assert!(c.set("qdisc", "cake bandwidth fast", &no_files).unwrap_err().to_string().contains("fast"));
+        assert!(c.set("qdisc", "fq_codel quantum 300", &no_files).is_err());
         c.set("ge", "0.01", &no_files).unwrap();
         assert_eq!(c.loss, Loss::GilbertElliott { p: 0.01, r: 0.99, bad_loss: 1.0, good_loss: 0.0 });
     }

@@ -2,6 +2,7 @@
 //! times the model says. No sockets, no `Instant::now()`: everything is tested on virtual time
 //! and driven by the TUN forwarder in `bloatlab-lab`.
 
+pub mod cake;
 pub mod codel;
 pub mod config;
 pub mod fifo;

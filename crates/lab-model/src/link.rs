@@ -80,9 +80,7 @@ impl Direction {
         let framing = (cfg.overhead, cfg.atm) != (self.cfg.overhead, self.cfg.atm);
         if cfg.qdisc != self.cfg.qdisc || cfg.rate != self.cfg.rate || cfg.mtu != self.cfg.mtu || framing {
             let mut fresh = cfg.build_qdisc();
-            // Dequeue at each packet's own arrival time: sojourn 0, so no AQM acts on the move.
-            let mut scratch = DirStats::default();
-            while let Some(mut p) = self.qdisc.dequeue(0, &mut scratch) {
+            for mut p in self.qdisc.drain() {
                 p.frame_len = cfg.wire_bytes(p.len());
                 let at = p.enqueued_ns;
                 fresh.enqueue(p, at, &mut self.stats);
@@ -136,7 +134,7 @@ impl Direction {
     /// included (the link catches up instead of drifting).
     fn pump(&mut self, now: u64) {
         while self.qdisc.packets() > 0 {
-            let t = self.busy_until.max(self.last_arrival);
+            let t = self.busy_until.max(self.last_arrival).max(self.qdisc.next_ready());
             if t > now {
                 break;
             }
@@ -180,7 +178,7 @@ impl Direction {
     /// When `poll` next has something to do; None when idle.
     pub fn next_wakeup(&self) -> Option<u64> {
         let wire = self.in_flight.peek().map(|Reverse(f)| f.deliver_ns);
-        let queue = (self.qdisc.packets() > 0).then(|| self.busy_until.max(self.last_arrival));
+        let queue = (self.qdisc.packets() > 0).then(|| self.busy_until.max(self.last_arrival).max(self.qdisc.next_ready()));
         match (wire, queue) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -189,6 +187,10 @@ impl Direction {
 
     pub fn qdisc_name(&self) -> &'static str {
         self.qdisc.name()
+    }
+
+    pub fn cake_stats(&self) -> Option<crate::cake::CakeStats> {
+        self.qdisc.cake_stats()
     }
 }
 

@@ -63,17 +63,58 @@ impl Packet {
                 let old = u16::from_be_bytes([self.data[0], self.data[1]]);
                 self.data[1] |= CE;
                 let new = u16::from_be_bytes([self.data[0], self.data[1]]);
-                let sum = u16::from_be_bytes([self.data[10], self.data[11]]);
-                // HC' = ~(~HC + ~m + m')
-                let mut acc = (!sum) as u32 + (!old) as u32 + new as u32;
-                while acc > 0xffff {
-                    acc = (acc & 0xffff) + (acc >> 16);
-                }
-                self.data[10..12].copy_from_slice(&(!(acc as u16)).to_be_bytes());
+                self.fix_ipv4_checksum(old, new);
             }
             _ => self.data[1] |= CE << 4,
         }
         true
+    }
+
+    /// The DSCP (the top six bits of IPv4's TOS or IPv6's traffic class); 0 if unparsable.
+    pub fn dscp(&self) -> u8 {
+        match self.version() {
+            4 if self.data.len() >= 20 => self.data[1] >> 2,
+            6 if self.data.len() >= 40 => ((self.data[0] & 0x0f) << 2) | (self.data[1] >> 6),
+            _ => 0,
+        }
+    }
+
+    /// Clears the DSCP and keeps the ECN bits (CAKE's `wash`); IPv4's checksum follows.
+    pub fn clear_dscp(&mut self) {
+        match self.version() {
+            4 if self.data.len() >= 20 => {
+                let old = u16::from_be_bytes([self.data[0], self.data[1]]);
+                self.data[1] &= ECN_MASK;
+                let new = u16::from_be_bytes([self.data[0], self.data[1]]);
+                self.fix_ipv4_checksum(old, new);
+            }
+            6 if self.data.len() >= 40 => {
+                self.data[0] &= 0xf0;
+                self.data[1] &= 0x3f;
+            }
+            _ => {}
+        }
+    }
+
+    /// RFC 1624 incremental update for a changed 16-bit word of the IPv4 header:
+    /// HC' = ~(~HC + ~m + m').
+    fn fix_ipv4_checksum(&mut self, old: u16, new: u16) {
+        let sum = u16::from_be_bytes([self.data[10], self.data[11]]);
+        let mut acc = (!sum) as u32 + (!old) as u32 + new as u32;
+        while acc > 0xffff {
+            acc = (acc & 0xffff) + (acc >> 16);
+        }
+        self.data[10..12].copy_from_slice(&(!(acc as u16)).to_be_bytes());
+    }
+
+    /// Source and destination addresses (4 or 16 bytes each).
+    pub fn addresses(&self) -> Option<(&[u8], &[u8])> {
+        let d = &self.data;
+        match self.version() {
+            4 if d.len() >= 20 => Some((&d[12..16], &d[16..20])),
+            6 if d.len() >= 40 => Some((&d[8..24], &d[24..40])),
+            _ => None,
+        }
     }
 
     /// A hash of the 5-tuple (addresses, protocol, ports) that FQ-CoDel uses to tell flows
@@ -146,6 +187,18 @@ mod tests {
         let mut not_ect = udp4(100, 1, 2, 0);
         assert!(!not_ect.mark_ce());
         assert_eq!(not_ect.ecn(), 0);
+    }
+
+    #[test]
+    fn wash_clears_dscp_keeps_ecn_and_the_checksum() {
+        let mut p = udp4(100, 1, 2, 2);
+        p.data[1] |= 46 << 2;
+        let sum = ipv4_checksum(&p.data[..20]);
+        p.data[10..12].copy_from_slice(&sum.to_be_bytes());
+        assert_eq!(p.dscp(), 46);
+        p.clear_dscp();
+        assert_eq!((p.dscp(), p.ecn()), (0, 2));
+        assert_eq!(u16::from_be_bytes([p.data[10], p.data[11]]), ipv4_checksum(&p.data[..20]));
     }
 
     #[test]

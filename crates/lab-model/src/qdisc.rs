@@ -11,6 +11,21 @@ pub trait Qdisc: Send {
     fn packets(&self) -> usize;
     fn bytes(&self) -> usize;
     fn name(&self) -> &'static str;
+    /// The earliest time `dequeue` may release a packet: a shaping qdisc's clock (CAKE); 0
+    /// for work-conserving ones, which release whenever the link is free.
+    fn next_ready(&self) -> u64 {
+        0
+    }
+    /// Every queued packet in arrival order, leaving the qdisc empty (to move them to another).
+    fn drain(&mut self) -> Vec<Packet> {
+        let mut scratch = DirStats::default();
+        // At each packet's own arrival time: sojourn 0, so no AQM acts on the move.
+        std::iter::from_fn(|| self.dequeue(0, &mut scratch)).collect()
+    }
+    /// CAKE's per-tin statistics.
+    fn cake_stats(&self) -> Option<crate::cake::CakeStats> {
+        None
+    }
 }
 
 /// How much a queue may hold; whichever limit is reached first applies.

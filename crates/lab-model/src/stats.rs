@@ -14,6 +14,9 @@ pub struct Drops {
     pub loss: u64,
     /// Larger than the link MTU.
     pub mtu: u64,
+    /// Pure ACKs CAKE's ACK filter found redundant.
+    #[serde(default)]
+    pub ack_filter: u64,
 }
 
 /// Sojourn times in the queue, in microseconds, with two significant digits (an HDR histogram:

@@ -6,7 +6,7 @@ use crate::ns::{self, ip};
 use crate::topology::Topology;
 use crate::tun::Tun;
 use crate::{NS_PREFIX, STATE_DIR};
-use bloatlab_lab_model::{DirStats, Direction};
+use bloatlab_lab_model::Direction;
 use bloatlab_netio::mono_ns;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -250,9 +250,9 @@ impl Shared {
         for (l, rt) in self.topo.links.iter().zip(&self.links) {
             let mut dirs = serde_json::Map::new();
             for (dname, d, tun, sender) in [("up", &rt.up, &rt.up_tun, &l.a), ("down", &rt.down, &rt.down_tun, &l.b)] {
-                let (stats, config, qdisc): (DirStats, String, &str) = {
+                let (stats, config, qdisc, cake) = {
                     let g = d.lock().unwrap_or_else(|e| e.into_inner());
-                    (g.stats.clone(), g.config().describe(), g.qdisc_name())
+                    (g.stats.clone(), g.config().describe(), g.qdisc_name(), g.cake_stats())
                 };
                 let tun_drops = ns::tx_dropped(&namespace(&self.info.name, sender), &l.name);
                 let ((packets_p99, packets_max), (wait_p99, wait_max)) = {
@@ -262,6 +262,9 @@ impl Shared {
                 let mut v = serde_json::to_value(&stats).expect("plain data");
                 v["config"] = config.into();
                 v["qdisc"] = qdisc.into();
+                if let Some(c) = cake {
+                    v["cake"] = serde_json::to_value(c).expect("plain data");
+                }
                 v["tun"] = serde_json::json!({
                     "txqueuelen": TUN_TXQUEUELEN,
                     "dropped": tun_drops,
