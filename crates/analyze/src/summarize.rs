@@ -155,8 +155,18 @@ pub fn summarize(result: &ResultFile) -> Summary {
             loaded: load.and_then(|w| stats::percentiles(values(series, w).collect::<Vec<_>>())),
         });
     }
-    if let (Some(i), Some(l)) = (&lat.idle, &lat.loaded) {
-        let added = l.p50 - i.p50;
+    // Added latency per probe class; the headline from best effort when there is any.
+    let class_added = |class: &str| -> Option<f64> {
+        let series: Vec<&Series> = named(result, "rtt ").filter(|x| probe_class(x.dscp.unwrap_or(0)) == class).collect();
+        let p50 = |w: Option<Window>| w.and_then(|w| stats::percentiles(series.iter().flat_map(|x| values(x, w)).collect::<Vec<_>>())).map(|p| p.p50);
+        Some(p50(load)? - p50(idle)?)
+    };
+    s.added_latency_ms_by_class = ByClass { be: class_added("be"), ef: class_added("ef"), bk: class_added("bk") };
+    let pooled = match (&lat.idle, &lat.loaded) {
+        (Some(i), Some(l)) => Some(l.p50 - i.p50),
+        _ => None,
+    };
+    if let Some(added) = s.added_latency_ms_by_class.be.or(pooled) {
         s.added_latency_ms = Some(added);
         s.grade = Some(grade::grade(added).to_string());
     }
@@ -398,6 +408,25 @@ mod tests {
         r.series.push(series("tcp up 3 BE", SeriesKind::Throughput, Some("up"), flow(4.5)));
         r.partial = false;
         r
+    }
+
+    /// What CAKE's diffserv3 does on the cable line (kernel, #16): best effort +4 ms, EF +9,
+    /// CS1 +150. The headline and grade follow best effort; each class is reported.
+    #[test]
+    fn added_latency_comes_from_best_effort_probes_with_each_class_beside_it() {
+        let mut r = bloated();
+        r.series.retain(|x| x.kind != SeriesKind::Latency);
+        let grid = |from: f64, to: f64| (0..).map(move |i| from + i as f64 * 0.01).take_while(move |t| *t < to);
+        for (name, dscp, added) in [("udp-be", 0u8, 4.0), ("udp-ef", 46, 9.0), ("udp-bk", 8, 150.0)] {
+            let mut x = series(&format!("rtt {name}"), SeriesKind::Latency, None, grid(0.0, 15.0).map(|t| (t, Some(if t < 5.0 { 15.0 } else { 15.0 + added }))).collect());
+            x.dscp = Some(dscp);
+            r.series.push(x);
+        }
+        let s = summarize(&r);
+        assert_eq!(s.added_latency_ms, Some(4.0));
+        assert_eq!(s.added_latency_ms_by_class, ByClass { be: Some(4.0), ef: Some(9.0), bk: Some(150.0) });
+        assert_eq!(s.grade.as_deref(), Some(grade::grade(4.0)));
+        assert_eq!(s.latency_ms.loaded.unwrap().p50, 24.0, "the pooled percentiles stay pooled");
     }
 
     #[test]

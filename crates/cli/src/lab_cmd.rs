@@ -3,9 +3,10 @@
 use bloatlab_lab::control::{self, Request};
 use bloatlab_lab::lab::{self, LabInfo};
 use bloatlab_lab::{presets, Lab, Topology, SOCKET_ENV};
+use bloatlab_experiment::table::table;
+use bloatlab_experiment::{Comparison, Fix, Options};
 use bloatlab_result::Summary;
 use clap::Subcommand;
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
@@ -39,7 +40,7 @@ pub enum LabCommand {
     /// Change a link while it runs: `lab set wan rate=20mbit qdisc=fq_codel --dir down`.
     /// Keys: rate (60mbit | trace:FILE | schedule:FILE | unlimited), delay, jitter, reorder,
     /// loss (1%), ge (p,r,1-h,1-k), mtu, overhead (bytes), atm, qdisc (fifo | fifo-headdrop |
-    /// codel | fq_codel), limit (packets 1000 | bytes 64kb | time 100ms), target, interval,
+    /// codel | fq_codel | "cake OPTIONS" as tc takes them), limit (packets 1000 | bytes 64kb | time 100ms), target, interval,
     /// ecn, flows, quantum, seed.
     Set {
         link: String,
@@ -95,8 +96,33 @@ pub enum LabCommand {
         /// The fix the second run applies at 95% of the line rates on the router: `cake`
         /// (its own shaper, `docsis` framing, ingress mode downstream) or `fq_codel` (HTB-style
         /// shaping with FQ-CoDel, quantum 300, as sqm-scripts' simple.qos).
-        #[arg(long, default_value = "cake", value_parser = ["cake", "fq_codel"])]
+        #[arg(long, default_value = "cake", value_parser = ["cake", "fq_codel", "htb-fq_codel"])]
         fix: String,
+    },
+    /// The same test through each fix on the same emulated line: `lab compare cable --fix
+    /// fifo,htb-fq_codel,cake`. The fix goes in front of the slowest link on the client's side
+    /// (the router), at 95% of that link's rate each way with its overhead; CAKE runs in
+    /// ingress mode downstream. One table, one HTML report with every run, result files kept.
+    Compare {
+        /// Preset name or TOML topology file (hosts `client` and `server`).
+        topology: String,
+        /// Comma-separated fixes: fifo (the line as is), htb-fq_codel, cake.
+        #[arg(long, default_value = "fifo,htb-fq_codel,cake")]
+        fix: String,
+        /// The test each run makes, with its options: rrul, tcp-bidir, rpm, "voip --under-load".
+        #[arg(long, default_value = "rrul")]
+        test: String,
+        /// Load phase of each run, seconds (after 5 s idle).
+        #[arg(short, long, default_value_t = 20.0)]
+        length: f64,
+        /// Print {"runs": [{"fix", "file", "summary"}, ...]} as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Directory for the result files and the report.
+        #[arg(long, default_value = ".")]
+        out_dir: PathBuf,
+        #[arg(short, long)]
+        quiet: bool,
     },
     /// (internal) The background process of `lab up`.
     #[command(hide = true)]
@@ -242,6 +268,10 @@ pub fn run(cmd: LabCommand, stop: impl Fn() -> Arc<AtomicBool>) -> ExitCode {
         }
         LabCommand::Run { topology, name, cmd } => run_cmd(&topology, name, &cmd, stop()),
         LabCommand::Demo { length, json, out_dir, quiet, fix } => demo(length, json, &out_dir, quiet, &fix, stop()),
+        LabCommand::Compare { topology, fix, test, length, json, out_dir, quiet } => {
+            let test = test.split_whitespace().map(String::from).collect();
+            compare(&topology, &fix, json, experiment_options(length, test, &out_dir, "compare", quiet, stop()))
+        }
     }
 }
 
@@ -420,166 +450,76 @@ fn cake_text(c: &serde_json::Value, ack_drops: u64) -> String {
     out
 }
 
-/// Starts `bloatlab server` in a lab host and waits until it listens.
-fn lab_server(info: &LabInfo, host: &str) -> Result<std::process::Child, String> {
-    let ns = &info.hosts[host].namespace;
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .arg(std::env::current_exe().expect("own path"))
-        .args(["server", "-q", "--listen", "[::]:9461"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start the server: {e}"))?;
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    match lines.next() {
-        Some(Ok(l)) if l.contains("listening on") => {
-            std::thread::spawn(move || for _ in lines {});
-            Ok(child)
-        }
-        other => {
-            let _ = child.kill();
-            Err(format!("the lab server did not start: {other:?}"))
-        }
-    }
+fn experiment_options(length: f64, test: Vec<String>, out_dir: &std::path::Path, lab_name: &str, quiet: bool, stop: Arc<AtomicBool>) -> Options {
+    Options { exe: std::env::current_exe().expect("own path"), test, length, out_dir: out_dir.to_path_buf(), lab_name: lab_name.into(), quiet, stop }
 }
 
-fn lab_rrul(info: &LabInfo, server: &str, length: f64, out: &std::path::Path, quiet: bool) -> Result<Summary, String> {
-    let ns = &info.hosts["client"].namespace;
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", ns])
-        .arg(std::env::current_exe().expect("own path"))
-        .args(["test", "rrul", server, "-l", &length.to_string(), "--idle", "5", "--json", "-o"])
-        .arg(out)
-        .env(SOCKET_ENV, &info.socket)
-        .stdout(Stdio::piped());
-    if quiet {
-        cmd.arg("-q");
+/// Prints where the files went and how the experiment ended.
+fn finish(c: &Comparison) -> ExitCode {
+    for r in &c.runs {
+        eprintln!("result: {}", r.file.display());
     }
-    let o = cmd.output().map_err(|e| format!("cannot run the test: {e}"))?;
-    serde_json::from_slice(&o.stdout).map_err(|_| format!("the rrul run failed (exit {:?})", o.status.code()))
+    match &c.report {
+        Ok(p) => eprintln!("report: {}", p.display()),
+        Err(e) => eprintln!("bloatlab lab: no report: {e}"),
+    }
+    if c.interrupted {
+        eprintln!("bloatlab lab: interrupted; the lab is torn down, finished runs are kept");
+        return ExitCode::from(130);
+    }
+    ExitCode::SUCCESS
 }
 
 fn demo(length: f64, json: bool, out_dir: &std::path::Path, quiet: bool, fix: &str, stop: Arc<AtomicBool>) -> ExitCode {
+    let fix = match Fix::parse(fix) {
+        Ok(f) => f,
+        Err(e) => return fail(e),
+    };
+    if !quiet {
+        eprintln!("building the `cable` lab: client - router - [60/4 Mbit/s, 15 ms, 1000-packet FIFO] - server");
+    }
     let topo = load_topology("cable").expect("preset");
-    let say = |m: &str| {
-        if !quiet {
-            eprintln!("{m}");
-        }
-    };
-    say("building the `cable` lab: client - router - [60/4 Mbit/s, 15 ms, 1000-packet FIFO] - server");
-    let lab = match Lab::up(topo, "demo") {
-        Ok(l) => l,
+    let o = experiment_options(length, vec!["rrul".into()], out_dir, "demo", quiet, stop);
+    let c = match bloatlab_experiment::compare(topo, &[Fix::Fifo, fix], &o) {
+        Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let down = Arc::new(AtomicBool::new(false));
-    if let Err(e) = control::serve(lab.shared.clone(), &lab.info().socket.clone(), lab.stop_flag(), down) {
-        return fail(format!("control socket: {e}"));
+    if let [before, after] = &c.runs[..] {
+        if json {
+            println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "before": before.summary, "after": after.summary })).expect("json"));
+        } else {
+            print!("{}", table(&[("modem FIFO", &before.summary), (fix.label(), &after.summary)]));
+        }
     }
-    let info = lab.info().clone();
-    let mut server = match lab_server(&info, "server") {
-        Ok(s) => s,
+    finish(&c)
+}
+
+fn compare(topology: &str, fixes: &str, json: bool, o: Options) -> ExitCode {
+    let topo = match load_topology(topology) {
+        Ok(t) => t,
         Err(e) => return fail(e),
     };
-    let target = info.hosts["server"].ipv4[0].clone();
-    let stamp = humantime_stamp();
-    let before_path = out_dir.join(format!("bloatlab-demo-before-{stamp}.json.gz"));
-    let after_path = out_dir.join(format!("bloatlab-demo-after-{stamp}.json.gz"));
-    let result = (|| -> Result<(Summary, Summary), String> {
-        say(&format!("1/2 rrul through the modem's FIFO ({length} s load after 5 s idle)"));
-        let before = lab_rrul(&info, &target, length, &before_path, quiet)?;
-        if stop.load(Ordering::Relaxed) {
-            return Err("interrupted".into());
-        }
-        // 95% of the link rates on the router's LAN side in both directions: the queue moves
-        // from the modem into one the router controls. The shaper counts DOCSIS's 18 bytes
-        // per packet as the modem does (SQM's `docsis` keyword): without them a stream of
-        // small ACKs outruns the modem and its FIFO fills again.
-        for (dir, rate) in [("up", "3.8mbit"), ("down", "57mbit")] {
-            let settings: Vec<(&str, String)> = if fix == "cake" {
-                // CAKE shapes by itself (the LAN link stays unshaped); downstream it runs in
-                // ingress mode, as sqm puts it on the IFB behind the modem.
-                let ingress = if dir == "down" { " ingress" } else { "" };
-                vec![("qdisc", format!("cake bandwidth {rate} docsis{ingress}"))]
-            } else {
-                // Quantum 300 as sqm-scripts' simple.qos: with 1514 a round through 8 bulk
-                // flows takes 25 ms at 3.8 Mbit/s, and a probe every 10 ms would lose its
-                // sparse-flow priority.
-                vec![("rate", rate.to_string()), ("qdisc", "fq_codel".into()), ("overhead", "18".into()), ("quantum", "300".into())]
-            };
-            let settings: Vec<(String, String)> = settings.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-            lab.shared.set("lan", dir, &settings)?;
-        }
-        let label = if fix == "cake" { "CAKE" } else { "an FQ-CoDel shaper" };
-        say(&format!("2/2 rrul with {label} at 95% (57/3.8 Mbit/s) in front of the bottleneck"));
-        let after = lab_rrul(&info, &target, length, &after_path, quiet)?;
-        Ok((before, after))
-    })();
-    let _ = server.kill();
-    let _ = server.wait();
-    drop(lab);
-    match result {
-        Ok((before, after)) => {
-            if json {
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "before": before, "after": after })).expect("json"));
-            } else {
-                print!("{}", side_by_side(&before, &after, if fix == "cake" { "CAKE 95%" } else { "FQ-CoDel 95%" }));
-            }
-            say(&format!("results: {} and {}", before_path.display(), after_path.display()));
-            let report = out_dir.join(format!("bloatlab-demo-{stamp}.html"));
-            match crate::report_cmd::write_report(&[before_path.clone(), after_path.clone()], &report) {
-                Ok(()) => eprintln!("before/after report: {}", report.display()),
-                Err(e) => eprintln!("bloatlab lab: could not write the report: {e}"),
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) if stop.load(Ordering::Relaxed) => {
-            eprintln!("bloatlab lab: demo interrupted ({e}); the lab is torn down");
-            ExitCode::from(130)
-        }
-        Err(e) => fail(e),
+    let fixes = match fixes.split(',').map(Fix::parse).collect::<Result<Vec<_>, _>>() {
+        Ok(f) => f,
+        Err(e) => return ExitCode::from(usage(e)),
+    };
+    let c = match bloatlab_experiment::compare(topo, &fixes, &o) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    if json {
+        let runs: Vec<serde_json::Value> = c.runs.iter().map(|r| serde_json::json!({ "fix": r.fix.name(), "file": r.file, "summary": r.summary })).collect();
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "runs": runs })).expect("json"));
+    } else {
+        let cols: Vec<(&str, &Summary)> = c.runs.iter().map(|r| (r.fix.label(), &r.summary)).collect();
+        print!("{}", table(&cols));
     }
-}
-
-fn humantime_stamp() -> String {
-    let s = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    s.replace([':', '-'], "").trim_end_matches('Z').to_string()
-}
-
-fn side_by_side(b: &Summary, a: &Summary, fix: &str) -> String {
-    // Decimals per row: counts print as whole numbers.
-    let p = |s: &Summary, f: fn(&Summary) -> Option<f64>, decimals: usize| f(s).map_or("-".to_string(), |v| format!("{v:.decimals$}"));
-    type Row = (&'static str, fn(&Summary) -> Option<f64>, usize);
-    let rows: [Row; 8] = [
-        ("idle latency p50, ms", |s| s.latency_ms.idle.map(|p| p.p50), 1),
-        ("loaded latency p50, ms", |s| s.latency_ms.loaded.map(|p| p.p50), 1),
-        ("loaded latency p99, ms", |s| s.latency_ms.loaded.map(|p| p.p99), 1),
-        ("added latency, ms", |s| s.added_latency_ms, 1),
-        ("download, Mbit/s", |s| s.throughput_mbps.down, 1),
-        ("upload, Mbit/s", |s| s.throughput_mbps.up, 1),
-        ("probe loss, %", |s| Some(s.loss.percent), 1),
-        ("TCP retransmits (up)", |s| s.tcp_retransmits.map(|v| v as f64), 0),
-    ];
-    let mut out = format!("\n{:<26} {:>14} {:>14}\n", "", "modem FIFO", fix);
-    for (name, f, decimals) in rows {
-        out += &format!("{name:<26} {:>14} {:>14}\n", p(b, f, decimals), p(a, f, decimals));
-    }
-    out += &format!("{:<26} {:>14} {:>14}\n", "grade", b.grade.as_deref().unwrap_or("-"), a.grade.as_deref().unwrap_or("-"));
-    out
+    finish(&c)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_side_by_side_table_prints_counts_as_whole_numbers() {
-        let s = Summary { tcp_retransmits: Some(393), added_latency_ms: Some(12.345), ..Default::default() };
-        let table = side_by_side(&s, &s, "CAKE 95%");
-        let row = |name: &str| table.lines().find(|l| l.starts_with(name)).unwrap().split_whitespace().last().unwrap().to_string();
-        assert_eq!(row("TCP retransmits"), "393");
-        assert_eq!(row("added latency"), "12.3");
-    }
 
     #[test]
     fn cake_stats_print_one_column_per_tin_in_tcs_order() {

@@ -203,6 +203,44 @@ fn demo_moves_the_queue_and_fixes_the_latency() {
     assert_eq!(netns_and_links(), before);
 }
 
+/// `lab compare` on the cable line: the modem's FIFO adds hundreds of ms; HTB+fq_codel and
+/// CAKE at 95% on the router each bring best effort down to a few ms. fq_codel treats every
+/// probe class alike; CAKE's diffserv3 makes the CS1 probes wait behind the bulk tin, whose
+/// threshold is 1/16 of the rate (one 1518-byte packet per 51 ms at 3.8/16 Mbit/s upstream).
+#[test]
+fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting() {
+    let _g = serial();
+    if unsafe { libc::geteuid() } != 0 {
+        return missing("the lab needs root");
+    }
+    let before = netns_and_links();
+    let dir = tmp_path("compare");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = run(&[], &["lab", "compare", "cable", "--fix", "fifo,htb-fq_codel,cake", "-l", "10", "--json", "-q", "--out-dir", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json(&out);
+    let runs = v["runs"].as_array().unwrap();
+    let names: Vec<&str> = runs.iter().map(|r| r["fix"].as_str().unwrap()).collect();
+    assert_eq!(names, ["fifo", "htb-fq_codel", "cake"]);
+    let class = |i: usize, c: &str| f(&runs[i]["summary"], &format!("added_latency_ms_by_class.{c}"));
+    eprintln!("compare: {}", runs.iter().map(|r| format!("{} {}", r["fix"], r["summary"]["added_latency_ms_by_class"])).collect::<Vec<_>>().join("; "));
+    // A 1000-packet FIFO at 4 Mbit/s holds 3 s; the upload keeps hundreds of ms in it.
+    assert!(class(0, "be") > 100.0, "the line as is added only {} ms", class(0, "be"));
+    for i in [1, 2] {
+        // Measured 9.8 (fq_codel) and 11.7 ms (CAKE) with 10 s loads.
+        assert!(class(i, "be") < 20.0, "{}: best effort +{} ms", names[i], class(i, "be"));
+        assert!(f(&runs[i]["summary"], "throughput_mbps.down") > 45.0, "{}: {}", names[i], runs[i]["summary"]["throughput_mbps"]);
+    }
+    assert!((class(1, "bk") - class(1, "be")).abs() < 5.0, "fq_codel has no classes: {} vs {}", class(1, "bk"), class(1, "be"));
+    // Measured +75 ms for CS1 against +11.7 for best effort.
+    assert!(class(2, "bk") > class(2, "be") + 20.0, "CAKE's bulk tin: {} vs {}", class(2, "bk"), class(2, "be"));
+    let files: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+    assert_eq!(files.iter().filter(|n| n.ends_with(".json.gz")).count(), 3, "{files:?}");
+    assert_eq!(files.iter().filter(|n| n.ends_with(".html")).count(), 1, "{files:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(netns_and_links(), before);
+}
+
 #[test]
 fn lab_run_passes_the_exit_code_and_tears_down() {
     let _g = serial();

@@ -244,6 +244,16 @@ impl Shared {
         Ok(format!("{link} {dir}: {}", out.join(" | ")))
     }
 
+    /// Puts both directions of a link back as the topology defined them.
+    pub fn restore(&self, link: &str) -> Result<(), String> {
+        let i = self.topo.link(link).ok_or_else(|| format!("no link `{link}`"))?;
+        let spec = &self.topo.links[i];
+        for (d, cfg) in [(&self.links[i].up, &spec.up), (&self.links[i].down, &spec.down)] {
+            d.lock().unwrap_or_else(|e| e.into_inner()).reconfigure(cfg.clone(), mono_ns());
+        }
+        Ok(())
+    }
+
     /// Counters of every link direction, with the TUN transmit queue in front of it.
     pub fn stats(&self) -> serde_json::Value {
         let mut links = serde_json::Map::new();

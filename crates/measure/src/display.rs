@@ -220,7 +220,10 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
         );
     }
     if let (Some(a), Some(g)) = (s.added_latency_ms, &s.grade) {
-        let _ = writeln!(out, "Added latency under load {}  grade {g}", ms(a));
+        let c = &s.added_latency_ms_by_class;
+        let classes: Vec<String> = [("best effort", c.be), ("voice (EF)", c.ef), ("bulk (CS1)", c.bk)].iter().filter_map(|(n, v)| v.map(|v| format!("{n} {}", ms(v)))).collect();
+        let by_class = if classes.len() > 1 { format!("  ({})", classes.join(", ")) } else { String::new() };
+        let _ = writeln!(out, "Added latency under load {}  grade {g}{by_class}", ms(a));
     }
     out
 }

@@ -147,13 +147,35 @@ pub struct Rpm {
     pub window_s: f64,
 }
 
+/// A figure per DiffServ class of probes.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ByClass {
+    pub be: Option<f64>,
+    pub ef: Option<f64>,
+    pub bk: Option<f64>,
+}
+
+/// The class a probe's DSCP falls in: "ef" (EF 46, VA 44), "bk" (CS1 8, LE 1), else "be".
+pub fn probe_class(dscp: u8) -> &'static str {
+    match dscp {
+        46 | 44 => "ef",
+        8 | 1 => "bk",
+        _ => "be",
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Summary {
     pub test: String,
     pub throughput_mbps: Throughput,
     pub latency_ms: Latency,
-    /// Loaded p50 minus idle p50 round trip, ms.
+    /// Loaded p50 minus idle p50 round trip, ms: of the best-effort (unmarked) probes when the
+    /// test has them, else of all probes. A DiffServ-aware queue (CAKE) delays bulk-marked
+    /// probes on purpose; pooling them would grade it down for doing its job.
     pub added_latency_ms: Option<f64>,
+    /// The same per probe class: `be` unmarked and other codepoints, `ef` EF/VA, `bk` CS1/LE.
+    #[serde(default)]
+    pub added_latency_ms_by_class: ByClass,
     /// One-way delay above that direction's idle minimum, over the loaded window (no clock
     /// offset needed, drift corrected when known).
     #[serde(default)]

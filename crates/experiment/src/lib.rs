@@ -1,0 +1,185 @@
+//! Experiments that chain the lab, the measurement and the report: `lab demo` and
+//! `lab compare`. The command line only parses arguments and calls these; tests call them too.
+//! Measurement runs as `bloatlab test ...` inside the lab's client namespace, the server as
+//! `bloatlab server` inside its server namespace (the binary is passed in: `Options::exe`).
+
+pub mod placement;
+pub mod table;
+
+use bloatlab_lab::control;
+use bloatlab_lab::lab::LabInfo;
+use bloatlab_lab::{Lab, Topology, SOCKET_ENV};
+use bloatlab_report::{html, RunView};
+use bloatlab_result::Summary;
+pub use placement::{place, Fix, Setting};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+pub struct Options {
+    /// The bloatlab binary that runs the tests and the server.
+    pub exe: PathBuf,
+    /// The test each run makes (`rrul`, `tcp-bidir`, `rpm`, `voip --under-load`, ...).
+    pub test: Vec<String>,
+    /// Load phase of each run, seconds (after 5 s idle).
+    pub length: f64,
+    /// Where result files and the report go.
+    pub out_dir: PathBuf,
+    /// Name of the lab instance the experiment brings up.
+    pub lab_name: String,
+    pub quiet: bool,
+    /// Set by Ctrl-C: the experiment stops after the run under way, tears the lab down and
+    /// keeps what it measured.
+    pub stop: Arc<AtomicBool>,
+}
+
+/// One run of a comparison.
+pub struct Run {
+    pub fix: Fix,
+    pub summary: Summary,
+    pub file: PathBuf,
+}
+
+pub struct Comparison {
+    pub runs: Vec<Run>,
+    /// The HTML report with every run overlaid, or why it could not be written.
+    pub report: Result<PathBuf, String>,
+    /// The experiment stopped early (Ctrl-C): `runs` holds what finished.
+    pub interrupted: bool,
+}
+
+impl Options {
+    fn say(&self, m: &str) {
+        if !self.quiet {
+            eprintln!("{m}");
+        }
+    }
+}
+
+/// Runs the test once per fix on the same emulated line, each fix placed as `place` says,
+/// and writes one report with every run. Stops between runs on `stop`.
+pub fn compare(topo: Topology, fixes: &[Fix], o: &Options) -> Result<Comparison, String> {
+    for host in ["client", "server"] {
+        if !topo.hosts.iter().any(|h| h == host) {
+            return Err(format!("topology `{}` has no host named `{host}`: the experiment tests from `client` to `server`", topo.name));
+        }
+    }
+    // Every placement is checked before the lab goes up.
+    let placements = fixes.iter().map(|f| place(&topo, *f).map(|s| (*f, s))).collect::<Result<Vec<_>, _>>()?;
+    std::fs::create_dir_all(&o.out_dir).map_err(|e| format!("{}: {e}", o.out_dir.display()))?;
+    let topo_name = topo.name.clone();
+    let lab = Lab::up(topo, &o.lab_name).map_err(|e| e.to_string())?;
+    control::serve(lab.shared.clone(), &lab.info().socket.clone(), lab.stop_flag(), Arc::new(AtomicBool::new(false))).map_err(|e| format!("control socket: {e}"))?;
+    let info = lab.info().clone();
+    let mut server = start_server(&o.exe, &info, "server")?;
+    let target = info.hosts["server"].ipv4[0].clone();
+    let stamp = stamp();
+    let mut runs = Vec::new();
+    let mut failure = None;
+    for (i, (fix, settings)) in placements.iter().enumerate() {
+        if o.stop.load(Ordering::Relaxed) {
+            break;
+        }
+        // Back to the line as the topology defines it, then this fix.
+        let applied = (|| -> Result<(), String> {
+            for l in &topo_links_touched(&placements) {
+                lab.shared.restore(l)?;
+            }
+            for s in settings {
+                lab.shared.set(&s.link, s.dir, &s.kv)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = applied {
+            failure = Some(e);
+            break;
+        }
+        let file = o.out_dir.join(format!("bloatlab-{topo_name}-{}-{stamp}.json.gz", fix.name()));
+        o.say(&format!("{}/{}: {} through `{topo_name}` with {} ({} s load after 5 s idle)", i + 1, placements.len(), o.test.join(" "), fix.label(), o.length));
+        match run_test(&o.exe, &info, &target, o, &file) {
+            Ok(summary) => runs.push(Run { fix: *fix, summary, file }),
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    drop(lab);
+    if let Some(e) = failure {
+        if runs.is_empty() || !o.stop.load(Ordering::Relaxed) {
+            return Err(e);
+        }
+    }
+    let report = write_report(&runs, &o.out_dir.join(format!("bloatlab-{topo_name}-compare-{stamp}.html")));
+    Ok(Comparison { runs, report, interrupted: o.stop.load(Ordering::Relaxed) })
+}
+
+/// The links some fix changes: restored before each run so that runs do not inherit.
+fn topo_links_touched(placements: &[(Fix, Vec<Setting>)]) -> Vec<String> {
+    let mut links: Vec<String> = placements.iter().flat_map(|(_, s)| s.iter().map(|s| s.link.clone())).collect();
+    links.sort();
+    links.dedup();
+    links
+}
+
+fn write_report(runs: &[Run], out: &Path) -> Result<PathBuf, String> {
+    if runs.is_empty() {
+        return Err("no run finished".into());
+    }
+    let views = runs.iter().map(|r| bloatlab_result::read(&r.file).map(|f| RunView::new(&f, r.fix.label())).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
+    std::fs::write(out, html::render(&views)).map_err(|e| format!("{}: {e}", out.display()))?;
+    Ok(out.to_path_buf())
+}
+
+fn stamp() -> String {
+    let s = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    s.replace([':', '-'], "").trim_end_matches('Z').to_string()
+}
+
+/// Starts `bloatlab server` in a lab host and waits until it listens.
+fn start_server(exe: &Path, info: &LabInfo, host: &str) -> Result<Child, String> {
+    let ns = &info.hosts[host].namespace;
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(exe)
+        .args(["server", "-q", "--listen", "[::]:9461"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the server: {e}"))?;
+    let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
+    match lines.next() {
+        Some(Ok(l)) if l.contains("listening on") => {
+            std::thread::spawn(move || for _ in lines {});
+            Ok(child)
+        }
+        other => {
+            let _ = child.kill();
+            Err(format!("the lab server did not start: {other:?}"))
+        }
+    }
+}
+
+/// `bloatlab test ...` from the client host; its JSON summary.
+fn run_test(exe: &Path, info: &LabInfo, server: &str, o: &Options, out: &Path) -> Result<Summary, String> {
+    let ns = &info.hosts["client"].namespace;
+    let (kind, extra) = o.test.split_first().ok_or("no test named")?;
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns])
+        .arg(exe)
+        .args(["test", kind, server])
+        .args(extra)
+        .args(["-l", &o.length.to_string(), "--idle", "5", "--json", "-o"])
+        .arg(out)
+        .env(SOCKET_ENV, &info.socket)
+        .stdout(Stdio::piped());
+    if o.quiet {
+        cmd.arg("-q");
+    }
+    let out = cmd.output().map_err(|e| format!("cannot run the test: {e}"))?;
+    serde_json::from_slice(&out.stdout).map_err(|_| format!("the {kind} run failed (exit {:?})", out.status.code()))
+}

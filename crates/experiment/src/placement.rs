@@ -1,0 +1,170 @@
+//! Where a fix goes in a topology and what it sets, as a user would set up their router: in
+//! front of the slowest link, on the client's side, at 95 % of that link's rate in each
+//! direction, counting its per-packet overhead. Pure: a topology in, settings out.
+
+use bloatlab_lab::Topology;
+use bloatlab_lab_model::rate::Rate;
+
+/// Share of the line rate the shaper runs at: below the line so the queue forms in the
+/// shaper, the usual sqm advice.
+pub const SHAPER_SHARE: f64 = 0.95;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fix {
+    /// The line as it is: its own (bloated) buffers.
+    Fifo,
+    /// Rate shaping with FQ-CoDel behind it (sqm-scripts' simple.qos: HTB + fq_codel).
+    HtbFqCodel,
+    /// CAKE with its own shaper, ingress mode downstream (sqm's piece_of_cake / layer_cake).
+    Cake,
+}
+
+impl Fix {
+    pub fn parse(s: &str) -> Result<Fix, String> {
+        match s.trim() {
+            "fifo" | "none" => Ok(Fix::Fifo),
+            "htb-fq_codel" | "fq_codel" | "htb+fq_codel" => Ok(Fix::HtbFqCodel),
+            "cake" => Ok(Fix::Cake),
+            other => Err(format!("fix `{other}`: want fifo, htb-fq_codel or cake")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fix::Fifo => "fifo",
+            Fix::HtbFqCodel => "htb-fq_codel",
+            Fix::Cake => "cake",
+        }
+    }
+
+    /// Column heading: what the run measured.
+    pub fn label(self) -> &'static str {
+        match self {
+            Fix::Fifo => "line as is",
+            Fix::HtbFqCodel => "HTB+fq_codel 95%",
+            Fix::Cake => "CAKE 95%",
+        }
+    }
+}
+
+/// One link direction's settings, as `lab set LINK --dir DIR k=v ...` takes them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Setting {
+    pub link: String,
+    pub dir: &'static str,
+    pub kv: Vec<(String, String)>,
+}
+
+fn mbit(bps: u64) -> String {
+    format!("{}kbit", (bps as f64 * SHAPER_SHARE / 1000.0).round() as u64)
+}
+
+/// The settings that put `fix` in front of the slowest link (the link with the lowest rate in
+/// either direction; trace and schedule rates count at their mean).
+pub fn place(topo: &Topology, fix: Fix) -> Result<Vec<Setting>, String> {
+    let rate = |r: &Rate| r.mean_bps().unwrap_or(u64::MAX);
+    let (slow, spec) = topo
+        .links
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, l)| rate(&l.up.rate).min(rate(&l.down.rate)))
+        .filter(|(_, l)| rate(&l.up.rate).min(rate(&l.down.rate)) < u64::MAX)
+        .ok_or("no link has a rate: there is no bottleneck to fix")?;
+    if fix == Fix::Fifo {
+        return Ok(Vec::new());
+    }
+    // The router: the slowest link's end nearer the user (`a`). The shaper sits on the other
+    // link that ends there, whichever way round that link was written.
+    let router = &spec.a;
+    let (front, toward_router) = topo
+        .links
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != slow)
+        .find_map(|(_, l)| if &l.b == router { Some((l, "up")) } else if &l.a == router { Some((l, "down")) } else { None })
+        .ok_or_else(|| format!("the slowest link `{}` starts at `{router}`, which has no other link: add a router hop in front of it to hold the shaper", spec.name))?;
+    let away_from_router = if toward_router == "up" { "down" } else { "up" };
+    let (up_bps, down_bps) = (rate(&spec.up.rate), rate(&spec.down.rate));
+    let mut out = Vec::new();
+    for (dir, bps, ingress, line) in [(toward_router, up_bps, false, &spec.up), (away_from_router, down_bps, true, &spec.down)] {
+        if bps == u64::MAX {
+            continue;
+        }
+        let kv: Vec<(&str, String)> = match fix {
+            Fix::HtbFqCodel => {
+                // Quantum 300 as simple.qos: with 1514 a round through 8 bulk flows at a few
+                // Mbit/s outlasts a 10 ms probe interval, and probes lose their sparse priority.
+                let mut kv = vec![("rate", mbit(bps)), ("qdisc", "fq_codel".into()), ("quantum", "300".into())];
+                kv.push(("overhead", line.overhead.to_string()));
+                if line.atm {
+                    kv.push(("atm", "on".into()));
+                }
+                kv
+            }
+            Fix::Cake => {
+                let mut words = format!("cake bandwidth {}", mbit(bps));
+                match (line.overhead, line.atm) {
+                    // A cable line: the keyword a cable user sets (18 bytes, mpu 64).
+                    (18, false) => words += " docsis",
+                    (0, false) => {}
+                    (o, atm) => words += &format!(" overhead {o}{}", if atm { " atm" } else { "" }),
+                }
+                if ingress {
+                    words += " ingress";
+                }
+                vec![("qdisc", words)]
+            }
+            Fix::Fifo => unreachable!(),
+        };
+        out.push(Setting { link: front.name.clone(), dir, kv: kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect() });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bloatlab_lab::presets;
+
+    fn topo(name: &str) -> Topology {
+        Topology::from_toml(presets::get(name).unwrap(), &presets::read_file).unwrap()
+    }
+
+    fn kv(s: &Setting) -> Vec<(&str, &str)> {
+        s.kv.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+    }
+
+    #[test]
+    fn on_the_cable_line_the_router_shapes_at_95_percent() {
+        let t = topo("cable");
+        let cake = place(&t, Fix::Cake).unwrap();
+        assert_eq!(cake.len(), 2);
+        assert_eq!((cake[0].link.as_str(), cake[0].dir), ("lan", "up"));
+        assert_eq!(kv(&cake[0]), [("qdisc", "cake bandwidth 3800kbit docsis")]);
+        assert_eq!(kv(&cake[1]), [("qdisc", "cake bandwidth 57000kbit docsis ingress")]);
+        let htb = place(&t, Fix::HtbFqCodel).unwrap();
+        assert_eq!(kv(&htb[1]), [("rate", "57000kbit"), ("qdisc", "fq_codel"), ("quantum", "300"), ("overhead", "18")]);
+        assert!(place(&t, Fix::Fifo).unwrap().is_empty());
+    }
+
+    #[test]
+    fn atm_lines_keep_their_framing_and_the_lte_trace_counts_at_its_mean() {
+        let dsl = place(&topo("dsl"), Fix::Cake).unwrap();
+        assert_eq!(kv(&dsl[0]), [("qdisc", "cake bandwidth 950kbit overhead 40 atm")]);
+        let t = topo("lte");
+        let mean = t.links[1].down.rate.mean_bps().unwrap();
+        assert!((mean as f64 / 1e6 - 15.2).abs() < 0.2, "{mean}");
+        let lte = place(&t, Fix::HtbFqCodel).unwrap();
+        assert_eq!(kv(&lte[1])[0], ("rate", mbit(mean).as_str()), "95% of the trace's mean");
+    }
+
+    #[test]
+    fn a_slowest_link_at_the_client_has_nowhere_to_put_a_shaper() {
+        // wifi-slow: the 6 Mbit/s Wi-Fi hop joins the client to the router directly.
+        let e = place(&topo("wifi-slow"), Fix::Cake).unwrap_err();
+        assert!(e.contains("`wifi`") && e.contains("router hop"), "{e}");
+        let flipped = Topology::from_toml("[[link]]\nname='wan'\na='router'\nb='server'\nboth={rate='10mbit'}\n[[link]]\nname='lan'\na='router'\nb='client'\n", &presets::read_file).unwrap();
+        let s = place(&flipped, Fix::Cake).unwrap();
+        assert_eq!((s[0].link.as_str(), s[0].dir, s[1].dir), ("lan", "down", "up"), "router->client is the lan's up");
+    }
+}
