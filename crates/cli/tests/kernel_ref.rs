@@ -115,6 +115,90 @@ fn rrul_through_the_kernels_pfifo_is_bloated_and_through_its_cake_is_not() {
     assert!(down < 19.0 * 1448.0 / 1514.0 * 1.03 && down > 19.0 * 0.6, "cake download {down} Mbit/s");
 }
 
+/// Added p50 of one probe class (`be`, `ef`, `bk`) from a summary.
+fn class_added(v: &serde_json::Value, class: &str) -> f64 {
+    f(v, &format!("added_latency_ms_by_class.{class}"))
+}
+
+/// rrul through Linux's CAKE (diffserv3, 20/20 Mbit/s, egress on the router, 4 ms base RTT)
+/// and through the lab's, same endpoints: each probe class's added latency agrees, best
+/// effort below EF below CS1 in both, goodput too. The lab counts 14 bytes per packet on top
+/// of the IP packet, as CAKE's `raw` mode counts the Ethernet header.
+#[test]
+fn lab_cake_agrees_with_the_kernels_cake_per_probe_class() {
+    let _s = serial();
+    if !guest_ready() {
+        return;
+    }
+    let args = ["-l", "10", "--idle", "3", "--cc", "cubic", "-q", "--json", "-o", "/dev/null"];
+    let rrul = |prefix: &[String], host: &str| -> serde_json::Value {
+        let mut a = vec!["test", "rrul", host];
+        a.extend_from_slice(&args);
+        let p: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        let out = common::run(&p, &a);
+        assert!(out.status.success(), "rrul: {}", String::from_utf8_lossy(&out.stderr));
+        json(&out)
+    };
+    // The tag names TAP devices (15 characters with the pid): keep it short.
+    let kernel = KernelRouter::start(
+        "ck",
+        &["--down", "cake 20mbit diffserv3", "--up", "cake 20mbit diffserv3", "--delay-down", "delay 2ms", "--delay-up", "delay 2ms"],
+    );
+    let srv = ServerProc::start(&kernel.exec(&kernel.srv).iter().map(String::as_str).collect::<Vec<_>>(), "0.0.0.0:9461", &["-q"]);
+    let k = rrul(&kernel.exec(&kernel.cli), ROUTER_SRV_ADDR);
+    drop(srv);
+    let stats = kernel.stop();
+    assert!(stats["rtr"].as_array().is_some_and(|q| q.iter().any(|q| q["kind"] == "cake")), "cake was the kernel's qdisc: {stats}");
+
+    let topo = "name='cakeref'\n[[link]]\nname='wan'\na='client'\nb='server'\n\
+                both={delay='2ms', overhead=14, qdisc='cake bandwidth 20mbit diffserv3'}\n";
+    let Some(lab) = LabUp::up("cakeref", topo) else { return };
+    let srv = lab.server("server");
+    let l = rrul(&lab.exec("client"), "10.77.0.2");
+    drop(srv);
+
+    let s = &k["latency_ms"]["per_stream"][0];
+    let noise = f(s, "idle.p90") - f(s, "idle.p50");
+    for class in ["be", "ef", "bk"] {
+        let (ka, la) = (class_added(&k, class), class_added(&l, class));
+        eprintln!("cake {class}: added p50 kernel {ka:.2} lab {la:.2} ms (guest idle spread {noise:.2})");
+    }
+    for dir in ["down", "up"] {
+        let (kg, lg) = (f(&k, &format!("throughput_mbps.{dir}")), f(&l, &format!("throughput_mbps.{dir}")));
+        eprintln!("cake goodput {dir}: kernel {kg:.2} lab {lg:.2} Mbit/s");
+    }
+    // The guest's CAKE releases every packet from its watchdog timer, and under TCG those
+    // timers fire late by as much as the host is busy (#15): in three runs its best effort
+    // added 5.2, 13.1 and 2.8 ms, EF and CS1 moving with it, while the lab gave 1.3, 2.7, 1.2.
+    // What the reference does pin down is CAKE's own doing, each class's delay beyond best
+    // effort: kernel EF +0.8/+1.3/+1.5 and CS1 +9.5/+9.2/+8.9 ms, lab +1.7/+1.2/+1.8 and
+    // +8.9/+9.2/+8.2. Those agree within max(1 ms, 10%) plus the 0.4 ms the kernel's moved
+    // between runs; best effort in the lab is never above the kernel's.
+    let (kb, lb) = (class_added(&k, "be"), class_added(&l, "be"));
+    assert!(lb <= kb + (0.1 * kb).max(1.0), "best effort: lab {lb} above kernel {kb} ms");
+    for class in ["ef", "bk"] {
+        let (kd, ld) = (class_added(&k, class) - kb, class_added(&l, class) - lb);
+        let bound = (0.1 * kd.abs()).max(1.0) + 0.4;
+        assert!((ld - kd).abs() <= bound, "{class} beyond best effort: lab {ld:.2} vs kernel {kd:.2} ms (bound {bound:.2})");
+    }
+    // Each direction carries its data and the other direction's ACKs (one 80-byte frame per
+    // two 1514-byte segments): at most 20 x 1448 / (1514 + 40) = 18.64 Mbit/s of payload. As
+    // in the fq_codel test, the emulated guest loses rate to its late timers (measured: kernel
+    // 16.96/17.06, lab 18.34/18.28): a lab near that ceiling above a kernel below it is the
+    // reference's shortfall; otherwise they agree within 5%.
+    let ceiling = 20.0 * 1448.0 / 1554.0;
+    for dir in ["down", "up"] {
+        let (kg, lg) = (f(&k, &format!("throughput_mbps.{dir}")), f(&l, &format!("throughput_mbps.{dir}")));
+        let agrees = (lg / kg - 1.0).abs() < 0.05;
+        let reference_short = kg < lg && lg <= ceiling * 1.01 && lg >= ceiling * 0.95;
+        assert!(agrees || reference_short, "goodput {dir}: lab {lg} vs kernel {kg} Mbit/s (ceiling {ceiling:.2})");
+    }
+    // DiffServ ordering in both: the bulk tin waits longest.
+    for v in [&k, &l] {
+        assert!(class_added(v, "bk") > class_added(v, "be"), "CS1 {} vs BE {}", class_added(v, "bk"), class_added(v, "be"));
+    }
+}
+
 fn be_added(v: &serde_json::Value) -> f64 {
     let s = &v["latency_ms"]["per_stream"][0];
     f(s, "loaded.p50") - f(s, "idle.p50")
