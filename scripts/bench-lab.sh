@@ -61,6 +61,35 @@ P
 done
 $bl lab down fwd >/dev/null 2>&1
 
+echo "== 1b. The qdisc's cost at 1 Gbit/s: FIFO against CAKE, 4 TCP flows, same run =="
+# FIFO behind the link's 1 Gbit/s serialiser; CAKE (diffserv3, triple-isolate) shaping at
+# 1 Gbit/s itself on an unlimited link. Packets per second and the emulator's CPU per packet.
+printf '%-6s %10s %10s %10s %16s\n' qdisc Gbit/s kpps "CPU %" "CPU us per pkt"
+declare -A kpps_of
+for q in fifo cake; do
+  if [ $q = fifo ]; then both='{ rate = "1gbit", limit = 1000 }'; else both='{ qdisc = "cake bandwidth 1gbit" }'; fi
+  printf 'name="cost"\n[[link]]\nname="l"\na="c"\nb="s"\nboth = %s\n' "$both" >"$tmp/cost.toml"
+  $bl lab up "$tmp/cost.toml" 2>/dev/null
+  $bl lab exec s -- iperf3 -s -D -1 >/dev/null 2>&1 || true
+  sleep 0.3
+  pid=$(lab_pid cost)
+  c0=$(cpu_ticks $pid); p0=$(tx_packets cost)
+  gbps=$($bl lab exec c -- iperf3 -c 10.77.0.2 -t "$secs" -P 4 -J | python3 -c "import json,sys; print(json.load(sys.stdin)['end']['sum_received']['bits_per_second']/1e9)")
+  c1=$(cpu_ticks $pid); p1=$(tx_packets cost)
+  out=$(python3 - "$q" "$gbps" "$c0" "$c1" "$p0" "$p1" "$hz" "$secs" <<'P'
+import sys
+q, g, c0, c1, p0, p1, hz, secs = sys.argv[1], float(sys.argv[2]), *map(float, sys.argv[3:])
+cpu = (c1 - c0) / hz / secs * 100
+pps = (p1 - p0) / secs
+print(f"{q:<6} {g:10.2f} {pps/1e3:10.0f} {cpu:10.0f} {cpu/100/pps*1e6:16.2f}")
+P
+)
+  echo "$out"
+  kpps_of[$q]=$(echo "$out" | awk '{print $3}')
+  $bl lab down cost >/dev/null 2>&1
+done
+python3 -c "import sys; f, c = map(float, sys.argv[1:]); print(f'CAKE forwards {c/f:.2f}x the packets per second of FIFO')" "${kpps_of[fifo]}" "${kpps_of[cake]}"
+
 echo "== 2. Shaped at ${rate} Mbit/s with a ${limit}-packet FIFO: bloatlab lab vs kernel htb+pfifo =="
 # The kernel's htb counts Ethernet frames (IP + 14 bytes): give the lab the same overhead.
 printf 'name="shp"\n[[link]]\nname="l"\na="c"\nb="s"\nboth = { rate = "%smbit", limit = %s, overhead = 14 }\n' "$rate" "$limit" >"$tmp/shp.toml"
