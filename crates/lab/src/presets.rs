@@ -90,6 +90,24 @@ up = { rate = "5mbit" }
 down = { rate = "trace:builtin:lte" }
 "#,
     ),
+    (
+        "wifi",
+        r#"
+name = "wifi"
+description = "A Wi-Fi backhaul: download in 4 ms aggregates at 40 Mbit/s that drops to 10 Mbit/s for 10 s of every 20 (looping trace), 8 Mbit/s up, 20 ms base RTT, 1000-packet driver queue; a router on a gigabit LAN"
+[[link]]
+name = "lan"
+a = "client"
+b = "router"
+[[link]]
+name = "wifi"
+a = "router"
+b = "server"
+both = { delay = "10ms", limit = 1000 }
+up = { rate = "8mbit" }
+down = { rate = "trace:builtin:wifi" }
+"#,
+    ),
 ];
 
 pub fn get(name: &str) -> Option<&'static str> {
@@ -110,10 +128,25 @@ pub fn lte_trace() -> String {
     out
 }
 
+/// The built-in Wi-Fi trace: 40 Mbit/s for 10 s, then 10 Mbit/s for 10 s, delivered as one
+/// aggregate every 4 ms (an A-MPDU per TXOP), so that a receiver sees bursts and gaps.
+pub fn wifi_trace() -> String {
+    // Opportunities (1500 bytes) delivered by millisecond t: 40 Mbit/s is 10/3 per ms.
+    let by = |t: u64| if t <= 10_000 { t * 10 / 3 } else { 100_000 / 3 + (t - 10_000) * 5 / 6 };
+    let mut out = String::new();
+    for t in (4..=20_000u64).step_by(4) {
+        for _ in by(t - 4)..by(t) {
+            out += &format!("{t}\n");
+        }
+    }
+    out
+}
+
 /// File reader for topology settings: `builtin:` names, else the file system.
 pub fn read_file(path: &str) -> Result<String, String> {
     match path {
         "builtin:lte" => Ok(lte_trace()),
+        "builtin:wifi" => Ok(wifi_trace()),
         p => std::fs::read_to_string(p).map_err(|e| format!("{p}: {e}")),
     }
 }
@@ -130,6 +163,17 @@ mod tests {
             assert_eq!(t.name, *name);
             assert!(!t.description.is_empty());
         }
+    }
+
+    #[test]
+    fn wifi_trace_steps_from_40_to_10_mbit_in_4_ms_aggregates() {
+        let text = wifi_trace();
+        let ts: Vec<u64> = text.lines().map(|l| l.parse().unwrap()).collect();
+        let mbit = |from: u64, to: u64| ts.iter().filter(|&&t| t > from && t <= to).count() as f64 * 12_000.0 / ((to - from) as f64 * 1e3);
+        assert!((mbit(0, 10_000) - 40.0).abs() < 0.1, "{}", mbit(0, 10_000));
+        assert!((mbit(10_000, 20_000) - 10.0).abs() < 0.1, "{}", mbit(10_000, 20_000));
+        assert!(ts.iter().all(|t| t % 4 == 0), "deliveries only at aggregate times");
+        assert_eq!(*ts.last().unwrap(), 20_000, "the trace's period is 20 s");
     }
 
     #[test]
