@@ -22,7 +22,7 @@ fn num(v: Option<f64>) -> String {
 fn summary_row(label: &str, s: &Summary) -> String {
     let p = |x: Option<bloatlab_result::Percentiles>, f: fn(&bloatlab_result::Percentiles) -> f64| num(x.as_ref().map(f));
     format!(
-        "<tr><td>{}</td><td class=grade>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td></tr>",
+        "<tr><td>{}</td><td class=grade>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {} / {}</td><td>{}</td><td>{}</td><td>{:.2}</td></tr>",
         esc(label),
         esc(s.grade.as_deref().unwrap_or("–")),
         p(s.latency_ms.idle, |x| x.p50),
@@ -30,6 +30,9 @@ fn summary_row(label: &str, s: &Summary) -> String {
         p(s.latency_ms.loaded, |x| x.p90),
         p(s.latency_ms.loaded, |x| x.p99),
         num(s.added_latency_ms),
+        num(s.added_latency_ms_by_class.be),
+        num(s.added_latency_ms_by_class.ef),
+        num(s.added_latency_ms_by_class.bk),
         num(s.throughput_mbps.down),
         num(s.throughput_mbps.up),
         s.loss.percent,
@@ -73,7 +76,7 @@ console.error = function () {{ bloatlabError(Array.prototype.join.call(arguments
 <h1>bloatlab report</h1>
 <div id="errors"></div>
 <h2>Summary</h2>
-<table><tr><th>run</th><th>grade</th><th>idle p50 ms</th><th>loaded p50 ms</th><th>p90</th><th>p99</th><th>added ms</th><th>down Mbit/s</th><th>up Mbit/s</th><th>loss %</th></tr>
+<table><tr><th>run</th><th>grade</th><th>idle p50 ms</th><th>loaded p50 ms</th><th>p90</th><th>p99</th><th>added ms</th><th title="added latency p50 of the best-effort / EF / CS1 probes">BE / EF / CS1 ms</th><th>down Mbit/s</th><th>up Mbit/s</th><th>loss %</th></tr>
 {rows}</table>
 <h2>Latency under load: CDF of round trips</h2>
 <div class="chart" id="cdf"></div>
