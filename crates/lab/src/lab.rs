@@ -79,8 +79,11 @@ pub fn namespace(lab: &str, host: &str) -> String {
 }
 
 fn pid_alive(pid: u32) -> bool {
+    // A killed lab process whose parent has not reaped it yet is a zombie: signal 0 still
+    // finds it, but it holds nothing. /proc says so (state `Z` after the command's `)`).
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z'))).unwrap_or(false);
     // SAFETY: signal 0 only checks existence.
-    unsafe { libc::kill(pid as i32, 0) == 0 }
+    !zombie && unsafe { libc::kill(pid as i32, 0) == 0 }
 }
 
 /// Labs whose state is present, with whether their process still runs.
