@@ -78,13 +78,14 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &Options) -> Result<Comparison,
     let stamp = stamp();
     let mut runs = Vec::new();
     let mut failure = None;
+    let touched = topo_links_touched(&placements);
     for (i, (fix, settings)) in placements.iter().enumerate() {
         if o.stop.load(Ordering::Relaxed) {
             break;
         }
         // Back to the line as the topology defines it, then this fix.
         let applied = (|| -> Result<(), String> {
-            for l in &topo_links_touched(&placements) {
+            for l in &touched {
                 lab.shared.restore(l)?;
             }
             for s in settings {

@@ -303,19 +303,14 @@ impl DirConfig {
             Some(BufferLimit::Bytes(b)) => format!("{b} bytes"),
             Some(BufferLimit::Time(t)) => format!("{} ms", t as f64 / 1e6),
         };
-        let kind = match self.qdisc.kind {
-            QdiscKind::Fifo => "fifo",
-            QdiscKind::FifoHeadDrop => "fifo-headdrop",
-            QdiscKind::Codel => "codel",
-            QdiscKind::FqCodel => "fq_codel",
-            QdiscKind::Cake(p) => {
-                out += &format!(", {}", p.describe());
-                ""
-            }
+        let qdisc = match self.qdisc.kind {
+            QdiscKind::Fifo => format!("fifo limit {limit}"),
+            QdiscKind::FifoHeadDrop => format!("fifo-headdrop limit {limit}"),
+            QdiscKind::Codel => format!("codel limit {limit}"),
+            QdiscKind::FqCodel => format!("fq_codel limit {limit}"),
+            QdiscKind::Cake(p) => p.describe(),
         };
-        if !kind.is_empty() {
-            out += &format!(", {kind} limit {limit}");
-        }
+        out += &format!(", {qdisc}");
         if self.overhead > 0 || self.atm {
             out += &format!(", overhead {} B{}", self.overhead, if self.atm { " ATM" } else { "" });
         }

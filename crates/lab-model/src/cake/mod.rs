@@ -380,7 +380,10 @@ impl Cake {
 
     /// `cake_drop`: the head packet of the longest queue, when memory runs out.
     fn drop_from_longest(&mut self, now: i64, stats: &mut DirStats) {
-        let Some((t, idx)) = self.tins.iter().enumerate().flat_map(|(t, b)| b.flows.iter().enumerate().map(move |(i, f)| (f.backlog, t, i))).max_by_key(|x| x.0).filter(|x| x.0 > 0).map(|(_, t, i)| (t, i)) else {
+        // Only flows on the new and old lists hold packets (decaying ones are empty), so the
+        // search visits the active flows, not all 1024 queues of every tin, on each drop.
+        let longest = self.tins.iter().enumerate().flat_map(|(t, b)| b.new_flows.iter().chain(&b.old_flows).map(move |&i| (b.flows[i as usize].backlog, t, i as usize)));
+        let Some((t, idx)) = longest.max_by_key(|x| x.0).filter(|x| x.0 > 0).map(|(_, t, i)| (t, i)) else {
             return;
         };
         let b = &mut self.tins[t];
@@ -720,7 +723,8 @@ impl Qdisc for Cake {
                     self.buffer_used -= truesize(pkt.len());
                     let sojourn = now - pkt.enqueued_ns as i64;
                     let bulk = if self.p.ingress { b.bulk_flow_count } else { 0 };
-                    let draw = self.rng.random::<u32>();
+                    // BLUE's coin, drawn only for a flow BLUE has marked as unresponsive.
+                    let draw = if b.flows[idx].cvars.p_drop != 0 { self.rng.random::<u32>() } else { u32::MAX };
                     let b = &mut self.tins[t];
                     let cp = b.cparams;
                     let f = &mut b.flows[idx];
