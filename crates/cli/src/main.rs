@@ -3,6 +3,7 @@
 use bloatlab_measure::display::{events_text, summary_text, ProgressMode};
 use bloatlab_measure::{Ended, Options, Params, TestKind};
 mod lab_cmd;
+mod locate_cmd;
 mod report_cmd;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -27,11 +28,16 @@ enum Command {
     Server(ServerArgs),
     /// Run a test against a `bloatlab server`.
     Test(TestArgs),
+    /// Which hop of the path to a `bloatlab server` holds the queue that bloats it, and in
+    /// which direction: loads the path (download, upload, both) while probing every hop with
+    /// TTL-limited UDP (no root needed), and watches this host's own interface queue.
+    Locate(locate_cmd::LocateArgs),
     /// Emulated networks between network namespaces: build, run, change, inspect.
     #[command(subcommand)]
     Lab(lab_cmd::LabCommand),
     /// One self-contained HTML report of one or more result files: time series, latency CDFs
     /// overlaid (before/after), box plots, summary and metadata; zoom and hover, opens offline.
+    /// Given one locate file (bloatlab locate): round trip per hop, idle and under each load.
     Report {
         #[arg(required = true)]
         results: Vec<PathBuf>,
@@ -208,6 +214,11 @@ struct TestArgs {
     /// Print the summary as JSON on stdout instead of text.
     #[arg(long)]
     json: bool,
+    /// Also locate the bloat: probe every hop during the test (see `bloatlab locate`) and
+    /// name the hop and direction; the locate file goes beside the result file. For tcp-down,
+    /// tcp-up, tcp-bidir, rrul and rrul-be.
+    #[arg(long)]
+    locate: bool,
     /// No progress output.
     #[arg(short, long)]
     quiet: bool,
@@ -228,6 +239,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Server(a) => server(a),
         Command::Test(a) => test(a),
+        Command::Locate(a) => locate_cmd::run(a, progress_mode(false), stop_flag()),
         Command::Lab(c) => lab_cmd::run(c, stop_flag),
         Command::Report { results, output } => report_cmd::report(&results, &output),
         Command::Plot { results, kind, output } => report_cmd::plot(&results, kind, &output),
@@ -271,6 +283,18 @@ fn attach_lab_counters(result: &mut bloatlab_result::ResultFile, path: &std::pat
     result.metadata.lab = Some(serde_json::json!({ "at_start": at_start, "at_end": at_end }));
     if let Err(e) = bloatlab_result::write_atomic(path, result) {
         eprintln!("bloatlab: could not add the lab counters to {}: {e}", path.display());
+    }
+}
+
+fn progress_mode(quiet: bool) -> ProgressMode {
+    if quiet {
+        ProgressMode::Quiet
+    } else if std::io::stdout().is_terminal() && std::io::stderr().is_terminal() {
+        // A live line only when a person watches; output going to a file or a pipe (stdout)
+        // gets plain periodic lines on stderr instead.
+        ProgressMode::Live
+    } else {
+        ProgressMode::Lines
     }
 }
 
@@ -367,19 +391,15 @@ fn test(a: TestArgs) -> ExitCode {
         probe_size: a.probe_size,
         rpm_interval: a.rpm_interval,
     };
-    let progress = if a.quiet {
-        ProgressMode::Quiet
-    } else if std::io::stdout().is_terminal() && std::io::stderr().is_terminal() {
-        // A live line only when a person watches; output going to a file or a pipe (stdout)
-        // gets plain periodic lines on stderr instead.
-        ProgressMode::Live
-    } else {
-        ProgressMode::Lines
-    };
+    let progress = progress_mode(a.quiet);
     let key = match load_key(a.key.as_deref()) {
         Ok(k) => k,
         Err(e) => return fail(e),
     };
+    if a.locate {
+        let out_dir = a.output.as_deref().and_then(|p| p.parent()).filter(|p| !p.as_os_str().is_empty()).map_or_else(|| PathBuf::from("."), PathBuf::from);
+        return locate_cmd::with_test(&a.host, params, out_dir, a.json, Options { output: a.output, progress, stop: stop_flag(), key });
+    }
     let opts = Options { output: a.output, progress, stop: stop_flag(), key };
     let lab_at_start = lab_counters();
     let mut outcome = match bloatlab_measure::run(&params, &a.host, &opts) {

@@ -37,9 +37,19 @@ pub fn load(paths: &[PathBuf]) -> Result<Vec<RunView>, String> {
         .collect()
 }
 
+/// A locate file's chart data, `None` for anything else (result files go to `load`).
+fn locate_view(p: &Path) -> Option<Result<bloatlab_report::hops::HopsView, String>> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(p).ok()?).ok()?;
+    bloatlab_report::hops::from_json(&v).map(|r| r.map_err(|e| format!("{}: {e}", p.display())))
+}
+
 pub fn write_report(paths: &[PathBuf], out: &Path) -> Result<(), String> {
-    let runs = load(paths)?;
-    std::fs::write(out, html::render(&runs)).map_err(|e| format!("{}: {e}", out.display()))
+    let page = match (paths, paths.iter().find_map(|p| locate_view(p))) {
+        ([_], Some(view)) => html::render_hops(&view?),
+        (_, Some(_)) => return Err("a locate file (bloatlab locate) makes a report of its own: give it alone".into()),
+        (_, None) => html::render(&load(paths)?),
+    };
+    std::fs::write(out, page).map_err(|e| format!("{}: {e}", out.display()))
 }
 
 pub fn report(paths: &[PathBuf], out: &Path) -> ExitCode {

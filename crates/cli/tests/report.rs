@@ -67,6 +67,43 @@ fn html_report_renders_every_chart_in_headless_chromium() {
     eprintln!("screenshot: {}", shot.display());
 }
 
+#[test]
+fn locate_on_loopback_writes_a_locate_file_whose_report_renders_in_headless_chromium() {
+    let dir = tmp_path("locate");
+    let v = {
+        let _g = serial();
+        let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q"]);
+        let o = run(&[], &["locate", &srv.addr, "-l", "4", "--idle", "1", "--phases", "download", "--hop-interval", "0.2", "--json", "-q", "--out-dir", dir.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        json(&o)
+    };
+    // Loopback is one hop, the destination itself, which answers every probe (no ICMP rate
+    // limit on loopback) and adds nothing under load worth a verdict.
+    let hops = v["hops"].as_array().unwrap();
+    assert_eq!(hops.len(), 1, "{hops:?}");
+    assert_eq!((hops[0]["ttl"].as_u64(), hops[0]["address"].as_str(), hops[0]["destination"].as_bool()), (Some(1), Some("127.0.0.1"), Some(true)));
+    assert_eq!(hops[0]["answered"], hops[0]["sent"]);
+    // Five probes a second over the 2 s of load after the queues' 2 s to fill.
+    assert!(hops[0]["phases"]["download"]["answered"].as_u64().unwrap() >= 5, "{}", hops[0]);
+    assert!(v["verdict"]["hop"].is_null(), "{}", v["verdict"]);
+    let file = PathBuf::from(v["file"].as_str().unwrap());
+    let raw: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!((raw["format"].as_str(), raw["version"].as_u64(), raw["partial"].as_bool()), (Some("bloatlab-locate"), Some(1), Some(false)));
+    assert!(raw["probes"].as_array().unwrap().len() as u64 >= hops[0]["sent"].as_u64().unwrap());
+    let html = tmp_path("locate.html");
+    ok(&["report", file.to_str().unwrap(), "-o", html.to_str().unwrap()]);
+    if !have("chromium") {
+        return missing("chromium is not installed (apt-get install chromium)");
+    }
+    let common = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=10000"];
+    let dom = Command::new("chromium").args(common).arg("--dump-dom").arg(format!("file://{}", html.display())).output().unwrap();
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    assert!(!dom.contains("data-errors=\""), "the page reported errors: {}", dom.split("id=\"errors\"").nth(1).unwrap_or("").chars().take(500).collect::<String>());
+    assert_eq!(dom.matches("data-rendered=\"1\"").count(), 1, "the hop chart rendered");
+    assert!(dom.contains("data-points=\"1\""), "one hop with download samples");
+    assert!(dom.contains("No hop bloats"), "the verdict is on the page");
+}
+
 fn view(p: &Path) -> bloatlab_report::RunView {
     bloatlab_report::RunView::new(&bloatlab_result::read(p).unwrap(), "x")
 }

@@ -164,6 +164,10 @@ impl Lab {
                 ns::sysctl(&n, "net.ipv4.ip_forward", "1")?;
                 ns::sysctl(&n, "net.ipv6.conf.all.forwarding", "1")?;
             }
+            if let Some(ms) = topo.host_settings.get(h).and_then(|s| s.icmp_ratelimit_ms) {
+                ns::sysctl(&n, "net.ipv4.icmp_ratelimit", &ms.to_string())?;
+                ns::sysctl(&n, "net.ipv6.icmp.ratelimit", &ms.to_string())?;
+            }
             hosts.insert(h.clone(), HostInfo { namespace: n, ipv4: Vec::new(), ipv6: Vec::new() });
         }
         let tag = std::process::id() % 100_000;

@@ -108,6 +108,30 @@ up = { rate = "8mbit" }
 down = { rate = "trace:builtin:wifi" }
 "#,
     ),
+    (
+        "home",
+        r#"
+name = "home"
+description = "A laptop on Wi-Fi (40 Mbit/s, 1000-packet driver queue) to a home router, a 50/10 Mbit/s access line with a 1000-packet modem FIFO to the ISP's router, its core at 1 Gbit/s to the server; 20 ms base RTT. Three hops to locate bloat on (bloatlab locate)"
+[[link]]
+name = "wifi"
+a = "client"
+b = "router"
+both = { rate = "40mbit", delay = "1ms", limit = 1000 }
+[[link]]
+name = "access"
+a = "router"
+b = "isp"
+both = { delay = "7ms", limit = 1000, overhead = 18 }
+up = { rate = "10mbit" }
+down = { rate = "50mbit" }
+[[link]]
+name = "core"
+a = "isp"
+b = "server"
+both = { rate = "1gbit", delay = "2ms", limit = 1000 }
+"#,
+    ),
 ];
 
 pub fn get(name: &str) -> Option<&'static str> {

@@ -13,7 +13,12 @@
 //! ```
 //!
 //! Hosts are the link ends. Addresses: link number i is 10.77.i.0/24 and fd77:0:0:i::/64,
-//! `a` is .1 / ::1, `b` is .2 / ::2.
+//! `a` is .1 / ::1, `b` is .2 / ::2. A host may have settings of its own:
+//!
+//! ```toml
+//! [host.isp]
+//! icmp_ratelimit = 0      # ms between ICMP errors to one address; Linux's default 1000, 0 none
+//! ```
 
 use bloatlab_lab_model::config::ConfigError;
 use bloatlab_lab_model::DirConfig;
@@ -28,12 +33,21 @@ pub struct LinkSpec {
     pub down: DirConfig,
 }
 
+/// Settings of one host's own kernel (its namespace's sysctls).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HostSettings {
+    /// net.ipv4.icmp_ratelimit and net.ipv6.icmp.ratelimit: least ms between two ICMP errors
+    /// to one destination (bursts of 6 allowed); `None` leaves Linux's default of 1000.
+    pub icmp_ratelimit_ms: Option<u32>,
+}
+
 #[derive(Clone, Debug)]
 pub struct Topology {
     pub name: String,
     pub description: String,
     pub hosts: Vec<String>,
     pub links: Vec<LinkSpec>,
+    pub host_settings: BTreeMap<String, HostSettings>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +83,30 @@ fn toml_error(text: &str, e: &toml::de::Error) -> String {
 
 fn name_ok(s: &str) -> bool {
     !s.is_empty() && s.len() <= 12 && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+}
+
+fn host_settings(doc: &toml::Table, hosts: &[String]) -> Result<BTreeMap<String, HostSettings>, TopologyError> {
+    let mut out = BTreeMap::new();
+    let Some(table) = doc.get("host") else { return Ok(out) };
+    let table = table.as_table().ok_or_else(|| TopologyError::Shape("`host` must be a table of hosts: [host.NAME]".into()))?;
+    for (h, kv) in table {
+        if !hosts.contains(h) {
+            return Err(TopologyError::Shape(format!("[host.{h}]: no link has a host named `{h}`")));
+        }
+        let kv = kv.as_table().ok_or_else(|| TopologyError::Shape(format!("[host.{h}] must be a table")))?;
+        let mut st = HostSettings::default();
+        for (k, v) in kv {
+            match k.as_str() {
+                "icmp_ratelimit" => {
+                    let ms = v.as_integer().filter(|m| (0..=60_000).contains(m)).ok_or_else(|| TopologyError::Shape(format!("[host.{h}] icmp_ratelimit: want milliseconds 0..60000 (0: no limit), got {v}")))?;
+                    st.icmp_ratelimit_ms = Some(ms as u32);
+                }
+                other => return Err(TopologyError::Shape(format!("[host.{h}]: unknown setting `{other}` (known: icmp_ratelimit)"))),
+            }
+        }
+        out.insert(h.clone(), st);
+    }
+    Ok(out)
 }
 
 impl Topology {
@@ -122,7 +160,8 @@ impl Topology {
         if links.len() > 250 {
             return Err(TopologyError::Shape("at most 250 links".into()));
         }
-        Ok(Topology { name, description, hosts, links })
+        let host_settings = host_settings(&doc, &hosts)?;
+        Ok(Topology { name, description, hosts, links, host_settings })
     }
 
     pub fn link(&self, name: &str) -> Option<usize> {
@@ -207,6 +246,17 @@ mod tests {
         assert_eq!(t.addrs(2, "server"), ("10.77.2.2".into(), "fd77:0:0:2::2".into()));
         assert_eq!(t.links[2].up.delay_ns, 10_000_000);
         assert_eq!(t.links[2].down.delay_ns, 0);
+    }
+
+    #[test]
+    fn host_settings_name_a_known_host_and_a_known_key() {
+        let links = "[[link]]\nname='l'\na='c'\nb='r'\n";
+        let t = Topology::from_toml(&format!("{links}[host.r]\nicmp_ratelimit = 0\n"), &nofile).unwrap();
+        assert_eq!(t.host_settings["r"].icmp_ratelimit_ms, Some(0));
+        let e = |extra: &str| Topology::from_toml(&format!("{links}{extra}"), &nofile).unwrap_err().to_string();
+        assert!(e("[host.x]\nicmp_ratelimit = 0\n").contains("no link has a host named `x`"));
+        assert!(e("[host.r]\nicmp_rate = 0\n").contains("unknown setting `icmp_rate`"));
+        assert!(e("[host.r]\nicmp_ratelimit = -1\n").contains("want milliseconds"));
     }
 
     #[test]

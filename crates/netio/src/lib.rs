@@ -1,6 +1,8 @@
 //! Socket options and host facts that std does not expose. Linux only: bloatlab measures Linux
 //! network stacks, and TCP_INFO / TCP_CONGESTION are Linux interfaces.
 
+pub mod icmp;
+
 use socket2::SockRef;
 use std::io::{self, BufRead};
 use std::net::SocketAddr;

@@ -39,16 +39,12 @@ fn summary_row(label: &str, s: &Summary) -> String {
     )
 }
 
-pub fn render(runs: &[RunView]) -> String {
-    let data = script_safe(&serde_json::to_string(runs).expect("plain data"));
-    let rows: String = runs.iter().map(|r| summary_row(&r.label, &r.summary)).collect();
-    let meta: String = runs
-        .iter()
-        .map(|r| format!("<details><summary>{}{}</summary><pre>{}</pre></details>", esc(&r.label), if r.partial { " (partial)" } else { "" }, esc(&serde_json::to_string_pretty(&r.metadata).unwrap_or_default())))
-        .collect();
+/// Page head shared by every report: styles, the error hook (tests read errors from the page)
+/// and the bundled ECharts.
+fn head(title: &str) -> String {
     format!(
         r#"<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>bloatlab report</title>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; color: #222; padding: 0 1em; }}
@@ -72,7 +68,21 @@ var origError = console.error;
 console.error = function () {{ bloatlabError(Array.prototype.join.call(arguments, ' ')); origError.apply(console, arguments); }};
 </script>
 <script>{echarts}</script>
-</head><body>
+</head>"#,
+        title = esc(title),
+        echarts = script_safe(ECHARTS),
+    )
+}
+
+pub fn render(runs: &[RunView]) -> String {
+    let data = script_safe(&serde_json::to_string(runs).expect("plain data"));
+    let rows: String = runs.iter().map(|r| summary_row(&r.label, &r.summary)).collect();
+    let meta: String = runs
+        .iter()
+        .map(|r| format!("<details><summary>{}{}</summary><pre>{}</pre></details>", esc(&r.label), if r.partial { " (partial)" } else { "" }, esc(&serde_json::to_string_pretty(&r.metadata).unwrap_or_default())))
+        .collect();
+    format!(
+        r#"{head}<body>
 <h1>bloatlab report</h1>
 <div id="errors"></div>
 <h2>Summary</h2>
@@ -174,7 +184,69 @@ function boxChart(el, run) {{
 </script>
 </body></html>
 "#,
-        echarts = script_safe(ECHARTS),
+        head = head("bloatlab report"),
+    )
+}
+
+/// The report of a locate file: round trip per hop, idle and loaded (p50 bars, p90 marks),
+/// then the verdict and its notes.
+pub fn render_hops(h: &crate::hops::HopsView) -> String {
+    let data = script_safe(&serde_json::to_string(h).expect("plain data"));
+    let caveats: String = h.caveats.iter().map(|c| format!("<li>{}</li>", esc(c))).collect();
+    let rows: String = h
+        .hops
+        .iter()
+        .map(|b| {
+            let pair = |i: usize| format!("{} / {}", num(b.p50[i]), num(b.p90[i]));
+            format!("<tr><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", esc(&b.label), b.answered, b.sent, num(b.idle_p50), pair(0), pair(1), pair(2))
+        })
+        .collect();
+    format!(
+        r#"{head}<body>
+<h1>Where the bloat is: path to {target}</h1>
+<div id="errors"></div>
+<p>{start}{partial}</p>
+<p class="verdict"><b>{verdict}</b></p>
+<ul>{caveats}</ul>
+<h2>Round trip per hop, idle and under load (bars p50, marks p90)</h2>
+<div class="chart" id="hops"></div>
+<table><tr><th>hop</th><th>answers</th><th>idle p50 ms</th><th>download p50 / p90</th><th>upload p50 / p90</th><th>both p50 / p90</th></tr>
+{rows}</table>
+<script>
+var H = {data};
+(function () {{
+  var el = document.getElementById('hops');
+  var chart = echarts.init(el, null, {{ renderer: 'svg' }});
+  chart.on('finished', function () {{ el.setAttribute('data-rendered', '1'); }});
+  var labels = H.hops.map(function (b) {{ return b.label; }});
+  var loads = ['download', 'upload', 'both'];
+  var series = [{{ name: 'idle p50', type: 'bar', data: H.hops.map(function (b) {{ return b.idle_p50; }}) }}];
+  var points = 0;
+  loads.forEach(function (l, i) {{
+    if (!H.hops.some(function (b) {{ return b.p50[i] != null; }})) {{ return; }}
+    series.push({{ name: l + ' p50', type: 'bar', data: H.hops.map(function (b) {{ if (b.p50[i] != null) {{ points++; }} return b.p50[i]; }}) }});
+    series.push({{ name: l + ' p90', type: 'scatter', symbol: 'diamond', data: H.hops.map(function (b) {{ return b.p90[i]; }}) }});
+  }});
+  chart.setOption({{
+    animation: false,
+    tooltip: {{ trigger: 'axis', valueFormatter: function (v) {{ return v == null ? '–' : v.toFixed(1) + ' ms'; }} }},
+    legend: {{ top: 0 }},
+    grid: {{ left: 60, right: 30, top: 40, bottom: 60 }},
+    xAxis: {{ type: 'category', data: labels, name: 'hop' }},
+    yAxis: {{ type: 'value', name: 'RTT ms' }},
+    series: series
+  }});
+  el.setAttribute('data-points', points);
+  window.addEventListener('resize', function () {{ chart.resize(); }});
+}})();
+</script>
+</body></html>
+"#,
+        head = head("bloatlab locate report"),
+        target = esc(&h.target),
+        start = esc(&h.start_time),
+        partial = if h.partial { " (partial: the run ended early)" } else { "" },
+        verdict = esc(&h.verdict),
     )
 }
 

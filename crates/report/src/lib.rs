@@ -3,6 +3,7 @@
 //! modules render it.
 
 pub mod export;
+pub mod hops;
 pub mod html;
 pub mod plot;
 pub mod view;

@@ -248,6 +248,17 @@ impl LabUp {
         Some(LabUp { name: name.into() })
     }
 
+    /// A built-in topology (`bloatlab lab up PRESET`).
+    pub fn preset(name: &str, preset: &str) -> Option<LabUp> {
+        if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/dev/net/tun").exists() {
+            missing("lab tests need root and /dev/net/tun");
+            return None;
+        }
+        let out = run(&[], &["lab", "up", preset, "--name", name]);
+        assert!(out.status.success(), "lab up {preset}: {}", String::from_utf8_lossy(&out.stderr));
+        Some(LabUp { name: name.into() })
+    }
+
     pub fn exec(&self, host: &str) -> Vec<String> {
         [BIN, "lab", "exec", "--lab", &self.name, host, "--"].iter().map(|s| s.to_string()).collect()
     }

@@ -1,0 +1,405 @@
+//! Which hop bloats, in which direction: pure logic over per-hop round-trip distributions.
+//!
+//! A probe to hop k crosses links 1..k outwards and its ICMP answer crosses them back, so a
+//! queue on the link into hop k raises the round trip of hop k and of every hop after it, in
+//! the load phase that fills it (download fills the inward direction, upload the outward).
+//! The bloat is therefore on the link into the first hop whose added round trip explains most
+//! of the path's, provided the hops after it agree: a router that is merely slow to generate
+//! its ICMP answers under load is high on its own while later hops are not, and is not blamed.
+
+use serde::Serialize;
+use std::net::IpAddr;
+
+/// Added latency below which a path is not called bloated (ms): the upper bound of grade A
+/// (`bloatlab_analyze::grade::BANDS`), what the bufferbloat web tests call fine.
+pub const BLOAT_MS: f64 = 30.0;
+/// Share of the path's added latency a hop must show to be the place (and every later hop too).
+pub const EXPLAINS: f64 = 0.5;
+/// Answers a hop needs in the idle phase and in a load phase for its numbers to count.
+pub const MIN_ANSWERS: usize = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Load {
+    Download,
+    Upload,
+    Both,
+}
+
+impl Load {
+    pub const ALL: [Load; 3] = [Load::Download, Load::Upload, Load::Both];
+    pub fn name(self) -> &'static str {
+        match self {
+            Load::Download => "download",
+            Load::Upload => "upload",
+            Load::Both => "both",
+        }
+    }
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Round trips of one hop (ms), idle and per load phase, with the answers it gave.
+#[derive(Clone, Debug, Default)]
+pub struct HopObs {
+    pub ttl: u8,
+    /// The address that answered (the last one seen if several did).
+    pub address: Option<IpAddr>,
+    /// This hop is the destination (it answered "port unreachable").
+    pub destination: bool,
+    pub sent: u32,
+    pub answered: u32,
+    pub idle: Vec<f64>,
+    /// Download, upload, both.
+    pub loaded: [Vec<f64>; 3],
+}
+
+/// The queue in front of this host's own interface (hop 0), as delay it implies, per phase.
+#[derive(Clone, Debug, Default)]
+pub struct LocalObs {
+    pub interface: String,
+    /// Median queueing delay of the interface's qdisc backlog (ms) per load phase.
+    pub delay_ms: [Option<f64>; 3],
+}
+
+/// What the test's own probes said of the path (100 samples a second, better than the hops').
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EndToEnd {
+    /// Added round trip (loaded p50 minus idle p50) per load phase, ms.
+    pub added_ms: [Option<f64>; 3],
+    /// Added one-way delay (down, up) under both loads, ms: the direction when only `both` ran.
+    pub owd_added_ms: Option<(f64, f64)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    Up,
+    Down,
+    Both,
+    None,
+}
+
+/// One bloated place: the link into `hop` (0: this host's own interface queue).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Finding {
+    pub hop: u8,
+    pub address: Option<IpAddr>,
+    pub direction: Direction,
+    /// What this place adds under load (its added round trip minus the previous hop's), ms.
+    pub added_ms: f64,
+    /// The path's added round trip in the same load, ms.
+    pub path_added_ms: f64,
+    pub confidence: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Verdict {
+    /// TTL of the hop at the far end of the bloated link, 0 for this host, null for none.
+    pub hop: Option<u8>,
+    pub address: Option<IpAddr>,
+    pub direction: Direction,
+    pub added_ms: f64,
+    pub confidence: f64,
+    pub text: String,
+    /// Another place that bloats in the other direction.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<Finding>,
+    /// What the verdict could not see or chose to discount.
+    pub caveats: Vec<String>,
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if s.is_empty() {
+        return None;
+    }
+    s.sort_by(f64::total_cmp);
+    Some(bloatlab_analyze::stats::quantile_sorted(&s, 0.5))
+}
+
+impl HopObs {
+    pub fn idle_p50(&self) -> Option<f64> {
+        (self.idle.len() >= MIN_ANSWERS).then(|| median(&self.idle)).flatten()
+    }
+    /// Loaded p50 minus idle p50, when both have enough answers.
+    pub fn added(&self, load: Load) -> Option<f64> {
+        let l = &self.loaded[load.index()];
+        if l.len() < MIN_ANSWERS {
+            return None;
+        }
+        Some(median(l)? - self.idle_p50()?)
+    }
+}
+
+/// The path's added round trip under `load`: the test's own probes, else the last hop's.
+fn path_added(hops: &[HopObs], e2e: &EndToEnd, load: Load) -> Option<f64> {
+    e2e.added_ms[load.index()].or_else(|| hops.iter().rev().find_map(|h| h.added(load)))
+}
+
+/// Where the queue filled by `load` sits, if the path bloats under it.
+fn locate(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd, load: Load) -> Option<Finding> {
+    let path = path_added(hops, e2e, load)?;
+    if path < BLOAT_MS {
+        return None;
+    }
+    let need = EXPLAINS * path;
+    let local_delay = local.and_then(|l| l.delay_ms[load.index()]);
+    if let Some(d) = local_delay.filter(|d| *d >= need) {
+        let confidence = (d / path).min(1.0);
+        return Some(Finding { hop: 0, address: None, direction: Direction::None, added_ms: d, path_added_ms: path, confidence: round2(confidence) });
+    }
+    let seen: Vec<(&HopObs, f64)> = hops.iter().filter_map(|h| h.added(load).map(|a| (h, a))).collect();
+    for (i, &(h, a)) in seen.iter().enumerate() {
+        if a < need {
+            continue;
+        }
+        let later: Vec<f64> = seen[i + 1..].iter().map(|x| x.1).collect();
+        let agreeing = later.iter().filter(|&&x| x >= need).count();
+        // Later hops must carry the delay on; one odd hop among several may be its own
+        // ICMP generation, not a queue, so most of them suffice.
+        if !later.is_empty() && 2 * agreeing <= later.len() {
+            continue;
+        }
+        let before = if i == 0 { local_delay.unwrap_or(0.0).max(0.0) } else { seen[i - 1].1.max(0.0) };
+        let added = (a - before).max(0.0);
+        let n = h.loaded[load.index()].len();
+        let idle = h.idle_p50().unwrap_or(0.0);
+        let above = h.loaded[load.index()].iter().filter(|&&x| x - idle >= need / 2.0).count() as f64 / n as f64;
+        let consistency = if later.is_empty() { 1.0 } else { agreeing as f64 / later.len() as f64 };
+        let samples = (n as f64 / 8.0).min(1.0);
+        let share = (added / path).clamp(0.0, 1.0);
+        let confidence = samples * above * consistency * share.sqrt();
+        return Some(Finding { hop: h.ttl, address: h.address, direction: Direction::None, added_ms: added, path_added_ms: path, confidence: round2(confidence) });
+    }
+    None
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn hop_words(f: &Finding, hops: &[HopObs]) -> String {
+    if f.hop == 0 {
+        return "this host's own interface queue".into();
+    }
+    let addr = |h: &HopObs| h.address.map_or("?".to_string(), |a| a.to_string());
+    let to = hops.iter().find(|h| h.ttl == f.hop);
+    let from = hops.iter().rev().find(|h| h.ttl < f.hop && h.idle_p50().is_some());
+    let to_words = to.map_or(format!("hop {}", f.hop), |h| format!("hop {} ({})", h.ttl, addr(h)));
+    match from {
+        Some(p) if p.ttl + 1 == f.hop => format!("the link from hop {} ({}) to {to_words}", p.ttl, addr(p)),
+        Some(p) => format!("the path from hop {} ({}) to {to_words} (hops between did not answer)", p.ttl, addr(p)),
+        None => format!("the link from this host to {to_words}"),
+    }
+}
+
+/// The verdict: the worst bloated place and its direction, the other direction's place if it
+/// differs, and what could not be seen.
+pub fn verdict(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd) -> Verdict {
+    let mut caveats = Vec::new();
+    for h in hops {
+        if h.sent > 0 && h.answered == 0 {
+            caveats.push(format!("hop {} never answered ({} probes): a silent router", h.ttl, h.sent));
+        } else if h.sent > 0 && (h.answered as f64) < 0.8 * h.sent as f64 {
+            caveats.push(format!("hop {} answered {} of {} probes (ICMP rate limit or loss)", h.ttl, h.answered, h.sent));
+        }
+    }
+    let down = locate(hops, local, e2e, Load::Download);
+    let up = locate(hops, local, e2e, Load::Upload);
+    let mut found: Vec<Finding> = Vec::new();
+    match (down, up) {
+        (Some(d), Some(u)) if d.hop == u.hop => {
+            let confidence = d.confidence.max(u.confidence);
+            let mut f = if d.added_ms >= u.added_ms { d } else { u };
+            f.direction = Direction::Both;
+            f.confidence = confidence;
+            found.push(f);
+        }
+        (d, u) => {
+            for (f, dir) in [(d, Direction::Down), (u, Direction::Up)] {
+                if let Some(mut f) = f {
+                    f.direction = dir;
+                    found.push(f);
+                }
+            }
+            found.sort_by(|a, b| b.added_ms.total_cmp(&a.added_ms));
+        }
+    }
+    // Only both loads ran (`test rrul --locate`): the one-way delays tell the direction.
+    if found.is_empty() && path_added(hops, e2e, Load::Download).is_none() && path_added(hops, e2e, Load::Upload).is_none() {
+        if let Some(mut f) = locate(hops, local, e2e, Load::Both) {
+            f.direction = match e2e.owd_added_ms {
+                Some((d, u)) if d >= BLOAT_MS && u >= BLOAT_MS => Direction::Both,
+                Some((d, u)) if d >= u => Direction::Down,
+                Some(_) => Direction::Up,
+                None => Direction::None,
+            };
+            found.push(f);
+        }
+    }
+    for (i, h) in hops.iter().enumerate() {
+        // A hop high on its own under load while the hops after it are not: its ICMP generation.
+        for load in Load::ALL {
+            let (Some(a), Some(path)) = (h.added(load), path_added(hops, e2e, load)) else { continue };
+            let later: Vec<f64> = hops[i + 1..].iter().filter_map(|x| x.added(load)).collect();
+            if a >= BLOAT_MS && a >= 2.0 * path.max(0.0) && !later.is_empty() && later.iter().all(|&x| x < a / 2.0) {
+                caveats.push(format!("hop {} answers {:.0} ms late under {} load but the hops after it do not: it is slow to send ICMP, not a queue", h.ttl, a, load.name()));
+                break;
+            }
+        }
+    }
+    let Some(first) = found.first().cloned() else {
+        let worst = Load::ALL.iter().filter_map(|&l| path_added(hops, e2e, l)).fold(f64::NAN, f64::max);
+        let text = if worst.is_nan() {
+            "Not enough answers to judge: no hop and no end-to-end probe gave idle and loaded round trips.".to_string()
+        } else {
+            format!("No hop bloats: the path adds at most {worst:.0} ms under load (below {BLOAT_MS:.0} ms).")
+        };
+        return Verdict { hop: None, address: None, direction: Direction::None, added_ms: worst.max(0.0), confidence: 0.0, text, also: vec![], caveats };
+    };
+    let dir_words = |d: Direction| match d {
+        Direction::Down => "download direction",
+        Direction::Up => "upload direction",
+        Direction::Both => "both directions",
+        Direction::None => "direction unknown",
+    };
+    let mut text = format!(
+        "The bloat is on {}, {}: it adds {:.0} ms of the path's {:.0} ms under load (confidence {:.2}).",
+        hop_words(&first, hops),
+        dir_words(first.direction),
+        first.added_ms,
+        first.path_added_ms,
+        first.confidence
+    );
+    for f in &found[1..] {
+        text += &format!(" Also {}, {}: +{:.0} ms.", hop_words(f, hops), dir_words(f.direction), f.added_ms);
+    }
+    Verdict { hop: Some(first.hop), address: first.address, direction: first.direction, added_ms: round2(first.added_ms), confidence: first.confidence, text, also: found[1..].to_vec(), caveats }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hop with `n` idle answers at `idle` ms and `n` answers per load at idle + added.
+    fn hop(ttl: u8, idle: f64, down: f64, up: f64, n: usize) -> HopObs {
+        let jitter = |base: f64| (0..n).map(|i| base + (i % 5) as f64 * 0.3).collect::<Vec<_>>();
+        HopObs {
+            ttl,
+            address: Some(format!("10.77.{}.2", ttl - 1).parse().unwrap()),
+            destination: false,
+            sent: 4 * n as u32,
+            answered: 4 * n as u32,
+            idle: jitter(idle),
+            loaded: [jitter(idle + down), jitter(idle + up), jitter(idle + down.max(up))],
+        }
+    }
+
+    fn path(added: [(f64, f64); 3]) -> Vec<HopObs> {
+        added.iter().enumerate().map(|(i, &(d, u))| hop(i as u8 + 1, 2.0 + 10.0 * i as f64, d, u, 20)).collect()
+    }
+
+    #[test]
+    fn a_download_queue_on_the_second_link_names_hop_two_and_download() {
+        // Hop 2 and 3 carry the 400 ms the access line's download queue adds.
+        let v = verdict(&path([(1.0, 0.5), (401.0, 2.0), (402.0, 2.5)]), None, &EndToEnd::default());
+        assert_eq!((v.hop, v.direction), (Some(2), Direction::Down), "{}", v.text);
+        assert!((v.added_ms - 400.0).abs() < 1.0, "{}", v.added_ms);
+        assert!(v.confidence > 0.9, "{}", v.confidence);
+        assert!(v.text.contains("from hop 1 (10.77.0.2) to hop 2 (10.77.1.2)"), "{}", v.text);
+    }
+
+    #[test]
+    fn an_upload_queue_on_the_first_link_names_hop_one_and_upload() {
+        let v = verdict(&path([(0.5, 900.0), (1.0, 901.0), (1.5, 902.0)]), None, &EndToEnd::default());
+        assert_eq!((v.hop, v.direction), (Some(1), Direction::Up), "{}", v.text);
+        assert!(v.text.contains("from this host to hop 1"), "{}", v.text);
+    }
+
+    #[test]
+    fn the_same_hop_bloating_both_ways_is_both() {
+        let v = verdict(&path([(1.0, 1.0), (200.0, 300.0), (201.0, 301.0)]), None, &EndToEnd::default());
+        assert_eq!((v.hop, v.direction), (Some(2), Direction::Both), "{}", v.text);
+        assert!((v.added_ms - 299.0).abs() < 1.0, "the worse direction's share: {}", v.added_ms);
+    }
+
+    #[test]
+    fn different_places_per_direction_are_both_reported_worst_first() {
+        let v = verdict(&path([(150.0, 1.0), (151.0, 600.0), (152.0, 601.0)]), None, &EndToEnd::default());
+        assert_eq!((v.hop, v.direction), (Some(2), Direction::Up), "{}", v.text);
+        assert_eq!(v.also.len(), 1);
+        assert_eq!((v.also[0].hop, v.also[0].direction), (1, Direction::Down));
+    }
+
+    #[test]
+    fn short_queues_everywhere_blame_nobody() {
+        // The slowest link still adds a little (its few packets of queue): below the bar.
+        let v = verdict(&path([(1.0, 1.0), (12.0, 9.0), (12.5, 9.5)]), None, &EndToEnd::default());
+        assert_eq!((v.hop, v.direction), (None, Direction::None), "{}", v.text);
+        assert!(v.text.starts_with("No hop bloats"), "{}", v.text);
+    }
+
+    #[test]
+    fn a_router_slow_to_send_icmp_is_not_blamed() {
+        // Hop 1 answers 300 ms late under download load, hops 2 and 3 (behind it) do not,
+        // and the real queue is at hop 3.
+        let hops = path([(300.0, 0.5), (2.0, 1.0), (120.0, 1.5)]);
+        let v = verdict(&hops, None, &EndToEnd::default());
+        assert_eq!((v.hop, v.direction), (Some(3), Direction::Down), "{}", v.text);
+        assert!(v.caveats.iter().any(|c| c.starts_with("hop 1 answers 300 ms late")), "{:?}", v.caveats);
+    }
+
+    #[test]
+    fn silent_hops_are_skipped_and_said() {
+        let mut hops = path([(1.0, 1.0), (300.0, 1.0), (301.0, 1.0)]);
+        hops.insert(1, HopObs { ttl: 2, sent: 40, ..Default::default() });
+        hops[2].ttl = 3;
+        hops[3].ttl = 4;
+        let v = verdict(&hops, None, &EndToEnd::default());
+        assert_eq!(v.hop, Some(3), "{}", v.text);
+        assert!(v.text.contains("hops between did not answer"), "{}", v.text);
+        assert!(v.caveats.iter().any(|c| c == "hop 2 never answered (40 probes): a silent router"), "{:?}", v.caveats);
+    }
+
+    #[test]
+    fn rate_limited_answers_are_counted_and_a_hop_with_too_few_is_skipped() {
+        let mut hops = path([(1.0, 1.0), (300.0, 1.0), (301.0, 1.0)]);
+        // Hop 2 answered only two probes under download load: not enough to place the queue.
+        hops[1].loaded[0].truncate(2);
+        hops[1].answered = 12;
+        hops[1].sent = 60;
+        let v = verdict(&hops, None, &EndToEnd::default());
+        assert_eq!(v.hop, Some(3), "{}", v.text);
+        assert!(v.caveats.contains(&"hop 2 answered 12 of 60 probes (ICMP rate limit or loss)".to_string()), "{:?}", v.caveats);
+    }
+
+    #[test]
+    fn this_hosts_queue_is_hop_zero() {
+        let hops = path([(1.0, 500.0), (1.0, 501.0), (1.0, 502.0)]);
+        let local = LocalObs { interface: "wlan0".into(), delay_ms: [Some(0.2), Some(480.0), Some(480.0)] };
+        let v = verdict(&hops, Some(&local), &EndToEnd::default());
+        assert_eq!((v.hop, v.direction), (Some(0), Direction::Up), "{}", v.text);
+        assert!(v.text.contains("this host's own interface queue"), "{}", v.text);
+    }
+
+    #[test]
+    fn with_only_the_both_phase_the_one_way_delays_give_the_direction() {
+        let mut hops = path([(1.0, 1.0), (300.0, 300.0), (301.0, 301.0)]);
+        for h in &mut hops {
+            h.loaded[0].clear();
+            h.loaded[1].clear();
+        }
+        let e2e = EndToEnd { added_ms: [None, None, Some(305.0)], owd_added_ms: Some((4.0, 296.0)) };
+        let v = verdict(&hops, None, &e2e);
+        assert_eq!((v.hop, v.direction), (Some(2), Direction::Up), "{}", v.text);
+    }
+
+    #[test]
+    fn no_answers_at_all_say_so() {
+        let v = verdict(&[HopObs { ttl: 1, sent: 10, ..Default::default() }], None, &EndToEnd::default());
+        assert_eq!(v.hop, None);
+        assert!(v.text.starts_with("Not enough answers"), "{}", v.text);
+    }
+}

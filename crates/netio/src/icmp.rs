@@ -1,0 +1,189 @@
+//! Hop probing without raw sockets: a UDP socket with IP_RECVERR / IPV6_RECVERR receives the
+//! ICMP errors its own datagrams caused (Time Exceeded from routers, Port Unreachable from the
+//! destination) on its error queue, with the answering router's address and a kernel
+//! timestamp. This is how tracepath works, and it needs no privilege.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, SystemTime};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IcmpKind {
+    /// A router dropped the datagram at TTL / hop limit zero.
+    TimeExceeded,
+    /// The destination has no socket on the port: the probe got there.
+    PortUnreachable,
+    /// Any other unreachable (type, code): filtered, no route, ...
+    Unreachable(u8, u8),
+}
+
+#[derive(Clone, Debug)]
+pub struct IcmpError {
+    /// Where the datagram that caused the error was going (its port names the probe).
+    pub dest: SocketAddr,
+    /// Who sent the ICMP error.
+    pub from: Option<IpAddr>,
+    pub kind: IcmpKind,
+    /// When the error arrived, by the kernel's receive timestamp (CLOCK_REALTIME).
+    pub at: Option<SystemTime>,
+}
+
+fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
+    // SAFETY: a valid fd and a pointer to an int of the length given.
+    let r = unsafe { libc::setsockopt(fd, level, name, (&value as *const i32).cast(), std::mem::size_of::<i32>() as u32) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn is_v6(sock: &UdpSocket) -> io::Result<bool> {
+    Ok(sock.local_addr()?.is_ipv6())
+}
+
+/// Asks for the ICMP errors of this socket's datagrams, with receive timestamps.
+pub fn enable_errors(sock: &UdpSocket) -> io::Result<()> {
+    let fd = sock.as_raw_fd();
+    if is_v6(sock)? {
+        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVERR, 1)?;
+    } else {
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVERR, 1)?;
+    }
+    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
+}
+
+/// TTL (IPv4) or hop limit (IPv6) of the datagrams sent next.
+pub fn set_hop_limit(sock: &UdpSocket, hops: u8) -> io::Result<()> {
+    let fd = sock.as_raw_fd();
+    if is_v6(sock)? {
+        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, hops.into())
+    } else {
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_TTL, hops.into())
+    }
+}
+
+/// Waits up to `timeout` for an error to be queued.
+pub fn wait_error(sock: &UdpSocket, timeout: Duration) -> bool {
+    let mut p = libc::pollfd { fd: sock.as_raw_fd(), events: 0, revents: 0 };
+    // POLLERR is always reported; asking for no events waits for exactly that.
+    // SAFETY: one valid pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
+    r > 0 && p.revents & libc::POLLERR != 0
+}
+
+fn sockaddr_to(sa: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match sa.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: the family says this storage holds a sockaddr_in.
+            let a: &libc::sockaddr_in = unsafe { &*(sa as *const libc::sockaddr_storage).cast() };
+            Some(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)), u16::from_be(a.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, a sockaddr_in6.
+            let a: &libc::sockaddr_in6 = unsafe { &*(sa as *const libc::sockaddr_storage).cast() };
+            Some(SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(a.sin6_addr.s6_addr), u16::from_be(a.sin6_port), 0, a.sin6_scope_id)))
+        }
+        _ => None,
+    }
+}
+
+/// One error from the socket's error queue, if any is waiting (never blocks).
+pub fn recv_error(sock: &UdpSocket) -> io::Result<Option<IcmpError>> {
+    let mut data = [0u8; 512];
+    // u64 alignment for the cmsg headers.
+    let mut control = [0u64; 64];
+    // SAFETY: zeroed plain-old-data.
+    let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+    // SAFETY: zeroed msghdr, then every pointer set to a live buffer of the stated length.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: msg points at the buffers above for the duration of the call.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock { Ok(None) } else { Err(e) };
+    }
+    let Some(dest) = sockaddr_to(&name) else { return Ok(None) };
+    let mut kind = None;
+    let mut from = None;
+    let mut at = None;
+    // SAFETY: the CMSG_* walk stays within msg_controllen as the kernel filled it.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            let (level, ty) = ((*c).cmsg_level, (*c).cmsg_type);
+            let body = libc::CMSG_DATA(c);
+            if (level == libc::IPPROTO_IP && ty == libc::IP_RECVERR) || (level == libc::IPPROTO_IPV6 && ty == libc::IPV6_RECVERR) {
+                let ee: libc::sock_extended_err = std::ptr::read_unaligned(body.cast());
+                kind = match (ee.ee_origin, ee.ee_type, ee.ee_code) {
+                    (libc::SO_EE_ORIGIN_ICMP, 11, _) | (libc::SO_EE_ORIGIN_ICMP6, 3, _) => Some(IcmpKind::TimeExceeded),
+                    (libc::SO_EE_ORIGIN_ICMP, 3, 3) | (libc::SO_EE_ORIGIN_ICMP6, 1, 4) => Some(IcmpKind::PortUnreachable),
+                    (libc::SO_EE_ORIGIN_ICMP, 3, c) | (libc::SO_EE_ORIGIN_ICMP6, 1, c) => Some(IcmpKind::Unreachable(ee.ee_type, c)),
+                    _ => None,
+                };
+                // The offender's address follows the struct (SO_EE_OFFENDER).
+                let off: libc::sockaddr_storage = {
+                    let mut s: libc::sockaddr_storage = std::mem::zeroed();
+                    let avail = (*c).cmsg_len as usize - (body as usize - c as usize) - std::mem::size_of::<libc::sock_extended_err>();
+                    let len = avail.min(std::mem::size_of::<libc::sockaddr_storage>());
+                    std::ptr::copy_nonoverlapping(body.add(std::mem::size_of::<libc::sock_extended_err>()), (&mut s as *mut libc::sockaddr_storage).cast(), len);
+                    s
+                };
+                from = sockaddr_to(&off).map(|a| a.ip());
+            } else if level == libc::SOL_SOCKET && ty == libc::SCM_TIMESTAMPNS {
+                let ts: libc::timespec = std::ptr::read_unaligned(body.cast());
+                at = Some(SystemTime::UNIX_EPOCH + Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32));
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok(kind.map(|kind| IcmpError { dest, from, kind, at }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_port_on_loopback_answers_port_unreachable_with_the_probe_destination() {
+        // Loopback is exempt from ICMP rate limits; a port nobody listens on answers at once.
+        let closed = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let dest = closed.local_addr().unwrap();
+        drop(closed);
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        enable_errors(&s).unwrap();
+        set_hop_limit(&s, 5).unwrap();
+        let sent = SystemTime::now();
+        s.send_to(b"probe", dest).unwrap();
+        assert!(wait_error(&s, Duration::from_secs(2)), "no ICMP error within 2 s");
+        let e = recv_error(&s).unwrap().expect("an error was queued");
+        assert_eq!(e.dest, dest);
+        assert_eq!(e.kind, IcmpKind::PortUnreachable);
+        assert_eq!(e.from, Some("127.0.0.1".parse().unwrap()));
+        let at = e.at.expect("kernel timestamp");
+        assert!(at.duration_since(sent).unwrap() < Duration::from_secs(1));
+        assert!(recv_error(&s).unwrap().is_none(), "one probe, one error");
+    }
+
+    #[test]
+    fn ipv6_works_the_same_way() {
+        let closed = UdpSocket::bind("[::1]:0").expect("IPv6 loopback");
+        let dest = closed.local_addr().unwrap();
+        drop(closed);
+        let s = UdpSocket::bind("[::1]:0").unwrap();
+        enable_errors(&s).unwrap();
+        set_hop_limit(&s, 5).unwrap();
+        s.send_to(b"probe", dest).unwrap();
+        assert!(wait_error(&s, Duration::from_secs(2)));
+        let e = recv_error(&s).unwrap().unwrap();
+        assert_eq!((e.dest, e.kind, e.from), (dest, IcmpKind::PortUnreachable, Some("::1".parse().unwrap())));
+    }
+}
