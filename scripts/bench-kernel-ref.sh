@@ -8,7 +8,8 @@
 #   scripts/bench-kernel-ref.sh [--out DIR] [--length S] [--repeat N] [--cc ALGO]
 #                               [--tests "tcp-down tcp-up rrul voip"] [--report-only] [SCENARIO...]
 #
-# Scenarios (name: line; the lab adds 14 B per packet as the kernel counts Ethernet headers):
+# Scenarios (name: line; the lab adds 14 B per packet as the kernel counts Ethernet headers;
+# cake shapes by itself at the rate, tc's defaults: diffserv3, triple-isolate, raw):
 SCENARIOS="
 unshaped      1gbit   1gbit     0    none
 delay-only    1gbit   1gbit     2    none
@@ -28,6 +29,8 @@ sqm-asym-d    57mbit  3800kbit  7.5  sqm
 netem-jitter  20mbit  20mbit    10   jitter
 netem-loss    20mbit  20mbit    10   loss
 netem-ge      20mbit  20mbit    10   ge
+cake-sym-d    20mbit  20mbit    7.5  cake
+cake-asym-d   57mbit  3800kbit  7.5  cake
 "
 # Tests per scenario: tcp-down, tcp-up, rrul (voip with --voip).
 set -euo pipefail
@@ -75,6 +78,7 @@ lab_qdisc() { # kind -> lab key=value settings per direction (same for both)
     jitter) echo 'qdisc = "fifo", limit = 1000, jitter = "2ms", reorder = true' ;;
     loss) echo 'qdisc = "fifo", limit = 1000, loss = "1%"' ;;
     ge) echo 'qdisc = "fifo", limit = 1000, ge = "1%,30%,50%,0%"' ;;
+    cake) echo 'limit = 1000' ;;  # the qdisc, with its rate, goes per direction (lab_run)
   esac
 }
 kernel_shaper() { # kind rate
@@ -85,6 +89,7 @@ kernel_shaper() { # kind rate
     fq_codel) echo "fq_codel $2" ;;
     sqm) echo "fq_codel $2 limit 1001 quantum 300" ;;
     jitter|loss|ge) echo "pfifo $2 1000" ;;
+    cake) echo "cake $2" ;;
   esac
 }
 kernel_netem() { # kind one-way-delay-ms
@@ -135,6 +140,10 @@ kernel_run() { # scen down up delay kind test file
   ip netns del $cli; ip netns del $srv; rm -rf "$dir"
 }
 
+dir_rate() { # kind rate -> the lab's per-direction settings: the link's rate, or CAKE's own
+  [ "$1" = cake ] && echo "qdisc = \"cake bandwidth $2\"" || echo "rate = \"$2\""
+}
+
 lab_run() { # scen down up delay kind test file
   local down=$2 up=$3 delay=$4 kind=$5 t=$6 file=$7
   local q; q=$(lab_qdisc "$kind")
@@ -146,8 +155,8 @@ name = "wan"
 a = "client"
 b = "server"
 both = { delay = "${delay}ms", overhead = 14, $q }
-up = { rate = "$up" }
-down = { rate = "$down" }
+up = { $(dir_rate "$kind" "$up") }
+down = { $(dir_rate "$kind" "$down") }
 EOF
   "$BIN" lab run "$topo" --name kbench -- bash -c "
     '$BIN' lab exec --lab kbench server -- '$BIN' server -q > /dev/null 2>&1 &
