@@ -10,10 +10,14 @@ use common::*;
 const LINKS: [&str; 3] = ["wifi", "access", "core"];
 
 fn locate(lab: &LabUp, tag: &str) -> serde_json::Value {
+    locate_phases(lab, tag, "download,upload")
+}
+
+fn locate_phases(lab: &LabUp, tag: &str, phases: &str) -> serde_json::Value {
     let dir = tmp_path(&format!("locate-{tag}"));
     std::fs::create_dir_all(&dir).unwrap();
     let p = lab.exec("client");
-    let args = ["locate", "10.77.2.2", "-l", "10", "--idle", "3", "--phases", "download,upload", "--json", "-q", "--out-dir", dir.to_str().unwrap()];
+    let args = ["locate", "10.77.2.2", "-l", "10", "--idle", "3", "--phases", phases, "--json", "-q", "--out-dir", dir.to_str().unwrap()];
     let out = run(&p.iter().map(String::as_str).collect::<Vec<_>>(), &args);
     assert!(out.status.success(), "{tag}: {}", String::from_utf8_lossy(&out.stderr));
     json(&out)
@@ -72,6 +76,46 @@ fn locate_names_the_bloated_hop_and_direction_on_every_link_of_the_home_preset()
     assert!(v["verdict"]["hop"].is_null(), "{}", v["verdict"]);
     assert_eq!(v["verdict"]["direction"], "none");
     assert!(v["verdict"]["text"].as_str().unwrap().starts_with("No hop bloats"), "{}", v["verdict"]);
+}
+
+#[test]
+fn a_router_slow_to_send_its_own_icmp_under_load_is_not_blamed() {
+    let _g = serial();
+    // The home line with its router answering 300 ms late while it forwards (icmp_delay), and
+    // the real queue on the core link's download.
+    let topo = r#"
+name = "slowicmp"
+[[link]]
+name = "wifi"
+a = "client"
+b = "router"
+both = { rate = "100mbit", delay = "1ms", limit = 30 }
+[[link]]
+name = "access"
+a = "router"
+b = "isp"
+both = { rate = "100mbit", delay = "7ms", limit = 30 }
+[[link]]
+name = "core"
+a = "isp"
+b = "server"
+both = { rate = "100mbit", delay = "2ms", limit = 30 }
+down = { rate = "10mbit", limit = 1000 }
+[host.router]
+icmp_delay = "300ms"
+"#;
+    let Some(lab) = LabUp::up("slowicmp", topo) else { return };
+    let _srv = lab.server("server");
+    let v = locate_phases(&lab, "slowicmp", "download");
+    let verdict = &v["verdict"];
+    eprintln!("{}\n{}", v["hops"], verdict);
+    let hop1 = &v["hops"][0];
+    // The router's own answers: idle at once, under load 300 ms late.
+    let late = hop1["phases"]["download"]["p50_ms"].as_f64().unwrap() - hop1["idle_p50_ms"].as_f64().unwrap();
+    assert!(late > 250.0 && late < 400.0, "hop 1 under load: +{late} ms");
+    assert_eq!((&verdict["hop"], &verdict["direction"]), (&serde_json::json!(3), &serde_json::json!("down")), "{verdict}");
+    let notes = verdict["caveats"].as_array().unwrap();
+    assert!(notes.iter().any(|c| c.as_str().unwrap().starts_with("hop 1 answers") && c.as_str().unwrap().contains("slow to send ICMP")), "{notes:?}");
 }
 
 #[test]

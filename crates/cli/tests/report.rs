@@ -83,6 +83,7 @@ fn locate_on_loopback_writes_a_locate_file_whose_report_renders_in_headless_chro
     assert_eq!(hops.len(), 1, "{hops:?}");
     assert_eq!((hops[0]["ttl"].as_u64(), hops[0]["address"].as_str(), hops[0]["destination"].as_bool()), (Some(1), Some("127.0.0.1"), Some(true)));
     assert_eq!(hops[0]["answered"], hops[0]["sent"]);
+    assert_eq!(hops[0]["name"], "localhost", "/etc/hosts answers the reverse lookup");
     // Five probes a second over the 2 s of load after the queues' 2 s to fill.
     assert!(hops[0]["phases"]["download"]["answered"].as_u64().unwrap() >= 5, "{}", hops[0]);
     assert!(v["verdict"]["hop"].is_null(), "{}", v["verdict"]);

@@ -11,6 +11,7 @@ pub mod link;
 pub mod packet;
 pub mod qdisc;
 pub mod rate;
+pub mod slow_icmp;
 pub mod stats;
 
 pub use config::{DirConfig, QdiscConfig};

@@ -128,6 +128,17 @@ impl Direction {
         self.pump(now);
     }
 
+    /// A packet its sending host was slow to originate (`slow_icmp`): it enters the wire
+    /// `hold_ns` after `now`, past the queue and the serialiser (an ICMP error of some 100
+    /// bytes; the link's delay still applies), so that it delays nothing behind it.
+    pub fn arrive_held(&mut self, data: Vec<u8>, now: u64, hold_ns: u64) {
+        self.stats.rx_packets += 1;
+        self.stats.rx_bytes += data.len() as u64;
+        self.seq += 1;
+        let deliver = now + hold_ns + self.cfg.delay_ns;
+        self.in_flight.push(Reverse(InFlight { deliver_ns: deliver, seq: self.seq, data }));
+    }
+
     /// Moves packets from the queue onto the wire for every moment up to `now` at which the
     /// link was free. Called before each arrival, so every queued packet arrived no later than
     /// `last_arrival`: a dequeue happens at max(link free, last arrival), late wake-ups

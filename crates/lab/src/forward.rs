@@ -2,6 +2,7 @@
 //! the link model, write them into the receiving host's TUN when the model says they arrive.
 
 use crate::tun::{read_packet, wait_readable, write_packet};
+use bloatlab_lab_model::slow_icmp::SlowIcmp;
 use bloatlab_lab_model::Direction;
 use bloatlab_netio::mono_ns;
 use hdrhistogram::Histogram;
@@ -56,7 +57,16 @@ const READ_BATCH: usize = 64;
 /// Longest sleep while idle: how soon a stop request is noticed.
 const IDLE_WAIT_NS: u64 = 50_000_000;
 
-pub fn spawn(name: String, from: RawFd, to: RawFd, txqueuelen: usize, model: Arc<Mutex<Direction>>, tun_queue: Arc<Mutex<TunQueue>>, stop: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
+/// The devices a direction reads from and writes to, and the sending host's slowness at
+/// originating ICMP errors, if it has any.
+pub struct Ends {
+    pub from: RawFd,
+    pub to: RawFd,
+    pub slow_icmp: Option<SlowIcmp>,
+}
+
+pub fn spawn(name: String, ends: Ends, txqueuelen: usize, model: Arc<Mutex<Direction>>, tun_queue: Arc<Mutex<TunQueue>>, stop: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
+    let Ends { from, to, mut slow_icmp } = ends;
     std::thread::Builder::new().name(name).spawn(move || {
         // Without this nanosleep-style waits wake ~50 us late (see the TUN reference notes).
         // SAFETY: prctl with plain integer arguments.
@@ -80,7 +90,10 @@ pub fn spawn(name: String, from: RawFd, to: RawFd, txqueuelen: usize, model: Arc
                 match read_packet(from, &mut buf) {
                     Ok(Some(n)) => {
                         let now = mono_ns();
-                        dir.arrive(buf[..n].to_vec(), now);
+                        match slow_icmp.as_mut().map_or(0, |s| s.hold(&buf[..n], now)) {
+                            0 => dir.arrive(buf[..n].to_vec(), now),
+                            hold => dir.arrive_held(buf[..n].to_vec(), now, hold),
+                        }
                         reads += 1;
                         since_empty += 1;
                         let entered_after = if read_times.len() == txqueuelen { empty_at.max(read_times[0]) } else { empty_at };

@@ -2,6 +2,7 @@
 //! down, also on error paths and panics.
 
 use crate::forward::{self, TunQueue};
+use bloatlab_lab_model::slow_icmp::SlowIcmp;
 use crate::ns::{self, ip};
 use crate::topology::Topology;
 use crate::tun::Tun;
@@ -199,12 +200,21 @@ impl Lab {
                 ip(&["-n", &n, "-6", "route", "add", &format!("fd77:0:0:{subnet:x}::/64"), "dev", dev])?;
             }
         }
+        // A host slow to send its own ICMP errors holds them on every link it sends into.
+        let slow_icmp = |host: &str| {
+            let delay = topo.host_settings.get(host).and_then(|s| s.icmp_delay_ns)?;
+            let h = &hosts[host];
+            let addrs = h.ipv4.iter().chain(&h.ipv6).filter_map(|a| a.parse().ok()).collect();
+            Some(SlowIcmp::new(addrs, delay))
+        };
         for (i, l) in topo.links.iter().enumerate() {
             let (a, b) = (self.tuns[2 * i].raw(), self.tuns[2 * i + 1].raw());
             let rt = &self.shared.links[i];
-            let t1 = forward::spawn(format!("{}-up", l.name), a, b, TUN_TXQUEUELEN as usize, rt.up.clone(), rt.up_tun.clone(), self.stop.clone()).map_err(|e| e.to_string())?;
+            let up = forward::Ends { from: a, to: b, slow_icmp: slow_icmp(&l.a) };
+            let t1 = forward::spawn(format!("{}-up", l.name), up, TUN_TXQUEUELEN as usize, rt.up.clone(), rt.up_tun.clone(), self.stop.clone()).map_err(|e| e.to_string())?;
             self.threads.push(t1);
-            let t2 = forward::spawn(format!("{}-down", l.name), b, a, TUN_TXQUEUELEN as usize, rt.down.clone(), rt.down_tun.clone(), self.stop.clone()).map_err(|e| e.to_string())?;
+            let down = forward::Ends { from: b, to: a, slow_icmp: slow_icmp(&l.b) };
+            let t2 = forward::spawn(format!("{}-down", l.name), down, TUN_TXQUEUELEN as usize, rt.down.clone(), rt.down_tun.clone(), self.stop.clone()).map_err(|e| e.to_string())?;
             self.threads.push(t2);
         }
         let shared = Arc::get_mut(&mut self.shared).expect("not shared yet");

@@ -18,6 +18,7 @@
 //! ```toml
 //! [host.isp]
 //! icmp_ratelimit = 0      # ms between ICMP errors to one address; Linux's default 1000, 0 none
+//! icmp_delay = "300ms"    # its own ICMP errors leave this late while it forwards 500+ pkt/s
 //! ```
 
 use bloatlab_lab_model::config::ConfigError;
@@ -39,6 +40,8 @@ pub struct HostSettings {
     /// net.ipv4.icmp_ratelimit and net.ipv6.icmp.ratelimit: least ms between two ICMP errors
     /// to one destination (bursts of 6 allowed); `None` leaves Linux's default of 1000.
     pub icmp_ratelimit_ms: Option<u32>,
+    /// Its own ICMP errors leave this late while it is busy forwarding (`slow_icmp`).
+    pub icmp_delay_ns: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -101,7 +104,12 @@ fn host_settings(doc: &toml::Table, hosts: &[String]) -> Result<BTreeMap<String,
                     let ms = v.as_integer().filter(|m| (0..=60_000).contains(m)).ok_or_else(|| TopologyError::Shape(format!("[host.{h}] icmp_ratelimit: want milliseconds 0..60000 (0: no limit), got {v}")))?;
                     st.icmp_ratelimit_ms = Some(ms as u32);
                 }
-                other => return Err(TopologyError::Shape(format!("[host.{h}]: unknown setting `{other}` (known: icmp_ratelimit)"))),
+                "icmp_delay" => {
+                    let text = value_text(v);
+                    let ns = bloatlab_lab_model::config::parse_time_ns(&text).map_err(|e| TopologyError::Shape(format!("[host.{h}] icmp_delay: {e}")))?;
+                    st.icmp_delay_ns = Some(ns);
+                }
+                other => return Err(TopologyError::Shape(format!("[host.{h}]: unknown setting `{other}` (known: icmp_ratelimit, icmp_delay)"))),
             }
         }
         out.insert(h.clone(), st);
@@ -251,8 +259,9 @@ mod tests {
     #[test]
     fn host_settings_name_a_known_host_and_a_known_key() {
         let links = "[[link]]\nname='l'\na='c'\nb='r'\n";
-        let t = Topology::from_toml(&format!("{links}[host.r]\nicmp_ratelimit = 0\n"), &nofile).unwrap();
+        let t = Topology::from_toml(&format!("{links}[host.r]\nicmp_ratelimit = 0\nicmp_delay = '300ms'\n"), &nofile).unwrap();
         assert_eq!(t.host_settings["r"].icmp_ratelimit_ms, Some(0));
+        assert_eq!(t.host_settings["r"].icmp_delay_ns, Some(300_000_000));
         let e = |extra: &str| Topology::from_toml(&format!("{links}{extra}"), &nofile).unwrap_err().to_string();
         assert!(e("[host.x]\nicmp_ratelimit = 0\n").contains("no link has a host named `x`"));
         assert!(e("[host.r]\nicmp_rate = 0\n").contains("unknown setting `icmp_rate`"));

@@ -22,6 +22,30 @@ pub use verdict::{Direction, Load, Verdict};
 pub const FORMAT: &str = "bloatlab-locate";
 pub const VERSION: u32 = 1;
 
+/// How long reverse lookups of the hops may take, all together.
+const NAME_DEADLINE: Duration = Duration::from_secs(1);
+
+/// Reverse names of the hops' addresses, looked up in parallel; those not back by the
+/// deadline are left out (their threads finish on their own).
+fn names(addrs: &[IpAddr]) -> std::collections::HashMap<IpAddr, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    for &a in addrs {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((a, bloatlab_netio::icmp::reverse_name(a)));
+        });
+    }
+    drop(tx);
+    let until = std::time::Instant::now() + NAME_DEADLINE;
+    let mut out = std::collections::HashMap::new();
+    while let Ok((a, n)) = rx.recv_timeout(until.saturating_duration_since(std::time::Instant::now())) {
+        if let Some(n) = n {
+            out.insert(a, n);
+        }
+    }
+    out
+}
+
 /// Seconds of each load phase skipped while the queues fill (as the test summaries do).
 const RAMP: f64 = 2.0;
 
@@ -43,6 +67,9 @@ pub struct Options {
 pub struct HopReport {
     pub ttl: u8,
     pub address: Option<IpAddr>,
+    /// The address's reverse name, when a lookup answered within `NAME_DEADLINE`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     pub destination: bool,
     pub answered: u32,
     pub sent: u32,
@@ -110,10 +137,12 @@ fn loaded(v: &[f64]) -> Option<Loaded> {
 }
 
 fn hop_reports(hops: &[verdict::HopObs]) -> Vec<HopReport> {
+    let names = names(&hops.iter().filter_map(|h| h.address).collect::<Vec<_>>());
     hops.iter()
         .map(|h| HopReport {
             ttl: h.ttl,
             address: h.address,
+            name: h.address.and_then(|a| names.get(&a).cloned()),
             destination: h.destination,
             answered: h.answered,
             sent: h.sent,

@@ -16,9 +16,10 @@ pub fn text(l: &Located) -> String {
     let _ = writeln!(o, "Path to {} ({}), round trip per hop, ms (loaded: p50/p90):", l.metadata.target, l.metadata.address);
     let _ = writeln!(o, "{:>3}  {:<40} {:>9} {:>8} {:>11} {:>11} {:>11}", "hop", "address", "answers", "idle p50", "download", "upload", "both");
     for h in &l.hops {
+        let named = |a: std::net::IpAddr| h.name.as_ref().map_or(a.to_string(), |n| format!("{n} ({a})"));
         let addr = match (h.address, h.destination) {
-            (Some(a), true) => format!("{a} (destination)"),
-            (Some(a), false) => a.to_string(),
+            (Some(a), true) => format!("{} (destination)", named(a)),
+            (Some(a), false) => named(a),
             (None, _) => "*".into(),
         };
         let _ = writeln!(

@@ -148,6 +148,24 @@ pub fn recv_error(sock: &UdpSocket) -> io::Result<Option<IcmpError>> {
     Ok(kind.map(|kind| IcmpError { dest, from, kind, at }))
 }
 
+/// The name a reverse lookup gives `ip` (blocking: run it under a deadline), if it is a
+/// plausible host name. Whatever DNS answers is a stranger's text: anything but letters,
+/// digits, '-', '_' and '.' is refused rather than printed.
+pub fn reverse_name(ip: IpAddr) -> Option<String> {
+    let sa: SocketAddr = SocketAddr::new(ip, 0);
+    let sock = socket2::SockAddr::from(sa);
+    let mut host = [0 as libc::c_char; 256];
+    // SAFETY: a valid sockaddr of the stated length and an output buffer of the stated length.
+    let r = unsafe { libc::getnameinfo(sock.as_ptr().cast(), sock.len(), host.as_mut_ptr(), host.len() as u32, std::ptr::null_mut(), 0, libc::NI_NAMEREQD) };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: getnameinfo wrote a NUL-terminated string into `host`.
+    let name = unsafe { std::ffi::CStr::from_ptr(host.as_ptr()) }.to_str().ok()?.to_string();
+    let plausible = !name.is_empty() && name.len() <= 253 && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    plausible.then_some(name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,6 +189,12 @@ mod tests {
         let at = e.at.expect("kernel timestamp");
         assert!(at.duration_since(sent).unwrap() < Duration::from_secs(1));
         assert!(recv_error(&s).unwrap().is_none(), "one probe, one error");
+    }
+
+    #[test]
+    fn loopback_has_a_name() {
+        // /etc/hosts names 127.0.0.1 localhost on every Linux install.
+        assert_eq!(reverse_name("127.0.0.1".parse().unwrap()).as_deref(), Some("localhost"));
     }
 
     #[test]
