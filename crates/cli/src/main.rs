@@ -4,6 +4,7 @@ use bloatlab_measure::display::{events_text, summary_text, ProgressMode};
 use bloatlab_measure::{Ended, Options, Params, TestKind};
 mod lab_cmd;
 mod locate_cmd;
+mod tune_cmd;
 mod report_cmd;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -32,6 +33,13 @@ enum Command {
     /// which direction: loads the path (download, upload, both) while probing every hop with
     /// TTL-limited UDP (no root needed), and watches this host's own interface queue.
     Locate(locate_cmd::LocateArgs),
+    /// Shaping advice from result files: per direction the rate (95% of the lowest measured
+    /// goodput), link-layer overhead, queue discipline, the buffer the bloat implies and what
+    /// to expect after, each with its reason.
+    Advise(tune_cmd::AdviseArgs),
+    /// A configuration to paste, commented: tc (CAKE, HTB + fq_codel, HTB classes), OpenWrt
+    /// sqm, FireQOS, nftables DSCP rules, writeback sysctls, OpenWrt Wi-Fi settings.
+    Config(tune_cmd::ConfigArgs),
     /// Emulated networks between network namespaces: build, run, change, inspect.
     #[command(subcommand)]
     Lab(lab_cmd::LabCommand),
@@ -240,6 +248,8 @@ fn main() -> ExitCode {
         Command::Server(a) => server(a),
         Command::Test(a) => test(a),
         Command::Locate(a) => locate_cmd::run(a, progress_mode(false), stop_flag()),
+        Command::Advise(a) => tune_cmd::advise_cmd(a),
+        Command::Config(a) => tune_cmd::config_cmd(a),
         Command::Lab(c) => lab_cmd::run(c, stop_flag),
         Command::Report { results, output } => report_cmd::report(&results, &output),
         Command::Plot { results, kind, output } => report_cmd::plot(&results, kind, &output),

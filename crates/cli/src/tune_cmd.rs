@@ -1,0 +1,184 @@
+//! `bloatlab advise` and `bloatlab config`: result files and options in, advice and
+//! configurations out (the logic is in bloatlab-tune).
+
+use bloatlab_tune::advise::{self, Advice, Qdisc, Target};
+use bloatlab_tune::config::{self, Leaf, Shaping};
+use bloatlab_tune::link::LinkType;
+use bloatlab_tune::units;
+use clap::ValueEnum;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct AdviseArgs {
+    /// Result files of the same path (bloatlab test ... -o FILE), and optionally a locate file
+    /// (bloatlab locate), whose verdict says whether the queue is on this host.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// The access link's technology, for link-layer compensation: raw, ethernet, docsis,
+    /// bridged-ptm, pppoe-ptm, pppoe-llcsnap (ADSL), pppoa-vcmux, bridged-llcsnap.
+    #[arg(long, default_value = "raw", value_parser = LinkType::parse)]
+    link: LinkType,
+    /// What the router can run: cake, fq_codel (HTB + fq_codel) or fifo (HTB + short FIFO).
+    #[arg(long, default_value = "cake", value_parser = Qdisc::parse)]
+    qdisc: Qdisc,
+    /// Print the advice as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+pub enum Kind {
+    /// CAKE on egress and, through an IFB device, on ingress (a shell script).
+    TcCake,
+    /// HTB with fq_codel leaves in three priority classes, as sqm-scripts' simple.qos.
+    TcHtbFqcodel,
+    /// The same with short FIFO leaves, for kernels without fq_codel.
+    TcHtbFifo,
+    /// HTB classes: voice, SIP, network control, SSH, default (a FireQOS home layout).
+    TcHtbClasses,
+    /// An /etc/config/sqm section for OpenWrt.
+    OpenwrtSqm,
+    /// The classes in FireQOS's language.
+    Fireqos,
+    /// nftables: wash DSCP from the Internet, mark voice CS6 for the Wi-Fi VO queue.
+    NftDscp,
+    /// vm.dirty_background_bytes and vm.dirty_bytes from --rate x --background-delay / --delay.
+    SysctlWriteback,
+    /// OpenWrt wireless settings for calls over Wi-Fi, as commented advice.
+    WifiOpenwrt,
+}
+
+#[derive(clap::Args)]
+pub struct ConfigArgs {
+    #[arg(value_enum)]
+    kind: Kind,
+    /// The WAN interface (its ingress is shaped on ifb4DEV).
+    #[arg(long, default_value = "eth0")]
+    dev: String,
+    /// Download shaping rate (57Mbit, 57000kbit, ...); or take it from --from.
+    #[arg(long, value_parser = units::parse_rate)]
+    down: Option<u64>,
+    /// Upload shaping rate.
+    #[arg(long, value_parser = units::parse_rate)]
+    up: Option<u64>,
+    /// Result files to take both rates from (as bloatlab advise computes them).
+    #[arg(long, num_args = 1..)]
+    from: Vec<PathBuf>,
+    /// The access link's technology (see bloatlab advise --help).
+    #[arg(long, default_value = "raw", value_parser = LinkType::parse)]
+    link: LinkType,
+    /// tc-htb-classes leaves: fq_codel, or fifo for kernels without it.
+    #[arg(long, default_value = "fq_codel", value_parser = ["fq_codel", "fifo"])]
+    leaf: String,
+    /// openwrt-sqm: cake (layer_cake.qos) or fq_codel (simple.qos).
+    #[arg(long, default_value = "cake", value_parser = ["cake", "fq_codel"])]
+    qdisc: String,
+    /// sysctl-writeback: the rate of the link the writes go to (1Gibit, 100Mbit, ...).
+    #[arg(long, value_parser = units::parse_rate)]
+    rate: Option<u64>,
+    /// sysctl-writeback: how much of the link's time may be dirty before writeback starts.
+    #[arg(long, default_value = "250ms", value_parser = units::parse_duration)]
+    background_delay: u64,
+    /// sysctl-writeback: how much before writers are throttled.
+    #[arg(long, default_value = "1.5s", value_parser = units::parse_duration)]
+    delay: u64,
+}
+
+fn fail(m: impl std::fmt::Display) -> ExitCode {
+    eprintln!("bloatlab: {m}");
+    ExitCode::from(1)
+}
+
+fn usage(m: impl std::fmt::Display) -> ExitCode {
+    eprintln!("bloatlab: {m}");
+    ExitCode::from(2)
+}
+
+/// Result files' summaries, and whether a locate file among them put the queue on this host.
+fn read_inputs(files: &[PathBuf]) -> Result<(Vec<bloatlab_result::Summary>, bool), String> {
+    let (mut runs, mut on_host) = (Vec::new(), false);
+    for f in files {
+        let locate = std::fs::read(f).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()).filter(|v| v["format"] == "bloatlab-locate");
+        if let Some(v) = locate {
+            on_host |= v["verdict"]["hop"] == 0;
+            continue;
+        }
+        let r = bloatlab_result::read(f).map_err(|e| e.to_string())?;
+        runs.push(r.summary.clone().unwrap_or_else(|| bloatlab_analyze::summarize(&r)));
+    }
+    if runs.is_empty() {
+        return Err("no result file among the inputs (a locate file alone has no rates)".into());
+    }
+    Ok((runs, on_host))
+}
+
+fn advice_text(a: &Advice) -> String {
+    let mut o = String::new();
+    for d in [&a.down, &a.up].into_iter().flatten() {
+        o += &format!("{}\n\n", d.reason);
+    }
+    for n in &a.notes {
+        o += &format!("note: {n}\n");
+    }
+    o
+}
+
+pub fn advise_cmd(a: AdviseArgs) -> ExitCode {
+    let (runs, on_host) = match read_inputs(&a.files) {
+        Ok(x) => x,
+        Err(e) => return fail(e),
+    };
+    let advice = advise::advise(&runs, &Target { link: a.link, qdisc: a.qdisc, queue_on_host: on_host });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&advice).expect("serializes"));
+    } else {
+        print!("{}", advice_text(&advice));
+        let kind = match a.qdisc {
+            Qdisc::Cake => "tc-cake",
+            Qdisc::HtbFqCodel => "tc-htb-fqcodel",
+            Qdisc::HtbFifo => "tc-htb-fifo",
+        };
+        let files: Vec<String> = a.files.iter().map(|f| f.display().to_string()).collect();
+        println!("\nnext: bloatlab config {kind} --dev IFACE --link {} --from {}", a.link.cake_keyword(), files.join(" "));
+    }
+    ExitCode::SUCCESS
+}
+
+pub fn config_cmd(a: ConfigArgs) -> ExitCode {
+    let kbit = |bps: u64| bps / 1000;
+    let (mut down, mut up) = (a.down.map(kbit), a.up.map(kbit));
+    if !a.from.is_empty() {
+        let (runs, _) = match read_inputs(&a.from) {
+            Ok(x) => x,
+            Err(e) => return fail(e),
+        };
+        let adv = advise::advise(&runs, &Target { link: a.link, qdisc: Qdisc::Cake, queue_on_host: false });
+        down = down.or(adv.down.as_ref().map(|d| d.rate_kbit));
+        up = up.or(adv.up.as_ref().map(|d| d.rate_kbit));
+    }
+    if a.dev.is_empty() || a.dev.len() > 15 || !a.dev.chars().all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c)) {
+        return usage(format!("--dev `{}`: an interface name (at most 15 letters, digits, '-', '_', '.')", a.dev));
+    }
+    let s = Shaping { dev: a.dev.clone(), down_kbit: down, up_kbit: up, link: a.link };
+    let needs_rates = !matches!(a.kind, Kind::NftDscp | Kind::SysctlWriteback | Kind::WifiOpenwrt);
+    if needs_rates && down.is_none() && up.is_none() {
+        return usage("give --down and/or --up (e.g. --down 57Mbit --up 3610kbit), or --from RESULT...");
+    }
+    let text = match a.kind {
+        Kind::TcCake => config::tc_cake(&s),
+        Kind::TcHtbFqcodel => config::tc_htb(&s, Leaf::FqCodel),
+        Kind::TcHtbFifo => config::tc_htb(&s, Leaf::Fifo),
+        Kind::TcHtbClasses => config::tc_htb_classes(&s, if a.leaf == "fifo" { Leaf::Fifo } else { Leaf::FqCodel }),
+        Kind::OpenwrtSqm => config::openwrt_sqm(&s, a.qdisc == "cake"),
+        Kind::Fireqos => config::fireqos(&s),
+        Kind::NftDscp => config::nft_dscp(&s),
+        Kind::SysctlWriteback => match a.rate {
+            Some(r) => config::sysctl_writeback(r, a.background_delay, a.delay),
+            None => return usage("sysctl-writeback needs --rate (the link the writes go to: 1Gibit, 100Mbit, ...)"),
+        },
+        Kind::WifiOpenwrt => config::wifi_openwrt(),
+    };
+    print!("{text}");
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,157 @@
+//! `bloatlab advise` and `bloatlab config`: advice from real result files, and the generated tc
+//! scripts applied for real, on this kernel where it has the qdiscs (HTB, FIFO, ingress, u32,
+//! mirred, IFB) and in Debian's kernel under qemu for CAKE and fq_codel, then read back.
+
+mod common;
+use common::kernel_ref::{guest_run, unavailable, TempDir};
+use common::*;
+use std::process::Command;
+
+const LINE: [&str; 8] = ["--dev", "wan0", "--down", "57Mbit", "--up", "3610kbit", "--link", "docsis"];
+
+fn config(kind: &str, extra: &[&str]) -> String {
+    let mut args = vec!["config", kind];
+    args.extend_from_slice(extra);
+    let out = run(&[], &args);
+    assert!(out.status.success(), "config {kind}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_writeback_example_comes_out_exactly() {
+    let t = config("sysctl-writeback", &["--rate", "1Gibit", "--background-delay", "250ms", "--delay", "1.5s"]);
+    assert!(t.contains("\nvm.dirty_background_bytes = 33554432\nvm.dirty_bytes = 201326592\n"), "{t}");
+    let out = run(&[], &["config", "tc-cake"]);
+    assert_eq!(out.status.code(), Some(2), "no rates: a usage error");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--down"));
+}
+
+#[test]
+fn advice_from_a_measured_run_is_95_percent_of_its_goodput() {
+    let file = tmp_path("advise-run.json");
+    {
+        let _g = serial();
+        let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q"]);
+        let o = run(&[], &["test", "tcp-bidir", &srv.addr, "-l", "2", "--idle", "0.5", "--flows", "2", "-q", "-o", file.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let out = run(&[], &["advise", file.to_str().unwrap(), "--link", "docsis", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let a = json(&out);
+    for dir in ["down", "up"] {
+        let goodput = f(&r, &format!("summary.throughput_mbps.{dir}"));
+        let want = (goodput * 0.95 * 1000.0 + 1e-6).floor() as u64;
+        assert_eq!(a[dir]["rate_kbit"].as_u64(), Some(want), "{dir}: {}", a[dir]);
+        assert_eq!((a[dir]["overhead"].as_u64(), a[dir]["qdisc"].as_str()), (Some(18), Some("cake")));
+        assert!(a[dir]["reason"].as_str().unwrap().contains("95% of the lowest"), "{}", a[dir]["reason"]);
+    }
+    // The rates go straight into a configuration.
+    let cake = config("tc-cake", &["--dev", "wan0", "--link", "docsis", "--from", file.to_str().unwrap()]);
+    assert!(cake.contains(&format!("bandwidth {}kbit docsis nat dual-dsthost", a["down"]["rate_kbit"])), "{cake}");
+}
+
+/// A namespace with a veth `wan0` (this kernel has no dummy device), deleted on drop.
+struct Ns(String);
+
+impl Ns {
+    fn new(tag: &str) -> Ns {
+        let n = format!("bltune{tag}{}", std::process::id() % 100_000);
+        let ip = |a: &[&str]| assert!(Command::new("ip").args(a).status().unwrap().success(), "ip {a:?}");
+        ip(&["netns", "add", &n]);
+        let ns = Ns(n);
+        ip(&["-n", &ns.0, "link", "add", "wan0", "type", "veth", "peer", "name", "wan0p"]);
+        ip(&["-n", &ns.0, "link", "set", "wan0", "up"]);
+        ns
+    }
+
+    fn sh(&self, script: &str) -> std::process::Output {
+        let file = tmp_path(&format!("{}.sh", self.0));
+        std::fs::write(&file, script).unwrap();
+        Command::new("ip").args(["netns", "exec", &self.0, "sh", "-e", file.to_str().unwrap()]).output().unwrap()
+    }
+
+    fn tc(&self, args: &[&str]) -> String {
+        let out = Command::new("ip").args(["netns", "exec", &self.0, "tc"]).args(args).output().unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        // The IFB device lives in the namespace and goes with it.
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+#[test]
+fn htb_scripts_apply_on_this_kernel_and_read_back() {
+    if unsafe { libc::geteuid() } != 0 {
+        return missing("applying tc scripts needs root");
+    }
+    for (kind, extra, default_class, leaves) in [("tc-htb-fifo", &[][..], "0x12", 3), ("tc-htb-classes", &["--leaf", "fifo"][..], "0x50", 5)] {
+        let ns = Ns::new(if kind == "tc-htb-fifo" { "f" } else { "c" });
+        let mut args = LINE.to_vec();
+        args.extend_from_slice(extra);
+        let script = config(kind, &args);
+        let out = ns.sh(&script);
+        assert!(out.status.success(), "{kind}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("Warning"), "{kind}: {}", String::from_utf8_lossy(&out.stderr));
+        let q: serde_json::Value = serde_json::from_str(&ns.tc(&["-j", "qdisc", "show", "dev", "wan0"])).unwrap();
+        let q = q.as_array().unwrap();
+        let root = q.iter().find(|x| x["root"] == true).unwrap();
+        assert_eq!((root["kind"].as_str(), root["options"]["default"].as_str()), (Some("htb"), Some(default_class)), "{kind}");
+        // 20 ms of full packets: 3.61 Mbit/s -> 6 on the upload, 57 -> 95 on the download.
+        let fifos: Vec<u64> = q.iter().filter(|x| x["kind"] == "pfifo").map(|x| x["options"]["limit"].as_u64().unwrap()).collect();
+        assert_eq!(fifos, vec![6; leaves], "{kind}");
+        assert!(q.iter().any(|x| x["kind"] == "ingress"), "{kind}");
+        let ifb: serde_json::Value = serde_json::from_str(&ns.tc(&["-j", "qdisc", "show", "dev", "ifb4wan0"])).unwrap();
+        assert!(ifb.as_array().unwrap().iter().filter(|x| x["kind"] == "pfifo").all(|x| x["options"]["limit"] == 95), "{kind}: {ifb}");
+        let classes = ns.tc(&["class", "show", "dev", "ifb4wan0"]);
+        assert!(classes.contains("rate 57Mbit ceil 57Mbit burst 7125b cburst 7125b"), "{kind}: {classes}");
+        assert!(ns.tc(&["class", "show", "dev", "wan0"]).contains("rate 3610Kbit ceil 3610Kbit"), "{kind}");
+        // DOCSIS framing in the size table: 18 bytes and a 64-byte minimum per packet.
+        let d: serde_json::Value = serde_json::from_str(&ns.tc(&["-j", "-d", "qdisc", "show", "dev", "wan0"])).unwrap();
+        let stab = &d.as_array().unwrap().iter().find(|x| x["root"] == true).unwrap()["stab"];
+        assert_eq!((stab["overhead"].as_u64(), stab["mpu"].as_u64(), stab["linklayer"].as_str()), (Some(18), Some(64), Some("ethernet")), "{kind}");
+        assert!(ns.tc(&["filter", "show", "dev", "wan0", "parent", "ffff:"]).contains("Egress Redirect to device ifb4wan0"), "{kind}");
+        let filters = ns.tc(&["filter", "show", "dev", "wan0", "parent", "1:"]);
+        assert!(filters.matches("flowid").count() >= 6, "{kind}: {filters}");
+        // The undo lines leave the interface as it was.
+        let undo = script.lines().last().unwrap().trim_start_matches("#").trim();
+        assert!(ns.sh(undo).status.success(), "{kind}: {undo}");
+        let after: serde_json::Value = serde_json::from_str(&ns.tc(&["-j", "qdisc", "show", "dev", "wan0"])).unwrap();
+        assert!(after.as_array().unwrap().iter().all(|x| x["kind"] != "htb" && x["kind"] != "ingress"), "{kind}: {after}");
+    }
+}
+
+#[test]
+fn cake_and_fq_codel_scripts_apply_in_debians_kernel() {
+    // This kernel has neither qdisc: the guest's does (see README, kernel reference).
+    if let Some(why) = unavailable() {
+        return missing(&why);
+    }
+    let dir = TempDir::new("tune");
+    let d = dir.0.display();
+    std::fs::write(dir.0.join("cake.sh"), config("tc-cake", &LINE)).unwrap();
+    std::fs::write(dir.0.join("fqc.sh"), config("tc-htb-fqcodel", &LINE)).unwrap();
+    let job = format!(
+        "ip link add wan0 type veth peer name wan0p && ip link set wan0 up && sh -e {d}/cake.sh && tc -j qdisc show dev wan0 > {d}/cake-wan0.json \
+         && tc -j qdisc show dev ifb4wan0 > {d}/cake-ifb.json && tc qdisc del dev wan0 root && tc qdisc del dev wan0 ingress && ip link del ifb4wan0 \
+         && sh -e {d}/fqc.sh && tc -j qdisc show dev wan0 > {d}/fqc-wan0.json && tc -j qdisc show dev ifb4wan0 > {d}/fqc-ifb.json"
+    );
+    let out = guest_run(&job, &dir.0, 180);
+    assert!(out.status.success(), "guest job failed: {}", String::from_utf8_lossy(&out.stderr));
+    let read = |f: &str| -> Vec<serde_json::Value> { serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(dir.0.join(f)).unwrap()).unwrap().as_array().unwrap().clone() };
+    let cake = |f: &str| read(f).into_iter().find(|q| q["kind"] == "cake").unwrap_or_else(|| panic!("no cake in {f}"));
+    // tc reports CAKE's bandwidth in bytes per second.
+    let up = cake("cake-wan0.json");
+    assert_eq!((up["options"]["bandwidth"].as_u64(), up["options"]["overhead"].as_u64(), up["options"]["mpu"].as_u64()), (Some(451_250), Some(18), Some(64)));
+    assert_eq!((up["options"]["flowmode"].as_str(), up["options"]["nat"].as_bool()), (Some("dual-srchost"), Some(true)));
+    let down = cake("cake-ifb.json");
+    assert_eq!((down["options"]["bandwidth"].as_u64(), down["options"]["ingress"].as_bool(), down["options"]["diffserv"].as_str()), (Some(7_125_000), Some(true), Some("besteffort")));
+    let fq: Vec<serde_json::Value> = read("fqc-wan0.json").into_iter().filter(|q| q["kind"] == "fq_codel").collect();
+    assert_eq!(fq.len(), 3, "three classes, three fq_codel leaves");
+    assert!(fq.iter().all(|q| q["options"]["quantum"] == 300 && q["options"]["limit"] == 1001 && q["options"]["ecn"] == true));
+    assert!(read("fqc-ifb.json").iter().any(|q| q["kind"] == "fq_codel" && q["parent"] == "1:10"));
+}

@@ -1,0 +1,240 @@
+//! From measured runs to shaping advice, each number with its reason. Pure.
+
+use crate::link::LinkType;
+use bloatlab_result::Summary;
+use serde::Serialize;
+
+/// Share of the lowest measured goodput to shape at: the queue must form in the shaper, not
+/// in the modem behind it (85-95% is the usual rule; 95% keeps most of the rate).
+pub const SHARE: f64 = 0.95;
+/// Added latency above which a direction counts as bloated (grade A's bound).
+pub const BLOAT_MS: f64 = 30.0;
+/// A FIFO, when nothing smarter is available, holds this much time at the shaped rate.
+pub const FIFO_MS: f64 = 20.0;
+const MTU: f64 = 1500.0;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Qdisc {
+    Cake,
+    HtbFqCodel,
+    HtbFifo,
+}
+
+impl Qdisc {
+    pub fn parse(s: &str) -> Result<Qdisc, String> {
+        match s {
+            "cake" => Ok(Qdisc::Cake),
+            "fq_codel" | "htb-fq_codel" | "fq-codel" => Ok(Qdisc::HtbFqCodel),
+            "fifo" | "htb-fifo" => Ok(Qdisc::HtbFifo),
+            o => Err(format!("qdisc `{o}`: cake, fq_codel or fifo")),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DirAdvice {
+    pub rate_kbit: u64,
+    pub overhead: u32,
+    pub mpu: u32,
+    pub link: LinkType,
+    pub qdisc: Qdisc,
+    /// FIFO length (packets) for `htb-fifo`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fifo_packets: Option<u64>,
+    /// The goodput of each run, Mbit/s, that the rate came from.
+    pub measured_mbps: Vec<f64>,
+    /// Delay this direction's queue added under load (worst run), ms.
+    pub bloat_ms: Option<f64>,
+    /// The buffer that delay implies at the measured rate: bytes and full packets.
+    pub buffer_bytes: Option<u64>,
+    pub buffer_packets: Option<u64>,
+    /// What to expect under load once shaped, ms added.
+    pub expected_added_ms: f64,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Advice {
+    pub down: Option<DirAdvice>,
+    pub up: Option<DirAdvice>,
+    pub notes: Vec<String>,
+}
+
+/// What the advice is for.
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    pub link: LinkType,
+    pub qdisc: Qdisc,
+    /// A locate verdict put the queue on the measuring host itself (hop 0).
+    pub queue_on_host: bool,
+}
+
+fn list(v: &[f64]) -> String {
+    let s: Vec<String> = v.iter().map(|x| format!("{x:.1}")).collect();
+    match s.len() {
+        0 => String::new(),
+        1 => s[0].clone(),
+        n => format!("{} and {}", s[..n - 1].join(", "), s[n - 1]),
+    }
+}
+
+/// A FIFO holding `FIFO_MS` of full packets at this rate, at least 2.
+pub fn fifo_packets(rate_kbit: u64) -> u64 {
+    ((rate_kbit as f64 * 1000.0 * FIFO_MS / 1e3 / 8.0 / MTU).round() as u64).max(2)
+}
+
+/// One direction's advice from the goodputs and added delays the runs measured in it.
+fn direction(name: &str, goodputs: &[f64], bloat_ms: Option<f64>, t: &Target) -> DirAdvice {
+    let lowest = goodputs.iter().copied().fold(f64::INFINITY, f64::min);
+    // Whole kbit/s, down; the epsilon keeps 3.5 x 0.95 = 3324.9999... at 3325.
+    let rate_kbit = (lowest * SHARE * 1000.0 + 1e-6).floor() as u64;
+    let rate_bps = rate_kbit as f64 * 1000.0;
+    let buffer_bytes = bloat_ms.map(|ms| (ms / 1e3 * lowest * 1e6 / 8.0).round() as u64);
+    let buffer_packets = buffer_bytes.map(|b| (b as f64 / MTU).round() as u64);
+    // One full packet's serialisation at the shaped rate, on top of what the queue keeps.
+    let packet_ms = f64::from(t.link.wire_bytes(1500)) * 8.0 / rate_bps * 1e3;
+    let (fifo_packets, expected, how) = match t.qdisc {
+        Qdisc::Cake | Qdisc::HtbFqCodel => (None, 5.0 + packet_ms, "CoDel keeps each flow's queue near its 5 ms target".to_string()),
+        Qdisc::HtbFifo => {
+            let n = fifo_packets(rate_kbit);
+            (Some(n), n as f64 * f64::from(t.link.wire_bytes(1500)) * 8.0 / rate_bps * 1e3, format!("a FIFO of {n} packets holds {FIFO_MS:.0} ms at this rate"))
+        }
+    };
+    let runs = if goodputs.len() == 1 { "the run measured" } else { "runs measured" };
+    let mut reason = format!(
+        "{name}: {runs} {} Mbit/s of goodput; {:.0}% of the lowest ({lowest:.1}) keeps the queue in your shaper, not in the line: {rate_kbit} kbit/s.",
+        list(goodputs),
+        SHARE * 100.0
+    );
+    if let (Some(ms), Some(b), Some(p)) = (bloat_ms, buffer_bytes, buffer_packets) {
+        if ms >= BLOAT_MS {
+            reason += &format!(" The +{ms:.0} ms measured under load means a buffer of about {} kB ({p} full packets) in front of the bottleneck.", b / 1000);
+        } else {
+            reason += &format!(" Only +{ms:.0} ms was measured under load: this direction is not bloated, and shaping it costs 5% of its rate for little.");
+        }
+    }
+    reason += &format!(" Shaped, {how}: expect about +{expected:.0} ms under load.");
+    if t.link != LinkType::Raw {
+        reason += &format!(" Overhead {} B{} per packet for {}.", t.link.overhead(), if t.link.mpu() > 0 { format!(", at least {} B", t.link.mpu()) } else { String::new() }, t.link.cake_keyword());
+    }
+    DirAdvice {
+        rate_kbit,
+        overhead: t.link.overhead(),
+        mpu: t.link.mpu(),
+        link: t.link,
+        qdisc: t.qdisc,
+        fifo_packets,
+        measured_mbps: goodputs.to_vec(),
+        bloat_ms,
+        buffer_bytes,
+        buffer_packets,
+        expected_added_ms: (expected * 10.0).round() / 10.0,
+        reason,
+    }
+}
+
+/// The worst added delay a direction showed: its one-way added delay where measured, else
+/// the round trip's of runs that loaded only this direction.
+fn bloat(runs: &[&Summary], down: bool) -> Option<f64> {
+    runs.iter()
+        .filter_map(|s| {
+            let owd = if down { &s.added_owd_ms.down } else { &s.added_owd_ms.up };
+            owd.as_ref().map(|p| p.p50).or(s.added_latency_ms)
+        })
+        .reduce(f64::max)
+}
+
+pub fn advise(runs: &[Summary], t: &Target) -> Advice {
+    let mut notes = Vec::new();
+    let goodput = |s: &Summary, down: bool| if down { s.throughput_mbps.down } else { s.throughput_mbps.up }.filter(|m| *m > 0.0);
+    let mut dir = |down: bool, name: &str| {
+        let only = if down { "tcp-down" } else { "tcp-up" };
+        let all: Vec<&Summary> = runs.iter().filter(|s| goodput(s, down).is_some()).collect();
+        // A run loading both directions shares each with the other's ACKs: its goodput
+        // understates the line, so runs loading this direction alone decide when there are any.
+        let alone: Vec<&Summary> = all.iter().copied().filter(|s| s.test == only).collect();
+        let with = if alone.is_empty() { all } else { alone };
+        if with.is_empty() {
+            notes.push(format!("No run measured the {name}: run {only} or rrul to advise it."));
+            return None;
+        }
+        if with.iter().all(|s| s.test != only) {
+            notes.push(format!("Only runs loading both directions measured the {name}: the other direction's ACKs took part of it, so its rate is on the low side; a {only} run gives a better one."));
+        }
+        let g: Vec<f64> = with.iter().filter_map(|s| goodput(s, down)).collect();
+        Some(direction(name, &g, bloat(&with, down), t))
+    };
+    let down = dir(true, "download");
+    let up = dir(false, "upload");
+    if runs.iter().any(|s| s.partial) {
+        notes.push("Some runs ended early: their goodput may be low, and so the advised rate.".into());
+    }
+    match t.qdisc {
+        Qdisc::Cake => notes.push("Where the router has no CAKE (sch_cake), use HTB + fq_codel (bloatlab config tc-htb-fqcodel); where it has neither, HTB with a short FIFO (--qdisc fifo).".into()),
+        Qdisc::HtbFqCodel => notes.push("CAKE, where available, does the same with link-layer compensation and per-host fairness built in (bloatlab config tc-cake).".into()),
+        Qdisc::HtbFifo => notes.push("A FIFO shaper moves the queue but cannot isolate flows: a bulk upload still delays a call by the FIFO's length. Prefer fq_codel or CAKE where the router has them.".into()),
+    }
+    if t.queue_on_host {
+        notes.push("The queue is on this host (locate: hop 0): lower the interface's transmit queue (ip link set dev IFACE txqueuelen 100), cap BQL (echo 30000 > /sys/class/net/IFACE/queues/tx-0/byte_queue_limits/limit_max) and, for Wi-Fi, prefer a driver with airtime fairness (mt76, ath9k, ath10k with fq_codel in mac80211); a router shaper cannot reach this queue.".into());
+    }
+    Advice { down, up, notes }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bloatlab_result::Percentiles;
+
+    fn run(down: Option<f64>, up: Option<f64>, added: f64) -> Summary {
+        let mut s = Summary { test: "rrul".into(), ..Default::default() };
+        s.throughput_mbps.down = down;
+        s.throughput_mbps.up = up;
+        s.added_latency_ms = Some(added);
+        s
+    }
+
+    const CABLE: Target = Target { link: LinkType::Docsis, qdisc: Qdisc::Cake, queue_on_host: false };
+
+    #[test]
+    fn three_runs_of_61_60_62_advise_57000_kbit() {
+        // The example: 95% of the lowest, 60 Mbit/s.
+        let a = advise(&[run(Some(61.0), None, 120.0), run(Some(60.0), None, 130.0), run(Some(62.0), None, 110.0)], &CABLE);
+        let d = a.down.unwrap();
+        assert_eq!(d.rate_kbit, 57_000);
+        assert!(d.reason.starts_with("download: runs measured 61.0, 60.0 and 62.0 Mbit/s of goodput; 95% of the lowest (60.0)"), "{}", d.reason);
+        assert_eq!((d.overhead, d.mpu), (18, 64));
+        assert!(a.up.is_none() && a.notes.iter().any(|n| n.starts_with("No run measured the upload")), "{:?}", a.notes);
+    }
+
+    #[test]
+    fn the_buffer_follows_from_delay_times_rate() {
+        // 600 ms at 20 Mbit/s is 1.5 MB: the 1000-packet FIFO of the guide's example.
+        let mut s = run(None, Some(20.0), 600.0);
+        s.added_owd_ms.up = Some(Percentiles { p50: 600.0, ..Default::default() });
+        let a = advise(&[s], &Target { link: LinkType::Raw, qdisc: Qdisc::HtbFifo, queue_on_host: false });
+        let u = a.up.unwrap();
+        assert_eq!((u.buffer_bytes, u.buffer_packets), (Some(1_500_000), Some(1000)));
+        assert_eq!(u.rate_kbit, 19_000);
+        // 20 ms at 19 Mbit/s: 31.7 -> 32 packets of 1500 B.
+        assert_eq!(u.fifo_packets, Some(32));
+        assert!(u.reason.contains("about 1500 kB (1000 full packets)"), "{}", u.reason);
+    }
+
+    #[test]
+    fn runs_loading_one_direction_alone_decide_its_rate() {
+        let mut up_alone = run(None, Some(3.5), 300.0);
+        up_alone.test = "tcp-up".into();
+        let a = advise(&[run(Some(50.0), Some(2.2), 200.0), up_alone], &CABLE);
+        assert_eq!(a.up.unwrap().rate_kbit, 3325, "95% of the tcp-up run's 3.5, not of rrul's 2.2");
+        assert_eq!(a.down.unwrap().rate_kbit, 47_500);
+        assert!(a.notes.iter().any(|n| n.starts_with("Only runs loading both directions measured the download")), "{:?}", a.notes);
+    }
+
+    #[test]
+    fn a_direction_without_bloat_says_so_and_a_host_queue_gets_host_advice() {
+        let a = advise(&[run(Some(50.0), Some(10.0), 8.0)], &Target { link: LinkType::Ethernet, qdisc: Qdisc::Cake, queue_on_host: true });
+        assert!(a.down.unwrap().reason.contains("this direction is not bloated"));
+        assert!(a.notes.iter().any(|n| n.contains("txqueuelen")), "{:?}", a.notes);
+    }
+}

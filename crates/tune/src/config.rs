@@ -1,0 +1,424 @@
+//! Configurations people paste: each generator is a pure function of the shaping settings and
+//! returns commented text. Shell scripts end in a state that `tc -s qdisc show` confirms.
+
+use crate::link::{Framing, LinkType};
+use std::fmt::Write;
+
+/// What every shaper generator needs.
+#[derive(Clone, Debug)]
+pub struct Shaping {
+    /// The WAN interface.
+    pub dev: String,
+    /// Download (ingress, shaped on an IFB device) and upload (egress) rates, kbit/s.
+    pub down_kbit: Option<u64>,
+    pub up_kbit: Option<u64>,
+    pub link: LinkType,
+}
+
+impl Shaping {
+    fn ifb(&self) -> String {
+        // Interface names are at most 15 bytes (IFNAMSIZ - 1).
+        let mut n = format!("ifb4{}", self.dev);
+        n.truncate(15);
+        n
+    }
+
+    fn describe(&self) -> String {
+        let r = |k: Option<u64>| k.map_or("not shaped".to_string(), |k| format!("{k} kbit/s"));
+        format!("upload {}, download {}; link {} (overhead {} B, mpu {}{})", r(self.up_kbit), r(self.down_kbit), self.link.cake_keyword(), self.link.overhead(), self.link.mpu(), match self.link.framing() {
+            Framing::Atm => ", ATM cells",
+            Framing::Ptm => ", PTM 64/65",
+            Framing::None => "",
+        })
+    }
+
+    /// tc's size table for HTB: the link layer it cannot know (PTM has no stab form: its
+    /// 64/65 is folded into the rate by the caller's margin).
+    fn stab(&self) -> String {
+        match (self.link.framing(), self.link.overhead()) {
+            (Framing::Atm, o) => format!("stab overhead {o} linklayer atm "),
+            (_, 0) => String::new(),
+            (_, o) => format!("stab overhead {o} mpu {} linklayer ethernet ", self.link.mpu()),
+        }
+    }
+}
+
+fn header(o: &mut String, kind: &str, what: &str, s: &Shaping) {
+    let _ = writeln!(o, "#!/bin/sh\n# bloatlab config {kind}: {what}\n# {}\n# Run as root; undo with the lines at the end.\nset -e", s.describe());
+}
+
+/// The lines that redirect DEV's ingress to its IFB device, where the download is shaped.
+fn ingress_redirect(o: &mut String, s: &Shaping) {
+    let (dev, ifb) = (&s.dev, s.ifb());
+    let _ = writeln!(o, "# Download: what arrives on {dev} is redirected to {ifb} and shaped on its way out there.");
+    let _ = writeln!(o, "ip link add name {ifb} type ifb 2>/dev/null || true\nip link set dev {ifb} up");
+    let _ = writeln!(o, "tc qdisc replace dev {dev} handle ffff: ingress");
+    let _ = writeln!(o, "tc filter replace dev {dev} parent ffff: protocol all prio 10 u32 match u32 0 0 action mirred egress redirect dev {ifb}");
+}
+
+fn undo(o: &mut String, s: &Shaping) {
+    let _ = writeln!(o, "# Undo:\n#   tc qdisc del dev {0} root; tc qdisc del dev {0} ingress; ip link del {1}", s.dev, s.ifb());
+}
+
+/// CAKE on egress and, through an IFB, on ingress (tc-cake(8); sqm's piece_of_cake).
+pub fn tc_cake(s: &Shaping) -> String {
+    let mut o = String::new();
+    header(&mut o, "tc-cake", &format!("CAKE shaping on {}", s.dev), s);
+    let kw = s.link.cake_keyword();
+    if let Some(up) = s.up_kbit {
+        let _ = writeln!(o, "# Upload: diffserv3 honours EF and CS1 marks; dual-srchost shares by LAN host (nat reads\n# the addresses behind this router's NAT).");
+        let _ = writeln!(o, "tc qdisc replace dev {} root cake bandwidth {up}kbit {kw} nat dual-srchost diffserv3", s.dev);
+    }
+    if let Some(down) = s.down_kbit {
+        ingress_redirect(&mut o, s);
+        let _ = writeln!(o, "# ingress: drop rather than only mark early, as the queue is after the bottleneck; wash and\n# besteffort: DSCP from the Internet is not to be trusted (tc-cake(8)).");
+        let _ = writeln!(o, "tc qdisc replace dev {} root cake bandwidth {down}kbit {kw} nat dual-dsthost ingress wash besteffort", s.ifb());
+    }
+    undo(&mut o, s);
+    o
+}
+
+/// The leaf qdisc under HTB: fq_codel as sqm sets it, or a FIFO of 20 ms at the class's rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Leaf {
+    FqCodel,
+    Fifo,
+}
+
+fn leaf(l: Leaf, kbit: u64) -> String {
+    match l {
+        // sqm-scripts: limit 1001, quantum 300, ECN; target grows on slow links so one
+        // ATM-sized packet fits (max(5 ms, 13992 us per Mbit)), interval = 95 ms + target.
+        Leaf::FqCodel => {
+            let target_us = (5000u64).max(13_992_000 / kbit.max(1));
+            format!("fq_codel limit 1001 quantum 300 target {target_us}us interval {}us ecn", 95_000 + target_us)
+        }
+        Leaf::Fifo => format!("pfifo limit {}", crate::advise::fifo_packets(kbit)),
+    }
+}
+
+/// HTB's burst and quantum: 1000 us of the rate (sqm-scripts), at least 1749 B. Left to
+/// HTB, the quantum is rate / r2q: above 200000 B from 16 Mbit/s on, which it warns about.
+fn burst(kbit: u64) -> u64 {
+    (kbit / 8).max(1749)
+}
+
+/// HTB + fq_codel in three priority classes per direction, as sqm-scripts' simple.qos (marks by
+/// DSCP with u32 instead of iptables: EF and CS6 to the first class, CS1 to the last).
+pub fn tc_htb(s: &Shaping, l: Leaf) -> String {
+    let mut o = String::new();
+    let what = match l {
+        Leaf::FqCodel => "HTB shaper with fq_codel leaves (sqm-scripts' simple.qos)".to_string(),
+        Leaf::Fifo => format!("HTB shaper with FIFO leaves of {:.0} ms (for kernels without fq_codel)", crate::advise::FIFO_MS),
+    };
+    header(&mut o, if l == Leaf::FqCodel { "tc-htb-fqcodel" } else { "tc-htb-fifo" }, &what, s);
+    if let Some(up) = s.up_kbit {
+        let dev = &s.dev;
+        let b = burst(up);
+        let _ = writeln!(o, "# Upload: 1:11 voice and control (EF, CS6), 1:12 everything else, 1:13 bulk (CS1).");
+        let _ = writeln!(o, "tc qdisc replace dev {dev} root handle 1: {}htb default 12", s.stab());
+        let _ = writeln!(o, "tc class replace dev {dev} parent 1: classid 1:1 htb rate {up}kbit ceil {up}kbit burst {b} cburst {b} quantum {b}");
+        let sub = up.saturating_sub(16).max(1);
+        for (id, rate, ceil, prio) in [(11, 128.min(up / 3).max(1), (up / 3).max(1), 1), (12, (up / 6).max(1), sub, 2), (13, (up / 6).max(1), sub, 3)] {
+            let _ = writeln!(o, "tc class replace dev {dev} parent 1:1 classid 1:{id} htb rate {rate}kbit ceil {ceil}kbit burst {b} cburst {b} quantum {b} prio {prio}");
+            let _ = writeln!(o, "tc qdisc replace dev {dev} parent 1:{id} handle {id}0: {}", leaf(l, up));
+        }
+        // The TOS byte carries DSCP in its upper six bits: EF 46 -> 0xb8, CS6 48 -> 0xc0, CS1 8 -> 0x20.
+        for (prio, tos, class) in [(1, "0xb8", 11), (2, "0xc0", 11), (3, "0x20", 13)] {
+            let _ = writeln!(o, "tc filter replace dev {dev} parent 1: protocol ip prio {prio} u32 match ip tos {tos} 0xfc flowid 1:{class}");
+        }
+        for (prio, tos, class) in [(4, "0xb8", 11), (5, "0xc0", 11), (6, "0x20", 13)] {
+            let _ = writeln!(o, "tc filter replace dev {dev} parent 1: protocol ipv6 prio {prio} u32 match ip6 priority {tos} 0xfc flowid 1:{class}");
+        }
+    }
+    if let Some(down) = s.down_kbit {
+        ingress_redirect(&mut o, s);
+        let (ifb, b) = (s.ifb(), burst(down));
+        let _ = writeln!(o, "# One class: marks from the Internet are not trusted (sqm's default: ignore ingress DSCP).");
+        let _ = writeln!(o, "tc qdisc replace dev {ifb} root handle 1: {}htb default 10", s.stab());
+        let _ = writeln!(o, "tc class replace dev {ifb} parent 1: classid 1:10 htb rate {down}kbit ceil {down}kbit burst {b} cburst {b} quantum {b}");
+        let _ = writeln!(o, "tc qdisc replace dev {ifb} parent 1:10 handle 100: {}", leaf(l, down));
+    }
+    undo(&mut o, s);
+    o
+}
+
+/// A class of the FireQOS-style home layout: what it carries and how it is matched.
+struct Class {
+    id: u32,
+    name: &'static str,
+    /// Guaranteed share of the rate, percent.
+    commit: u64,
+    why: &'static str,
+}
+
+const CLASSES: [Class; 5] = [
+    Class { id: 10, name: "voice", commit: 20, why: "EF and CS6 marks, RTP (UDP 16384-32767)" },
+    Class { id: 20, name: "sip", commit: 5, why: "SIP signalling, 5060/5061" },
+    Class { id: 30, name: "netctl", commit: 5, why: "ICMP and DNS" },
+    Class { id: 40, name: "interactive", commit: 10, why: "SSH, fair-queued so an rsync over SSH does not starve keystrokes" },
+    Class { id: 50, name: "default", commit: 60, why: "everything else" },
+];
+
+/// u32 matches per class, IPv4 then IPv6 (fixed offsets: no IP options or extension headers).
+fn class_matches(id: u32) -> Vec<(&'static str, String)> {
+    let ports = |proto: u8, port: u16| {
+        vec![
+            ("ip", format!("match ip protocol {proto} 0xff match ip dport {port} 0xffff")),
+            ("ip", format!("match ip protocol {proto} 0xff match ip sport {port} 0xffff")),
+            ("ipv6", format!("match ip6 protocol {proto} 0xff match ip6 dport {port} 0xffff")),
+            ("ipv6", format!("match ip6 protocol {proto} 0xff match ip6 sport {port} 0xffff")),
+        ]
+    };
+    match id {
+        10 => vec![
+            ("ip", "match ip tos 0xb8 0xfc".into()),
+            ("ip", "match ip tos 0xc0 0xfc".into()),
+            ("ipv6", "match ip6 priority 0xb8 0xfc".into()),
+            ("ipv6", "match ip6 priority 0xc0 0xfc".into()),
+            // 16384-32767 is exactly the ports with the top bits 01.
+            ("ip", "match ip protocol 17 0xff match ip dport 0x4000 0xc000".into()),
+            ("ipv6", "match ip6 protocol 17 0xff match ip6 dport 0x4000 0xc000".into()),
+        ],
+        20 => [ports(17, 5060), ports(6, 5060), ports(6, 5061)].concat(),
+        30 => [vec![("ip", "match ip protocol 1 0xff".to_string()), ("ipv6", "match ip6 protocol 58 0xff".to_string())], ports(17, 53), ports(6, 53)].concat(),
+        40 => ports(6, 22),
+        _ => Vec::new(),
+    }
+}
+
+fn htb_classes_on(o: &mut String, dev: &str, kbit: u64, l: Leaf, s: &Shaping) {
+    let b = burst(kbit);
+    let _ = writeln!(o, "tc qdisc replace dev {dev} root handle 1: {}htb default 50", s.stab());
+    let _ = writeln!(o, "tc class replace dev {dev} parent 1: classid 1:1 htb rate {kbit}kbit ceil {kbit}kbit burst {b} cburst {b} quantum {b}");
+    for (prio, c) in CLASSES.iter().enumerate() {
+        let _ = writeln!(o, "# 1:{} {}: {}", c.id, c.name, c.why);
+        let rate = (kbit * c.commit / 100).max(1);
+        let _ = writeln!(o, "tc class replace dev {dev} parent 1:1 classid 1:{} htb rate {rate}kbit ceil {kbit}kbit burst {b} cburst {b} quantum {b} prio {prio}", c.id);
+        let _ = writeln!(o, "tc qdisc replace dev {dev} parent 1:{0} handle {0}: {1}", c.id, leaf(l, kbit));
+    }
+    let mut prio = 1;
+    for c in &CLASSES {
+        for (proto, m) in class_matches(c.id) {
+            let _ = writeln!(o, "tc filter replace dev {dev} parent 1: protocol {proto} prio {prio} u32 {m} flowid 1:{}", c.id);
+            prio += 1;
+        }
+    }
+}
+
+/// HTB classes with priority for voice, SIP, network control and interactive SSH: the layout
+/// of a FireQOS home setup, in plain tc.
+pub fn tc_htb_classes(s: &Shaping, l: Leaf) -> String {
+    let mut o = String::new();
+    header(&mut o, "tc-htb-classes", "HTB classes: voice, SIP, network control, SSH, default (a FireQOS home layout)", s);
+    if let Some(up) = s.up_kbit {
+        let _ = writeln!(o, "# Upload on {}.", s.dev);
+        htb_classes_on(&mut o, &s.dev, up, l, s);
+    }
+    if let Some(down) = s.down_kbit {
+        ingress_redirect(&mut o, s);
+        htb_classes_on(&mut o, &s.ifb(), down, l, s);
+    }
+    undo(&mut o, s);
+    o
+}
+
+/// An /etc/config/sqm section for OpenWrt's sqm-scripts.
+pub fn openwrt_sqm(s: &Shaping, cake: bool) -> String {
+    let mut o = format!("# bloatlab config openwrt-sqm: paste into /etc/config/sqm, then /etc/init.d/sqm restart\n# {}\n", s.describe());
+    let _ = writeln!(o, "config queue '{}'", s.dev.replace(['\'', '.'], "_"));
+    let _ = writeln!(o, "\toption enabled '1'\n\toption interface '{}'", s.dev);
+    let _ = writeln!(o, "\t# kbit/s; 0 leaves a direction unshaped\n\toption download '{}'\n\toption upload '{}'", s.down_kbit.unwrap_or(0), s.up_kbit.unwrap_or(0));
+    if cake {
+        let _ = writeln!(o, "\t# layer_cake: CAKE with diffserv3 tins, so voice marked EF goes first\n\toption qdisc 'cake'\n\toption script 'layer_cake.qos'");
+    } else {
+        let _ = writeln!(o, "\t# simple.qos: HTB with three priority classes and fq_codel leaves\n\toption qdisc 'fq_codel'\n\toption script 'simple.qos'");
+    }
+    let _ = writeln!(o, "\toption linklayer '{}'\n\toption overhead '{}'", s.link.sqm_linklayer(), s.link.overhead());
+    if s.link.mpu() > 0 {
+        let _ = writeln!(o, "\toption linklayer_advanced '1'\n\toption tcMPU '{}'", s.link.mpu());
+    }
+    o
+}
+
+/// The same classes in FireQOS's language (/etc/firehol/fireqos.conf).
+pub fn fireqos(s: &Shaping) -> String {
+    let mut o = format!("# bloatlab config fireqos: /etc/firehol/fireqos.conf, then fireqos start\n# {}\n", s.describe());
+    let linklayer = match s.link.framing() {
+        Framing::Atm => format!(" atm overhead {}", s.link.overhead()),
+        _ if s.link.overhead() > 0 => format!(" ethernet overhead {} mpu {}", s.link.overhead(), s.link.mpu()),
+        _ => String::new(),
+    };
+    for (name, dir, kbit) in [("world-in", "input", s.down_kbit), ("world-out", "output", s.up_kbit)] {
+        let Some(kbit) = kbit else { continue };
+        let _ = writeln!(o, "interface46 {} {name} {dir} rate {kbit}kbit{linklayer}", s.dev);
+        let _ = writeln!(o, "   class voice commit 20%\n      match dscp EF\n      match dscp CS6\n      match udp dports 16384:32767");
+        let _ = writeln!(o, "   class sip commit 5%\n      match tcp,udp port 5060,5061");
+        let _ = writeln!(o, "   class netctl commit 5%\n      match icmp\n      match tcp,udp port 53");
+        let _ = writeln!(o, "   class interactive commit 10%\n      match tcp port 22");
+        let _ = writeln!(o, "   # everything else goes to FireQOS's own default class");
+    }
+    o
+}
+
+/// nftables: wash DSCP on what comes from the Internet, mark voice CS6 (Linux Wi-Fi maps DSCP
+/// 48 to the VO access category; EF, 46, lands in VI on kernels before the RFC 8325 mapping).
+pub fn nft_dscp(s: &Shaping) -> String {
+    let dev = &s.dev;
+    format!(
+        r#"#!/usr/sbin/nft -f
+# bloatlab config nft-dscp: DSCP washing and voice marking (nft -f FILE; undo: nft delete table inet bloatlab_dscp)
+table inet bloatlab_dscp {{
+	chain wash_from_internet {{
+		type filter hook prerouting priority mangle; policy accept;
+		# Marks set outside the LAN are not ours to honour: best effort.
+		iifname "{dev}" ip dscp != cs0 ip dscp set cs0
+		iifname "{dev}" ip6 dscp != cs0 ip6 dscp set cs0
+	}}
+	chain mark_voice {{
+		type filter hook postrouting priority mangle; policy accept;
+		# RTP from the LAN, and anything already marked EF: CS6 (48), the Wi-Fi VO queue.
+		oifname != "{dev}" udp dport 16384-32767 ip dscp set cs6
+		oifname != "{dev}" udp dport 16384-32767 ip6 dscp set cs6
+		ip dscp ef ip dscp set cs6
+		ip6 dscp ef ip6 dscp set cs6
+	}}
+}}
+"#
+    )
+}
+
+/// Page-cache writeback limits from a link's rate: background writeback starts once
+/// `background_ns` of the link's worth is dirty, writers are throttled beyond `delay_ns`.
+pub fn writeback_bytes(rate_bps: u64, ns: u64) -> u64 {
+    (u128::from(rate_bps) * u128::from(ns) / 8 / 1_000_000_000) as u64
+}
+
+pub fn sysctl_writeback(rate_bps: u64, background_ns: u64, delay_ns: u64) -> String {
+    let (bg, fg) = (writeback_bytes(rate_bps, background_ns), writeback_bytes(rate_bps, delay_ns));
+    format!(
+        "# bloatlab config sysctl-writeback: the page cache in front of a {rate_bps} bit/s link ({} B/s)\n\
+         # holds at most {} ms of it before writeback starts, and {} ms before writers wait, so a\n\
+         # large write (NFS, a USB disk) does not queue seconds of data. Apply: sysctl -p FILE\n\
+         # (setting the *_bytes values sets vm.dirty_background_ratio and vm.dirty_ratio to 0).\n\
+         vm.dirty_background_bytes = {bg}\n\
+         vm.dirty_bytes = {fg}\n",
+        rate_bps / 8,
+        background_ns / 1_000_000,
+        delay_ns / 1_000_000
+    )
+}
+
+/// Wireless settings for calls over Wi-Fi on OpenWrt, as commented advice.
+pub fn wifi_openwrt() -> String {
+    r#"# bloatlab config wifi-openwrt: /etc/config/wireless advice for VoIP over Wi-Fi (then: wifi reload)
+config wifi-device 'radio0'
+	# 2.4 GHz: only channels 1, 6 and 11 do not overlap; pick the least used (iw dev wlan0 scan).
+	option channel '6'
+	# Lower transmit power: smaller cells, fewer hidden stations, less airtime lost to retries.
+	# Start 3-6 dB below the maximum and check the far rooms still get a good rate.
+	option txpower '15'
+	# No 802.11b rates: a frame at 1 Mbit/s takes 50x the airtime of one at 54.
+	option legacy_rates '0'
+
+config wifi-iface 'default_radio0'
+	# Basic (beacon and management) rates from 12 Mbit/s: slow beacons eat airtime every 100 ms.
+	option basic_rate '12000 18000 24000 36000 48000 54000'
+	# A shorter beacon interval (in TU, 1.024 ms) wakes power-saving phones sooner for queued
+	# voice frames, at some airtime cost: 50 rather than the default 100.
+	option beacon_int '50'
+	# WMM on (the default): voice needs the VO access category. Mark calls CS6, not EF
+	# (bloatlab config nft-dscp): Linux maps EF to VI on older kernels.
+	option wmm '1'
+"#
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cable() -> Shaping {
+        Shaping { dev: "eth0".into(), down_kbit: Some(57_000), up_kbit: Some(3_610), link: LinkType::Docsis }
+    }
+
+    #[test]
+    fn writeback_numbers_of_the_issue() {
+        // bloatlab config sysctl-writeback --rate 1Gibit --background-delay 250ms --delay 1.5s
+        let rate = crate::units::parse_rate("1Gibit").unwrap();
+        assert_eq!(writeback_bytes(rate, 250_000_000), 33_554_432);
+        assert_eq!(writeback_bytes(rate, 1_500_000_000), 201_326_592);
+        let t = sysctl_writeback(rate, 250_000_000, 1_500_000_000);
+        assert!(t.contains("vm.dirty_background_bytes = 33554432\nvm.dirty_bytes = 201326592\n"), "{t}");
+    }
+
+    #[test]
+    fn tc_cake_golden() {
+        let want = "#!/bin/sh
+# bloatlab config tc-cake: CAKE shaping on eth0
+# upload 3610 kbit/s, download 57000 kbit/s; link docsis (overhead 18 B, mpu 64)
+# Run as root; undo with the lines at the end.
+set -e
+# Upload: diffserv3 honours EF and CS1 marks; dual-srchost shares by LAN host (nat reads
+# the addresses behind this router's NAT).
+tc qdisc replace dev eth0 root cake bandwidth 3610kbit docsis nat dual-srchost diffserv3
+# Download: what arrives on eth0 is redirected to ifb4eth0 and shaped on its way out there.
+ip link add name ifb4eth0 type ifb 2>/dev/null || true
+ip link set dev ifb4eth0 up
+tc qdisc replace dev eth0 handle ffff: ingress
+tc filter replace dev eth0 parent ffff: protocol all prio 10 u32 match u32 0 0 action mirred egress redirect dev ifb4eth0
+# ingress: drop rather than only mark early, as the queue is after the bottleneck; wash and
+# besteffort: DSCP from the Internet is not to be trusted (tc-cake(8)).
+tc qdisc replace dev ifb4eth0 root cake bandwidth 57000kbit docsis nat dual-dsthost ingress wash besteffort
+# Undo:
+#   tc qdisc del dev eth0 root; tc qdisc del dev eth0 ingress; ip link del ifb4eth0
+";
+        assert_eq!(tc_cake(&cable()), want);
+    }
+
+    #[test]
+    fn htb_fq_codel_follows_simple_qos() {
+        let t = tc_htb(&cable(), Leaf::FqCodel);
+        // simple.qos: 1:11 at 128 kbit with ceil a third, 1:12 and 1:13 a sixth with ceil rate-16.
+        assert!(t.contains("tc qdisc replace dev eth0 root handle 1: stab overhead 18 mpu 64 linklayer ethernet htb default 12\n"), "{t}");
+        assert!(t.contains("classid 1:11 htb rate 128kbit ceil 1203kbit burst 1749 cburst 1749 quantum 1749 prio 1\n"), "{t}");
+        assert!(t.contains("classid 1:13 htb rate 601kbit ceil 3594kbit burst 1749 cburst 1749 quantum 1749 prio 3\n"), "{t}");
+        // sqm's auto target on the 3.61 Mbit/s upload: 13992000 / 3610 = 3875 us < 5 ms.
+        assert!(t.contains("fq_codel limit 1001 quantum 300 target 5000us interval 100000us ecn"), "{t}");
+        assert!(t.contains("u32 match ip tos 0xb8 0xfc flowid 1:11"), "{t}");
+        assert!(t.contains("tc class replace dev ifb4eth0 parent 1: classid 1:10 htb rate 57000kbit ceil 57000kbit burst 7125 cburst 7125 quantum 7125\n"), "{t}");
+        let slow = Shaping { up_kbit: Some(700), ..cable() };
+        assert!(tc_htb(&slow, Leaf::FqCodel).contains("target 19988us interval 114988us"), "a 700 kbit/s uplink gets sqm's longer target");
+    }
+
+    #[test]
+    fn openwrt_sqm_and_fireqos_carry_rates_and_overhead() {
+        let t = openwrt_sqm(&cable(), true);
+        for line in ["\toption download '57000'", "\toption upload '3610'", "\toption script 'layer_cake.qos'", "\toption linklayer 'ethernet'", "\toption overhead '18'", "\toption tcMPU '64'"] {
+            assert!(t.contains(line), "{line} in {t}");
+        }
+        let adsl = Shaping { link: LinkType::PppoeLlcsnap, ..cable() };
+        assert!(openwrt_sqm(&adsl, false).contains("\toption linklayer 'atm'\n\toption overhead '40'\n"));
+        let f = fireqos(&cable());
+        assert!(f.contains("interface46 eth0 world-in input rate 57000kbit ethernet overhead 18 mpu 64\n"), "{f}");
+        assert!(f.contains("interface46 eth0 world-out output rate 3610kbit"), "{f}");
+        assert_eq!(f.matches("class voice commit 20%").count(), 2);
+    }
+
+    #[test]
+    fn nft_marks_voice_cs6_and_washes_the_internets_marks() {
+        let t = nft_dscp(&cable());
+        assert!(t.contains("iifname \"eth0\" ip dscp != cs0 ip dscp set cs0"));
+        assert!(t.contains("ip dscp ef ip dscp set cs6"));
+    }
+
+    #[test]
+    fn class_layout_matches_every_class_but_the_default() {
+        let t = tc_htb_classes(&cable(), Leaf::Fifo);
+        for c in &CLASSES[..4] {
+            assert!(t.contains(&format!("flowid 1:{}\n", c.id)), "{}", c.name);
+        }
+        assert!(!t.contains("flowid 1:50"), "the default class takes what nothing matched");
+        assert!(t.contains("u32 match ip protocol 6 0xff match ip dport 22 0xffff flowid 1:40"));
+    }
+}
