@@ -29,6 +29,10 @@ pub struct LocateArgs {
     /// host (bursts of 6); probing faster buys unanswered probes, not samples.
     #[arg(long, default_value_t = 1.0)]
     hop_interval: f64,
+    /// Probe with ICMP echo requests (an unprivileged ping socket) instead of UDP, for paths
+    /// that drop UDP to high ports. Needs sysctl net.ipv4.ping_group_range to admit your group.
+    #[arg(long)]
+    icmp: bool,
     /// Only the phases named (comma-separated: download,upload,both).
     #[arg(long, value_delimiter = ',', default_value = "download,upload,both")]
     phases: Vec<String>,
@@ -98,6 +102,7 @@ pub fn run(a: LocateArgs, progress: ProgressMode, stop: std::sync::Arc<std::sync
         test: bloatlab_measure::Options { output: None, progress: if a.quiet { ProgressMode::Quiet } else { progress }, stop: stop.clone(), key },
         max_hops: a.max_hops,
         hop_interval: Duration::from_secs_f64(a.hop_interval),
+        icmp: a.icmp,
         verbose: !a.quiet,
     };
     let (located, path) = match bloatlab_locate::locate(&a.host, &tests, &o) {
@@ -134,7 +139,7 @@ pub fn with_test(host: &str, params: Params, out_dir: PathBuf, json: bool, test:
     };
     let quiet = matches!(test.progress, ProgressMode::Quiet);
     let stop = test.stop.clone();
-    let o = bloatlab_locate::Options { out_dir, test, max_hops: 30, hop_interval: Duration::from_secs(1), verbose: false };
+    let o = bloatlab_locate::Options { out_dir, test, max_hops: 30, hop_interval: Duration::from_secs(1), icmp: false, verbose: false };
     let (located, path) = match bloatlab_locate::locate(host, &[(load, params)], &o) {
         Ok(x) => x,
         Err(e) => return crate::fail(e),

@@ -14,10 +14,15 @@ fn locate(lab: &LabUp, tag: &str) -> serde_json::Value {
 }
 
 fn locate_phases(lab: &LabUp, tag: &str, phases: &str) -> serde_json::Value {
+    locate_args(lab, tag, &["--phases", phases])
+}
+
+fn locate_args(lab: &LabUp, tag: &str, extra: &[&str]) -> serde_json::Value {
     let dir = tmp_path(&format!("locate-{tag}"));
     std::fs::create_dir_all(&dir).unwrap();
     let p = lab.exec("client");
-    let args = ["locate", "10.77.2.2", "-l", "10", "--idle", "3", "--phases", phases, "--json", "-q", "--out-dir", dir.to_str().unwrap()];
+    let mut args = vec!["locate", "10.77.2.2", "-l", "10", "--idle", "3", "--json", "-q", "--out-dir", dir.to_str().unwrap()];
+    args.extend_from_slice(extra);
     let out = run(&p.iter().map(String::as_str).collect::<Vec<_>>(), &args);
     assert!(out.status.success(), "{tag}: {}", String::from_utf8_lossy(&out.stderr));
     json(&out)
@@ -68,6 +73,18 @@ fn locate_names_the_bloated_hop_and_direction_on_every_link_of_the_home_preset()
         }
         assert_eq!(v["hops"].as_array().unwrap().len(), 3, "{}", v["hops"]);
     }
+    // ICMP echo probes find the same, where ping sockets are allowed (the client namespace's
+    // own sysctl; Linux's default admits no group).
+    let p = lab.exec("client");
+    let mut sysctl: Vec<&str> = p.iter().map(String::as_str).collect();
+    sysctl.extend(["sysctl", "-qw", "net.ipv4.ping_group_range=0 2147483647"]);
+    assert!(std::process::Command::new(sysctl[0]).args(&sysctl[1..]).status().unwrap().success());
+    shape(&lab, Some(("access", "up")));
+    let v = locate_args(&lab, "icmp", &["--phases", "upload", "--icmp"]);
+    assert_eq!((&v["verdict"]["hop"], &v["verdict"]["direction"]), (&serde_json::json!(2), &serde_json::json!("up")), "{}", v["verdict"]);
+    let hops = v["hops"].as_array().unwrap();
+    assert_eq!(hops.len(), 3, "{hops:?}");
+    assert!(hops[2]["destination"].as_bool().unwrap(), "the server's echo reply ends the path");
     // Short queues everywhere: the slowest link (the access line's upload, 20 packets at
     // 20 Mbit/s: 12 ms when full) is not to blame.
     shape(&lab, None);

@@ -58,6 +58,8 @@ pub struct Options {
     pub max_hops: u8,
     /// Time between two probes of one hop.
     pub hop_interval: Duration,
+    /// ICMP echo probes (ping socket) instead of UDP.
+    pub icmp: bool,
     /// Say what runs on stderr.
     pub verbose: bool,
 }
@@ -114,6 +116,8 @@ pub struct Meta {
     pub start_time: String,
     pub hop_interval_s: f64,
     pub max_hops: u8,
+    /// "udp" or "icmp".
+    pub probes: String,
 }
 
 /// The locate file: versioned, with every raw probe and queue sample.
@@ -205,6 +209,7 @@ pub fn locate(host: &str, tests: &[(Load, Params)], o: &Options) -> Result<(Loca
     let mut cfg = HopConfig::new(ip);
     cfg.max_hops = o.max_hops;
     cfg.interval = o.hop_interval;
+    cfg.icmp = o.icmp;
     let meta = Meta {
         tool: "bloatlab".into(),
         tool_version: env!("CARGO_PKG_VERSION").into(),
@@ -213,6 +218,7 @@ pub fn locate(host: &str, tests: &[(Load, Params)], o: &Options) -> Result<(Loca
         start_time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
         hop_interval_s: o.hop_interval.as_secs_f64(),
         max_hops: o.max_hops,
+        probes: if o.icmp { "icmp" } else { "udp" }.into(),
     };
     let prober = HopProber::start(cfg).map_err(|e| format!("cannot probe the hops to {ip}: {e}"))?;
     let sampler = LocalQueueSampler::start(ip, Duration::from_millis(200));

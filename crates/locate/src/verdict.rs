@@ -254,6 +254,8 @@ pub fn verdict(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd) -> Ver
         let worst = Load::ALL.iter().filter_map(|&l| path_added(hops, e2e, l)).fold(f64::NAN, f64::max);
         let text = if worst.is_nan() {
             "Not enough answers to judge: no hop and no end-to-end probe gave idle and loaded round trips.".to_string()
+        } else if worst >= BLOAT_MS {
+            format!("The path adds {worst:.0} ms under load, but no hop answered often enough to place the queue ({MIN_ANSWERS} loaded and idle answers each): run longer phases (-l).")
         } else {
             format!("No hop bloats: the path adds at most {worst:.0} ms under load (below {BLOAT_MS:.0} ms).")
         };
@@ -394,6 +396,19 @@ mod tests {
         let e2e = EndToEnd { added_ms: [None, None, Some(305.0)], owd_added_ms: Some((4.0, 296.0)) };
         let v = verdict(&hops, None, &e2e);
         assert_eq!((v.hop, v.direction), (Some(2), Direction::Up), "{}", v.text);
+    }
+
+    #[test]
+    fn a_bloated_path_with_too_few_hop_answers_is_not_called_fine() {
+        let mut hops = path([(1.0, 1.0), (300.0, 1.0), (301.0, 1.0)]);
+        for h in &mut hops {
+            h.loaded[0].truncate(2);
+            h.loaded[2].clear();
+        }
+        let e2e = EndToEnd { added_ms: [Some(290.0), Some(2.0), None], owd_added_ms: None };
+        let v = verdict(&hops, None, &e2e);
+        assert_eq!(v.hop, None);
+        assert!(v.text.starts_with("The path adds 290 ms under load, but no hop answered often enough"), "{}", v.text);
     }
 
     #[test]

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-/// Destination ports of the probes: traceroute's range, one port per probe in flight.
+/// Destination ports of the UDP probes: traceroute's range, one port per probe in flight
+/// (ICMP probes use the same numbers as echo sequence numbers).
 const FIRST_PORT: u16 = 33434;
 const PORTS: u16 = 1024;
 /// Datagram payload (bytes): small enough to cost nothing, as traceroute's.
@@ -28,11 +29,14 @@ pub struct HopConfig {
     pub interval: Duration,
     /// A probe unanswered this long is lost (a bloated queue can hold seconds).
     pub timeout: Duration,
+    /// ICMP echo requests on an unprivileged ping socket instead of UDP datagrams, for paths
+    /// that filter UDP to high ports (needs `net.ipv4.ping_group_range` to admit the user).
+    pub icmp: bool,
 }
 
 impl HopConfig {
     pub fn new(target: IpAddr) -> HopConfig {
-        HopConfig { target, max_hops: 30, interval: Duration::from_secs(1), timeout: Duration::from_secs(10) }
+        HopConfig { target, max_hops: 30, interval: Duration::from_secs(1), timeout: Duration::from_secs(10), icmp: false }
     }
 }
 
@@ -60,8 +64,12 @@ fn unix(t: SystemTime) -> f64 {
 impl HopProber {
     /// Opens the socket (errors here are the caller's to report) and starts probing.
     pub fn start(cfg: HopConfig) -> io::Result<HopProber> {
-        let bind: SocketAddr = if cfg.target.is_ipv6() { "[::]:0".parse().unwrap() } else { "0.0.0.0:0".parse().unwrap() };
-        let sock = UdpSocket::bind(bind)?;
+        let sock = if cfg.icmp {
+            icmp::ping_socket(cfg.target.is_ipv6())?
+        } else {
+            let bind: SocketAddr = if cfg.target.is_ipv6() { "[::]:0".parse().unwrap() } else { "0.0.0.0:0".parse().unwrap() };
+            UdpSocket::bind(bind)?
+        };
         icmp::enable_errors(&sock)?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
@@ -102,19 +110,22 @@ fn probe_loop(sock: &UdpSocket, cfg: &HopConfig, stop: &AtomicBool) -> io::Resul
             break;
         }
         if stop_at.is_none() && now >= next_send {
-            let port = FIRST_PORT + (seq % PORTS as u64) as u16;
+            // A probe's key: its UDP port's offset, or its echo sequence number.
+            let key = (seq % PORTS as u64) as u16;
             seq += 1;
-            if let Some((old, _)) = in_flight.remove(&port) {
-                debug_assert!(probes[old].rtt_ms.is_none());
-            }
+            in_flight.remove(&key);
             icmp::set_hop_limit(sock, ttl)?;
             let sent = SystemTime::now();
-            let dest = SocketAddr::new(cfg.target, port);
+            let (dest, datagram) = if cfg.icmp {
+                (SocketAddr::new(cfg.target, 0), icmp::echo_request(cfg.target.is_ipv6(), key, PAYLOAD))
+            } else {
+                (SocketAddr::new(cfg.target, FIRST_PORT + key), vec![0u8; PAYLOAD])
+            };
             // An earlier ICMP error is also reported once on the next send; send again then.
-            if sock.send_to(&[0u8; PAYLOAD], dest).is_err() {
-                let _ = sock.send_to(&[0u8; PAYLOAD], dest);
+            if sock.send_to(&datagram, dest).is_err() {
+                let _ = sock.send_to(&datagram, dest);
             }
-            in_flight.insert(port, (probes.len(), now));
+            in_flight.insert(key, (probes.len(), now));
             probes.push(HopProbe { ttl, sent_unix: unix(sent), rtt_ms: None, from: None, reached: false });
             let last = hops_to_probe(cfg, reached_at);
             ttl = if ttl >= last { 1 } else { ttl + 1 };
@@ -128,18 +139,36 @@ fn probe_loop(sock: &UdpSocket, cfg: &HopConfig, stop: &AtomicBool) -> io::Resul
             Some(s) => s.saturating_duration_since(now),
             None => next_send.saturating_duration_since(now),
         };
-        if icmp::wait_error(sock, wait.min(Duration::from_millis(100))) {
+        if icmp::wait_error(sock, wait.min(Duration::from_millis(100)), cfg.icmp) {
+            // (key, who answered, when, reached the destination)
+            let mut answers = Vec::new();
             while let Some(e) = icmp::recv_error(sock)? {
-                let Some((i, _)) = in_flight.remove(&e.dest.port()) else { continue };
                 if e.dest.ip() != cfg.target {
                     continue;
                 }
+                let key = if cfg.icmp {
+                    match e.payload.get(6..8) {
+                        Some(b) => u16::from_be_bytes([b[0], b[1]]),
+                        None => continue,
+                    }
+                } else {
+                    e.dest.port().wrapping_sub(FIRST_PORT)
+                };
+                answers.push((key, e.from, e.at, e.kind == IcmpKind::PortUnreachable || e.from == Some(cfg.target)));
+            }
+            if cfg.icmp {
+                while let Some(r) = icmp::recv_echo_reply(sock)? {
+                    answers.push((r.seq, Some(r.from), r.at, true));
+                }
+            }
+            for (key, from, at, reached) in answers {
+                let Some((i, _)) = in_flight.remove(&key) else { continue };
                 let p = &mut probes[i];
-                let at = e.at.map_or_else(|| unix(SystemTime::now()), unix);
+                let at = at.map_or_else(|| unix(SystemTime::now()), unix);
                 p.rtt_ms = Some(((at - p.sent_unix) * 1e3).max(0.0));
-                p.from = e.from;
-                p.reached = e.kind == IcmpKind::PortUnreachable || e.from == Some(cfg.target);
-                if p.reached && reached_at.is_none_or(|r| p.ttl < r) {
+                p.from = from;
+                p.reached = reached;
+                if reached && reached_at.is_none_or(|r| p.ttl < r) {
                     reached_at = Some(p.ttl);
                 }
             }
@@ -158,7 +187,7 @@ mod tests {
 
     #[test]
     fn loopback_is_one_hop_and_every_probe_answers() {
-        let cfg = HopConfig { target: "127.0.0.1".parse().unwrap(), max_hops: 4, interval: Duration::from_millis(100), timeout: Duration::from_secs(2) };
+        let cfg = HopConfig { target: "127.0.0.1".parse().unwrap(), max_hops: 4, interval: Duration::from_millis(100), timeout: Duration::from_secs(2), icmp: false };
         let p = HopProber::start(cfg).unwrap();
         std::thread::sleep(Duration::from_millis(1000));
         let probes = p.finish().unwrap();

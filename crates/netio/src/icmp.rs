@@ -27,6 +27,17 @@ pub struct IcmpError {
     pub kind: IcmpKind,
     /// When the error arrived, by the kernel's receive timestamp (CLOCK_REALTIME).
     pub at: Option<SystemTime>,
+    /// The start of the datagram that caused it, as the router quoted it (for an ICMP echo
+    /// probe: its header, whose sequence number names the probe).
+    pub payload: Vec<u8>,
+}
+
+/// An echo reply on a ping socket: who answered, its sequence number, and when.
+#[derive(Clone, Debug)]
+pub struct EchoReply {
+    pub from: IpAddr,
+    pub seq: u16,
+    pub at: Option<SystemTime>,
 }
 
 fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
@@ -64,13 +75,80 @@ pub fn set_hop_limit(sock: &UdpSocket, hops: u8) -> io::Result<()> {
     }
 }
 
-/// Waits up to `timeout` for an error to be queued.
-pub fn wait_error(sock: &UdpSocket, timeout: Duration) -> bool {
-    let mut p = libc::pollfd { fd: sock.as_raw_fd(), events: 0, revents: 0 };
+/// Waits up to `timeout` for an error to be queued (or, with `data`, a datagram to arrive).
+pub fn wait_error(sock: &UdpSocket, timeout: Duration, data: bool) -> bool {
     // POLLERR is always reported; asking for no events waits for exactly that.
+    let mut p = libc::pollfd { fd: sock.as_raw_fd(), events: if data { libc::POLLIN } else { 0 }, revents: 0 };
     // SAFETY: one valid pollfd.
     let r = unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
-    r > 0 && p.revents & libc::POLLERR != 0
+    r > 0 && p.revents & (libc::POLLERR | libc::POLLIN) != 0
+}
+
+/// An unprivileged ICMP echo ("ping") socket, where `net.ipv4.ping_group_range` admits this
+/// process's group; the kernel fills in the echo identifier and delivers only its replies.
+pub fn ping_socket(v6: bool) -> io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let (domain, proto) = if v6 { (Domain::IPV6, Protocol::ICMPV6) } else { (Domain::IPV4, Protocol::ICMPV4) };
+    let s = Socket::new(domain, Type::DGRAM, Some(proto)).map_err(|e| {
+        io::Error::new(e.kind(), format!("no ICMP echo socket ({e}): this host allows them only to the groups in sysctl net.ipv4.ping_group_range; use the default UDP probes"))
+    })?;
+    Ok(s.into())
+}
+
+/// An ICMP or ICMPv6 echo request (the kernel sets the identifier and checksum on a ping
+/// socket) with sequence number `seq` and `len` bytes in all.
+pub fn echo_request(v6: bool, seq: u16, len: usize) -> Vec<u8> {
+    let mut m = vec![0u8; len.max(8)];
+    m[0] = if v6 { 128 } else { 8 };
+    m[6..8].copy_from_slice(&seq.to_be_bytes());
+    m
+}
+
+/// The timestamp control message of a received datagram, if any.
+///
+/// # Safety
+/// `msg` must be a msghdr the kernel filled in by recvmsg.
+unsafe fn cmsg_time(msg: &libc::msghdr) -> Option<SystemTime> {
+    let mut c = libc::CMSG_FIRSTHDR(msg);
+    while !c.is_null() {
+        if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+            let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+            return Some(SystemTime::UNIX_EPOCH + Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32));
+        }
+        c = libc::CMSG_NXTHDR(msg, c);
+    }
+    None
+}
+
+/// One echo reply waiting on a ping socket, if any (never blocks).
+pub fn recv_echo_reply(sock: &UdpSocket) -> io::Result<Option<EchoReply>> {
+    let mut data = [0u8; 128];
+    let mut control = [0u64; 16];
+    // SAFETY: zeroed plain-old-data, then pointers to live buffers of the stated lengths.
+    let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: msg points at the buffers above for the duration of the call.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock { Ok(None) } else { Err(e) };
+    }
+    let n = n as usize;
+    // Echo reply: ICMP type 0, ICMPv6 type 129; anything else or short is not ours.
+    if n < 8 || !(data[0] == 0 || data[0] == 129) {
+        return Ok(None);
+    }
+    let Some(from) = sockaddr_to(&name) else { return Ok(None) };
+    // SAFETY: recvmsg filled msg in.
+    let at = unsafe { cmsg_time(&msg) };
+    Ok(Some(EchoReply { from: from.ip(), seq: u16::from_be_bytes([data[6], data[7]]), at }))
 }
 
 fn sockaddr_to(sa: &libc::sockaddr_storage) -> Option<SocketAddr> {
@@ -145,7 +223,8 @@ pub fn recv_error(sock: &UdpSocket) -> io::Result<Option<IcmpError>> {
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    Ok(kind.map(|kind| IcmpError { dest, from, kind, at }))
+    let quoted = (n as usize).min(data.len());
+    Ok(kind.map(|kind| IcmpError { dest, from, kind, at, payload: data[..quoted.min(64)].to_vec() }))
 }
 
 /// The name a reverse lookup gives `ip` (blocking: run it under a deadline), if it is a
@@ -181,9 +260,10 @@ mod tests {
         set_hop_limit(&s, 5).unwrap();
         let sent = SystemTime::now();
         s.send_to(b"probe", dest).unwrap();
-        assert!(wait_error(&s, Duration::from_secs(2)), "no ICMP error within 2 s");
+        assert!(wait_error(&s, Duration::from_secs(2), false), "no ICMP error within 2 s");
         let e = recv_error(&s).unwrap().expect("an error was queued");
         assert_eq!(e.dest, dest);
+        assert_eq!(e.payload, b"probe", "the datagram that caused it");
         assert_eq!(e.kind, IcmpKind::PortUnreachable);
         assert_eq!(e.from, Some("127.0.0.1".parse().unwrap()));
         let at = e.at.expect("kernel timestamp");
@@ -206,7 +286,7 @@ mod tests {
         enable_errors(&s).unwrap();
         set_hop_limit(&s, 5).unwrap();
         s.send_to(b"probe", dest).unwrap();
-        assert!(wait_error(&s, Duration::from_secs(2)));
+        assert!(wait_error(&s, Duration::from_secs(2), false));
         let e = recv_error(&s).unwrap().unwrap();
         assert_eq!((e.dest, e.kind, e.from), (dest, IcmpKind::PortUnreachable, Some("::1".parse().unwrap())));
     }
