@@ -40,6 +40,9 @@ enum Command {
     /// A configuration to paste, commented: tc (CAKE, HTB + fq_codel, HTB classes), OpenWrt
     /// sqm, FireQOS, nftables DSCP rules, writeback sysctls, OpenWrt Wi-Fi settings.
     Config(tune_cmd::ConfigArgs),
+    /// Apply a shaper to an interface (all or nothing, recorded), roll it back, or show it.
+    #[command(subcommand)]
+    Tune(tune_cmd::TuneCommand),
     /// Emulated networks between network namespaces: build, run, change, inspect.
     #[command(subcommand)]
     Lab(lab_cmd::LabCommand),
@@ -250,6 +253,7 @@ fn main() -> ExitCode {
         Command::Locate(a) => locate_cmd::run(a, progress_mode(false), stop_flag()),
         Command::Advise(a) => tune_cmd::advise_cmd(a),
         Command::Config(a) => tune_cmd::config_cmd(a),
+        Command::Tune(c) => tune_cmd::tune_cmd(c),
         Command::Lab(c) => lab_cmd::run(c, stop_flag),
         Command::Report { results, output } => report_cmd::report(&results, &output),
         Command::Plot { results, kind, output } => report_cmd::plot(&results, kind, &output),

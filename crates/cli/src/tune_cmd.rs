@@ -7,7 +7,7 @@ use bloatlab_tune::link::LinkType;
 use bloatlab_tune::units;
 use clap::ValueEnum;
 use std::path::PathBuf;
-use std::process::ExitCode;
+use std::process::{Command, ExitCode};
 
 #[derive(clap::Args)]
 pub struct AdviseArgs {
@@ -181,4 +181,110 @@ pub fn config_cmd(a: ConfigArgs) -> ExitCode {
     };
     print!("{text}");
     ExitCode::SUCCESS
+}
+
+#[derive(clap::Subcommand)]
+pub enum TuneCommand {
+    /// Apply a shaper to an interface, all of it or none: its state is recorded first, a
+    /// failed batch is undone at once, and an apply that was killed is undone by the next
+    /// tune call. Only interfaces in the kernel's default state are taken.
+    Apply {
+        /// The interface (its download is shaped on ifb4DEV).
+        #[arg(long)]
+        dev: String,
+        /// The network namespace the interface is in (a lab router: bl-LAB-HOST).
+        #[arg(long)]
+        netns: Option<String>,
+        /// A tc script from `bloatlab config` (tc-cake, tc-htb-fqcodel, tc-htb-fifo,
+        /// tc-htb-classes).
+        #[arg(long, conflicts_with = "from")]
+        config: Option<PathBuf>,
+        /// Result files to advise from; the qdisc is CAKE where the kernel has it, else HTB
+        /// with fq_codel, else HTB with short FIFOs (and it says which).
+        #[arg(long, num_args = 1..)]
+        from: Vec<PathBuf>,
+        /// The access link's technology (see bloatlab advise --help).
+        #[arg(long, default_value = "raw", value_parser = LinkType::parse)]
+        link: LinkType,
+    },
+    /// Undo what `tune apply` did on an interface.
+    Rollback {
+        #[arg(long)]
+        dev: String,
+        #[arg(long)]
+        netns: Option<String>,
+    },
+    /// What bloatlab applied on an interface, and its qdiscs now.
+    Status {
+        #[arg(long)]
+        dev: String,
+        #[arg(long)]
+        netns: Option<String>,
+    },
+}
+
+/// Whether this kernel can run a qdisc: built in, loaded, or a module modprobe would find.
+fn kernel_has(qdisc: &str) -> bool {
+    let module = format!("sch_{qdisc}");
+    std::path::Path::new(&format!("/sys/module/{module}")).exists()
+        || Command::new("modprobe").args(["-n", "-q", &module]).status().is_ok_and(|s| s.success())
+}
+
+pub fn tune_cmd(c: TuneCommand) -> ExitCode {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return fail("tune changes qdiscs and needs root (sudo bloatlab tune ...)");
+    }
+    match c {
+        TuneCommand::Apply { dev, netns, config: file, from, link } => {
+            let iface = bloatlab_tune::apply::Iface { dev: dev.clone(), netns };
+            let script = match (file, from.is_empty()) {
+                (Some(f), _) => match std::fs::read_to_string(&f) {
+                    Ok(s) => s,
+                    Err(e) => return fail(format!("{}: {e}", f.display())),
+                },
+                (None, false) => {
+                    let (runs, _) = match read_inputs(&from) {
+                        Ok(x) => x,
+                        Err(e) => return fail(e),
+                    };
+                    let adv = advise::advise(&runs, &Target { link, qdisc: Qdisc::Cake, queue_on_host: false });
+                    let s = Shaping { dev, down_kbit: adv.down.map(|d| d.rate_kbit), up_kbit: adv.up.map(|d| d.rate_kbit), link };
+                    if kernel_has("cake") {
+                        config::tc_cake(&s)
+                    } else if kernel_has("fq_codel") {
+                        eprintln!("this kernel has no CAKE (sch_cake): HTB with fq_codel instead");
+                        config::tc_htb(&s, Leaf::FqCodel)
+                    } else {
+                        eprintln!("this kernel has neither CAKE nor fq_codel: HTB with {} ms FIFOs instead (they move the queue but do not isolate flows)", advise::FIFO_MS);
+                        config::tc_htb(&s, Leaf::Fifo)
+                    }
+                }
+                (None, true) => return usage("give --config FILE or --from RESULT..."),
+            };
+            match bloatlab_tune::apply::apply(&iface, &script) {
+                Ok(said) => {
+                    for s in said {
+                        eprintln!("{s}");
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            }
+        }
+        TuneCommand::Rollback { dev, netns } => match bloatlab_tune::apply::rollback(&bloatlab_tune::apply::Iface { dev, netns }) {
+            Ok(s) => {
+                eprintln!("{s}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        },
+        TuneCommand::Status { dev, netns } => match bloatlab_tune::apply::status(&bloatlab_tune::apply::Iface { dev, netns }) {
+            Ok(s) => {
+                println!("{s}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        },
+    }
 }

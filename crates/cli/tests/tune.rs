@@ -155,3 +155,59 @@ fn cake_and_fq_codel_scripts_apply_in_debians_kernel() {
     assert!(fq.iter().all(|q| q["options"]["quantum"] == 300 && q["options"]["limit"] == 1001 && q["options"]["ecn"] == true));
     assert!(read("fqc-ifb.json").iter().any(|q| q["kind"] == "fq_codel" && q["parent"] == "1:10"));
 }
+
+fn tune(ns: &Ns, args: &[&str], env: Option<(&str, &str)>) -> std::process::Output {
+    let mut c = command(&[], &[&["tune"], args, &["--dev", "wan0", "--netns", &ns.0]].concat());
+    if let Some((k, v)) = env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+#[test]
+fn tune_apply_is_all_or_nothing_and_rollback_restores_the_exact_prior_state() {
+    if unsafe { libc::geteuid() } != 0 {
+        return missing("tune needs root");
+    }
+    let ns = Ns::new("a");
+    let state = || (ns.tc(&["-j", "-d", "qdisc", "show", "dev", "wan0"]), Command::new("ip").args(["-n", &ns.0, "-o", "link", "show"]).output().unwrap().stdout);
+    let before = state();
+    let good = tmp_path("tune-good.sh");
+    std::fs::write(&good, config("tc-htb-fifo", &LINE)).unwrap();
+    let good = good.to_str().unwrap();
+
+    let out = tune(&ns, &["apply", "--config", good], None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(ns.tc(&["qdisc", "show", "dev", "wan0"]).contains("qdisc htb 1: root"));
+    assert!(String::from_utf8_lossy(&tune(&ns, &["status"], None).stdout).contains("shaped by bloatlab"));
+    assert_eq!(tune(&ns, &["apply", "--config", good], None).status.code(), Some(1), "a second apply is refused");
+    assert!(tune(&ns, &["rollback"], None).status.success());
+    assert_eq!(state(), before, "rollback restores the exact prior state");
+
+    // A bad filter in the middle of the batch: nothing of it stays.
+    let bad = tmp_path("tune-bad.sh");
+    std::fs::write(&bad, config("tc-htb-fifo", &LINE).replace("match ip tos 0xc0 0xfc", "match ip tos 0xc0 0xfc bogus")).unwrap();
+    let out = tune(&ns, &["apply", "--config", bad.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("wan0 is back as it was"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(state(), before, "a failed batch leaves the exact prior state");
+
+    // Killed between steps (after the IFB device exists, before the batch): the next tune
+    // call undoes it.
+    let out = tune(&ns, &["apply", "--config", good], Some(("BLOATLAB_TUNE_FAULT", "after-ip")));
+    assert!(!out.status.success());
+    assert_ne!(state(), before, "the kill left the IFB device behind");
+    assert!(String::from_utf8_lossy(&tune(&ns, &["status"], None).stdout).contains("was interrupted"));
+    assert!(tune(&ns, &["rollback"], None).status.success());
+    assert_eq!(state(), before, "recovery restores the exact prior state");
+
+    // An interface someone else configured is not taken: rollback could not restore it.
+    assert!(Command::new("ip").args(["netns", "exec", &ns.0, "tc", "qdisc", "add", "dev", "wan0", "root", "handle", "1:", "htb"]).status().unwrap().success());
+    let mine = state();
+    let out = tune(&ns, &["apply", "--config", good], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("did not make (htb)"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(state(), mine);
+    let out = run(&[], &["tune", "apply", "--dev", "nosuchdev0", "--config", good]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no interface nosuchdev0"), "{}", String::from_utf8_lossy(&out.stderr));
+}
