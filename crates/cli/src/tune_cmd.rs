@@ -206,6 +206,23 @@ pub enum TuneCommand {
         /// The access link's technology (see bloatlab advise --help).
         #[arg(long, default_value = "raw", value_parser = LinkType::parse)]
         link: LinkType,
+        /// Measure against this bloatlab server (rrul-be) before and after, keep the change
+        /// only if latency under load did not rise, the total goodput kept 85% and neither
+        /// direction fell below a quarter of what it had; roll back otherwise.
+        #[arg(long, value_name = "HOST")]
+        verify: Option<String>,
+        /// Run the --verify tests inside this network namespace (a lab's client).
+        #[arg(long, value_name = "NS", requires = "verify")]
+        verify_netns: Option<String>,
+        /// Load phase of each --verify test, seconds.
+        #[arg(short, long, default_value_t = 15.0)]
+        length: f64,
+        /// Where the --verify tests' result files go.
+        #[arg(long, default_value = ".")]
+        out_dir: PathBuf,
+        /// With --verify: print {"before", "after", "kept", "reason"} as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Undo what `tune apply` did on an interface.
     Rollback {
@@ -236,7 +253,7 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
         return fail("tune changes qdiscs and needs root (sudo bloatlab tune ...)");
     }
     match c {
-        TuneCommand::Apply { dev, netns, config: file, from, link } => {
+        TuneCommand::Apply { dev, netns, config: file, from, link, verify, verify_netns, length, out_dir, json } => {
             let iface = bloatlab_tune::apply::Iface { dev: dev.clone(), netns };
             let script = match (file, from.is_empty()) {
                 (Some(f), _) => match std::fs::read_to_string(&f) {
@@ -262,6 +279,30 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
                 }
                 (None, true) => return usage("give --config FILE or --from RESULT..."),
             };
+            if let Some(host) = verify {
+                let exe = match std::env::current_exe() {
+                    Ok(e) => e,
+                    Err(e) => return fail(format!("cannot find the bloatlab binary: {e}")),
+                };
+                let v = bloatlab_experiment::verify::Verify { exe, host, netns: verify_netns, length, out_dir };
+                return match bloatlab_experiment::verify::apply_verified(&iface, &script, &v) {
+                    Ok(r) => {
+                        if json {
+                            println!("{}", serde_json::to_string_pretty(&r).expect("serializes"));
+                        } else {
+                            let row = |n: &str, s: &bloatlab_result::Summary| {
+                                let m = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}"));
+                                println!("{n:<7} added latency {:>7} ms   down {:>6} Mbit/s   up {:>6} Mbit/s", m(s.added_latency_ms), m(s.throughput_mbps.down), m(s.throughput_mbps.up));
+                            };
+                            row("before", &r.before);
+                            row("after", &r.after);
+                            println!("{}: {}", if r.kept { "kept" } else { "not kept" }, r.reason);
+                        }
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => fail(e),
+                };
+            }
             match bloatlab_tune::apply::apply(&iface, &script) {
                 Ok(said) => {
                     for s in said {

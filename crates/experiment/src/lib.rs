@@ -5,6 +5,7 @@
 
 pub mod placement;
 pub mod table;
+pub mod verify;
 
 use bloatlab_lab::control;
 use bloatlab_lab::lab::LabInfo;

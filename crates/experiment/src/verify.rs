@@ -1,0 +1,124 @@
+//! `tune apply --verify`: measure, apply, measure again, keep the change only if it helped.
+//! The tests run as `bloatlab test` processes (in a namespace when the path starts in one, as
+//! from a lab's client), the change through `bloatlab_tune::apply`.
+
+use bloatlab_result::Summary;
+use bloatlab_tune::apply::{self, Iface};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// Goodput the change may cost, as a share of what was measured before: a shaper at 95% of
+/// the line takes some 5-10% on purpose.
+pub const KEEP_GOODPUT: f64 = 0.85;
+/// What one direction may lose while the total holds: through a bloated line a download
+/// starves because its ACKs wait behind the upload; shaped, the ACKs take their share of the
+/// upload again (at 50 Mbit/s down, over 1 Mbit/s of a 3.5 Mbit/s up), so the upload falls on
+/// purpose (measured 3.6 -> 1.6 Mbit/s while the download rose 5.9 -> 51.8). Below a quarter
+/// of what it had, a direction has starved.
+pub const KEEP_DIRECTION: f64 = 0.25;
+
+pub struct Verify {
+    pub exe: PathBuf,
+    /// The bloatlab server to measure against.
+    pub host: String,
+    /// Run the tests inside this network namespace.
+    pub netns: Option<String>,
+    /// Load phase of each test, seconds.
+    pub length: f64,
+    pub out_dir: PathBuf,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Verified {
+    pub before: Summary,
+    pub after: Summary,
+    pub kept: bool,
+    pub reason: String,
+}
+
+fn measure(v: &Verify, tag: &str) -> Result<Summary, String> {
+    let file = v.out_dir.join(format!("bloatlab-tune-{tag}-{}.json.gz", std::process::id()));
+    let mut c = match &v.netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(&v.exe);
+            c
+        }
+        None => Command::new(&v.exe),
+    };
+    c.args(["test", "rrul-be", &v.host, "-l", &v.length.to_string(), "--idle", "3", "--json", "-q", "-o"]).arg(&file).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let out = c.output().map_err(|e| format!("cannot run the {tag} test: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("the {tag} test failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("the {tag} test's summary: {e}"))
+}
+
+/// Keep or not, and why: latency under load must not rise, the total goodput must keep
+/// `KEEP_GOODPUT` of what it was, and each direction `KEEP_DIRECTION`.
+pub fn judge(before: &Summary, after: &Summary) -> (bool, String) {
+    let (Some(b), Some(a)) = (before.added_latency_ms, after.added_latency_ms) else {
+        return (false, "a test measured no latency under load".into());
+    };
+    if a > b {
+        return (false, format!("latency under load got worse: +{a:.1} ms after, +{b:.1} ms before"));
+    }
+    let total = |s: &Summary| s.throughput_mbps.down.unwrap_or(0.0) + s.throughput_mbps.up.unwrap_or(0.0);
+    if total(after) < KEEP_GOODPUT * total(before) {
+        return (false, format!("goodput fell to {:.1} Mbit/s from {:.1} in all (below {:.0}%)", total(after), total(before), KEEP_GOODPUT * 100.0));
+    }
+    for (name, b, a) in [("download", before.throughput_mbps.down, after.throughput_mbps.down), ("upload", before.throughput_mbps.up, after.throughput_mbps.up)] {
+        if let (Some(b), Some(a)) = (b, a) {
+            if a < KEEP_DIRECTION * b {
+                return (false, format!("{name} goodput fell to {a:.1} Mbit/s from {b:.1} (below {:.0}%)", KEEP_DIRECTION * 100.0));
+            }
+        }
+    }
+    (true, format!("latency under load +{a:.1} ms after, +{b:.1} ms before ({:.1}x less); goodput {:.1} Mbit/s after, {:.1} before", if a > 0.0 { b / a } else { f64::INFINITY }, total(after), total(before)))
+}
+
+/// Measures, applies `script` to `iface`, measures again; rolls back unless `judge` keeps it.
+pub fn apply_verified(iface: &Iface, script: &str, v: &Verify) -> Result<Verified, String> {
+    std::fs::create_dir_all(&v.out_dir).map_err(|e| format!("{}: {e}", v.out_dir.display()))?;
+    let before = measure(v, "before")?;
+    apply::apply(iface, script)?;
+    let after = match measure(v, "after") {
+        Ok(s) => s,
+        Err(e) => {
+            apply::rollback(iface)?;
+            return Err(format!("{e}; rolled back"));
+        }
+    };
+    let (kept, mut reason) = judge(&before, &after);
+    if !kept {
+        apply::rollback(iface)?;
+        reason += "; rolled back";
+    }
+    Ok(Verified { before, after, kept, reason })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(added: f64, down: f64, up: f64) -> Summary {
+        let mut s = Summary { added_latency_ms: Some(added), ..Default::default() };
+        s.throughput_mbps.down = Some(down);
+        s.throughput_mbps.up = Some(up);
+        s
+    }
+
+    #[test]
+    fn kept_only_when_latency_falls_and_goodput_stays() {
+        assert!(judge(&s(600.0, 57.0, 3.7), &s(12.0, 52.0, 3.3)).0);
+        // The download recovers from 6 to 52 Mbit/s, the upload gives up ACK room: kept.
+        assert!(judge(&s(120.0, 5.9, 3.6), &s(24.0, 51.8, 1.6)).0);
+        let (kept, why) = judge(&s(120.0, 6.1, 3.6), &s(21.0, 51.8, 0.0));
+        assert!(!kept && why.starts_with("upload goodput fell to 0.0 Mbit/s from 3.6 (below 25%)"), "{why}");
+        let (kept, why) = judge(&s(600.0, 57.0, 3.7), &s(700.0, 52.0, 3.3));
+        assert!(!kept && why.starts_with("latency under load got worse"), "{why}");
+        let (kept, why) = judge(&s(600.0, 57.0, 3.7), &s(12.0, 40.0, 3.3));
+        assert!(!kept && why.starts_with("goodput fell to 43.3 Mbit/s from 60.7 in all"), "{why}");
+    }
+}
