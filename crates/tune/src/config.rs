@@ -136,6 +136,8 @@ pub fn tc_htb(s: &Shaping, l: Leaf) -> String {
             // under 128 bytes so SACK blocks fit, only the ACK flag) go to the first class, as
             // wondershaper did with its 64 bytes.
             let _ = writeln!(o, "tc filter replace dev {dev} parent 1: protocol ip prio 7 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xff80 at 2 match u8 0x10 0xff at 33 flowid 1:11");
+            // IPv6 without extension headers: payload length under 128, flags at 40 + 13.
+            let _ = writeln!(o, "tc filter replace dev {dev} parent 1: protocol ipv6 prio 8 u32 match ip6 protocol 6 0xff match u16 0x0000 0xff80 at 4 match u8 0x10 0xff at 53 flowid 1:11");
         }
     }
     if let Some(down) = s.down_kbit {
@@ -347,6 +349,38 @@ mod tests {
 
     fn cable() -> Shaping {
         Shaping { dev: "eth0".into(), down_kbit: Some(57_000), up_kbit: Some(3_610), link: LinkType::Docsis }
+    }
+
+    /// Every generator's whole output for the cable line, against the files in
+    /// tests/golden (BLOATLAB_BLESS=1 rewrites them after a deliberate change; review the diff).
+    #[test]
+    fn every_generator_matches_its_golden_file() {
+        let s = cable();
+        let adsl = Shaping { dev: "pppoe-wan".into(), down_kbit: Some(15_000), up_kbit: Some(900), link: LinkType::PppoeLlcsnap };
+        let cases = [
+            ("tc-cake", tc_cake(&s)),
+            ("tc-htb-fqcodel", tc_htb(&s, Leaf::FqCodel)),
+            ("tc-htb-fifo", tc_htb(&s, Leaf::Fifo)),
+            ("tc-htb-classes", tc_htb_classes(&s, Leaf::FqCodel)),
+            ("tc-htb-classes-adsl-fifo", tc_htb_classes(&adsl, Leaf::Fifo)),
+            ("openwrt-sqm", openwrt_sqm(&s, true)),
+            ("openwrt-sqm-adsl-simple", openwrt_sqm(&adsl, false)),
+            ("fireqos", fireqos(&s)),
+            ("nft-dscp", nft_dscp(&s)),
+            ("sysctl-writeback", sysctl_writeback(1 << 30, 250_000_000, 1_500_000_000)),
+            ("wifi-openwrt", wifi_openwrt()),
+        ];
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+        let bless = std::env::var_os("BLOATLAB_BLESS").is_some();
+        for (name, text) in cases {
+            let file = dir.join(format!("{name}.txt"));
+            if bless {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&file, &text).unwrap();
+            }
+            let want = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            assert_eq!(text, want, "{name} differs from {}", file.display());
+        }
     }
 
     #[test]
