@@ -152,3 +152,35 @@ fn a_routers_icmp_rate_limit_is_a_host_setting() {
     // Hosts without the setting keep Linux's default.
     assert_eq!(read("c", "net.ipv4.icmp_ratelimit"), "1000");
 }
+
+#[test]
+fn a_queue_on_the_measuring_host_itself_is_hop_zero() {
+    let _g = serial();
+    // The client's own interface shapes its upload to 3 Mbit/s behind a 1000-packet FIFO (a
+    // sender's qdisc or Wi-Fi driver queue), below the 4 Mbit/s line: the queue is on the host.
+    let Some(lab) = LabUp::preset("lochost", "cable") else { return };
+    let _srv = lab.server("server");
+    let ns = "bl-lochost-client";
+    for cmd in [
+        "tc qdisc add dev lan root handle 1: htb default 1",
+        "tc class add dev lan parent 1: classid 1:1 htb rate 3mbit ceil 3mbit",
+        "tc qdisc add dev lan parent 1:1 handle 10: pfifo limit 1000",
+    ] {
+        let args: Vec<&str> = ["netns", "exec", ns].into_iter().chain(cmd.split(' ')).collect();
+        assert!(std::process::Command::new("ip").args(&args).status().unwrap().success(), "{cmd}");
+    }
+    let dir = tmp_path("locate-host");
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = lab.exec("client");
+    let out = run(&p.iter().map(String::as_str).collect::<Vec<_>>(), &["locate", "10.77.1.2", "-l", "10", "--idle", "3", "--phases", "upload", "--json", "-q", "--out-dir", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json(&out);
+    let verdict = &v["verdict"];
+    eprintln!("{verdict}");
+    assert_eq!((&verdict["hop"], &verdict["direction"]), (&serde_json::json!(0), &serde_json::json!("up")), "{verdict}");
+    assert!(verdict["text"].as_str().unwrap().contains("this host's own interface queue"), "{verdict}");
+    // The backlog, as delay at the measured upload rate, is most of the path's added delay
+    // (44 ms of 43 measured: TCP small queues keep each flow's share of the local FIFO small,
+    // so it never nears its 1000 packets).
+    assert!(verdict["added_ms"].as_f64().unwrap() > 30.0, "{verdict}");
+}
