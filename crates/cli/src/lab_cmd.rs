@@ -77,14 +77,17 @@ pub enum LabCommand {
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
-    /// The main demo: `cable` with its 1000-packet modem FIFO, rrul; then an FQ-CoDel shaper at
-    /// 95% of the link rates on the router's LAN side (as SQM does), rrul again; both summaries
-    /// side by side. Keeps both result files.
+    /// The whole loop on the `cable` line (60/4 Mbit/s, 1000-packet modem FIFO): rrul through
+    /// the line as it is; locate the queue (download and upload loads alone, which also measure
+    /// each direction's rate); advise; apply the advice on the router; rrul again, kept only if
+    /// latency fell and goodput held (else rolled back); one before/after HTML report with the
+    /// verdict, the advice and the applied configuration. Keeps every result file.
     Demo {
         /// Load phase of each rrul run, seconds.
         #[arg(short, long, default_value_t = 20.0)]
         length: f64,
-        /// Print {"before": SUMMARY, "after": SUMMARY} as JSON.
+        /// Print {"before", "after" (summaries), "located", "advice", "applied", "kept",
+        /// "reason", "files", "report"} as JSON.
         #[arg(long)]
         json: bool,
         /// Directory for the two result files.
@@ -93,10 +96,12 @@ pub enum LabCommand {
         /// No progress output.
         #[arg(short, long)]
         quiet: bool,
-        /// The fix the second run applies at 95% of the line rates on the router: `cake`
-        /// (its own shaper, `docsis` framing, ingress mode downstream) or `fq_codel` (HTB-style
-        /// shaping with FQ-CoDel, quantum 300, as sqm-scripts' simple.qos).
-        #[arg(long, default_value = "cake", value_parser = ["cake", "fq_codel", "htb-fq_codel"])]
+        /// Where the advice is applied: `cake` (the emulator's CAKE on the router's LAN link,
+        /// `docsis` framing, ingress mode downstream), `fq_codel` (the emulator's HTB-style
+        /// shaper with FQ-CoDel, quantum 300, as sqm-scripts' simple.qos), or `kernel` (tc on
+        /// the router's WAN interface as `bloatlab tune apply` does it: the best qdisc this
+        /// kernel has, HTB with short FIFOs when it has neither cake nor fq_codel).
+        #[arg(long, default_value = "cake", value_parser = ["cake", "fq_codel", "htb-fq_codel", "kernel"])]
         fix: String,
     },
     /// The same test through each fix on the same emulated line: `lab compare cable --fix
@@ -471,27 +476,42 @@ fn finish(c: &Comparison) -> ExitCode {
 }
 
 fn demo(length: f64, json: bool, out_dir: &std::path::Path, quiet: bool, fix: &str, stop: Arc<AtomicBool>) -> ExitCode {
-    let fix = match Fix::parse(fix) {
+    let how = match bloatlab_experiment::demo::Apply::parse(fix) {
         Ok(f) => f,
-        Err(e) => return fail(e),
+        Err(e) => return ExitCode::from(usage(e)),
     };
     if !quiet {
         eprintln!("building the `cable` lab: client - router - [60/4 Mbit/s, 15 ms, 1000-packet FIFO] - server");
     }
     let topo = load_topology("cable").expect("preset");
     let o = experiment_options(length, vec!["rrul".into()], out_dir, "demo", quiet, stop);
-    let c = match bloatlab_experiment::compare(topo, &[Fix::Fifo, fix], &o) {
-        Ok(c) => c,
+    let d = match bloatlab_experiment::demo::demo(topo, how, &o) {
+        Ok(d) => d,
         Err(e) => return fail(e),
     };
-    if let [before, after] = &c.runs[..] {
-        if json {
-            println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "before": before.summary, "after": after.summary })).expect("json"));
-        } else {
-            print!("{}", table(&[("modem FIFO", &before.summary), (fix.label(), &after.summary)]));
+    if json {
+        println!("{}", serde_json::to_string_pretty(&d).expect("json"));
+    } else {
+        let mut cols = vec![("modem FIFO", &d.before)];
+        if let Some(a) = &d.after {
+            cols.push((if d.kept { "advised fix" } else { "advised fix (rolled back)" }, a));
+        }
+        print!("{}", table(&cols));
+        if !d.reason.is_empty() {
+            println!("\n{}: {}", if d.kept { "kept" } else { "not kept" }, d.reason);
         }
     }
-    finish(&c)
+    for f in &d.files {
+        eprintln!("written: {}", f.display());
+    }
+    if let Err(e) = &d.report {
+        eprintln!("bloatlab lab: no report: {e}");
+    }
+    if d.interrupted {
+        eprintln!("bloatlab lab: interrupted; the lab is torn down, finished steps are kept");
+        return ExitCode::from(130);
+    }
+    ExitCode::SUCCESS
 }
 
 fn compare(topology: &str, fixes: &str, json: bool, o: Options) -> ExitCode {

@@ -1,13 +1,13 @@
 //! `bloatlab advise` and `bloatlab config`: result files and options in, advice and
 //! configurations out (the logic is in bloatlab-tune).
 
-use bloatlab_tune::advise::{self, Advice, Qdisc, Target};
+use bloatlab_tune::advise::{self, Qdisc, Target};
 use bloatlab_tune::config::{self, Leaf, Shaping};
 use bloatlab_tune::link::LinkType;
 use bloatlab_tune::units;
 use clap::ValueEnum;
 use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct AdviseArgs {
@@ -27,7 +27,7 @@ pub struct AdviseArgs {
     json: bool,
 }
 
-#[derive(Clone, Copy, ValueEnum, PartialEq)]
+#[derive(Clone, Copy, ValueEnum)]
 pub enum Kind {
     /// CAKE on egress and, through an IFB device, on ingress (a shell script).
     TcCake,
@@ -113,17 +113,6 @@ fn read_inputs(files: &[PathBuf]) -> Result<(Vec<bloatlab_result::Summary>, bool
     Ok((runs, on_host))
 }
 
-fn advice_text(a: &Advice) -> String {
-    let mut o = String::new();
-    for d in [&a.down, &a.up].into_iter().flatten() {
-        o += &format!("{}\n\n", d.reason);
-    }
-    for n in &a.notes {
-        o += &format!("note: {n}\n");
-    }
-    o
-}
-
 pub fn advise_cmd(a: AdviseArgs) -> ExitCode {
     let (runs, on_host) = match read_inputs(&a.files) {
         Ok(x) => x,
@@ -133,7 +122,7 @@ pub fn advise_cmd(a: AdviseArgs) -> ExitCode {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&advice).expect("serializes"));
     } else {
-        print!("{}", advice_text(&advice));
+        print!("{}", advice.text());
         let kind = match a.qdisc {
             Qdisc::Cake => "tc-cake",
             Qdisc::HtbFqCodel => "tc-htb-fqcodel",
@@ -240,13 +229,6 @@ pub enum TuneCommand {
     },
 }
 
-/// Whether this kernel can run a qdisc: built in, loaded, or a module modprobe would find.
-fn kernel_has(qdisc: &str) -> bool {
-    let module = format!("sch_{qdisc}");
-    std::path::Path::new(&format!("/sys/module/{module}")).exists()
-        || Command::new("modprobe").args(["-n", "-q", &module]).status().is_ok_and(|s| s.success())
-}
-
 pub fn tune_cmd(c: TuneCommand) -> ExitCode {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -267,15 +249,11 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
                     };
                     let adv = advise::advise(&runs, &Target { link, qdisc: Qdisc::Cake, queue_on_host: false });
                     let s = Shaping { dev, down_kbit: adv.down.map(|d| d.rate_kbit), up_kbit: adv.up.map(|d| d.rate_kbit), link };
-                    if kernel_has("cake") {
-                        config::tc_cake(&s)
-                    } else if kernel_has("fq_codel") {
-                        eprintln!("this kernel has no CAKE (sch_cake): HTB with fq_codel instead");
-                        config::tc_htb(&s, Leaf::FqCodel)
-                    } else {
-                        eprintln!("this kernel has neither CAKE nor fq_codel: HTB with {} ms FIFOs instead (they move the queue but do not isolate flows)", advise::FIFO_MS);
-                        config::tc_htb(&s, Leaf::Fifo)
+                    let (script, said) = config::for_kernel(&s, bloatlab_tune::apply::kernel_has);
+                    if let Some(said) = said {
+                        eprintln!("{said}");
                     }
+                    script
                 }
                 (None, true) => return usage("give --config FILE or --from RESULT..."),
             };

@@ -173,8 +173,10 @@ fn a_killed_lab_neither_blocks_its_name_nor_outlives_down_all() {
     assert!(!std::env::temp_dir().join("bloatlab-lab-killed.log").exists(), "the killed lab's log is removed with it");
 }
 
+/// The whole loop on the cable line: measure, locate, advise, apply (the emulator's CAKE on the
+/// router), verify, report.
 #[test]
-fn demo_moves_the_queue_and_fixes_the_latency() {
+fn demo_measures_locates_advises_applies_and_verifies() {
     let _g = serial();
     if unsafe { libc::geteuid() } != 0 {
         return missing("the demo needs root");
@@ -186,25 +188,41 @@ fn demo_moves_the_queue_and_fixes_the_latency() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v = json(&out);
     let fifo_added = f(&v, "before.added_latency_ms");
-    let fq_added = f(&v, "after.added_latency_ms");
+    let cake_added = f(&v, "after.added_latency_ms");
+    eprintln!("demo: +{fifo_added:.1} -> +{cake_added:.1} ms; before {} after {}; {}", v["before"]["throughput_mbps"], v["after"]["throughput_mbps"], v["reason"]);
     // A 1000-packet FIFO at 4 Mbit/s holds 3 s; the upload alone keeps hundreds of ms in it.
     assert!(fifo_added > 100.0, "modem FIFO added only {fifo_added} ms");
-    // Through the 95% shaper the standing queue is gone: measured 8.1-11.9 ms since qdiscs
-    // count frame bytes (a 70-byte DOCSIS-framed ACK against sqm's quantum of 300), 6.9-10.3
-    // before; a 20x drop from the FIFO either way.
-    assert!(fq_added < 15.0, "FQ-CoDel shaper added {fq_added} ms");
-    assert!(f(&v, "after.throughput_mbps.down") > 45.0, "{}", v["after"]["throughput_mbps"]);
-    // Upload goodput: below the 4 Mbit/s line, yet moving in both runs. Measured 3.43 through
-    // the FIFO (whose 3 s of upload starve the download's ACKs: 5.7 Mbit/s down) and 1.76
-    // behind the shaper, where the 53 Mbit/s download's ACKs take their fair share of 3.8.
+    // The locate step names the modem's upstream: the link into hop 2 (the server), upload.
+    let verdict = &v["located"]["verdict"];
+    assert_eq!((verdict["hop"].as_u64(), verdict["direction"].as_str()), (Some(2), Some("up")), "{verdict}");
+    // Advice: 95% of what the download and upload alone measured (57 and 3.7 Mbit/s through
+    // the 60/4 Mbit/s line with its DOCSIS framing), not of rrul's starved download.
+    let (down_kbit, up_kbit) = (f(&v, "advice.down.rate_kbit"), f(&v, "advice.up.rate_kbit"));
+    assert!((50_000.0..57_000.0).contains(&down_kbit) && (3_300.0..3_800.0).contains(&up_kbit), "{down_kbit} / {up_kbit}");
+    assert!(v["applied"].as_str().unwrap().contains(&format!("cake bandwidth {up_kbit}kbit docsis")), "{}", v["applied"]);
+    // Shaped below the line, the standing queue is gone: measured +2.0 ms against +118 (58x).
+    assert!(cake_added * 10.0 < fifo_added, "CAKE at the advised rates added {cake_added} ms");
+    assert_eq!(v["kept"], true, "{}", v["reason"]);
+    // The shaper's ceiling for payload is 1448/1518 of its rate (DOCSIS-framed full packets):
+    // 51.8 Mbit/s at 54.3; measured 47.8, the rest going to CAKE's ingress-mode drops.
+    let ceiling = down_kbit / 1000.0 * 1448.0 / 1518.0;
+    assert!(f(&v, "after.throughput_mbps.down") > 0.85 * ceiling, "{} of a {ceiling:.1} Mbit/s ceiling", v["after"]["throughput_mbps"]);
+    // Upload goodput: below the 4 Mbit/s line, yet moving in both runs. Measured 3.5 through
+    // the FIFO (whose seconds of upload starve the download's ACKs: 4.7 Mbit/s down) and 1.6
+    // behind the shaper, where the download's ACKs take their share of 3.5.
     for run in ["before", "after"] {
         let up = f(&v, &format!("{run}.throughput_mbps.up"));
         assert!(up > 1.0 && up < 4.0, "{run}: upload {up} Mbit/s on a 4 Mbit/s line");
     }
-    eprintln!("demo: before {} after {}", v["before"]["throughput_mbps"], v["after"]["throughput_mbps"]);
     let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
-    assert_eq!(names.iter().filter(|n| n.ends_with(".json.gz")).count(), 2, "both result files kept: {names:?}");
-    assert_eq!(names.iter().filter(|n| n.ends_with(".html")).count(), 1, "the before/after report: {names:?}");
+    assert_eq!(names.iter().filter(|n| n.ends_with(".json.gz")).count(), 4, "before, after and locate's two phases: {names:?}");
+    assert_eq!(names.iter().filter(|n| n.starts_with("bloatlab-locate-") && n.ends_with(".json")).count(), 1, "{names:?}");
+    let html: Vec<&String> = names.iter().filter(|n| n.ends_with(".html")).collect();
+    assert_eq!(html.len(), 1, "the before/after report: {names:?}");
+    let page = std::fs::read_to_string(dir.join(html[0])).unwrap();
+    for heading in ["Verdict: kept", "Where the queue is", "Advice (bloatlab advise)", "Applied on `router`"] {
+        assert!(page.contains(&format!("<h2>{heading}")), "report lacks {heading}");
+    }
     assert_eq!(netns_and_links(), before);
 }
 

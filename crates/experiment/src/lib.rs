@@ -3,6 +3,7 @@
 //! Measurement runs as `bloatlab test ...` inside the lab's client namespace, the server as
 //! `bloatlab server` inside its server namespace (the binary is passed in: `Options::exe`).
 
+pub mod demo;
 pub mod placement;
 pub mod table;
 pub mod verify;
@@ -69,13 +70,8 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &Options) -> Result<Comparison,
     }
     // Every placement is checked before the lab goes up.
     let placements = fixes.iter().map(|f| place(&topo, *f).map(|s| (*f, s))).collect::<Result<Vec<_>, _>>()?;
-    std::fs::create_dir_all(&o.out_dir).map_err(|e| format!("{}: {e}", o.out_dir.display()))?;
     let topo_name = topo.name.clone();
-    let lab = Lab::up(topo, &o.lab_name).map_err(|e| e.to_string())?;
-    control::serve(lab.shared.clone(), &lab.info().socket.clone(), lab.stop_flag(), Arc::new(AtomicBool::new(false))).map_err(|e| format!("control socket: {e}"))?;
-    let info = lab.info().clone();
-    let mut server = start_server(&o.exe, &info, "server")?;
-    let target = info.hosts["server"].ipv4[0].clone();
+    let session = Session::up(topo, o)?;
     let stamp = stamp();
     let mut runs = Vec::new();
     let mut failure = None;
@@ -87,10 +83,10 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &Options) -> Result<Comparison,
         // Back to the line as the topology defines it, then this fix.
         let applied = (|| -> Result<(), String> {
             for l in &touched {
-                lab.shared.restore(l)?;
+                session.lab.shared.restore(l)?;
             }
             for s in settings {
-                lab.shared.set(&s.link, s.dir, &s.kv)?;
+                session.lab.shared.set(&s.link, s.dir, &s.kv)?;
             }
             Ok(())
         })();
@@ -100,7 +96,7 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &Options) -> Result<Comparison,
         }
         let file = o.out_dir.join(format!("bloatlab-{topo_name}-{}-{stamp}.json.gz", fix.name()));
         o.say(&format!("{}/{}: {} through `{topo_name}` with {} ({} s load after 5 s idle)", i + 1, placements.len(), o.test.join(" "), fix.label(), o.length));
-        match run_test(&o.exe, &info, &target, o, &file) {
+        match session.run_test(o, &file) {
             Ok(summary) => runs.push(Run { fix: *fix, summary, file }),
             Err(e) => {
                 failure = Some(e);
@@ -108,16 +104,53 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &Options) -> Result<Comparison,
             }
         }
     }
-    let _ = server.kill();
-    let _ = server.wait();
-    drop(lab);
+    drop(session);
     if let Some(e) = failure {
         if runs.is_empty() || !o.stop.load(Ordering::Relaxed) {
             return Err(e);
         }
     }
-    let report = write_report(&runs, &o.out_dir.join(format!("bloatlab-{topo_name}-compare-{stamp}.html")));
+    let views: Vec<(&str, &Path)> = runs.iter().map(|r| (r.fix.label(), r.file.as_path())).collect();
+    let report = write_report(&views, &[], &o.out_dir.join(format!("bloatlab-{topo_name}-compare-{stamp}.html")));
     Ok(Comparison { runs, report, interrupted: o.stop.load(Ordering::Relaxed) })
+}
+
+/// A lab that is up, with its control socket and a bloatlab server in host `server`; the
+/// server is stopped and the lab torn down when this is dropped.
+struct Session {
+    lab: Lab,
+    server: Child,
+    info: LabInfo,
+    /// The server's first IPv4 address.
+    target: String,
+}
+
+impl Session {
+    fn up(topo: Topology, o: &Options) -> Result<Session, String> {
+        std::fs::create_dir_all(&o.out_dir).map_err(|e| format!("{}: {e}", o.out_dir.display()))?;
+        let lab = Lab::up(topo, &o.lab_name).map_err(|e| e.to_string())?;
+        control::serve(lab.shared.clone(), &lab.info().socket.clone(), lab.stop_flag(), Arc::new(AtomicBool::new(false))).map_err(|e| format!("control socket: {e}"))?;
+        let info = lab.info().clone();
+        let server = start_server(&o.exe, &info, "server")?;
+        let target = info.hosts["server"].ipv4[0].clone();
+        Ok(Session { lab, server, info, target })
+    }
+
+    /// `bloatlab test ...` (`o.test`) from the client host; its JSON summary.
+    fn run_test(&self, o: &Options, out: &Path) -> Result<Summary, String> {
+        run_test(&o.exe, &self.info, &self.target, o, out)
+    }
+
+    fn namespace(&self, host: &str) -> &str {
+        &self.info.hosts[host].namespace
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
 }
 
 /// The links some fix changes: restored before each run so that runs do not inherit.
@@ -128,12 +161,13 @@ fn topo_links_touched(placements: &[(Fix, Vec<Setting>)]) -> Vec<String> {
     links
 }
 
-fn write_report(runs: &[Run], out: &Path) -> Result<PathBuf, String> {
+/// One HTML report of the labelled result files, with `sections` under the summary.
+fn write_report(runs: &[(&str, &Path)], sections: &[html::Section], out: &Path) -> Result<PathBuf, String> {
     if runs.is_empty() {
         return Err("no run finished".into());
     }
-    let views = runs.iter().map(|r| bloatlab_result::read(&r.file).map(|f| RunView::new(&f, r.fix.label())).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
-    std::fs::write(out, html::render(&views)).map_err(|e| format!("{}: {e}", out.display()))?;
+    let views = runs.iter().map(|(label, file)| bloatlab_result::read(file).map(|f| RunView::new(&f, label)).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
+    std::fs::write(out, html::render_with(&views, sections)).map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(out.to_path_buf())
 }
 

@@ -2,6 +2,7 @@
 //! front of the slowest link, on the client's side, at 95 % of that link's rate in each
 //! direction, counting its per-packet overhead. Pure: a topology in, settings out.
 
+use bloatlab_lab::topology::LinkSpec;
 use bloatlab_lab::Topology;
 use bloatlab_lab_model::rate::Rate;
 
@@ -55,21 +56,44 @@ pub struct Setting {
     pub kv: Vec<(String, String)>,
 }
 
-fn mbit(bps: u64) -> String {
-    format!("{}kbit", (bps as f64 * SHAPER_SHARE / 1000.0).round() as u64)
+/// Shaper rates for the slowest link, kbit/s each way; a direction without one is left alone.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rates {
+    pub up_kbit: Option<u64>,
+    pub down_kbit: Option<u64>,
 }
 
-/// The settings that put `fix` in front of the slowest link (the link with the lowest rate in
-/// either direction; trace and schedule rates count at their mean).
-pub fn place(topo: &Topology, fix: Fix) -> Result<Vec<Setting>, String> {
+impl Setting {
+    /// The same as a `bloatlab lab set` command line.
+    pub fn command(&self) -> String {
+        let kv: Vec<String> = self.kv.iter().map(|(k, v)| if v.contains(' ') { format!("{k}='{v}'") } else { format!("{k}={v}") }).collect();
+        format!("bloatlab lab set {} --dir {} {}", self.link, self.dir, kv.join(" "))
+    }
+}
+
+/// The link with the lowest rate in either direction (trace and schedule rates count at
+/// their mean): the bottleneck a fix goes in front of.
+pub fn slowest(topo: &Topology) -> Result<&LinkSpec, String> {
     let rate = |r: &Rate| r.mean_bps().unwrap_or(u64::MAX);
-    let (slow, spec) = topo
-        .links
+    topo.links
         .iter()
-        .enumerate()
-        .min_by_key(|(_, l)| rate(&l.up.rate).min(rate(&l.down.rate)))
-        .filter(|(_, l)| rate(&l.up.rate).min(rate(&l.down.rate)) < u64::MAX)
-        .ok_or("no link has a rate: there is no bottleneck to fix")?;
+        .min_by_key(|l| rate(&l.up.rate).min(rate(&l.down.rate)))
+        .filter(|l| rate(&l.up.rate).min(rate(&l.down.rate)) < u64::MAX)
+        .ok_or_else(|| "no link has a rate: there is no bottleneck to fix".to_string())
+}
+
+/// The settings that put `fix` in front of the slowest link at `SHAPER_SHARE` of its rate
+/// each way.
+pub fn place(topo: &Topology, fix: Fix) -> Result<Vec<Setting>, String> {
+    let spec = slowest(topo)?;
+    let kbit = |r: &Rate| r.mean_bps().map(|bps| (bps as f64 * SHAPER_SHARE / 1000.0).round() as u64);
+    place_at(topo, fix, Rates { up_kbit: kbit(&spec.up.rate), down_kbit: kbit(&spec.down.rate) })
+}
+
+/// The settings that put `fix` in front of the slowest link at the given rates, counting that
+/// link's per-packet overhead.
+pub fn place_at(topo: &Topology, fix: Fix, rates: Rates) -> Result<Vec<Setting>, String> {
+    let spec = slowest(topo)?;
     if fix == Fix::Fifo {
         return Ok(Vec::new());
     }
@@ -79,22 +103,18 @@ pub fn place(topo: &Topology, fix: Fix) -> Result<Vec<Setting>, String> {
     let (front, toward_router) = topo
         .links
         .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != slow)
-        .find_map(|(_, l)| if &l.b == router { Some((l, "up")) } else if &l.a == router { Some((l, "down")) } else { None })
+        .filter(|l| l.name != spec.name)
+        .find_map(|l| if &l.b == router { Some((l, "up")) } else if &l.a == router { Some((l, "down")) } else { None })
         .ok_or_else(|| format!("the slowest link `{}` starts at `{router}`, which has no other link: add a router hop in front of it to hold the shaper", spec.name))?;
     let away_from_router = if toward_router == "up" { "down" } else { "up" };
-    let (up_bps, down_bps) = (rate(&spec.up.rate), rate(&spec.down.rate));
     let mut out = Vec::new();
-    for (dir, bps, ingress, line) in [(toward_router, up_bps, false, &spec.up), (away_from_router, down_bps, true, &spec.down)] {
-        if bps == u64::MAX {
-            continue;
-        }
+    for (dir, kbit, ingress, line) in [(toward_router, rates.up_kbit, false, &spec.up), (away_from_router, rates.down_kbit, true, &spec.down)] {
+        let Some(kbit) = kbit else { continue };
         let kv: Vec<(&str, String)> = match fix {
             Fix::HtbFqCodel => {
                 // Quantum 300 as simple.qos: with 1514 a round through 8 bulk flows at a few
                 // Mbit/s outlasts a 10 ms probe interval, and probes lose their sparse priority.
-                let mut kv = vec![("rate", mbit(bps)), ("qdisc", "fq_codel".into()), ("quantum", "300".into())];
+                let mut kv = vec![("rate", format!("{kbit}kbit")), ("qdisc", "fq_codel".into()), ("quantum", "300".into())];
                 kv.push(("overhead", line.overhead.to_string()));
                 if line.atm {
                     kv.push(("atm", "on".into()));
@@ -102,7 +122,7 @@ pub fn place(topo: &Topology, fix: Fix) -> Result<Vec<Setting>, String> {
                 kv
             }
             Fix::Cake => {
-                let mut words = format!("cake bandwidth {}", mbit(bps));
+                let mut words = format!("cake bandwidth {kbit}kbit");
                 match (line.overhead, line.atm) {
                     // A cable line: the keyword a cable user sets (18 bytes, mpu 64).
                     (18, false) => words += " docsis",
@@ -145,6 +165,10 @@ mod tests {
         let htb = place(&t, Fix::HtbFqCodel).unwrap();
         assert_eq!(kv(&htb[1]), [("rate", "57000kbit"), ("qdisc", "fq_codel"), ("quantum", "300"), ("overhead", "18")]);
         assert!(place(&t, Fix::Fifo).unwrap().is_empty());
+        // Advised rates instead of the line's, one direction only.
+        let adv = place_at(&t, Fix::Cake, Rates { up_kbit: Some(3325), down_kbit: None }).unwrap();
+        assert_eq!(adv.len(), 1);
+        assert_eq!(adv[0].command(), "bloatlab lab set lan --dir up qdisc='cake bandwidth 3325kbit docsis'");
     }
 
     #[test]
@@ -155,7 +179,8 @@ mod tests {
         let mean = t.links[1].down.rate.mean_bps().unwrap();
         assert!((mean as f64 / 1e6 - 15.2).abs() < 0.2, "{mean}");
         let lte = place(&t, Fix::HtbFqCodel).unwrap();
-        assert_eq!(kv(&lte[1])[0], ("rate", mbit(mean).as_str()), "95% of the trace's mean");
+        let want = format!("{}kbit", (mean as f64 * SHAPER_SHARE / 1000.0).round());
+        assert_eq!(kv(&lte[1])[0], ("rate", want.as_str()), "95% of the trace's mean");
     }
 
     #[test]

@@ -74,7 +74,20 @@ console.error = function () {{ bloatlabError(Array.prototype.join.call(arguments
     )
 }
 
+/// Plain text shown with a report, under its own heading (an experiment's advice, the
+/// configuration it applied, its verdict).
+pub struct Section {
+    pub title: String,
+    pub text: String,
+}
+
 pub fn render(runs: &[RunView]) -> String {
+    render_with(runs, &[])
+}
+
+/// The report with `sections` after the summary table.
+pub fn render_with(runs: &[RunView], sections: &[Section]) -> String {
+    let notes: String = sections.iter().map(|s| format!("<h2>{}</h2>\n<pre>{}</pre>\n", esc(&s.title), esc(&s.text))).collect();
     let data = script_safe(&serde_json::to_string(runs).expect("plain data"));
     let rows: String = runs.iter().map(|r| summary_row(&r.label, &r.summary)).collect();
     let meta: String = runs
@@ -88,7 +101,7 @@ pub fn render(runs: &[RunView]) -> String {
 <h2>Summary</h2>
 <table><tr><th>run</th><th>grade</th><th>idle p50 ms</th><th>loaded p50 ms</th><th>p90</th><th>p99</th><th>added ms</th><th title="added latency p50 of the best-effort / EF / CS1 probes">BE / EF / CS1 ms</th><th>down Mbit/s</th><th>up Mbit/s</th><th>loss %</th></tr>
 {rows}</table>
-<h2>Latency under load: CDF of round trips</h2>
+{notes}<h2>Latency under load: CDF of round trips</h2>
 <div class="chart" id="cdf"></div>
 <div id="runs"></div>
 <h2>Metadata</h2>

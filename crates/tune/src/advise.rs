@@ -61,6 +61,20 @@ pub struct Advice {
     pub notes: Vec<String>,
 }
 
+impl Advice {
+    /// Each direction's reason, then the notes: what `bloatlab advise` prints.
+    pub fn text(&self) -> String {
+        let mut o = String::new();
+        for d in [&self.down, &self.up].into_iter().flatten() {
+            o += &format!("{}\n\n", d.reason);
+        }
+        for n in &self.notes {
+            o += &format!("note: {n}\n");
+        }
+        o
+    }
+}
+
 /// What the advice is for.
 #[derive(Clone, Copy, Debug)]
 pub struct Target {

@@ -12,6 +12,12 @@ use std::process::Command;
 
 pub const STATE_DIR: &str = "/run/bloatlab/tune";
 
+/// Whether this kernel can run a qdisc: built in, loaded, or a module modprobe would find.
+pub fn kernel_has(qdisc: &str) -> bool {
+    let module = format!("sch_{qdisc}");
+    std::path::Path::new(&format!("/sys/module/{module}")).exists() || Command::new("modprobe").args(["-n", "-q", &module]).status().is_ok_and(|s| s.success())
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Iface {
     pub dev: String,

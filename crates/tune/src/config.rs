@@ -60,6 +60,18 @@ fn undo(o: &mut String, s: &Shaping) {
     let _ = writeln!(o, "# Undo:\n#   tc qdisc del dev {0} root; tc qdisc del dev {0} ingress; ip link del {1}", s.dev, s.ifb());
 }
 
+/// The best shaper script the kernel can run (`has("cake")`, `has("fq_codel")`): CAKE, else
+/// HTB with fq_codel, else HTB with short FIFOs; and what was given up, when anything was.
+pub fn for_kernel(s: &Shaping, has: impl Fn(&str) -> bool) -> (String, Option<String>) {
+    if has("cake") {
+        (tc_cake(s), None)
+    } else if has("fq_codel") {
+        (tc_htb(s, Leaf::FqCodel), Some("this kernel has no CAKE (sch_cake): HTB with fq_codel instead".into()))
+    } else {
+        (tc_htb(s, Leaf::Fifo), Some(format!("this kernel has neither CAKE nor fq_codel: HTB with {} ms FIFOs instead (they move the queue but do not isolate flows)", crate::advise::FIFO_MS)))
+    }
+}
+
 /// CAKE on egress and, through an IFB, on ingress (tc-cake(8); sqm's piece_of_cake).
 pub fn tc_cake(s: &Shaping) -> String {
     let mut o = String::new();
@@ -349,6 +361,17 @@ mod tests {
 
     fn cable() -> Shaping {
         Shaping { dev: "eth0".into(), down_kbit: Some(57_000), up_kbit: Some(3_610), link: LinkType::Docsis }
+    }
+
+    #[test]
+    fn the_script_follows_what_the_kernel_has() {
+        let s = cable();
+        let (cake, said) = for_kernel(&s, |_| true);
+        assert!(cake.contains("cake bandwidth 3610kbit") && said.is_none(), "{cake}");
+        let (fq, said) = for_kernel(&s, |q| q == "fq_codel");
+        assert!(fq.contains(": fq_codel") && !fq.contains(" cake ") && said.unwrap().contains("no CAKE"), "{fq}");
+        let (fifo, said) = for_kernel(&s, |_| false);
+        assert!(fifo.contains("pfifo limit") && !fifo.contains(": fq_codel") && said.unwrap().contains("neither"), "{fifo}");
     }
 
     /// Every generator's whole output for the cable line, against the files in

@@ -18,6 +18,8 @@ pub enum LinkType {
     BridgedLlcsnap,
 }
 
+const ALL: [LinkType; 8] = [LinkType::Raw, LinkType::Ethernet, LinkType::Docsis, LinkType::BridgedPtm, LinkType::PppoePtm, LinkType::PppoeLlcsnap, LinkType::PppoaVcmux, LinkType::BridgedLlcsnap];
+
 pub const NAMES: &str = "raw, ethernet, docsis, bridged-ptm, pppoe-ptm, pppoe-llcsnap (ADSL), pppoa-vcmux, bridged-llcsnap";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -97,6 +99,13 @@ impl LinkType {
         }
     }
 
+    /// The technology whose overhead and framing a lab link describes (per-packet overhead
+    /// and ATM cells; the lab has no PTM framing); none when no keyword matches.
+    pub fn from_overhead(overhead: u32, atm: bool) -> Option<LinkType> {
+        let framing = if atm { Framing::Atm } else { Framing::None };
+        ALL.into_iter().find(|l| l.overhead() == overhead && l.framing() == framing)
+    }
+
     /// Bytes a full 1500-byte IP packet occupies on the wire.
     pub fn wire_bytes(self, ip_len: u32) -> u32 {
         let len = (ip_len + self.overhead()).max(self.mpu());
@@ -122,5 +131,13 @@ mod tests {
         assert_eq!(LinkType::PppoePtm.wire_bytes(1500), 1530 + 24);
         assert_eq!(LinkType::parse("cable").unwrap(), LinkType::Docsis);
         assert!(LinkType::parse("carrier-pigeon").unwrap_err().contains("docsis"));
+    }
+
+    #[test]
+    fn a_lab_links_overhead_names_its_technology() {
+        assert_eq!(LinkType::from_overhead(18, false), Some(LinkType::Docsis));
+        assert_eq!(LinkType::from_overhead(0, false), Some(LinkType::Raw));
+        assert_eq!(LinkType::from_overhead(40, true), Some(LinkType::PppoeLlcsnap));
+        assert_eq!(LinkType::from_overhead(40, false), None, "40 B without ATM cells is no keyword");
     }
 }

@@ -1,0 +1,251 @@
+//! `lab demo`: the whole loop on an emulated line. Measure it as it is, locate the queue,
+//! advise from what was measured, apply the advice on the lab's router, measure again, keep
+//! the change only if it helped (`verify::judge`), and write one before/after report with the
+//! verdict, the advice and the applied configuration in it.
+
+use crate::placement::{self, Fix, Rates};
+use crate::{stamp, write_report, Options, Session};
+use bloatlab_lab::Topology;
+use bloatlab_report::html::Section;
+use bloatlab_result::Summary;
+use bloatlab_tune::advise::{self, Advice, Qdisc, Target};
+use bloatlab_tune::apply::{self, Iface};
+use bloatlab_tune::config::{self, Shaping};
+use bloatlab_tune::link::LinkType;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+
+/// Where the advice goes on the lab's router.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Apply {
+    /// The emulator's own qdisc on the router's LAN link (CAKE or HTB+fq_codel, `lab set`).
+    Emulated(Fix),
+    /// The router's kernel, with `tc` on its WAN interface as `bloatlab tune apply` does: the
+    /// best shaper the kernel has (here HTB with FIFOs: no cake or fq_codel module).
+    Kernel,
+}
+
+impl Apply {
+    pub fn parse(s: &str) -> Result<Apply, String> {
+        match s {
+            "kernel" | "tc" | "htb" => Ok(Apply::Kernel),
+            other => match Fix::parse(other)? {
+                Fix::Fifo => Err("--fix fifo changes nothing: want cake, fq_codel or kernel".into()),
+                f => Ok(Apply::Emulated(f)),
+            },
+        }
+    }
+
+    fn label(self) -> String {
+        match self {
+            Apply::Emulated(f) => format!("{} (advised)", f.label().trim_end_matches(" 95%")),
+            Apply::Kernel => "router kernel tc (advised)".into(),
+        }
+    }
+}
+
+/// What the locate step found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Located {
+    /// The verdict as `bloatlab locate --json` gives it.
+    pub verdict: serde_json::Value,
+    pub file: PathBuf,
+    /// One result file per load phase (download alone, upload alone).
+    pub phase_files: Vec<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Demo {
+    pub before: Summary,
+    pub after: Option<Summary>,
+    pub located: Option<Located>,
+    pub advice: Option<Advice>,
+    /// What was applied to the router: `lab set` commands or a tc script.
+    pub applied: Option<String>,
+    pub kept: bool,
+    pub reason: String,
+    /// Every result file the demo wrote, the report last.
+    pub files: Vec<PathBuf>,
+    #[serde(serialize_with = "report_ser")]
+    pub report: Result<PathBuf, String>,
+    /// Stopped early (Ctrl-C): the fields after the last finished step are empty.
+    pub interrupted: bool,
+}
+
+fn report_ser<S: serde::Serializer>(r: &Result<PathBuf, String>, s: S) -> Result<S::Ok, S::Error> {
+    match r {
+        Ok(p) => s.serialize_some(p),
+        Err(_) => s.serialize_none(),
+    }
+}
+
+/// Rolls the router's kernel back to its prior state when dropped: the lab's namespaces go
+/// with the lab, but `tune`'s record of them would stay.
+struct KernelApplied(Iface);
+
+impl Drop for KernelApplied {
+    fn drop(&mut self) {
+        if let Err(e) = apply::rollback(&self.0) {
+            eprintln!("bloatlab: rolling back the router's tc: {e}");
+        }
+    }
+}
+
+/// The technology of the slowest link, for the advice's overhead.
+fn link_type(topo: &Topology) -> Result<LinkType, String> {
+    let spec = placement::slowest(topo)?;
+    Ok(LinkType::from_overhead(spec.up.overhead as u32, spec.up.atm).unwrap_or(LinkType::Raw))
+}
+
+/// `bloatlab locate` from the client: download and upload loads alone, each `length` s.
+fn locate(s: &Session, o: &Options, length: f64) -> Result<Located, String> {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", s.namespace("client")])
+        .arg(&o.exe)
+        .args(["locate", &s.target, "--phases", "download,upload", "-l", &length.to_string(), "--idle", "2", "--json", "--out-dir"])
+        .arg(&o.out_dir)
+        .stdout(Stdio::piped())
+        .stderr(if o.quiet { Stdio::null() } else { Stdio::inherit() });
+    if o.quiet {
+        cmd.arg("-q");
+    }
+    let out = cmd.output().map_err(|e| format!("cannot run locate: {e}"))?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|_| format!("locate failed (exit {:?})", out.status.code()))?;
+    let files = v["phases"].as_array().map(|p| p.iter().filter_map(|p| p["file"].as_str().map(PathBuf::from)).collect()).unwrap_or_default();
+    Ok(Located { verdict: v["verdict"].clone(), file: v["file"].as_str().map(PathBuf::from).unwrap_or_default(), phase_files: files })
+}
+
+/// The verdict in words, with its caveats.
+fn verdict_text(v: &serde_json::Value) -> String {
+    let mut t = v["text"].as_str().unwrap_or("no verdict").to_string();
+    for c in v["caveats"].as_array().into_iter().flatten().filter_map(|c| c.as_str()) {
+        t += &format!("\nnote: {c}");
+    }
+    t
+}
+
+/// The demo on `topo` (hosts `client`, a router in front of the slowest link, `server`).
+pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
+    let link = link_type(&topo)?;
+    let router_dev = placement::slowest(&topo)?.name.clone();
+    let router = placement::slowest(&topo)?.a.clone();
+    if let Apply::Emulated(f) = how {
+        // Checked before the lab goes up.
+        placement::place(&topo, f)?;
+    }
+    let name = topo.name.clone();
+    let session = Session::up(topo.clone(), o)?;
+    let stamp = stamp();
+    let stopped = || o.stop.load(Ordering::Relaxed);
+    let mut files = Vec::new();
+
+    // 1. The line as it is.
+    let before_file = o.out_dir.join(format!("bloatlab-{name}-before-{stamp}.json.gz"));
+    o.say(&format!("1/5 measure: {} through `{name}` as it is ({} s load after 5 s idle)", o.test.join(" "), o.length));
+    let before = session.run_test(o, &before_file)?;
+    files.push(before_file.clone());
+    let mut d = Demo { before, after: None, located: None, advice: None, applied: None, kept: false, reason: String::new(), files, report: Err("not written".into()), interrupted: false };
+    let mut sections = Vec::new();
+    let finish = |mut d: Demo, sections: Vec<Section>, after: Option<(String, PathBuf)>| {
+        let mut runs = vec![("line as it is", before_file.as_path())];
+        if let Some((label, file)) = &after {
+            runs.push((label.as_str(), file.as_path()));
+        }
+        d.report = write_report(&runs, &sections, &o.out_dir.join(format!("bloatlab-{name}-demo-{stamp}.html")));
+        if let Ok(p) = &d.report {
+            d.files.push(p.clone());
+        }
+        d.interrupted = o.stop.load(Ordering::Relaxed);
+        Ok(d)
+    };
+    if stopped() {
+        return finish(d, sections, None);
+    }
+
+    // 2. Where the queue is; its load phases measure each direction alone for the advice.
+    let loc_len = (o.length / 2.0).clamp(6.0, 20.0);
+    o.say(&format!("2/5 locate: download, then upload, {loc_len} s each, while probing every hop"));
+    let located = locate(&session, o, loc_len)?;
+    sections.push(Section { title: "Where the queue is (bloatlab locate)".into(), text: verdict_text(&located.verdict) });
+    d.files.push(located.file.clone());
+    d.files.extend(located.phase_files.iter().cloned());
+    let mut runs = vec![d.before.clone()];
+    for f in &located.phase_files {
+        let r = bloatlab_result::read(f).map_err(|e| e.to_string())?;
+        runs.push(r.summary.clone().unwrap_or_else(|| bloatlab_analyze::summarize(&r)));
+    }
+    let on_host = located.verdict["hop"] == 0;
+    d.located = Some(located);
+    if stopped() {
+        return finish(d, sections, None);
+    }
+
+    // 3. Advice, for what the router can run.
+    let iface = Iface { dev: router_dev.clone(), netns: Some(session.namespace(&router).to_string()) };
+    let qdisc = match how {
+        Apply::Emulated(Fix::Cake) => Qdisc::Cake,
+        Apply::Emulated(_) => Qdisc::HtbFqCodel,
+        Apply::Kernel if apply::kernel_has("cake") => Qdisc::Cake,
+        Apply::Kernel if apply::kernel_has("fq_codel") => Qdisc::HtbFqCodel,
+        Apply::Kernel => Qdisc::HtbFifo,
+    };
+    let advice = advise::advise(&runs, &Target { link, qdisc, queue_on_host: on_host });
+    o.say(&format!("3/5 advise:\n{}", advice.text().trim_end()));
+    sections.push(Section { title: "Advice (bloatlab advise)".into(), text: advice.text() });
+    let rates = Rates { up_kbit: advice.up.as_ref().map(|a| a.rate_kbit), down_kbit: advice.down.as_ref().map(|a| a.rate_kbit) };
+    d.advice = Some(advice);
+
+    // 4. Apply on the router.
+    let mut kernel_guard = None;
+    let mut emulated = Vec::new();
+    let applied = match how {
+        Apply::Emulated(fix) => {
+            emulated = placement::place_at(&topo, fix, rates)?;
+            for s in &emulated {
+                session.lab.shared.set(&s.link, s.dir, &s.kv)?;
+            }
+            emulated.iter().map(|s| s.command()).collect::<Vec<_>>().join("\n")
+        }
+        Apply::Kernel => {
+            let shaping = Shaping { dev: router_dev.clone(), down_kbit: rates.down_kbit, up_kbit: rates.up_kbit, link };
+            let (script, said) = config::for_kernel(&shaping, apply::kernel_has);
+            if let Some(said) = said {
+                o.say(&said);
+            }
+            apply::apply(&iface, &script)?;
+            kernel_guard = Some(KernelApplied(iface.clone()));
+            format!("# on the router ({}), as bloatlab tune apply --dev {router_dev} runs it:\n{script}", iface.netns.as_deref().unwrap_or(""))
+        }
+    };
+    o.say(&format!("4/5 apply on `{router}`:\n{applied}"));
+    sections.push(Section { title: format!("Applied on `{router}`"), text: applied.clone() });
+    d.applied = Some(applied);
+    if stopped() {
+        return finish(d, sections, None);
+    }
+
+    // 5. Verify: the same test again, kept only if it helped.
+    let after_label = how.label();
+    let after_file = o.out_dir.join(format!("bloatlab-{name}-after-{stamp}.json.gz"));
+    o.say(&format!("5/5 verify: {} again ({} s load after 5 s idle)", o.test.join(" "), o.length));
+    let after = session.run_test(o, &after_file)?;
+    d.files.push(after_file.clone());
+    let (kept, mut reason) = crate::verify::judge(&d.before, &after);
+    if !kept {
+        for s in &emulated {
+            session.lab.shared.restore(&s.link)?;
+        }
+        drop(kernel_guard.take());
+        reason += "; rolled back";
+    }
+    o.say(&format!("{}: {reason}", if kept { "kept" } else { "not kept" }));
+    sections.insert(0, Section { title: if kept { "Verdict: kept" } else { "Verdict: rolled back" }.into(), text: reason.clone() });
+    d.after = Some(after);
+    d.kept = kept;
+    d.reason = reason;
+    drop(kernel_guard);
+    drop(session);
+    finish(d, sections, Some((after_label, after_file)))
+}
