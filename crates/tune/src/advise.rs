@@ -39,7 +39,7 @@ pub struct DirAdvice {
     pub mpu: u32,
     pub link: LinkType,
     pub qdisc: Qdisc,
-    /// FIFO length (packets) for `htb-fifo`.
+    /// Length (packets) of each hashed FIFO for `htb-fifo`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fifo_packets: Option<u64>,
     /// The goodput of each run, Mbit/s, that the rate came from.
@@ -103,6 +103,18 @@ pub fn fifo_packets(rate_kbit: u64) -> u64 {
     ((rate_kbit as f64 * 1000.0 * FIFO_MS / 1e3 / 8.0 / MTU).round() as u64).max(FIFO_MIN_PACKETS)
 }
 
+/// FIFOs the best-effort traffic is hashed onto (by port) when there is no fq_codel: HTB
+/// serves them in turn, a stochastic fair queue from what every kernel has.
+pub const FIFO_BUCKETS: u64 = 8;
+/// Busy FIFOs a sparse flow waits behind in the expected latency: four bulk flows a direction,
+/// as under rrul.
+const BUSY_FIFOS: f64 = 4.0;
+
+/// Each hashed FIFO's length: the `FIFO_MS` FIFO shared out, at least `FIFO_MIN_PACKETS`.
+pub fn bucket_packets(rate_kbit: u64) -> u64 {
+    (fifo_packets(rate_kbit) / FIFO_BUCKETS).max(FIFO_MIN_PACKETS)
+}
+
 /// One direction's advice from the goodputs and added delays the runs measured in it.
 fn direction(name: &str, goodputs: &[f64], bloat_ms: Option<f64>, t: &Target) -> DirAdvice {
     let lowest = goodputs.iter().copied().fold(f64::INFINITY, f64::min);
@@ -116,8 +128,9 @@ fn direction(name: &str, goodputs: &[f64], bloat_ms: Option<f64>, t: &Target) ->
     let (fifo_packets, expected, how) = match t.qdisc {
         Qdisc::Cake | Qdisc::HtbFqCodel => (None, 5.0 + packet_ms, "CoDel keeps each flow's queue near its 5 ms target".to_string()),
         Qdisc::HtbFifo => {
-            let n = fifo_packets(rate_kbit);
-            (Some(n), n as f64 * f64::from(t.link.wire_bytes(1500)) * 8.0 / rate_bps * 1e3, format!("a FIFO of {n} packets holds {FIFO_MS:.0} ms at this rate"))
+            let n = bucket_packets(rate_kbit);
+            let how = format!("flows hashed onto {FIFO_BUCKETS} FIFOs of {n} packets served in turn, a call waits about one packet per busy FIFO (a bulk flow up to its own {n})");
+            (Some(n), BUSY_FIFOS * packet_ms, how)
         }
     };
     let runs = if goodputs.len() == 1 { "the run measured" } else { "runs measured" };
@@ -192,7 +205,7 @@ pub fn advise(runs: &[Summary], t: &Target) -> Advice {
     match t.qdisc {
         Qdisc::Cake => notes.push("Where the router has no CAKE (sch_cake), use HTB + fq_codel (bloatlab config tc-htb-fqcodel); where it has neither, HTB with a short FIFO (--qdisc fifo).".into()),
         Qdisc::HtbFqCodel => notes.push("CAKE, where available, does the same with link-layer compensation and per-host fairness built in (bloatlab config tc-cake).".into()),
-        Qdisc::HtbFifo => notes.push("A FIFO shaper moves the queue but cannot isolate flows: a bulk upload still delays a call by the FIFO's length. Prefer fq_codel or CAKE where the router has them.".into()),
+        Qdisc::HtbFifo => notes.push("FIFOs hashed by port isolate flows only roughly (two flows may share one) and keep no queue short: each bulk flow still waits behind its own FIFO. Prefer fq_codel or CAKE where the router has them.".into()),
     }
     if t.queue_on_host {
         notes.push("The queue is on this host (locate: hop 0): lower the interface's transmit queue (ip link set dev IFACE txqueuelen 100), cap BQL (echo 30000 > /sys/class/net/IFACE/queues/tx-0/byte_queue_limits/limit_max) and, for Wi-Fi, prefer a driver with airtime fairness (mt76, ath9k, ath10k with fq_codel in mac80211); a router shaper cannot reach this queue.".into());
@@ -235,8 +248,9 @@ mod tests {
         let u = a.up.unwrap();
         assert_eq!((u.buffer_bytes, u.buffer_packets), (Some(1_500_000), Some(1000)));
         assert_eq!(u.rate_kbit, 19_000);
-        // 20 ms at 19 Mbit/s: 31.7 -> 32 packets of 1500 B.
-        assert_eq!(u.fifo_packets, Some(32));
+        // 20 ms at 19 Mbit/s: 31.7 -> 32 packets of 1500 B, over 8 FIFOs: 4, so the minimum 10.
+        assert_eq!(u.fifo_packets, Some(10));
+        assert_eq!(bucket_packets(100_000), 20, "20 ms at 100 Mbit/s is 167 packets, 20 a FIFO");
         assert!(u.reason.contains("about 1500 kB (1000 full packets)"), "{}", u.reason);
     }
 

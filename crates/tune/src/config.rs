@@ -68,7 +68,7 @@ pub fn for_kernel(s: &Shaping, has: impl Fn(&str) -> bool) -> (String, Option<St
     } else if has("fq_codel") {
         (tc_htb(s, Leaf::FqCodel), Some("this kernel has no CAKE (sch_cake): HTB with fq_codel instead".into()))
     } else {
-        (tc_htb(s, Leaf::Fifo), Some(format!("this kernel has neither CAKE nor fq_codel: HTB with {} ms FIFOs instead (they move the queue but do not isolate flows)", crate::advise::FIFO_MS)))
+        (tc_htb(s, Leaf::Fifo), Some(format!("this kernel has neither CAKE nor fq_codel: HTB with FIFOs hashed by port instead ({} per direction: they move the queue and roughly isolate flows, with no AQM)", crate::advise::FIFO_BUCKETS)))
     }
 }
 
@@ -115,25 +115,65 @@ fn burst(kbit: u64) -> u64 {
     (kbit / 8).max(1749)
 }
 
+/// Which port tells a direction's flows apart: the LAN host's (after NAT, the router's).
+#[derive(Clone, Copy, PartialEq)]
+enum Port {
+    Source,
+    Destination,
+}
+
+/// Splits HTB class 1:`id` into `FIFO_BUCKETS` leaves 1:`id`0 .. 1:`id`7, each with its own FIFO,
+/// and hashes flows onto them by the low bits of one port (u32 hashes one masked word; the
+/// ports follow a 20-byte IPv4 or 40-byte IPv6 header, so packets with options or extension
+/// headers land in some bucket, not always their flow's). HTB serves backlogged leaves of one
+/// priority in turn, a quantum each: a stochastic fair queue built from what every kernel
+/// has, so one flow's FIFO no longer holds up the others. Each bucket gets the class's FIFO
+/// length shared out, at least `FIFO_MIN_PACKETS`. The buckets take the class's priority
+/// (in HTB a leaf's priority counts across the tree).
+fn hashed_fifos(o: &mut String, dev: &str, id: u32, (rate, ceil, prio): (u64, u64, u32), fifo_kbit: u64, port: Port) {
+    let b = burst(ceil);
+    let (buckets, packets) = (crate::advise::FIFO_BUCKETS, crate::advise::bucket_packets(fifo_kbit));
+    let _ = writeln!(o, "# 1:{id} is {buckets} FIFOs of {packets} packets served in turn; a flow's {} port picks its FIFO.", if port == Port::Source { "source" } else { "destination" });
+    for i in 0..buckets {
+        let _ = writeln!(o, "tc class replace dev {dev} parent 1:{id} classid 1:{id}{i} htb rate {}kbit ceil {ceil}kbit burst {b} cburst {b} quantum 1749 prio {prio}", (rate / buckets).max(1));
+        let _ = writeln!(o, "tc qdisc replace dev {dev} parent 1:{id}{i} handle {id}{i}: pfifo limit {packets}");
+    }
+    // The port word: source port in its upper half, destination in its lower.
+    let mask = if port == Port::Source { (buckets - 1) << 16 } else { buckets - 1 };
+    for (prio, proto, table, at) in [(1, "ip", 2, 20), (2, "ipv6", 3, 40)] {
+        let _ = writeln!(o, "tc filter add dev {dev} parent 1:{id} prio {prio} handle {table}: protocol {proto} u32 divisor {buckets}");
+        for i in 0..buckets {
+            let _ = writeln!(o, "tc filter add dev {dev} parent 1:{id} prio {prio} protocol {proto} u32 ht {table}:{i:x}: match u32 0 0 flowid 1:{id}{i}");
+        }
+        let _ = writeln!(o, "tc filter add dev {dev} parent 1:{id} prio {prio} protocol {proto} u32 match u32 0 0 hashkey mask {mask:#010x} at {at} link {table}:");
+    }
+}
+
 /// HTB + fq_codel in three priority classes per direction, as sqm-scripts' simple.qos (marks by
 /// DSCP with u32 instead of iptables: EF and CS6 to the first class, CS1 to the last).
 pub fn tc_htb(s: &Shaping, l: Leaf) -> String {
     let mut o = String::new();
     let what = match l {
         Leaf::FqCodel => "HTB shaper with fq_codel leaves (sqm-scripts' simple.qos)".to_string(),
-        Leaf::Fifo => format!("HTB shaper with FIFO leaves of {:.0} ms (for kernels without fq_codel)", crate::advise::FIFO_MS),
+        Leaf::Fifo => format!("HTB shaper with FIFO leaves, best effort hashed onto {} FIFOs (for kernels without fq_codel)", crate::advise::FIFO_BUCKETS),
     };
     header(&mut o, if l == Leaf::FqCodel { "tc-htb-fqcodel" } else { "tc-htb-fifo" }, &what, s);
     if let Some(up) = s.up_kbit {
         let dev = &s.dev;
         let b = burst(up);
         let _ = writeln!(o, "# Upload: 1:11 voice and control (EF, CS6), 1:12 everything else, 1:13 bulk (CS1).");
-        let _ = writeln!(o, "tc qdisc replace dev {dev} root handle 1: {}htb default 12", s.stab());
+        // With FIFO leaves 1:12 is split into hashed buckets, and HTB's default must be a leaf.
+        let default = if l == Leaf::Fifo { 120 } else { 12 };
+        let _ = writeln!(o, "tc qdisc replace dev {dev} root handle 1: {}htb default {default}", s.stab());
         let _ = writeln!(o, "tc class replace dev {dev} parent 1: classid 1:1 htb rate {up}kbit ceil {up}kbit burst {b} cburst {b} quantum {b}");
         let sub = up.saturating_sub(16).max(1);
         for (id, rate, ceil, prio) in [(11, 128.min(up / 3).max(1), (up / 3).max(1), 1), (12, (up / 6).max(1), sub, 2), (13, (up / 6).max(1), sub, 3)] {
             let _ = writeln!(o, "tc class replace dev {dev} parent 1:1 classid 1:{id} htb rate {rate}kbit ceil {ceil}kbit burst {b} cburst {b} quantum {b} prio {prio}");
-            let _ = writeln!(o, "tc qdisc replace dev {dev} parent 1:{id} handle {id}0: {}", leaf(l, up));
+            if id == 12 && l == Leaf::Fifo {
+                hashed_fifos(&mut o, dev, 12, (rate, ceil, prio), up, Port::Source);
+            } else {
+                let _ = writeln!(o, "tc qdisc replace dev {dev} parent 1:{id} handle {id}0: {}", leaf(l, up));
+            }
         }
         // The TOS byte carries DSCP in its upper six bits: EF 46 -> 0xb8, CS6 48 -> 0xc0, CS1 8 -> 0x20.
         for (prio, tos, class) in [(1, "0xb8", 11), (2, "0xc0", 11), (3, "0x20", 13)] {
@@ -150,15 +190,25 @@ pub fn tc_htb(s: &Shaping, l: Leaf) -> String {
             let _ = writeln!(o, "tc filter replace dev {dev} parent 1: protocol ip prio 7 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xff80 at 2 match u8 0x10 0xff at 33 flowid 1:11");
             // IPv6 without extension headers: payload length under 128, flags at 40 + 13.
             let _ = writeln!(o, "tc filter replace dev {dev} parent 1: protocol ipv6 prio 8 u32 match ip6 protocol 6 0xff match u16 0x0000 0xff80 at 4 match u8 0x10 0xff at 53 flowid 1:11");
+            // The rest to 1:12, whose own filters pick a bucket.
+            for (prio, proto) in [(9, "ip"), (10, "ipv6")] {
+                let _ = writeln!(o, "tc filter replace dev {dev} parent 1: protocol {proto} prio {prio} u32 match u32 0 0 flowid 1:12");
+            }
         }
     }
     if let Some(down) = s.down_kbit {
         ingress_redirect(&mut o, s);
         let (ifb, b) = (s.ifb(), burst(down));
         let _ = writeln!(o, "# One class: marks from the Internet are not trusted (sqm's default: ignore ingress DSCP).");
-        let _ = writeln!(o, "tc qdisc replace dev {ifb} root handle 1: {}htb default 10", s.stab());
+        let default = if l == Leaf::Fifo { 100 } else { 10 };
+        let _ = writeln!(o, "tc qdisc replace dev {ifb} root handle 1: {}htb default {default}", s.stab());
         let _ = writeln!(o, "tc class replace dev {ifb} parent 1: classid 1:10 htb rate {down}kbit ceil {down}kbit burst {b} cburst {b} quantum {b}");
-        let _ = writeln!(o, "tc qdisc replace dev {ifb} parent 1:10 handle 100: {}", leaf(l, down));
+        if l == Leaf::Fifo {
+            let _ = writeln!(o, "tc filter replace dev {ifb} parent 1: protocol all prio 1 u32 match u32 0 0 flowid 1:10");
+            hashed_fifos(&mut o, &ifb, 10, (down, down, 0), down, Port::Destination);
+        } else {
+            let _ = writeln!(o, "tc qdisc replace dev {ifb} parent 1:10 handle 100: {}", leaf(l, down));
+        }
     }
     undo(&mut o, s);
     o
