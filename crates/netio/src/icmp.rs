@@ -104,26 +104,20 @@ pub fn echo_request(v6: bool, seq: u16, len: usize) -> Vec<u8> {
     m
 }
 
-/// The timestamp control message of a received datagram, if any.
-///
-/// # Safety
-/// `msg` must be a msghdr the kernel filled in by recvmsg.
-unsafe fn cmsg_time(msg: &libc::msghdr) -> Option<SystemTime> {
-    let mut c = libc::CMSG_FIRSTHDR(msg);
-    while !c.is_null() {
-        if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
-            let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-            return Some(SystemTime::UNIX_EPOCH + Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32));
-        }
-        c = libc::CMSG_NXTHDR(msg, c);
+/// The kernel's receive time, when `c` is a timestamp control message.
+fn cmsg_time(c: &libc::cmsghdr) -> Option<SystemTime> {
+    if c.cmsg_level != libc::SOL_SOCKET || c.cmsg_type != libc::SCM_TIMESTAMPNS {
+        return None;
     }
-    None
+    // SAFETY: an SCM_TIMESTAMPNS message carries a timespec (read unaligned: cmsg data is
+    // only aligned to the header's size).
+    let ts: libc::timespec = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast()) };
+    Some(SystemTime::UNIX_EPOCH + Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
-/// One echo reply waiting on a ping socket, if any (never blocks).
-pub fn recv_echo_reply(sock: &UdpSocket) -> io::Result<Option<EchoReply>> {
-    let mut data = [0u8; 128];
-    let mut control = [0u64; 16];
+/// One datagram, or with `MSG_ERRQUEUE` one error-queue entry, without blocking: its length
+/// and address, after `each` has seen every control message that came with it.
+fn recv_with(sock: &UdpSocket, flags: i32, data: &mut [u8], control: &mut [u64], mut each: impl FnMut(&libc::cmsghdr)) -> io::Result<Option<(usize, libc::sockaddr_storage)>> {
     // SAFETY: zeroed plain-old-data, then pointers to live buffers of the stated lengths.
     let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
@@ -133,21 +127,34 @@ pub fn recv_echo_reply(sock: &UdpSocket) -> io::Result<Option<EchoReply>> {
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control);
+    msg.msg_controllen = std::mem::size_of_val(control);
     // SAFETY: msg points at the buffers above for the duration of the call.
-    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, flags | libc::MSG_DONTWAIT) };
     if n < 0 {
         let e = io::Error::last_os_error();
         return if e.kind() == io::ErrorKind::WouldBlock { Ok(None) } else { Err(e) };
     }
-    let n = n as usize;
+    // SAFETY: the CMSG_* walk stays within msg_controllen as the kernel filled it.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            each(&*c);
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok(Some((n as usize, name)))
+}
+
+/// One echo reply waiting on a ping socket, if any (never blocks).
+pub fn recv_echo_reply(sock: &UdpSocket) -> io::Result<Option<EchoReply>> {
+    let mut data = [0u8; 128];
+    let mut at = None;
+    let Some((n, name)) = recv_with(sock, 0, &mut data, &mut [0u64; 16], |c| at = at.or(cmsg_time(c)))? else { return Ok(None) };
     // Echo reply: ICMP type 0, ICMPv6 type 129; anything else or short is not ours.
     if n < 8 || !(data[0] == 0 || data[0] == 129) {
         return Ok(None);
     }
     let Some(from) = sockaddr_to(&name) else { return Ok(None) };
-    // SAFETY: recvmsg filled msg in.
-    let at = unsafe { cmsg_time(&msg) };
     Ok(Some(EchoReply { from: from.ip(), seq: u16::from_be_bytes([data[6], data[7]]), at }))
 }
 
@@ -167,63 +174,46 @@ fn sockaddr_to(sa: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
+/// What an IP_RECVERR / IPV6_RECVERR control message says: the kind of ICMP error and the
+/// address of the router that sent it (SO_EE_OFFENDER, right after the struct).
+fn cmsg_error(c: &libc::cmsghdr) -> Option<(Option<IcmpKind>, Option<IpAddr>)> {
+    let (level, ty) = (c.cmsg_level, c.cmsg_type);
+    if !((level == libc::IPPROTO_IP && ty == libc::IP_RECVERR) || (level == libc::IPPROTO_IPV6 && ty == libc::IPV6_RECVERR)) {
+        return None;
+    }
+    let ee_len = std::mem::size_of::<libc::sock_extended_err>();
+    // SAFETY: a RECVERR message carries a sock_extended_err and then the offender's address,
+    // copied out no further than the message's own length.
+    unsafe {
+        let body = libc::CMSG_DATA(c);
+        let ee: libc::sock_extended_err = std::ptr::read_unaligned(body.cast());
+        let kind = match (ee.ee_origin, ee.ee_type, ee.ee_code) {
+            (libc::SO_EE_ORIGIN_ICMP, 11, _) | (libc::SO_EE_ORIGIN_ICMP6, 3, _) => Some(IcmpKind::TimeExceeded),
+            (libc::SO_EE_ORIGIN_ICMP, 3, 3) | (libc::SO_EE_ORIGIN_ICMP6, 1, 4) => Some(IcmpKind::PortUnreachable),
+            (libc::SO_EE_ORIGIN_ICMP, 3, code) | (libc::SO_EE_ORIGIN_ICMP6, 1, code) => Some(IcmpKind::Unreachable(ee.ee_type, code)),
+            _ => None,
+        };
+        let mut off: libc::sockaddr_storage = std::mem::zeroed();
+        let avail = c.cmsg_len.saturating_sub(body as usize - c as *const libc::cmsghdr as usize + ee_len);
+        let len = avail.min(std::mem::size_of::<libc::sockaddr_storage>());
+        std::ptr::copy_nonoverlapping(body.add(ee_len), (&mut off as *mut libc::sockaddr_storage).cast(), len);
+        Some((kind, sockaddr_to(&off).map(|a| a.ip())))
+    }
+}
+
 /// One error from the socket's error queue, if any is waiting (never blocks).
 pub fn recv_error(sock: &UdpSocket) -> io::Result<Option<IcmpError>> {
     let mut data = [0u8; 512];
-    // u64 alignment for the cmsg headers.
-    let mut control = [0u64; 64];
-    // SAFETY: zeroed plain-old-data.
-    let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
-    // SAFETY: zeroed msghdr, then every pointer set to a live buffer of the stated length.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
-    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control);
-    // SAFETY: msg points at the buffers above for the duration of the call.
-    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::WouldBlock { Ok(None) } else { Err(e) };
-    }
-    let Some(dest) = sockaddr_to(&name) else { return Ok(None) };
-    let mut kind = None;
-    let mut from = None;
-    let mut at = None;
-    // SAFETY: the CMSG_* walk stays within msg_controllen as the kernel filled it.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            let (level, ty) = ((*c).cmsg_level, (*c).cmsg_type);
-            let body = libc::CMSG_DATA(c);
-            if (level == libc::IPPROTO_IP && ty == libc::IP_RECVERR) || (level == libc::IPPROTO_IPV6 && ty == libc::IPV6_RECVERR) {
-                let ee: libc::sock_extended_err = std::ptr::read_unaligned(body.cast());
-                kind = match (ee.ee_origin, ee.ee_type, ee.ee_code) {
-                    (libc::SO_EE_ORIGIN_ICMP, 11, _) | (libc::SO_EE_ORIGIN_ICMP6, 3, _) => Some(IcmpKind::TimeExceeded),
-                    (libc::SO_EE_ORIGIN_ICMP, 3, 3) | (libc::SO_EE_ORIGIN_ICMP6, 1, 4) => Some(IcmpKind::PortUnreachable),
-                    (libc::SO_EE_ORIGIN_ICMP, 3, c) | (libc::SO_EE_ORIGIN_ICMP6, 1, c) => Some(IcmpKind::Unreachable(ee.ee_type, c)),
-                    _ => None,
-                };
-                // The offender's address follows the struct (SO_EE_OFFENDER).
-                let off: libc::sockaddr_storage = {
-                    let mut s: libc::sockaddr_storage = std::mem::zeroed();
-                    let avail = (*c).cmsg_len as usize - (body as usize - c as usize) - std::mem::size_of::<libc::sock_extended_err>();
-                    let len = avail.min(std::mem::size_of::<libc::sockaddr_storage>());
-                    std::ptr::copy_nonoverlapping(body.add(std::mem::size_of::<libc::sock_extended_err>()), (&mut s as *mut libc::sockaddr_storage).cast(), len);
-                    s
-                };
-                from = sockaddr_to(&off).map(|a| a.ip());
-            } else if level == libc::SOL_SOCKET && ty == libc::SCM_TIMESTAMPNS {
-                let ts: libc::timespec = std::ptr::read_unaligned(body.cast());
-                at = Some(SystemTime::UNIX_EPOCH + Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32));
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
+    let (mut kind, mut from, mut at) = (None, None, None);
+    let got = recv_with(sock, libc::MSG_ERRQUEUE, &mut data, &mut [0u64; 64], |c| {
+        if let Some((k, f)) = cmsg_error(c) {
+            (kind, from) = (k, f);
         }
-    }
-    let quoted = (n as usize).min(data.len());
+        at = at.or(cmsg_time(c));
+    })?;
+    let Some((n, name)) = got else { return Ok(None) };
+    let Some(dest) = sockaddr_to(&name) else { return Ok(None) };
+    let quoted = n.min(data.len());
     Ok(kind.map(|kind| IcmpError { dest, from, kind, at, payload: data[..quoted.min(64)].to_vec() }))
 }
 
