@@ -252,7 +252,12 @@ fn write_to(file: std::fs::File, gz: bool, result: &ResultFile) -> std::io::Resu
     let mut out = std::io::BufWriter::new(file);
     if gz {
         let mut gz = flate2::write::GzEncoder::new(&mut out, flate2::Compression::fast());
-        serde_json::to_writer(&mut gz, result)?;
+        // serde_json writes a few bytes at a time, and each write into the encoder runs the
+        // compressor over its whole 32 KB output buffer (zeroed first): batch them.
+        let mut batched = std::io::BufWriter::with_capacity(64 * 1024, &mut gz);
+        serde_json::to_writer(&mut batched, result)?;
+        batched.flush()?;
+        drop(batched);
         gz.finish()?;
     } else {
         serde_json::to_writer(&mut out, result)?;
