@@ -61,13 +61,16 @@ P
 done
 $bl lab down fwd >/dev/null 2>&1
 
-echo "== 1b. The qdisc's cost at 1 Gbit/s: FIFO against CAKE, 4 TCP flows, same run =="
+echo "== 1b. The qdisc's cost at 1 Gbit/s: FIFO, CoDel, FQ-CoDel and CAKE, 4 TCP flows, same run =="
 # FIFO behind the link's 1 Gbit/s serialiser; CAKE (diffserv3, triple-isolate) shaping at
 # 1 Gbit/s itself on an unlimited link. Packets per second and the emulator's CPU per packet.
 printf '%-6s %10s %10s %10s %16s\n' qdisc Gbit/s kpps "CPU %" "CPU us per pkt"
 declare -A kpps_of
-for q in fifo cake; do
-  if [ $q = fifo ]; then both='{ rate = "1gbit", limit = 1000 }'; else both='{ qdisc = "cake bandwidth 1gbit" }'; fi
+for q in fifo codel fq_codel cake; do
+  case $q in
+    cake) both='{ qdisc = "cake bandwidth 1gbit" }' ;;
+    *) both="{ rate = \"1gbit\", limit = 1000, qdisc = \"$q\" }" ;;
+  esac
   printf 'name="cost"\n[[link]]\nname="l"\na="c"\nb="s"\nboth = %s\n' "$both" >"$tmp/cost.toml"
   $bl lab up "$tmp/cost.toml" 2>/dev/null
   $bl lab exec s -- iperf3 -s -D -1 >/dev/null 2>&1 || true
@@ -89,6 +92,31 @@ P
   $bl lab down cost >/dev/null 2>&1
 done
 python3 -c "import sys; f, c = map(float, sys.argv[1:]); print(f'CAKE forwards {c/f:.2f}x the packets per second of FIFO')" "${kpps_of[fifo]}" "${kpps_of[cake]}"
+
+echo "== 1c. Chains: 1, 3 and 6 unshaped links in a row, 1 TCP flow =="
+# Every link is a forwarder of its own (two threads), so the chain's rate is the slowest hop's
+# and its CPU grows with the hops: CPU s per Gbit against hops.
+printf '%-6s %10s %10s %16s\n' links Gbit/s "CPU %" "CPU s per Gbit"
+for hops in 1 3 6; do
+  python3 - "$hops" >"$tmp/chain.toml" <<'P'
+import sys
+n = int(sys.argv[1])
+hosts = ["c"] + [f"r{i}" for i in range(1, n)] + ["s"]
+print('name="chain"')
+for i in range(n):
+    print(f'[[link]]\nname="l{i}"\na="{hosts[i]}"\nb="{hosts[i+1]}"')
+P
+  $bl lab up "$tmp/chain.toml" 2>/dev/null
+  $bl lab exec s -- iperf3 -s -D -1 >/dev/null 2>&1 || true
+  sleep 0.3
+  pid=$(lab_pid chain)
+  dst=$($bl lab exec s -- ip -4 -o addr show | awk '$2 != "lo" {sub("/.*", "", $4); print $4; exit}')
+  c0=$(cpu_ticks $pid)
+  gbps=$($bl lab exec c -- iperf3 -c "$dst" -t "$secs" -J | python3 -c "import json,sys; print(json.load(sys.stdin)['end']['sum_received']['bits_per_second']/1e9)")
+  c1=$(cpu_ticks $pid)
+  python3 -c "import sys; h, g, c0, c1, hz, secs = sys.argv[1], *map(float, sys.argv[2:]); cpu = (c1 - c0) / hz / secs * 100; print(f'{h:<6} {g:10.2f} {cpu:10.0f} {cpu/100/g:16.2f}')" "$hops" "$gbps" "$c0" "$c1" "$hz" "$secs"
+  $bl lab down chain >/dev/null 2>&1
+done
 
 echo "== 2. Shaped at ${rate} Mbit/s with a ${limit}-packet FIFO: bloatlab lab vs kernel htb+pfifo =="
 # The kernel's htb counts Ethernet frames (IP + 14 bytes): give the lab the same overhead.

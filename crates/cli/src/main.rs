@@ -190,7 +190,8 @@ struct TestArgs {
     /// Probe interval and throughput sampling step, in seconds.
     #[arg(long, default_value_t = 0.01)]
     step: f64,
-    /// TCP flows per direction for tcp-down, tcp-up and tcp-bidir.
+    /// TCP flows per direction for tcp-down, tcp-up and tcp-bidir (at most 256; a public
+    /// server allows 32 a test unless its --max-flows says more).
     #[arg(long, default_value_t = 4)]
     flows: u16,
     /// TCP congestion control of the test flows, set by whichever side sends (default: each
@@ -373,6 +374,9 @@ fn server(a: ServerArgs) -> ExitCode {
     ExitCode::from(130)
 }
 
+/// Flows per direction a test may open: a thread each on the client.
+const MAX_FLOWS: u16 = 256;
+
 fn test(a: TestArgs) -> ExitCode {
     let kind: TestKind = a.test.into();
     let usage = |m: &str| {
@@ -386,8 +390,8 @@ fn test(a: TestArgs) -> ExitCode {
     if !(0.001..=1.0).contains(&a.step) {
         return usage("--step must be between 0.001 and 1 second");
     }
-    if a.flows == 0 || a.flows > 16 {
-        return usage("--flows must be between 1 and 16");
+    if a.flows == 0 || a.flows > MAX_FLOWS {
+        return usage(&format!("--flows must be between 1 and {MAX_FLOWS}"));
     }
     let params = Params {
         test: kind,
