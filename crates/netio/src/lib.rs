@@ -128,8 +128,11 @@ struct RawTcpInfo {
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TcpInfo {
-    /// Payload bytes the peer acknowledged: the sender's view of goodput.
+    /// Payload bytes the peer acknowledged cumulatively.
     pub bytes_acked: u64,
+    /// Bytes the peer holds beyond a hole (selectively acknowledged segments x MSS): delivered,
+    /// but counted in `bytes_acked` only once the hole is filled.
+    pub sacked_bytes: u64,
     pub rtt_us: u32,
     pub total_retrans: u32,
     pub snd_cwnd: u32,
@@ -161,6 +164,7 @@ pub fn tcp_info(stream: &impl AsRawFd) -> io::Result<TcpInfo> {
     // The kernel counts the SYN's sequence number as one acknowledged byte.
     Ok(TcpInfo {
         bytes_acked: raw.bytes_acked.saturating_sub(1),
+        sacked_bytes: u64::from(raw.sacked) * u64::from(raw.snd_mss),
         rtt_us: raw.rtt,
         total_retrans: raw.total_retrans,
         snd_cwnd: raw.snd_cwnd,
