@@ -11,7 +11,7 @@ use crate::MS;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ConfigError {
-    #[error("unknown key `{0}` (keys: rate, delay, jitter, reorder, loss, ge, mtu, overhead, atm, qdisc, limit, target, interval, ecn, flows, quantum, seed)")]
+    #[error("unknown key `{0}` (keys: rate, delay, jitter, reorder, loss, ge, mtu, overhead, atm, qdisc, limit, target, interval, ecn, flows, quantum, ring, seed)")]
     Key(String),
     #[error("{0}")]
     Value(String),
@@ -78,6 +78,10 @@ pub struct DirConfig {
     /// ATM cell framing: ceil((IP + overhead) / 48) cells of 53 bytes.
     pub atm: bool,
     pub qdisc: QdiscConfig,
+    /// A driver's transmit ring below the qdisc: packets it has taken from the qdisc but not
+    /// yet sent, drained FIFO at the link rate and out of the qdisc's sight. 0: none, a packet
+    /// leaves the qdisc only when the link is free.
+    pub ring: usize,
     pub seed: u64,
 }
 
@@ -93,6 +97,7 @@ impl Default for DirConfig {
             overhead: 0,
             atm: false,
             qdisc: QdiscConfig::default(),
+            ring: 0,
             seed: 1,
         }
     }
@@ -226,6 +231,13 @@ impl DirConfig {
             "ecn" => self.qdisc.ecn = Some(parse_bool(v)?),
             "flows" => self.qdisc.flows = parse_usize(v, "flows")?.clamp(1, 65536),
             "quantum" => self.qdisc.quantum = parse_usize(v, "quantum")?.max(256),
+            "ring" => {
+                let n = parse_usize(v, "ring")?;
+                if n > 65536 {
+                    return Err(ConfigError::Value(format!("ring {n}: at most 65536 entries")));
+                }
+                self.ring = n;
+            }
             "seed" => self.seed = v.parse().map_err(|_| ConfigError::Value(format!("seed `{v}`")))?,
             other => return Err(ConfigError::Key(other.to_string())),
         }
@@ -311,6 +323,9 @@ impl DirConfig {
             QdiscKind::Cake(p) => p.describe(),
         };
         out += &format!(", {qdisc}");
+        if self.ring > 0 {
+            out += &format!(", ring {}", self.ring);
+        }
         if self.overhead > 0 || self.atm {
             out += &format!(", overhead {} B{}", self.overhead, if self.atm { " ATM" } else { "" });
         }

@@ -10,7 +10,7 @@ use crate::stats::DirStats;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 struct InFlight {
     deliver_ns: u64,
@@ -42,6 +42,9 @@ pub struct Direction {
     pub stats: DirStats,
     /// When the packet being serialised has left: the next may start then.
     busy_until: u64,
+    /// Departure times of the packets in the transmit ring (`cfg.ring`), oldest first; those
+    /// already gone are removed as time passes.
+    ring: VecDeque<u64>,
     /// Time of the latest arrival: every queued packet arrived by then (see `pump`).
     last_arrival: u64,
     last_delivery: u64,
@@ -61,6 +64,7 @@ impl Direction {
             cfg,
             stats: DirStats::default(),
             busy_until: 0,
+            ring: VecDeque::new(),
             last_arrival: 0,
             last_delivery: 0,
             seq: 0,
@@ -139,20 +143,42 @@ impl Direction {
         self.in_flight.push(Reverse(InFlight { deliver_ns: deliver, seq: self.seq, data }));
     }
 
-    /// Moves packets from the queue onto the wire for every moment up to `now` at which the
-    /// link was free. Called before each arrival, so every queued packet arrived no later than
-    /// `last_arrival`: a dequeue happens at max(link free, last arrival), late wake-ups
-    /// included (the link catches up instead of drifting).
+    /// When the qdisc may next hand a packet down: once every queued packet has arrived
+    /// (`last_arrival`), the qdisc is ready, and there is room below it: the link free without
+    /// a ring, else a free ring slot (the oldest of the last `ring` entries has left).
+    fn handoff_time(&self) -> u64 {
+        let room = match self.cfg.ring {
+            0 => self.busy_until,
+            n if self.ring.len() >= n => self.ring[self.ring.len() - n],
+            _ => 0,
+        };
+        room.max(self.last_arrival).max(self.qdisc.next_ready())
+    }
+
+    /// Moves packets from the queue onto the wire (or into the ring) for every moment up to
+    /// `now` at which there was room. Called before each arrival, so every queued packet
+    /// arrived no later than `last_arrival`: a dequeue happens at max(room, last arrival),
+    /// late wake-ups included (the link catches up instead of drifting).
     fn pump(&mut self, now: u64) {
         while self.qdisc.packets() > 0 {
-            let t = self.busy_until.max(self.last_arrival).max(self.qdisc.next_ready());
+            let t = self.handoff_time();
             if t > now {
                 break;
             }
             let Some(p) = self.qdisc.dequeue(t, &mut self.stats) else { break };
             self.stats.sojourn.record(t - p.enqueued_ns);
-            let depart = self.serializer.departure(t, p.frame_len);
+            // In a ring the packet waits for those ahead of it; without one the link is free.
+            let start = t.max(self.busy_until);
+            let depart = self.serializer.departure(start, p.frame_len);
             self.busy_until = depart;
+            if self.cfg.ring > 0 {
+                self.stats.ring_sojourn.record(start - t);
+                while self.ring.front().is_some_and(|&d| d <= t) {
+                    self.ring.pop_front();
+                }
+                self.ring.push_back(depart);
+                self.stats.max_ring_packets = self.stats.max_ring_packets.max(self.ring.len());
+            }
             let mut deliver = depart + self.cfg.delay_ns;
             if self.cfg.jitter_ns > 0 {
                 let j = self.cfg.jitter_ns as f64 * (2.0 * self.rng.random::<f64>() - 1.0);
@@ -165,6 +191,10 @@ impl Direction {
             self.seq += 1;
             self.in_flight.push(Reverse(InFlight { deliver_ns: deliver, seq: self.seq, data: p.data }));
         }
+        while self.ring.front().is_some_and(|&d| d <= now) {
+            self.ring.pop_front();
+        }
+        self.stats.ring_packets = self.ring.len();
         self.note_queue();
     }
 
@@ -189,7 +219,7 @@ impl Direction {
     /// When `poll` next has something to do; None when idle.
     pub fn next_wakeup(&self) -> Option<u64> {
         let wire = self.in_flight.peek().map(|Reverse(f)| f.deliver_ns);
-        let queue = (self.qdisc.packets() > 0).then(|| self.busy_until.max(self.last_arrival).max(self.qdisc.next_ready()));
+        let queue = (self.qdisc.packets() > 0).then(|| self.handoff_time());
         match (wire, queue) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -332,6 +362,49 @@ mod tests {
             assert!((lab - theory).abs() < tolerance, "ge {ge}: lab {lab} theory {theory}");
             assert!((kernel - theory).abs() < 2.0 * tolerance, "ge {ge}: kernel {kernel} theory {theory}");
         }
+    }
+
+    /// A bulk flow fills a 10 Mbit/s link behind FQ-CoDel; one sparse 100-byte packet arrives
+    /// at 1 s. Returns how long it took to arrive, and the direction.
+    fn sparse_packet_delay(ring: &str) -> (u64, Direction) {
+        let mut d = dir(&[("rate", "10mbit"), ("qdisc", "fq_codel"), ("ring", ring)]);
+        for _ in 0..2000 {
+            d.arrive(udp4(1500, 1, 2, 0).data, 0);
+        }
+        let at = 1000 * MS;
+        while let Some(t) = d.next_wakeup().filter(|&t| t < at) {
+            while d.poll(t).is_some() {}
+        }
+        d.arrive(udp4(100, 3, 4, 0).data, at);
+        loop {
+            let t = d.next_wakeup().expect("the sparse packet is delivered");
+            while let Some(p) = d.poll(t) {
+                if p.len() == 100 {
+                    return (t - at, d);
+                }
+            }
+        }
+    }
+
+    /// The queue below the qdisc (Gettys: a driver ring of 256 on a slow link): FQ-CoDel sends
+    /// the sparse packet next, but into a full ring, which drains FIFO at the link rate:
+    /// 256 x 1500 B x 8 / 10 Mbit/s = 307.2 ms that no qdisc can see or remove. A 2-entry ring
+    /// leaves about two packets' time (2.4 ms); none, at most the packet on the wire (1.2 ms).
+    #[test]
+    fn a_driver_ring_holds_what_the_qdisc_cannot_see() {
+        let own = 100 * 8 * 1000 / 10; // 100 B at 10 Mbit/s, ns
+        let (long, d) = sparse_packet_delay("256");
+        assert!(long >= 306 * MS && long <= 307_200_000 + own + 1_300_000, "ring 256: {long} ns");
+        assert_eq!(d.stats.max_ring_packets, 256);
+        // The ring's wait is where the time went; the qdisc's own queue kept CoDel's target.
+        let ring_p50 = d.stats.ring_sojourn.quantile_us(0.5).unwrap();
+        assert!((ring_p50 as f64 - 306_000.0).abs() < 4_000.0, "ring sojourn p50 {ring_p50} us");
+        let (short, d) = sparse_packet_delay("2");
+        assert!(short <= 2_400_000 + own + 1_300_000, "ring 2: {short} ns");
+        assert_eq!(d.stats.max_ring_packets, 2);
+        let (none, d) = sparse_packet_delay("0");
+        assert!(none <= 1_200_000 + own, "no ring: {none} ns");
+        assert_eq!((d.stats.max_ring_packets, d.stats.ring_sojourn.count()), (0, 0));
     }
 
     /// FQ-CoDel shares the link in frame bytes, as Linux's deficits count `qdisc_pkt_len`: with

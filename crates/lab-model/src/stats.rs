@@ -89,6 +89,11 @@ pub struct DirStats {
     pub queue_bytes: usize,
     pub max_queue_packets: usize,
     pub sojourn: SojournHistogram,
+    /// The transmit ring below the qdisc (`ring`): packets in it now and at most, and how long
+    /// each waited there before its serialisation began. Empty without a ring.
+    pub ring_packets: usize,
+    pub max_ring_packets: usize,
+    pub ring_sojourn: SojournHistogram,
 }
 
 #[cfg(test)]
