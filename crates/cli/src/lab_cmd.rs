@@ -41,7 +41,8 @@ pub enum LabCommand {
     /// Keys: rate (60mbit | trace:FILE | schedule:FILE | unlimited), delay, jitter, reorder,
     /// loss (1%), ge (p,r,1-h,1-k), mtu, overhead (bytes), atm, qdisc (fifo | fifo-headdrop |
     /// codel | fq_codel | "cake OPTIONS" as tc takes them), limit (packets 1000 | bytes 64kb | time 100ms), target, interval,
-    /// ecn, flows, quantum, ring (packets a driver holds below the qdisc; 0: none), seed.
+    /// ecn, flows, quantum, ring (packets a driver holds below the qdisc; 0: none), bql (on: the ring limited in bytes
+    /// as Linux's byte queue limits do), seed.
     Set {
         link: String,
         /// key=value settings.
@@ -416,7 +417,8 @@ fn stats_text(stats: &serde_json::Value) -> String {
             if n("max_ring_packets") > 0 {
                 let ring: bloatlab_lab_model::stats::SojournHistogram = serde_json::from_value(d["ring_sojourn"].clone()).unwrap_or_default();
                 let r = |p: f64| ring.quantile_us(p).map_or("-".to_string(), |us| format!("{:.2}ms", us as f64 / 1000.0));
-                out += &format!("  below the qdisc, in the transmit ring: {} pkts now (max {}); waited p50 {} p90 {} p99 {}\n", n("ring_packets"), n("max_ring_packets"), r(0.5), r(0.9), r(0.99));
+                let bql = d["bql_limit_bytes"].as_u64().map_or(String::new(), |b| format!(", BQL limit {b} B"));
+                out += &format!("  below the qdisc, in the transmit ring: {} pkts now (max {}{bql}); waited p50 {} p90 {} p99 {}\n", n("ring_packets"), n("max_ring_packets"), r(0.5), r(0.9), r(0.99));
             }
             if let Some(c) = d.get("cake").filter(|c| !c.is_null()) {
                 out += &cake_text(c, dn("ack_filter"));

@@ -11,7 +11,7 @@ use crate::MS;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ConfigError {
-    #[error("unknown key `{0}` (keys: rate, delay, jitter, reorder, loss, ge, mtu, overhead, atm, qdisc, limit, target, interval, ecn, flows, quantum, ring, seed)")]
+    #[error("unknown key `{0}` (keys: rate, delay, jitter, reorder, loss, ge, mtu, overhead, atm, qdisc, limit, target, interval, ecn, flows, quantum, ring, bql, seed)")]
     Key(String),
     #[error("{0}")]
     Value(String),
@@ -82,6 +82,10 @@ pub struct DirConfig {
     /// yet sent, drained FIFO at the link rate and out of the qdisc's sight. 0: none, a packet
     /// leaves the qdisc only when the link is free.
     pub ring: usize,
+    /// Byte queue limits on the ring (Linux's BQL): the ring takes packets only while the
+    /// bytes in it are within a limit learnt from completions. A ring of `ring` entries, 256
+    /// when none is set.
+    pub bql: bool,
     pub seed: u64,
 }
 
@@ -98,6 +102,7 @@ impl Default for DirConfig {
             atm: false,
             qdisc: QdiscConfig::default(),
             ring: 0,
+            bql: false,
             seed: 1,
         }
     }
@@ -238,10 +243,20 @@ impl DirConfig {
                 }
                 self.ring = n;
             }
+            "bql" => self.bql = parse_bool(v)?,
             "seed" => self.seed = v.parse().map_err(|_| ConfigError::Value(format!("seed `{v}`")))?,
             other => return Err(ConfigError::Key(other.to_string())),
         }
         Ok(())
+    }
+
+    /// Entries of the transmit ring below the qdisc; 0 for none.
+    pub fn ring_entries(&self) -> usize {
+        if self.bql && self.ring == 0 {
+            256
+        } else {
+            self.ring
+        }
     }
 
     /// Bytes on the link for an IP packet of `len` bytes.
@@ -323,8 +338,8 @@ impl DirConfig {
             QdiscKind::Cake(p) => p.describe(),
         };
         out += &format!(", {qdisc}");
-        if self.ring > 0 {
-            out += &format!(", ring {}", self.ring);
+        if self.ring_entries() > 0 {
+            out += &format!(", ring {}{}", self.ring_entries(), if self.bql { " with BQL" } else { "" });
         }
         if self.overhead > 0 || self.atm {
             out += &format!(", overhead {} B{}", self.overhead, if self.atm { " ATM" } else { "" });

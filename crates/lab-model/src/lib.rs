@@ -5,6 +5,7 @@
 pub mod cake;
 pub mod codel;
 pub mod config;
+pub mod dql;
 pub mod fifo;
 pub mod fq_codel;
 pub mod link;

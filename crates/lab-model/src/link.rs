@@ -3,6 +3,7 @@
 //! caller's clock.
 
 use crate::config::{DirConfig, Loss};
+use crate::dql::Dql;
 use crate::packet::Packet;
 use crate::qdisc::Qdisc;
 use crate::rate::Serializer;
@@ -42,9 +43,11 @@ pub struct Direction {
     pub stats: DirStats,
     /// When the packet being serialised has left: the next may start then.
     busy_until: u64,
-    /// Departure times of the packets in the transmit ring (`cfg.ring`), oldest first; those
-    /// already gone are removed as time passes.
-    ring: VecDeque<u64>,
+    /// Departure times and frame bytes of the packets in the transmit ring, oldest first;
+    /// each is removed (and, with BQL, reported completed) once its time has passed.
+    ring: VecDeque<(u64, u64)>,
+    /// Byte queue limits on the ring, when `cfg.bql`.
+    dql: Option<Dql>,
     /// Time of the latest arrival: every queued packet arrived by then (see `pump`).
     last_arrival: u64,
     last_delivery: u64,
@@ -58,6 +61,7 @@ impl Direction {
     /// `now` is time zero of rate traces and schedules.
     pub fn new(cfg: DirConfig, now: u64) -> Direction {
         Direction {
+            dql: cfg.bql.then(|| Dql::new(now)),
             qdisc: cfg.build_qdisc(),
             serializer: Serializer::new(cfg.rate.clone(), now),
             rng: SmallRng::seed_from_u64(cfg.seed),
@@ -96,6 +100,14 @@ impl Direction {
         }
         if cfg.seed != self.cfg.seed {
             self.rng = SmallRng::seed_from_u64(cfg.seed);
+        }
+        if cfg.bql != self.cfg.bql {
+            // A driver (re)starts its limit from zero; what is in the ring counts from now on.
+            self.dql = cfg.bql.then(|| {
+                let mut d = Dql::new(now);
+                d.queued(self.ring.iter().map(|e| e.1).sum());
+                d
+            });
         }
         self.cfg = cfg;
         self.note_queue();
@@ -145,14 +157,30 @@ impl Direction {
 
     /// When the qdisc may next hand a packet down: once every queued packet has arrived
     /// (`last_arrival`), the qdisc is ready, and there is room below it: the link free without
-    /// a ring, else a free ring slot (the oldest of the last `ring` entries has left).
+    /// a ring, else a free ring slot (the oldest of the last `ring` entries has left) and, with
+    /// BQL, a queue the driver has not stopped (else the next completion, which may restart it).
     fn handoff_time(&self) -> u64 {
-        let room = match self.cfg.ring {
+        let n = self.cfg.ring_entries();
+        let slot = match n {
             0 => self.busy_until,
-            n if self.ring.len() >= n => self.ring[self.ring.len() - n],
+            n if self.ring.len() >= n => self.ring[self.ring.len() - n].0,
             _ => 0,
         };
-        room.max(self.last_arrival).max(self.qdisc.next_ready())
+        let bytes = match (&self.dql, self.ring.front()) {
+            (Some(d), Some(&(depart, _))) if d.stopped() => depart,
+            _ => 0,
+        };
+        slot.max(bytes).max(self.last_arrival).max(self.qdisc.next_ready())
+    }
+
+    /// Takes the packets that have left by `t` out of the ring, completing them in order.
+    fn complete_ring(&mut self, t: u64) {
+        while let Some(&(depart, bytes)) = self.ring.front().filter(|e| e.0 <= t) {
+            self.ring.pop_front();
+            if let Some(d) = self.dql.as_mut() {
+                d.completed(bytes, depart);
+            }
+        }
     }
 
     /// Moves packets from the queue onto the wire (or into the ring) for every moment up to
@@ -165,18 +193,23 @@ impl Direction {
             if t > now {
                 break;
             }
+            self.complete_ring(t);
+            if self.dql.as_ref().is_some_and(Dql::stopped) {
+                // Completions so far did not restart the queue: wait for the next.
+                continue;
+            }
             let Some(p) = self.qdisc.dequeue(t, &mut self.stats) else { break };
             self.stats.sojourn.record(t - p.enqueued_ns);
             // In a ring the packet waits for those ahead of it; without one the link is free.
             let start = t.max(self.busy_until);
             let depart = self.serializer.departure(start, p.frame_len);
             self.busy_until = depart;
-            if self.cfg.ring > 0 {
+            if self.cfg.ring_entries() > 0 {
                 self.stats.ring_sojourn.record(start - t);
-                while self.ring.front().is_some_and(|&d| d <= t) {
-                    self.ring.pop_front();
+                self.ring.push_back((depart, p.frame_len as u64));
+                if let Some(d) = self.dql.as_mut() {
+                    d.queued(p.frame_len as u64);
                 }
-                self.ring.push_back(depart);
                 self.stats.max_ring_packets = self.stats.max_ring_packets.max(self.ring.len());
             }
             let mut deliver = depart + self.cfg.delay_ns;
@@ -191,10 +224,9 @@ impl Direction {
             self.seq += 1;
             self.in_flight.push(Reverse(InFlight { deliver_ns: deliver, seq: self.seq, data: p.data }));
         }
-        while self.ring.front().is_some_and(|&d| d <= now) {
-            self.ring.pop_front();
-        }
+        self.complete_ring(now);
         self.stats.ring_packets = self.ring.len();
+        self.stats.bql_limit_bytes = self.dql.as_ref().map(|d| d.stats().limit_bytes);
         self.note_queue();
     }
 
@@ -366,8 +398,8 @@ mod tests {
 
     /// A bulk flow fills a 10 Mbit/s link behind FQ-CoDel; one sparse 100-byte packet arrives
     /// at 1 s. Returns how long it took to arrive, and the direction.
-    fn sparse_packet_delay(ring: &str) -> (u64, Direction) {
-        let mut d = dir(&[("rate", "10mbit"), ("qdisc", "fq_codel"), ("ring", ring)]);
+    fn sparse_packet_delay(below: &[(&str, &str)]) -> (u64, Direction) {
+        let mut d = dir(&[&[("rate", "10mbit"), ("qdisc", "fq_codel")], below].concat());
         for _ in 0..2000 {
             d.arrive(udp4(1500, 1, 2, 0).data, 0);
         }
@@ -393,18 +425,30 @@ mod tests {
     #[test]
     fn a_driver_ring_holds_what_the_qdisc_cannot_see() {
         let own = 100 * 8 * 1000 / 10; // 100 B at 10 Mbit/s, ns
-        let (long, d) = sparse_packet_delay("256");
+        let (long, d) = sparse_packet_delay(&[("ring", "256")]);
         assert!(long >= 306 * MS && long <= 307_200_000 + own + 1_300_000, "ring 256: {long} ns");
         assert_eq!(d.stats.max_ring_packets, 256);
         // The ring's wait is where the time went; the qdisc's own queue kept CoDel's target.
         let ring_p50 = d.stats.ring_sojourn.quantile_us(0.5).unwrap();
         assert!((ring_p50 as f64 - 306_000.0).abs() < 4_000.0, "ring sojourn p50 {ring_p50} us");
-        let (short, d) = sparse_packet_delay("2");
+        let (short, d) = sparse_packet_delay(&[("ring", "2")]);
         assert!(short <= 2_400_000 + own + 1_300_000, "ring 2: {short} ns");
         assert_eq!(d.stats.max_ring_packets, 2);
-        let (none, d) = sparse_packet_delay("0");
+        let (none, d) = sparse_packet_delay(&[]);
         assert!(none <= 1_200_000 + own, "no ring: {none} ns");
         assert_eq!((d.stats.max_ring_packets, d.stats.ring_sojourn.count()), (0, 0));
+    }
+
+    /// BQL on the same 256-entry ring: the ring takes only the bytes that cover one completion
+    /// (a few packets when each packet completes as it leaves), so the queue stays in FQ-CoDel,
+    /// where the sparse packet goes first: a few packets' time instead of 307 ms.
+    #[test]
+    fn bql_keeps_the_ring_short_and_the_queue_in_the_qdisc() {
+        let (delay, d) = sparse_packet_delay(&[("ring", "256"), ("bql", "on")]);
+        eprintln!("BQL: sparse packet after {delay} ns, ring at most {} packets, limit {:?} B", d.stats.max_ring_packets, d.stats.bql_limit_bytes);
+        assert!(delay <= 5 * 1_200_000, "with BQL: {delay} ns");
+        assert!(d.stats.max_ring_packets <= 4, "ring held {}", d.stats.max_ring_packets);
+        assert!(d.stats.bql_limit_bytes.is_some_and(|l| l <= 3 * 1500), "{:?}", d.stats.bql_limit_bytes);
     }
 
     /// FQ-CoDel shares the link in frame bytes, as Linux's deficits count `qdisc_pkt_len`: with

@@ -94,6 +94,9 @@ pub struct DirStats {
     pub ring_packets: usize,
     pub max_ring_packets: usize,
     pub ring_sojourn: SojournHistogram,
+    /// With `bql`: the byte limit learnt now.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub bql_limit_bytes: Option<u64>,
 }
 
 #[cfg(test)]
