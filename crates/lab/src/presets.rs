@@ -73,6 +73,25 @@ down = { rate = "100mbit" }
 "#,
     ),
     (
+        "wifi-ring",
+        r#"
+name = "wifi-ring"
+description = "Gettys' 802.11g experiments: a 6 Mbit/s Wi-Fi hop with a 1000-packet transmit queue above a 256-entry driver ring (up to 2.5 s full; the ring alone 0.5 s, out of any qdisc's reach: try qdisc=fq_codel, then ring=10 or bql=on), behind a 100/20 Mbit/s WAN with 20 ms base RTT"
+[[link]]
+name = "wifi"
+a = "client"
+b = "router"
+both = { rate = "6mbit", delay = "1ms", limit = 1000, ring = 256 }
+[[link]]
+name = "wan"
+a = "router"
+b = "server"
+both = { delay = "9ms", limit = 1000 }
+up = { rate = "20mbit" }
+down = { rate = "100mbit" }
+"#,
+    ),
+    (
         "lte",
         r#"
 name = "lte"
@@ -187,6 +206,16 @@ mod tests {
             assert_eq!(t.name, *name);
             assert!(!t.description.is_empty());
         }
+    }
+
+    /// The ring holds 256 x 1500 B at 6 Mbit/s = 512 ms below the qdisc's 1000 x 2 ms = 2 s.
+    #[test]
+    fn wifi_ring_puts_a_256_entry_ring_below_the_wifi_queue() {
+        let t = Topology::from_toml(get("wifi-ring").unwrap(), &read_file).unwrap();
+        let wifi = &t.links[0];
+        assert_eq!((wifi.up.ring, wifi.down.ring), (256, 256));
+        let ring_ms = 256.0 * 1500.0 * 8.0 / wifi.up.rate.mean_bps().unwrap() as f64 * 1e3;
+        assert_eq!(ring_ms, 512.0);
     }
 
     #[test]
