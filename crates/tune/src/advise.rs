@@ -106,9 +106,9 @@ pub fn fifo_packets(rate_kbit: u64) -> u64 {
 /// FIFOs the best-effort traffic is hashed onto (by port) when there is no fq_codel: HTB
 /// serves them in turn, a stochastic fair queue from what every kernel has.
 pub const FIFO_BUCKETS: u64 = 8;
-/// Busy FIFOs a sparse flow waits behind in the expected latency: four bulk flows a direction,
-/// as under rrul.
-const BUSY_FIFOS: f64 = 4.0;
+/// Full packets a call's packet waits behind in the small-packet class: the one on the wire
+/// and about one more.
+const CALL_WAIT_PACKETS: f64 = 2.0;
 
 /// Each hashed FIFO's length: the `FIFO_MS` FIFO shared out, at least `FIFO_MIN_PACKETS`.
 pub fn bucket_packets(rate_kbit: u64) -> u64 {
@@ -129,8 +129,8 @@ fn direction(name: &str, goodputs: &[f64], bloat_ms: Option<f64>, t: &Target) ->
         Qdisc::Cake | Qdisc::HtbFqCodel => (None, 5.0 + packet_ms, "CoDel keeps each flow's queue near its 5 ms target".to_string()),
         Qdisc::HtbFifo => {
             let n = bucket_packets(rate_kbit);
-            let how = format!("flows hashed onto {FIFO_BUCKETS} FIFOs of {n} packets served in turn, a call waits about one packet per busy FIFO (a bulk flow up to its own {n})");
-            (Some(n), BUSY_FIFOS * packet_ms, how)
+            let how = format!("small packets (calls, ACKs, DNS) first and the rest hashed onto {FIFO_BUCKETS} FIFOs of {n} packets served in turn, a call waits a packet or two (a bulk flow up to its own {n})");
+            (Some(n), CALL_WAIT_PACKETS * packet_ms, how)
         }
     };
     let runs = if goodputs.len() == 1 { "the run measured" } else { "runs measured" };
