@@ -218,7 +218,13 @@ pub fn read_line(r: &mut impl BufRead, max: usize) -> io::Result<Option<Vec<u8>>
     let too_long = || io::Error::new(io::ErrorKind::InvalidData, format!("line longer than {max} bytes"));
     let mut line = Vec::new();
     loop {
-        let buf = r.fill_buf()?;
+        // A signal during a read with a socket timeout ends it with EINTR even under
+        // SA_RESTART (signal(7)): read again; the caller's deadline still bounds the whole.
+        let buf = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
         if buf.is_empty() {
             return if line.is_empty() {
                 Ok(None)
@@ -245,6 +251,26 @@ pub fn read_line(r: &mut impl BufRead, max: usize) -> io::Result<Option<Vec<u8>>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_line_reads_on_after_an_interrupted_read() {
+        // The first read fails as a signal makes a timed socket read fail, then the line comes.
+        struct Interrupted(bool, &'static [u8]);
+        impl io::Read for Interrupted {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                if !self.0 {
+                    self.0 = true;
+                    return Err(io::Error::from(io::ErrorKind::Interrupted));
+                }
+                let n = self.1.len().min(buf.len());
+                buf[..n].copy_from_slice(&self.1[..n]);
+                self.1 = &self.1[n..];
+                Ok(n)
+            }
+        }
+        let mut r = io::BufReader::new(Interrupted(false, b"hello\n"));
+        assert_eq!(read_line(&mut r, 100).unwrap(), Some(b"hello".to_vec()));
+    }
     use std::net::{TcpListener, TcpStream};
 
     #[test]
