@@ -18,7 +18,7 @@ tmp=$(mktemp -d)
 cleanup() {
   $bl lab down --all >/dev/null 2>&1 || true
   # A deleted namespace lives on around its processes: end them first.
-  for n in blbench-c blbench-r blbench-s; do
+  for n in blbench-a blbench-b blbench-c blbench-r blbench-s; do
     pids=$(ip netns pids $n 2>/dev/null || true)
     if [ -n "$pids" ]; then
       kill $pids 2>/dev/null || true
@@ -38,28 +38,68 @@ tx_packets() { $bl lab stats --json --lab $1 | python3 -c "import json,sys; d=js
 tun_stats() { $bl lab stats --json --lab $1 | python3 -c "import json,sys; d=json.load(sys.stdin)['links']['l']; print(sum(d[x]['tun']['dropped'] for x in ('up','down')), max(d[x]['tun']['wait_us']['p99'] for x in ('up','down')))"; }
 hz=$(getconf CLK_TCK)
 
-echo "== 1. Unshaped forwarding through one emulated link (${secs}s iperf3 runs) =="
-printf 'name="fwd"\n[[link]]\nname="l"\na="c"\nb="s"\n' >"$tmp/fwd.toml"
-$bl lab up "$tmp/fwd.toml" 2>/dev/null
-$bl lab exec s -- iperf3 -s -D -1 >/dev/null 2>&1 || true
-pid=$(lab_pid fwd)
-# TUN: packets the devices' own transmit queues (before the model) dropped, and the p99 time a
-# packet waited there (the queue outside the model; the lab keeps it at 256 packets).
-printf '%-8s %10s %10s %10s %14s %12s %14s\n' flows Gbit/s kpps "CPU %" "CPU s per Gbit" "TUN drops" "TUN wait p99"
-for n in 1 4; do
-  $bl lab exec s -- iperf3 -s -D -1 >/dev/null 2>&1 || true
-  sleep 0.3
-  c0=$(cpu_ticks $pid); p0=$(tx_packets fwd); read -r d0 _ <<< "$(tun_stats fwd)"
-  gbps=$($bl lab exec c -- iperf3 -c 10.77.0.2 -t "$secs" -P $n -J | python3 -c "import json,sys; print(json.load(sys.stdin)['end']['sum_received']['bits_per_second']/1e9)")
-  c1=$(cpu_ticks $pid); p1=$(tx_packets fwd); read -r d1 w1 <<< "$(tun_stats fwd)"
-  python3 - "$n" "$gbps" "$c0" "$c1" "$p0" "$p1" "$hz" "$secs" "$((d1 - d0))" "$w1" <<'P'
+echo "== 1. Unshaped forwarding through one emulated link (${secs}s iperf3 runs), against a bare copy loop =="
+# `raw`: crates/lab/examples/tun_copy.rs, two threads copying between two TUN devices with no
+# model (the yardstick); `lab`: one emulated link, no shaping. Each with and without
+# super-packets (offload). TUN: packets the devices' own transmit queues (before the model)
+# dropped, and the p99 time a packet waited there (the queue outside the model).
+cargo build --release --quiet -p bloatlab-lab --example tun_copy
+raw_copy=$PWD/target/release/examples/tun_copy
+for n in blbench-a blbench-b; do ip netns add $n; ip -n $n link set lo up; done
+printf '%-14s %-6s %10s %10s %10s %14s %10s %12s\n' forwarder flows Gbit/s kpps "CPU %" "CPU s per Gbit" "TUN drops" "TUN wait p99"
+declare -A gbps_of
+measure() { # NAME FLOWS PID CLIENT_NS SERVER_ADDR [LAB]
+  local name=$1 n=$2 pid=$3 cns=$4 dst=$5 lab=${6:-} c0 c1 p0=0 p1=0 d0=0 d1=0 w1=0 gbps
+  if [ -n "$lab" ]; then p0=$(tx_packets $lab); read -r d0 _ <<< "$(tun_stats $lab)"; fi
+  c0=$(cpu_ticks $pid)
+  gbps=$(ip netns exec $cns iperf3 -c $dst -t "$secs" -P $n -J | python3 -c "import json,sys; print(json.load(sys.stdin)['end']['sum_received']['bits_per_second']/1e9)")
+  c1=$(cpu_ticks $pid)
+  if [ -n "$lab" ]; then p1=$(tx_packets $lab); read -r d1 w1 <<< "$(tun_stats $lab)"; fi
+  gbps_of[$name/$n]=$gbps
+  python3 - "$name" "$n" "$gbps" "$c0" "$c1" "$p0" "$p1" "$hz" "$secs" "$((d1 - d0))" "$w1" <<'P'
 import sys
-n, g, c0, c1, p0, p1, hz, secs, drops, wait = sys.argv[1], float(sys.argv[2]), *map(float, sys.argv[3:])
+name, n, g, c0, c1, p0, p1, hz, secs, drops, wait = sys.argv[1], sys.argv[2], float(sys.argv[3]), *map(float, sys.argv[4:])
 cpu = (c1 - c0) / hz / secs * 100
-print(f"{n:<8} {g:10.2f} {(p1-p0)/secs/1e3:10.0f} {cpu:10.0f} {cpu/100/g:14.2f} {drops:12.0f} {wait:11.0f} us")
+kpps = f"{(p1-p0)/secs/1e3:10.0f}" if p1 else f"{'-':>10}"
+print(f"{name:<14} {n:<6} {g:10.2f} {kpps} {cpu:10.0f} {cpu/100/g:14.2f} {drops:10.0f} {wait:9.0f} us")
 P
+}
+for off in false true; do
+  flag=$([ $off = true ] && echo --offload || true)
+  $raw_copy blbench-a blbench-b $flag >/dev/null & rpid=$!
+  sleep 0.5
+  printf 'name="fwd"\noffload=%s\n[[link]]\nname="l"\na="c"\nb="s"\n' $off >"$tmp/fwd.toml"
+  $bl lab up "$tmp/fwd.toml" 2>/dev/null
+  pid=$(lab_pid fwd)
+  ns_c=bl-fwd-c  # the lab names its namespaces bl-LAB-HOST
+  for n in 1 4; do
+    ip netns exec blbench-b iperf3 -s -D -1 >/dev/null 2>&1; sleep 0.3
+    measure "raw offload=$off" $n $rpid blbench-a 10.78.0.2
+    $bl lab exec s -- iperf3 -s -D -1 >/dev/null 2>&1 || true; sleep 0.3
+    measure "lab offload=$off" $n $pid "$ns_c" 10.77.0.2 fwd
+  done
+  $bl lab down fwd >/dev/null 2>&1
+  kill $rpid; wait $rpid 2>/dev/null || true
 done
-$bl lab down fwd >/dev/null 2>&1
+for n in 1 4; do
+  python3 -c "import sys; l, r = map(float, sys.argv[2:]); print(f'{sys.argv[1]} flow(s): the lab with super-packets forwards {l/r:.2f}x the bare super-packet loop')" $n "${gbps_of[lab offload=true/$n]}" "${gbps_of[raw offload=true/$n]}"
+done
+
+echo "== 1a. Shaped at 1 Gbit/s with FQ-CoDel: one packet per syscall and per wake-up (as before super-packets) against now =="
+printf '%-34s %-6s %10s %10s %14s\n' setting flows Gbit/s "CPU %" "CPU s per Gbit"
+for setting in "offload=false rx_usecs=0" "offload=true rx_usecs=100"; do
+  printf 'name="g"\n%s\n[[link]]\nname="l"\na="c"\nb="s"\nboth = { rate = "1gbit", qdisc = "fq_codel" }\n' "${setting// /$'\n'}" >"$tmp/g.toml"
+  $bl lab up "$tmp/g.toml" 2>/dev/null
+  pid=$(lab_pid g)
+  for n in 1 4; do
+    $bl lab exec s -- iperf3 -s -D -1 >/dev/null 2>&1 || true; sleep 0.3
+    c0=$(cpu_ticks $pid)
+    gbps=$($bl lab exec c -- iperf3 -c 10.77.0.2 -t "$secs" -P $n -J | python3 -c "import json,sys; print(json.load(sys.stdin)['end']['sum_received']['bits_per_second']/1e9)")
+    c1=$(cpu_ticks $pid)
+    python3 -c "import sys; s, n, g, c0, c1, hz, secs = sys.argv[1], sys.argv[2], *map(float, sys.argv[3:]); cpu = (c1 - c0) / hz / secs * 100; print(f'{s:<34} {n:<6} {g:10.3f} {cpu:10.0f} {cpu/100/g:14.2f}')" "$setting" $n "$gbps" "$c0" "$c1" "$hz" "$secs"
+  done
+  $bl lab down g >/dev/null 2>&1
+done
 
 echo "== 1b. The qdisc's cost at 1 Gbit/s: FIFO, CoDel, FQ-CoDel and CAKE, 4 TCP flows, same run =="
 # FIFO behind the link's 1 Gbit/s serialiser; CAKE (diffserv3, triple-isolate) shaping at

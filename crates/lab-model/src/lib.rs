@@ -8,6 +8,7 @@ pub mod config;
 pub mod dql;
 pub mod fifo;
 pub mod fq_codel;
+pub mod gso;
 pub mod link;
 pub mod packet;
 pub mod qdisc;

@@ -16,7 +16,7 @@ use std::collections::{BinaryHeap, VecDeque};
 struct InFlight {
     deliver_ns: u64,
     seq: u64,
-    data: Vec<u8>,
+    pkt: Packet,
 }
 
 impl PartialEq for InFlight {
@@ -125,11 +125,11 @@ impl Direction {
         }
     }
 
-    /// An IP packet arrives at `now`.
-    pub fn arrive(&mut self, data: Vec<u8>, now: u64) {
+    /// An IP packet (one wire segment) arrives at `now`.
+    pub fn arrive(&mut self, mut pkt: Packet, now: u64) {
         self.stats.rx_packets += 1;
-        self.stats.rx_bytes += data.len() as u64;
-        if data.len() > self.cfg.mtu {
+        self.stats.rx_bytes += pkt.len() as u64;
+        if pkt.len() > self.cfg.mtu {
             self.stats.drops.mtu += 1;
             return;
         }
@@ -139,20 +139,20 @@ impl Direction {
         }
         self.pump(now);
         self.last_arrival = now;
-        let frame = self.cfg.wire_bytes(data.len());
-        self.qdisc.enqueue(Packet::with_frame_len(data, frame), now, &mut self.stats);
+        pkt.frame_len = self.cfg.wire_bytes(pkt.len());
+        self.qdisc.enqueue(pkt, now, &mut self.stats);
         self.pump(now);
     }
 
     /// A packet its sending host was slow to originate (`slow_icmp`): it enters the wire
     /// `hold_ns` after `now`, past the queue and the serialiser (an ICMP error of some 100
     /// bytes; the link's delay still applies), so that it delays nothing behind it.
-    pub fn arrive_held(&mut self, data: Vec<u8>, now: u64, hold_ns: u64) {
+    pub fn arrive_held(&mut self, pkt: Packet, now: u64, hold_ns: u64) {
         self.stats.rx_packets += 1;
-        self.stats.rx_bytes += data.len() as u64;
+        self.stats.rx_bytes += pkt.len() as u64;
         self.seq += 1;
         let deliver = now + hold_ns + self.cfg.delay_ns;
-        self.in_flight.push(Reverse(InFlight { deliver_ns: deliver, seq: self.seq, data }));
+        self.in_flight.push(Reverse(InFlight { deliver_ns: deliver, seq: self.seq, pkt }));
     }
 
     /// When the qdisc may next hand a packet down: once every queued packet has arrived
@@ -222,7 +222,7 @@ impl Direction {
             }
             self.last_delivery = self.last_delivery.max(deliver);
             self.seq += 1;
-            self.in_flight.push(Reverse(InFlight { deliver_ns: deliver, seq: self.seq, data: p.data }));
+            self.in_flight.push(Reverse(InFlight { deliver_ns: deliver, seq: self.seq, pkt: p }));
         }
         self.complete_ring(now);
         self.stats.ring_packets = self.ring.len();
@@ -237,13 +237,13 @@ impl Direction {
     }
 
     /// The next packet due at the far end by `now`, if any.
-    pub fn poll(&mut self, now: u64) -> Option<Vec<u8>> {
+    pub fn poll(&mut self, now: u64) -> Option<Packet> {
         self.pump(now);
         if self.in_flight.peek().is_some_and(|Reverse(f)| f.deliver_ns <= now) {
             let Reverse(f) = self.in_flight.pop().unwrap();
             self.stats.tx_packets += 1;
-            self.stats.tx_bytes += f.data.len() as u64;
-            return Some(f.data);
+            self.stats.tx_bytes += f.pkt.len() as u64;
+            return Some(f.pkt);
         }
         None
     }
@@ -286,7 +286,7 @@ mod tests {
     }
 
     /// Runs the direction until idle, collecting (delivery time, packet).
-    fn drain(d: &mut Direction, out: &mut Vec<(u64, Vec<u8>)>) {
+    fn drain(d: &mut Direction, out: &mut Vec<(u64, Packet)>) {
         while let Some(t) = d.next_wakeup() {
             while let Some(p) = d.poll(t) {
                 out.push((t, p));
@@ -299,7 +299,7 @@ mod tests {
         // 1000 packets of 1500 B at 20 Mbit/s: the last waits 1000*1500*8/20e6 = 0.6 s.
         let mut d = dir(&[("rate", "20mbit"), ("limit", "1000")]);
         for _ in 0..1000 {
-            d.arrive(udp4(1500, 1, 2, 0).data, 0);
+            d.arrive(udp4(1500, 1, 2, 0), 0);
         }
         let mut out = Vec::new();
         drain(&mut d, &mut out);
@@ -317,7 +317,7 @@ mod tests {
     fn delay_adds_to_serialisation_and_overflow_is_counted() {
         let mut d = dir(&[("rate", "12mbit"), ("delay", "10ms"), ("limit", "10")]);
         for _ in 0..20 {
-            d.arrive(udp4(1500, 1, 2, 0).data, 0);
+            d.arrive(udp4(1500, 1, 2, 0), 0);
         }
         let mut out = Vec::new();
         drain(&mut d, &mut out);
@@ -333,11 +333,11 @@ mod tests {
         for reorder in [false, true] {
             let mut d = dir(&[("delay", "20ms"), ("jitter", "10ms"), ("reorder", if reorder { "on" } else { "off" })]);
             for i in 0..200u16 {
-                d.arrive(udp4(100, i, 2, 0).data, i as u64 * MS / 10);
+                d.arrive(udp4(100, i, 2, 0), i as u64 * MS / 10);
             }
             let mut out = Vec::new();
             drain(&mut d, &mut out);
-            let ports: Vec<u16> = out.iter().map(|(_, p)| u16::from_be_bytes([p[20], p[21]])).collect();
+            let ports: Vec<u16> = out.iter().map(|(_, p)| u16::from_be_bytes([p.data[20], p.data[21]])).collect();
             let in_order = ports.windows(2).all(|w| w[0] < w[1]);
             assert_eq!(in_order, !reorder, "reorder={reorder}");
             assert!(out.iter().all(|(t, _)| *t >= 10 * MS && *t <= 50 * MS));
@@ -348,7 +348,7 @@ mod tests {
     fn random_and_burst_loss_rates() {
         let mut d = dir(&[("loss", "10%")]);
         for _ in 0..100_000 {
-            d.arrive(udp4(100, 1, 2, 0).data, 0);
+            d.arrive(udp4(100, 1, 2, 0), 0);
         }
         let lost = d.stats.drops.loss as f64 / 1e5;
         assert!((lost - 0.10).abs() < 0.01, "{lost}");
@@ -358,7 +358,7 @@ mod tests {
         let mut runs = Vec::new();
         for _ in 0..200_000 {
             let before = d.stats.drops.loss;
-            d.arrive(udp4(100, 1, 2, 0).data, 0);
+            d.arrive(udp4(100, 1, 2, 0), 0);
             if d.stats.drops.loss > before {
                 run += 1;
             } else if run > 0 {
@@ -386,7 +386,7 @@ mod tests {
             let theory = bad * bad_loss + (1.0 - bad) * good_loss;
             let n = 200_000;
             for _ in 0..n {
-                d.arrive(udp4(100, 1, 2, 0).data, 0);
+                d.arrive(udp4(100, 1, 2, 0), 0);
             }
             let lab = d.stats.drops.loss as f64 / n as f64;
             // Bursty losses vary more than binomial ones: 10 % of the rate, at least 0.2 points.
@@ -401,13 +401,13 @@ mod tests {
     fn sparse_packet_delay(below: &[(&str, &str)]) -> (u64, Direction) {
         let mut d = dir(&[&[("rate", "10mbit"), ("qdisc", "fq_codel")], below].concat());
         for _ in 0..2000 {
-            d.arrive(udp4(1500, 1, 2, 0).data, 0);
+            d.arrive(udp4(1500, 1, 2, 0), 0);
         }
         let at = 1000 * MS;
         while let Some(t) = d.next_wakeup().filter(|&t| t < at) {
             while d.poll(t).is_some() {}
         }
-        d.arrive(udp4(100, 3, 4, 0).data, at);
+        d.arrive(udp4(100, 3, 4, 0), at);
         loop {
             let t = d.next_wakeup().expect("the sparse packet is delivered");
             while let Some(p) = d.poll(t) {
@@ -458,10 +458,10 @@ mod tests {
     fn fq_codel_deficits_count_the_framing() {
         let mut d = dir(&[("rate", "10mbit"), ("qdisc", "fq_codel"), ("overhead", "14"), ("target", "10s")]);
         for _ in 0..200 {
-            d.arrive(udp4(1500, 1, 2, 0).data, 0);
+            d.arrive(udp4(1500, 1, 2, 0), 0);
         }
         for _ in 0..5000 {
-            d.arrive(udp4(52, 3, 4, 0).data, 0);
+            d.arrive(udp4(52, 3, 4, 0), 0);
         }
         let (mut bulk, mut acks) = (0, 0);
         while bulk < 150 {
@@ -482,7 +482,7 @@ mod tests {
     fn a_time_limit_counts_overhead_and_atm_cells() {
         let mut d = dir(&[("rate", "8mbit"), ("atm", "on"), ("overhead", "40"), ("limit", "100ms")]);
         for _ in 0..200 {
-            d.arrive(udp4(1500, 1, 2, 0).data, 0);
+            d.arrive(udp4(1500, 1, 2, 0), 0);
         }
         let mut out = Vec::new();
         drain(&mut d, &mut out);
@@ -495,7 +495,7 @@ mod tests {
     #[test]
     fn oversize_packets_are_dropped_as_mtu() {
         let mut d = dir(&[("mtu", "1400")]);
-        d.arrive(udp4(1500, 1, 2, 0).data, 0);
+        d.arrive(udp4(1500, 1, 2, 0), 0);
         assert_eq!(d.stats.drops.mtu, 1);
     }
 
@@ -503,7 +503,7 @@ mod tests {
     fn reconfigure_keeps_queued_packets() {
         let mut d = dir(&[("rate", "1mbit")]);
         for _ in 0..10 {
-            d.arrive(udp4(1500, 1, 2, 0).data, 0);
+            d.arrive(udp4(1500, 1, 2, 0), 0);
         }
         let mut c = d.config().clone();
         c.set("qdisc", "fq_codel", &noop).unwrap();

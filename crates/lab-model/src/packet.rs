@@ -1,9 +1,16 @@
 //! Raw IP packets as read from a TUN device, and the few header fields the model needs.
 
+use crate::gso::{Payload, VnetHdr};
+
 /// An IP packet in a queue, with the time it entered the queue (for sojourn time).
 #[derive(Clone, Debug)]
 pub struct Packet {
+    /// The IP packet; for one wire segment of a super-packet, its IP and TCP headers only.
     pub data: Vec<u8>,
+    /// A segment's TCP payload, shared with the super-packet it came in (see `gso`).
+    pub payload: Option<Payload>,
+    /// What the sending kernel left to the receiver (a checksum to complete), passed on as is.
+    pub vnet: VnetHdr,
     pub enqueued_ns: u64,
     /// Bytes the link and its qdisc account for this packet: the IP packet plus the link's
     /// per-packet overhead and ATM framing, as Linux's `qdisc_pkt_len` with a size table (and
@@ -19,19 +26,21 @@ impl Packet {
     /// A packet accounted at its IP length (a link without overhead).
     pub fn new(data: Vec<u8>) -> Packet {
         let frame_len = data.len();
-        Packet { data, enqueued_ns: 0, frame_len }
+        Packet { data, payload: None, vnet: VnetHdr::default(), enqueued_ns: 0, frame_len }
     }
 
-    pub fn with_frame_len(data: Vec<u8>, frame_len: usize) -> Packet {
-        Packet { data, enqueued_ns: 0, frame_len }
+    /// A whole packet as read from a TUN device with its virtio header (no GSO).
+    pub fn with_vnet(data: Vec<u8>, vnet: VnetHdr) -> Packet {
+        Packet { vnet, ..Packet::new(data) }
     }
 
+    /// Bytes of the IP packet on the wire (headers and payload).
     pub fn len(&self) -> usize {
-        self.data.len()
+        self.data.len() + self.payload.as_ref().map_or(0, |p| p.len)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
+        self.len() == 0
     }
 
     fn version(&self) -> u8 {
@@ -160,18 +169,7 @@ pub fn udp4(len: usize, sport: u16, dport: u16, ecn: u8) -> Packet {
 }
 
 #[cfg(test)]
-pub fn ipv4_checksum(h: &[u8]) -> u16 {
-    let mut acc = 0u32;
-    for (i, c) in h.chunks(2).enumerate() {
-        if i != 5 {
-            acc += u16::from_be_bytes([c[0], c[1]]) as u32;
-        }
-    }
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    !(acc as u16)
-}
+pub use crate::gso::ipv4_checksum;
 
 #[cfg(test)]
 mod tests {

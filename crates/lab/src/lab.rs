@@ -177,7 +177,7 @@ impl Lab {
                 // Created in our namespace under a unique name, then moved and renamed: the
                 // descriptor stays attached across the move.
                 let tmp = format!("blt{tag}{side}{i}");
-                let tun = Tun::create(&tmp).map_err(|e| format!("TUN {tmp}: {e}"))?;
+                let tun = Tun::create(&tmp, topo.offload).map_err(|e| format!("TUN {tmp}: {e}"))?;
                 self.tuns.push(tun);
                 let n = namespace(&name, host);
                 ip(&["link", "set", "dev", &tmp, "netns", &n])?;
@@ -210,10 +210,10 @@ impl Lab {
         for (i, l) in topo.links.iter().enumerate() {
             let (a, b) = (self.tuns[2 * i].raw(), self.tuns[2 * i + 1].raw());
             let rt = &self.shared.links[i];
-            let up = forward::Ends { from: a, to: b, slow_icmp: slow_icmp(&l.a) };
+            let up = forward::Ends { from: a, to: b, offload: topo.offload, rx_batch_ns: topo.rx_usecs * 1000, slow_icmp: slow_icmp(&l.a) };
             let t1 = forward::spawn(format!("{}-up", l.name), up, TUN_TXQUEUELEN as usize, rt.up.clone(), rt.up_tun.clone(), self.stop.clone()).map_err(|e| e.to_string())?;
             self.threads.push(t1);
-            let down = forward::Ends { from: b, to: a, slow_icmp: slow_icmp(&l.b) };
+            let down = forward::Ends { from: b, to: a, offload: topo.offload, rx_batch_ns: topo.rx_usecs * 1000, slow_icmp: slow_icmp(&l.b) };
             let t2 = forward::spawn(format!("{}-down", l.name), down, TUN_TXQUEUELEN as usize, rt.down.clone(), rt.down_tun.clone(), self.stop.clone()).map_err(|e| e.to_string())?;
             self.threads.push(t2);
         }
@@ -282,9 +282,9 @@ impl Shared {
                     (g.stats.clone(), g.config().describe(), g.qdisc_name(), g.cake_stats())
                 };
                 let tun_drops = ns::tx_dropped(&namespace(&self.info.name, sender), &l.name);
-                let ((packets_p99, packets_max), (wait_p99, wait_max)) = {
+                let ((packets_p99, packets_max), (wait_p99, wait_max), calls) = {
                     let t = tun.lock().unwrap_or_else(|e| e.into_inner());
-                    (t.packets(), t.wait_us())
+                    (t.packets(), t.wait_us(), [t.reads, t.super_in, t.writes, t.super_out])
                 };
                 let mut v = serde_json::to_value(&stats).expect("plain data");
                 v["config"] = config.into();
@@ -297,6 +297,11 @@ impl Shared {
                     "dropped": tun_drops,
                     "waiting_packets": { "p99": packets_p99, "max": packets_max },
                     "wait_us": { "p99": wait_p99, "max": wait_max },
+                    "offload": self.topo.offload,
+                    "reads": calls[0],
+                    "super_packets_in": calls[1],
+                    "writes": calls[2],
+                    "super_packets_out": calls[3],
                 });
                 dirs.insert(dname.into(), v);
             }

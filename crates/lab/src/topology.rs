@@ -20,6 +20,15 @@
 //! icmp_ratelimit = 0      # ms between ICMP errors to one address; Linux's default 1000, 0 none
 //! icmp_delay = "300ms"    # its own ICMP errors leave this late while it forwards 500+ pkt/s
 //! ```
+//!
+//! Two settings at the top concern how hosts meet the lab, not the links:
+//! - `offload = false` makes the hosts send one wire packet per write, as through a NIC without
+//!   segmentation offload; by default they hand the lab TCP super-packets of up to 64 KB, which
+//!   it accounts per wire segment all the same (and forwards much faster);
+//! - `rx_usecs = 100` (the default; as `ethtool -C rx-usecs`): packets reach a host at most this
+//!   much after their time on the emulated wire, together, as a NIC's interrupt moderation
+//!   delivers them; 0 wakes the host for every packet, at twice the emulator's CPU at 1 Gbit/s.
+//!   The links' own timing (queues, serialisation, AQM) is exact either way.
 
 use bloatlab_lab_model::config::ConfigError;
 use bloatlab_lab_model::DirConfig;
@@ -51,6 +60,10 @@ pub struct Topology {
     pub hosts: Vec<String>,
     pub links: Vec<LinkSpec>,
     pub host_settings: BTreeMap<String, HostSettings>,
+    /// TCP segmentation and checksum offloads on the hosts' lab devices.
+    pub offload: bool,
+    /// Least time between two deliveries into one host's device, microseconds.
+    pub rx_usecs: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +96,11 @@ fn toml_error(text: &str, e: &toml::de::Error) -> String {
         None => msg,
     }
 }
+
+/// Deliveries at most 100 us late: 8 packets' time at 1 Gbit/s, a fifth of one at 25 Mbit/s. At
+/// 1 Gbit/s with 4 FQ-CoDel flows the emulator then needs 0.8 CPU s per Gbit, against 1.05 at
+/// 50 us and 1.7 when it wakes for every packet (BENCHMARKS.md).
+const DEFAULT_RX_USECS: u64 = 100;
 
 fn name_ok(s: &str) -> bool {
     !s.is_empty() && s.len() <= 12 && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
@@ -122,6 +140,14 @@ impl Topology {
         let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| TopologyError::Toml(toml_error(text, &e)))?;
         let name = doc.get("name").and_then(|v| v.as_str()).unwrap_or("lab").to_string();
         let description = doc.get("description").and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let offload = match doc.get("offload") {
+            None => true,
+            Some(v) => v.as_bool().ok_or_else(|| TopologyError::Shape(format!("offload: want true or false, got {v}")))?,
+        };
+        let rx_usecs = match doc.get("rx_usecs") {
+            None => DEFAULT_RX_USECS,
+            Some(v) => v.as_integer().filter(|u| (0..=10_000).contains(u)).ok_or_else(|| TopologyError::Shape(format!("rx_usecs: want microseconds 0..10000, got {v}")))? as u64,
+        };
         let links_v = doc.get("link").and_then(|v| v.as_array()).ok_or_else(|| TopologyError::Shape("no [[link]] entries".into()))?;
         let mut hosts: Vec<String> = Vec::new();
         let mut links = Vec::new();
@@ -169,7 +195,7 @@ impl Topology {
             return Err(TopologyError::Shape("at most 250 links".into()));
         }
         let host_settings = host_settings(&doc, &hosts)?;
-        Ok(Topology { name, description, hosts, links, host_settings })
+        Ok(Topology { name, description, hosts, links, host_settings, offload, rx_usecs })
     }
 
     pub fn link(&self, name: &str) -> Option<usize> {
@@ -266,6 +292,18 @@ mod tests {
         assert!(e("[host.x]\nicmp_ratelimit = 0\n").contains("no link has a host named `x`"));
         assert!(e("[host.r]\nicmp_rate = 0\n").contains("unknown setting `icmp_rate`"));
         assert!(e("[host.r]\nicmp_ratelimit = -1\n").contains("want milliseconds"));
+    }
+
+    #[test]
+    fn offload_and_rx_usecs_default_on_and_100_and_are_checked() {
+        let links = "[[link]]\nname='l'\na='c'\nb='r'\n";
+        let t = Topology::from_toml(links, &nofile).unwrap();
+        assert_eq!((t.offload, t.rx_usecs), (true, 100));
+        let t = Topology::from_toml(&format!("offload = false\nrx_usecs = 0\n{links}"), &nofile).unwrap();
+        assert_eq!((t.offload, t.rx_usecs), (false, 0));
+        let e = |top: &str| Topology::from_toml(&format!("{top}\n{links}"), &nofile).unwrap_err().to_string();
+        assert!(e("offload = 'yes'").contains("want true or false"));
+        assert!(e("rx_usecs = 20000").contains("want microseconds 0..10000"));
     }
 
     #[test]

@@ -1,9 +1,20 @@
-//! TUN devices: raw IP packets (IFF_TUN | IFF_NO_PI), non-blocking.
+//! TUN devices: raw IP packets (IFF_TUN | IFF_NO_PI), non-blocking; with `offload`, a
+//! virtio-net header before each packet (IFF_VNET_HDR) and TCP segmentation and checksum
+//! offloads, so the kernel hands over and takes back 64 KB super-packets (see `gso`).
 
+use bloatlab_lab_model::gso::{VnetHdr, Write, VNET_HDR_LEN};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+/// `_IOW('T', 208, unsigned int)`: which offloads the reader accepts.
+const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const IFF_VNET_HDR: libc::c_int = 0x4000;
+/// TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN (include/uapi/linux/if_tun.h). Not
+/// UDP segmentation: datagrams stay one per read, as most senders send them.
+const TCP_OFFLOADS: libc::c_ulong = 0x01 | 0x02 | 0x04 | 0x08;
+/// Room for the largest super-packet the kernel builds by default (64 KB of IP packet).
+pub const READ_BUF: usize = 65_600;
 
 #[repr(C)]
 struct IfReq {
@@ -19,7 +30,7 @@ pub struct Tun {
 
 impl Tun {
     /// Creates the device `name` in the calling thread's network namespace.
-    pub fn create(name: &str) -> io::Result<Tun> {
+    pub fn create(name: &str, offload: bool) -> io::Result<Tun> {
         if name.len() >= libc::IFNAMSIZ {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("interface name {name} too long")));
         }
@@ -30,10 +41,15 @@ impl Tun {
         }
         // SAFETY: `raw` is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let mut req = IfReq { name: [0; libc::IFNAMSIZ], flags: (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short, _pad: [0; 22] };
+        let vnet = if offload { IFF_VNET_HDR } else { 0 };
+        let mut req = IfReq { name: [0; libc::IFNAMSIZ], flags: (libc::IFF_TUN | libc::IFF_NO_PI | vnet) as libc::c_short, _pad: [0; 22] };
         req.name[..name.len()].copy_from_slice(name.as_bytes());
         // SAFETY: TUNSETIFF reads and writes an ifreq, which `req` is laid out as.
         if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF, &mut req) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: TUNSETOFFLOAD takes the flags as its integer argument.
+        if offload && unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETOFFLOAD, TCP_OFFLOADS) } < 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(Tun { fd, name: name.to_string() })
@@ -44,13 +60,26 @@ impl Tun {
     }
 }
 
-/// One packet into `buf`; `Ok(None)` when nothing is waiting.
-pub fn read_packet(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+/// One packet (or super-packet) into `buf`, which is cleared first and needs READ_BUF of
+/// capacity; with `vnet`, its virtio header is returned apart. `Ok(None)` when nothing waits.
+pub fn read_packet(fd: RawFd, vnet: bool, buf: &mut Vec<u8>) -> io::Result<Option<VnetHdr>> {
+    buf.clear();
+    debug_assert!(buf.capacity() >= READ_BUF);
+    let mut hdr = [0u8; VNET_HDR_LEN];
+    let skip = if vnet { VNET_HDR_LEN } else { 0 };
+    let iov = [
+        libc::iovec { iov_base: hdr.as_mut_ptr().cast(), iov_len: skip },
+        libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.capacity() },
+    ];
     loop {
-        // SAFETY: `buf` is valid for writes of its length.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        // SAFETY: both iovecs point at writable memory of their lengths (the second at the
+        // vector's spare capacity); readv writes at most that.
+        let n = unsafe { libc::readv(fd, iov.as_ptr(), 2) };
         if n >= 0 {
-            return Ok(Some(n as usize));
+            let n = (n as usize).saturating_sub(skip);
+            // SAFETY: readv initialised the first `n` bytes of the spare capacity.
+            unsafe { buf.set_len(n) };
+            return Ok(Some(if vnet { VnetHdr::from_bytes(&hdr) } else { VnetHdr::default() }));
         }
         let e = io::Error::last_os_error();
         match e.kind() {
@@ -61,9 +90,17 @@ pub fn read_packet(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
     }
 }
 
-pub fn write_packet(fd: RawFd, pkt: &[u8]) -> io::Result<()> {
-    // SAFETY: `pkt` is valid for reads of its length.
-    let n = unsafe { libc::write(fd, pkt.as_ptr().cast(), pkt.len()) };
+/// Writes one packet or super-packet; the virtio header goes first when `vnet`.
+pub fn write_packet(fd: RawFd, vnet: bool, w: &Write) -> io::Result<()> {
+    let hdr = w.vnet.to_bytes();
+    let payload: &[u8] = w.payload.as_ref().map_or(&[], |(buf, r)| &buf[r.clone()]);
+    let iov = [
+        libc::iovec { iov_base: hdr.as_ptr() as *mut _, iov_len: if vnet { VNET_HDR_LEN } else { 0 } },
+        libc::iovec { iov_base: w.head.as_ptr() as *mut _, iov_len: w.head.len() },
+        libc::iovec { iov_base: payload.as_ptr() as *mut _, iov_len: payload.len() },
+    ];
+    // SAFETY: the iovecs point at live, readable memory of their lengths; writev only reads.
+    let n = unsafe { libc::writev(fd, iov.as_ptr(), 3) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
