@@ -9,7 +9,8 @@
 #                               [--tests "tcp-down tcp-up rrul voip"] [--report-only] [SCENARIO...]
 #
 # Scenarios (name: line; the lab adds 14 B per packet as the kernel counts Ethernet headers;
-# cake shapes by itself at the rate, tc's defaults: diffserv3, triple-isolate, raw):
+# cake shapes by itself at the rate, tc's defaults: diffserv3, triple-isolate, raw; cake+OPT
+# adds tc's option OPT, e.g. cake+besteffort):
 SCENARIOS="
 unshaped      1gbit   1gbit     0    none
 delay-only    1gbit   1gbit     2    none
@@ -31,6 +32,9 @@ netem-loss    20mbit  20mbit    10   loss
 netem-ge      20mbit  20mbit    10   ge
 cake-sym-d    20mbit  20mbit    7.5  cake
 cake-asym-d   57mbit  3800kbit  7.5  cake
+cake-be-d     57mbit  3800kbit  7.5  cake+besteffort
+cake-ack-d    57mbit  3800kbit  7.5  cake+ack-filter
+cake-docsis-d 57mbit  3800kbit  7.5  cake+docsis
 "
 # Tests per scenario: tcp-down, tcp-up, rrul (voip with --voip).
 set -euo pipefail
@@ -78,7 +82,7 @@ lab_qdisc() { # kind -> lab key=value settings per direction (same for both)
     jitter) echo 'qdisc = "fifo", limit = 1000, jitter = "2ms", reorder = true' ;;
     loss) echo 'qdisc = "fifo", limit = 1000, loss = "1%"' ;;
     ge) echo 'qdisc = "fifo", limit = 1000, ge = "1%,30%,50%,0%"' ;;
-    cake) echo 'limit = 1000' ;;  # the qdisc, with its rate, goes per direction (lab_run)
+    cake*) echo 'limit = 1000' ;;  # the qdisc, with its rate, goes per direction (lab_run)
   esac
 }
 kernel_shaper() { # kind rate
@@ -89,7 +93,7 @@ kernel_shaper() { # kind rate
     fq_codel) echo "fq_codel $2" ;;
     sqm) echo "fq_codel $2 limit 1001 quantum 300" ;;
     jitter|loss|ge) echo "pfifo $2 1000" ;;
-    cake) echo "cake $2" ;;
+    cake*) echo "cake $2 $(cake_opts "$1")" ;;
   esac
 }
 kernel_netem() { # kind one-way-delay-ms
@@ -140,8 +144,14 @@ kernel_run() { # scen down up delay kind test file
   ip netns del $cli; ip netns del $srv; rm -rf "$dir"
 }
 
+cake_opts() { # cake+opt+opt -> "opt opt"
+  local o=${1#cake}; o=${o//+/ }; echo "${o# }"
+}
 dir_rate() { # kind rate -> the lab's per-direction settings: the link's rate, or CAKE's own
-  [ "$1" = cake ] && echo "qdisc = \"cake bandwidth $2\"" || echo "rate = \"$2\""
+  case "$1" in
+    cake*) echo "qdisc = \"cake bandwidth $2 $(cake_opts "$1")\"" ;;
+    *) echo "rate = \"$2\"" ;;
+  esac
 }
 
 lab_run() { # scen down up delay kind test file

@@ -130,6 +130,96 @@ struct ServerArgs {
     /// port 0 it is the only way to learn the port).
     #[arg(long, short)]
     quiet: bool,
+    /// Also serve the responsiveness endpoints (draft-ietf-ippm-responsiveness: config at
+    /// /.well-known/nq and /config, /small, /large, /slurp) over HTTPS on this port (or
+    /// ADDR:PORT): HTTP/2 and HTTP/1.1 by ALPN, TLS 1.2 and 1.3. Needs --cert and --cert-key,
+    /// or --self-signed. Other RPM clients (networkQuality, mach, goresponsiveness) can then
+    /// test against this server.
+    #[arg(long, value_name = "PORT", value_parser = parse_listen)]
+    https: Option<SocketAddr>,
+    /// The same endpoints over plain HTTP (for LANs and clients without TLS).
+    #[arg(long, value_name = "PORT", value_parser = parse_listen)]
+    http: Option<SocketAddr>,
+    /// Certificate chain for --https (PEM); re-read on SIGHUP.
+    #[arg(long, value_name = "FILE", requires = "cert_key", conflicts_with = "self_signed")]
+    cert: Option<PathBuf>,
+    /// The certificate's private key (PEM). (--key is the bloatlab protocol's shared key.)
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    cert_key: Option<PathBuf>,
+    /// Make (once, then reuse) an ECDSA P-256 certificate for the --name values, valid 825
+    /// days (the most Apple's clients accept), kept in --tls-dir with its key readable by its
+    /// owner only; its SHA-256 fingerprint is printed. Clients need --insecure (or -k) or to
+    /// trust it.
+    #[arg(long)]
+    self_signed: bool,
+    /// Names (host names or addresses) the self-signed certificate is for; repeatable.
+    /// Default: localhost, 127.0.0.1, ::1 and this host's name.
+    #[arg(long, value_name = "NAME")]
+    name: Vec<String>,
+    /// Where --self-signed keeps its files. Default: /var/lib/bloatlab/tls as root, else
+    /// ~/.local/state/bloatlab/tls.
+    #[arg(long, value_name = "DIR")]
+    tls_dir: Option<PathBuf>,
+    /// `test_endpoint` in the config: the host clients should run the test against.
+    #[arg(long, value_name = "HOST")]
+    test_endpoint: Option<String>,
+    /// Gigabytes one client address may move through /large and /slurp per 10 minutes (past
+    /// it: 429 with Retry-After), so the 8 GB download is no free amplifier.
+    #[arg(long, value_name = "GB", default_value_t = 20.0)]
+    web_max_gb: f64,
+}
+
+/// A port number alone means every address (`[::]:PORT`); or a full ADDR:PORT.
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    match s.parse::<u16>() {
+        Ok(port) => Ok(SocketAddr::from(([0u16; 8], port))),
+        Err(_) => s.parse().map_err(|_| format!("`{s}`: want a port or ADDR:PORT")),
+    }
+}
+
+/// The self-signed certificate's names when none are given.
+fn default_names() -> Vec<String> {
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
+    if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        let h = h.trim();
+        if !h.is_empty() && h != "localhost" && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') {
+            names.push(h.to_string());
+        }
+    }
+    names
+}
+
+/// The web face's settings from the command line; --self-signed makes or finds its files here.
+fn web_config(a: &ServerArgs) -> Result<bloatlab_server::web::WebConfig, String> {
+    if !(a.web_max_gb.is_finite() && a.web_max_gb > 0.0) {
+        return Err(format!("--web-max-gb {}: want a positive number", a.web_max_gb));
+    }
+    let tls = match (&a.cert, &a.cert_key, a.self_signed) {
+        (Some(c), Some(k), _) => Some((c.clone(), k.clone())),
+        (_, _, true) => {
+            let dir = a.tls_dir.clone().unwrap_or_else(|| match std::env::var_os("HOME") {
+                // SAFETY: geteuid has no preconditions.
+                Some(home) if unsafe { libc::geteuid() } != 0 => PathBuf::from(home).join(".local/state/bloatlab/tls"),
+                _ => PathBuf::from("/var/lib/bloatlab/tls"),
+            });
+            let names = if a.name.is_empty() { default_names() } else { a.name.clone() };
+            let (cert, key) = bloatlab_server::web::tls::self_signed(&dir, &names, std::time::SystemTime::now())?;
+            eprintln!("bloatlab server: self-signed certificate for {} in {}", names.join(", "), dir.display());
+            Some((cert, key))
+        }
+        _ => None,
+    };
+    if let Some((cert, _)) = &tls {
+        eprintln!("bloatlab server: certificate SHA-256 {}", bloatlab_server::web::tls::fingerprint_of(cert)?);
+    }
+    Ok(bloatlab_server::web::WebConfig {
+        http: a.http,
+        https: a.https,
+        tls,
+        test_endpoint: a.test_endpoint.clone(),
+        max_bytes_per_ip: (a.web_max_gb * 1e9) as u64,
+        ..Default::default()
+    })
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -343,7 +433,12 @@ fn server(a: ServerArgs) -> ExitCode {
     if let Some(r) = a.max_rate.filter(|r| !(r.is_finite() && *r > 0.0)) {
         return fail(format!("--max-rate {r}: want a positive number of Mbit/s"));
     }
+    let web = match web_config(&a) {
+        Ok(w) => w,
+        Err(e) => return fail(e),
+    };
     let config = bloatlab_server::Config {
+        web,
         listen: a.listen,
         max_tests: a.max_tests,
         max_tests_per_ip: a.max_tests_per_ip,
@@ -367,6 +462,12 @@ fn server(a: ServerArgs) -> ExitCode {
         Err(e) => return fail(format!("{e}; is another server running there? choose another with --listen")),
     };
     eprintln!("bloatlab server listening on {} (TCP and UDP); Ctrl-C to stop", server.local_addr);
+    if let Some(a) = server.https_addr {
+        eprintln!("bloatlab server: responsiveness endpoints on https://{a}/.well-known/nq");
+    }
+    if let Some(a) = server.http_addr {
+        eprintln!("bloatlab server: responsiveness endpoints on http://{a}/.well-known/nq");
+    }
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
     }

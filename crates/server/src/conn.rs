@@ -18,16 +18,19 @@ use tokio::time::{timeout, timeout_at, Instant};
 
 pub(crate) type Reader = BufReader<OwnedReadHalf>;
 
+/// The next connection; out of descriptors or memory, it backs off instead of spinning.
+pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(x) => return x,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
 pub(crate) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(x) => x,
-            // Out of descriptors or memory: back off instead of spinning.
-            Err(_) => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (stream, peer) = accept(&listener).await;
         let ip = peer.ip().to_canonical();
         if !shared.allowed(ip) {
             shared.counters.not_allowed.fetch_add(1, Ordering::Relaxed);

@@ -15,6 +15,7 @@ mod lines;
 mod limits;
 pub mod session;
 mod udp;
+pub mod web;
 
 /// The request check, public for the fuzzer (fuzz/fuzz_targets/request.rs).
 pub use conn::validate;
@@ -63,6 +64,8 @@ pub struct Config {
     pub expose_host: bool,
     /// Log one line per test to stderr.
     pub verbose: bool,
+    /// The HTTP face (responsiveness endpoints), off unless a port is given.
+    pub web: web::WebConfig,
 }
 
 impl Default for Config {
@@ -85,6 +88,7 @@ impl Default for Config {
             allow_dscp: None,
             expose_host: false,
             verbose: true,
+            web: web::WebConfig::default(),
         }
     }
 }
@@ -97,6 +101,8 @@ pub enum ServerError {
     ShortKey,
     #[error("cannot start the server's runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// How long after a test's announced end its flows and token stay valid: the client's last
@@ -144,6 +150,9 @@ impl Shared {
 
 pub struct Server {
     pub local_addr: SocketAddr,
+    /// Where the HTTP face listens, plain and over TLS, when asked to.
+    pub http_addr: Option<SocketAddr>,
+    pub https_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
@@ -161,6 +170,19 @@ impl Server {
             .as_socket()
             .ok_or(ServerError::Bind { addr: config.listen, source: std::io::ErrorKind::InvalidInput.into() })?;
         tcp.set_nonblocking(true).map_err(|source| ServerError::Bind { addr: config.listen, source })?;
+        let tls = match (&config.web.https, &config.web.tls) {
+            (Some(_), Some((cert, key))) => Some(Arc::new(web::tls::Tls::load(cert, key).map_err(ServerError::Tls)?)),
+            (Some(_), None) => return Err(ServerError::Tls("--https needs --cert and --key, or --self-signed".into())),
+            (None, _) => None,
+        };
+        let http = config.web.http.map(listen_tcp).transpose()?;
+        let https = config.web.https.map(listen_tcp).transpose()?;
+        let addr_of = |l: &Option<std::net::TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
+        let (http_addr, https_addr) = (addr_of(&http), addr_of(&https));
+        let web = match (&http, &https) {
+            (None, None) => None,
+            _ => Some(Arc::new(web::Web::new(config.web.clone()).ok_or_else(|| ServerError::Runtime(std::io::Error::other("no randomness for /large")))?)),
+        };
         let (stop_tx, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             connections: Slots::new("connections", config.max_connections, config.max_connections_per_ip),
@@ -182,16 +204,25 @@ impl Server {
                         Ok(t) => t,
                         Err(e) => return eprintln!("bloatlab server: {e}"),
                     };
-                    // The accept loop runs as a task on a worker, like every connection.
-                    let accept = tokio::spawn(conn::accept_loop(tcp, shared.clone()));
+                    // The accept loops run as tasks on workers, like every connection.
+                    let mut tasks = vec![tokio::spawn(conn::accept_loop(tcp, shared.clone()))];
+                    if let Some(web) = web {
+                        for (listener, tls) in [(http, None), (https, tls.clone())] {
+                            let Some(l) = listener.and_then(|l| tokio::net::TcpListener::from_std(l).ok()) else { continue };
+                            tasks.push(tokio::spawn(web::accept_loop(l, tls, shared.clone(), web.clone())));
+                        }
+                    }
+                    if let Some(tls) = tls {
+                        tasks.push(tokio::spawn(reload_on_hangup(tls)));
+                    }
                     let mut stop = shared.stop.clone();
                     let _ = stop.wait_for(|s| *s).await;
-                    accept.abort();
+                    tasks.iter().for_each(|t| t.abort());
                 });
                 rt.shutdown_timeout(Duration::from_secs(1));
             })
             .map_err(ServerError::Runtime)?;
-        Ok(Server { local_addr, stop: stop_tx, threads: vec![udp_thread, tcp_thread] })
+        Ok(Server { local_addr, http_addr, https_addr, stop: stop_tx, threads: vec![udp_thread, tcp_thread] })
     }
 
     /// Stops accepting and ends every connection; returns once the runtime is down.
@@ -207,6 +238,39 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// SIGHUP: the certificate files are read again (renewed certificates without a restart); new
+/// connections get the new one, a broken file leaves the old one in use.
+async fn reload_on_hangup(tls: Arc<web::tls::Tls>) {
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+    while hup.recv().await.is_some() {
+        match tls.reload() {
+            Ok(fp) => eprintln!("bloatlab server: certificate reloaded, SHA-256 {fp}"),
+            Err(e) => eprintln!("bloatlab server: certificate not reloaded, the old one stays: {e}"),
+        }
+    }
+}
+
+/// A TCP listener for the HTTP face, dual-stack as `bind`, non-blocking for the runtime.
+fn listen_tcp(addr: SocketAddr) -> Result<std::net::TcpListener, ServerError> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let make = |addr: SocketAddr| -> std::io::Result<std::net::TcpListener> {
+        let t = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        if addr.is_ipv6() {
+            t.set_only_v6(false)?;
+        }
+        t.set_reuse_address(true)?;
+        t.bind(&addr.into())?;
+        t.listen(1024)?;
+        t.set_nonblocking(true)?;
+        Ok(t.into())
+    };
+    make(addr).or_else(|e| match addr.ip() {
+        IpAddr::V6(v6) if v6.is_unspecified() => make(SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), addr.port())).map_err(|_| e),
+        _ => Err(e),
+    })
+    .map_err(|source| ServerError::Bind { addr, source })
 }
 
 /// Binds dual-stack when given `[::]`, falling back to IPv4 where IPv6 is disabled.

@@ -1,0 +1,164 @@
+//! The server's HTTP face against curl, a real HTTP/2-over-TLS and HTTP/1.1 client: the
+//! responsiveness endpoints as the draft and deployed clients want them, and the limits that
+//! keep an 8 GB endpoint on the public Internet from being anyone's free bandwidth.
+
+mod common;
+use common::kernel_ref::TempDir;
+use common::*;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// `bloatlab server` with its HTTP face on loopback and a self-signed certificate.
+struct Web {
+    child: Child,
+    https: String,
+    http: String,
+    fingerprint: String,
+    dir: TempDir,
+}
+
+impl Drop for Web {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(tag: &str, extra: &[&str]) -> Option<Web> {
+    for tool in ["curl", "openssl"] {
+        if Command::new(tool).arg("--version").output().is_err() && Command::new(tool).arg("version").output().is_err() {
+            missing(&format!("the web face is tested with {tool}"));
+            return None;
+        }
+    }
+    let dir = TempDir::new(tag);
+    let tls_dir = dir.0.join("tls");
+    let mut args = vec!["server", "--listen", "127.0.0.1:0", "--https", "127.0.0.1:0", "--http", "127.0.0.1:0", "--self-signed", "--name", "localhost", "--name", "127.0.0.1", "--tls-dir", tls_dir.to_str().unwrap(), "-q"];
+    args.extend_from_slice(extra);
+    let mut child = Command::new(BIN).args(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (mut https, mut http, mut fingerprint) = (String::new(), String::new(), String::new());
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let after = |p: &str| line.split(p).nth(1).map(|s| s.split('/').next().unwrap().to_string());
+        if let Some(a) = after("endpoints on https://") {
+            https = a;
+        } else if let Some(a) = after("endpoints on http://") {
+            http = a;
+        } else if let Some(f) = line.split("certificate SHA-256 ").nth(1) {
+            fingerprint = f.to_string();
+        }
+        if !https.is_empty() && !http.is_empty() {
+            break;
+        }
+    }
+    std::thread::spawn(move || lines.for_each(drop));
+    assert!(!https.is_empty() && !fingerprint.is_empty(), "the server did not say where it listens");
+    Some(Web { child, https, http, fingerprint, dir })
+}
+
+fn curl(args: &[&str]) -> Output {
+    Command::new("curl").args(["-s", "--max-time", "20"]).args(args).output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Days between two dates as openssl prints them ("Nov 23 00:00:00 2026 GMT"), by date(1).
+fn epoch_days(date: &str) -> i64 {
+    let o = Command::new("date").args(["-u", "-d", date, "+%s"]).output().unwrap();
+    String::from_utf8_lossy(&o.stdout).trim().parse::<i64>().unwrap() / 86_400
+}
+
+#[test]
+fn responsiveness_endpoints_over_http2_tls_and_plain_http() {
+    let _g = serial();
+    let Some(w) = start("endpoints", &[]) else { return };
+    let base = format!("https://{}", w.https);
+    // The config over HTTP/2 (ALPN h2), with both generations of URL keys on the asked host.
+    let o = curl(&["-k", "--http2", "-w", "\n%{http_version}", &format!("{base}/.well-known/nq")]);
+    let out = text(&o);
+    let (json, version) = out.rsplit_once('\n').unwrap();
+    assert_eq!(version, "2", "HTTP/2 negotiated by ALPN");
+    let c: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(c["version"], 1);
+    for (k, p) in [("small_download_url", "small"), ("small_https_download_url", "small"), ("large_download_url", "large"), ("large_https_download_url", "large"), ("upload_url", "slurp"), ("https_upload_url", "slurp")] {
+        assert_eq!(c["urls"][k], format!("{base}/{p}"), "{k}");
+    }
+    // /small: exactly one byte, never cached.
+    let o = curl(&["-k", "--http2", "-D", "-", "-o", "/dev/null", "-w", "%{size_download}", &format!("{base}/small")]);
+    let out = text(&o);
+    assert!(out.to_ascii_lowercase().contains("cache-control: no-store"), "{out}");
+    assert!(out.ends_with("\n1") || out.ends_with("\r\n1"), "{out}");
+    // /large streams until the client stops, uncompressed even when compression is offered.
+    let o = curl(&["-k", "--http2", "--compressed", "--max-time", "2", "-D", "-", "-o", "/dev/null", "-w", "%{size_download}", &format!("{base}/large")]);
+    let out = text(&o);
+    let got: f64 = out.lines().last().unwrap().parse().unwrap();
+    assert!(got > 20e6, "/large gave {got} bytes in 2 s on loopback");
+    assert!(!out.to_ascii_lowercase().contains("content-encoding"), "{out}");
+    assert!(out.to_ascii_lowercase().contains("content-length: 8589934592"), "{out}");
+    // /slurp reads a 20 MB upload whole.
+    let upload = w.dir.0.join("upload.bin");
+    std::fs::write(&upload, vec![7u8; 20_000_000]).unwrap();
+    let o = curl(&["-k", "--http2", "--data-binary", &format!("@{}", upload.display()), "-w", "%{http_code}", &format!("{base}/slurp")]);
+    assert_eq!(text(&o), "20000000\n200");
+    // Plain HTTP/1.1: http URLs; a hostile Host header never reaches the config.
+    let o = curl(&["-H", "Host: evil.example/\"><script>", &format!("http://{}/config", w.http)]);
+    let c: serde_json::Value = serde_json::from_str(&text(&o)).unwrap();
+    assert_eq!(c["urls"]["upload_url"], format!("http://{}/slurp", w.http));
+    // The certificate: the fingerprint printed is the file's, valid 825 days at most.
+    let cert = w.dir.0.join("tls/cert.pem");
+    let o = Command::new("openssl").args(["x509", "-noout", "-fingerprint", "-sha256", "-startdate", "-enddate", "-in"]).arg(&cert).output().unwrap();
+    let out = text(&o);
+    assert!(out.contains(&w.fingerprint), "{out} vs {}", w.fingerprint);
+    let field = |k: &str| out.lines().find_map(|l| l.strip_prefix(k)).unwrap().to_string();
+    let days = epoch_days(&field("notAfter=")) - epoch_days(&field("notBefore="));
+    assert!(days > 800 && days <= 825, "valid {days} days");
+    assert!(text(&Command::new("openssl").args(["x509", "-noout", "-text", "-in"]).arg(&cert).output().unwrap()).contains("id-ecPublicKey"));
+}
+
+/// Reads until the server closes the connection; how long that took.
+fn closed_within(mut s: TcpStream, limit: Duration) -> Duration {
+    let t = Instant::now();
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return t.elapsed(),
+            Ok(_) => {}
+        }
+    }
+}
+
+#[test]
+fn slow_clients_full_slots_and_greedy_addresses_are_bounded() {
+    let _g = serial();
+    let Some(w) = start("limits", &["--max-connections-per-ip", "2", "--web-max-gb", "0.05"]) else { return };
+    // Slowloris on both faces: half a request line, a TLS handshake that never comes. Both
+    // hold this address's two slots, until the 5 s deadline frees them.
+    let mut slow = TcpStream::connect(&w.http).unwrap();
+    slow.write_all(b"GET /small HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let mute = TcpStream::connect(&w.https).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // A third connection from the same address is told why and when to come back.
+    let o = curl(&["-D", "-", &format!("http://{}/small", w.http)]);
+    let out = text(&o).to_ascii_lowercase();
+    assert!(out.starts_with("http/1.1 429"), "{out}");
+    assert!(out.contains("retry-after: 60") && out.contains("per address"), "{out}");
+    let (a, b) = (closed_within(slow, Duration::from_secs(10)), closed_within(mute, Duration::from_secs(10)));
+    assert!(a < Duration::from_secs(7) && b < Duration::from_secs(7), "slow clients held on for {a:?} and {b:?}");
+    // With the slots free again: 50 MB per address, then 429 until the window ends.
+    let base = format!("https://{}", w.https);
+    let o = curl(&["-k", "--http2", "-o", "/dev/null", "-w", "%{size_download}", &format!("{base}/large")]);
+    let got: f64 = text(&o).parse().unwrap();
+    assert!((50e6..51e6).contains(&got), "one address took {got} bytes of a 50 MB budget");
+    let o = curl(&["-k", "--http2", "-D", "-", "-o", "/dev/null", &format!("{base}/large")]);
+    let out = text(&o).to_ascii_lowercase();
+    assert!(out.starts_with("http/2 429") && out.contains("retry-after: "), "{out}");
+    // The uploads count against the same budget.
+    let o = curl(&["-k", "--http2", "--data-binary", "x", "-w", "%{http_code}", &format!("{base}/slurp")]);
+    assert!(text(&o).ends_with("429"), "{}", text(&o));
+}

@@ -1,0 +1,309 @@
+//! The server's HTTP face: the responsiveness endpoints of draft-ietf-ippm-responsiveness over
+//! HTTP/1.1 and HTTP/2, plain (`--http`, for LANs) and over TLS (`--https`, ALPN `h2` and
+//! `http/1.1`). It runs in the runtime of bloatlab's own protocol and takes its connection slots
+//! from the same limits, in all and per address: every connection a task under a total
+//! deadline, its slot given back however it ends. A client without a slot is answered 429 with
+//! `Retry-After` (a few at once, briefly), never left hanging.
+//!
+//! What one client address can take: `max_connections_per_ip` connections (64 by default, as
+//! for the bloatlab protocol), each for at most `max_conn_time` (120 s), with at most
+//! `max_streams` HTTP/2 streams each, and `max_bytes_per_ip` bytes through `/large` and
+//! `/slurp` together per `budget_window` (20 GB per 10 minutes by default); then 429.
+
+mod budget;
+mod endpoints;
+pub mod tls;
+
+use crate::limits::Slot;
+use crate::Shared;
+use budget::Budgets;
+use endpoints::Route;
+use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
+use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, HOST, RETRY_AFTER};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::timeout;
+
+#[derive(Clone, Debug)]
+pub struct WebConfig {
+    /// Plain HTTP listener.
+    pub http: Option<SocketAddr>,
+    /// HTTPS listener; needs `tls`.
+    pub https: Option<SocketAddr>,
+    /// Certificate chain and key (PEM), re-read on SIGHUP.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// `test_endpoint` for the config: where clients should connect instead.
+    pub test_endpoint: Option<String>,
+    pub max_bytes_per_ip: u64,
+    pub budget_window: Duration,
+    pub max_conn_time: Duration,
+    pub max_streams: u32,
+}
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        WebConfig {
+            http: None,
+            https: None,
+            tls: None,
+            test_endpoint: None,
+            max_bytes_per_ip: 20_000_000_000,
+            budget_window: Duration::from_secs(600),
+            max_conn_time: Duration::from_secs(120),
+            max_streams: 100,
+        }
+    }
+}
+
+/// Bytes `/large` sends: at least 8 GB, as the draft asks; clients close it early.
+const LARGE_BYTES: u64 = 8 << 30;
+/// Incompressible data, sent again and again (each chunk shares this buffer).
+const CHUNK: usize = 64 * 1024;
+/// How often `/large` re-sets TCP_NOTSENT_LOWAT to 5 ms of the connection's current rate.
+const LOWAT_EVERY: u64 = 1 << 20;
+/// How long a connection refused for want of a slot may take to hear why.
+const REFUSE_TIME: Duration = Duration::from_secs(5);
+
+/// What every HTTP connection shares.
+pub(crate) struct Web {
+    cfg: WebConfig,
+    budgets: Budgets,
+    chunk: Bytes,
+}
+
+impl Web {
+    pub(crate) fn new(cfg: WebConfig) -> Option<Web> {
+        let mut chunk = vec![0u8; CHUNK];
+        getrandom::fill(&mut chunk).ok()?;
+        Some(Web { budgets: Budgets::new(cfg.max_bytes_per_ip, cfg.budget_window), cfg, chunk: Bytes::from(chunk) })
+    }
+}
+
+/// A connection's standing: a slot, or (none free) a brief refusal.
+enum Admit {
+    Slot { _held: Slot },
+    Refuse { _held: Slot, why: String },
+}
+
+pub(crate) async fn accept_loop(listener: TcpListener, tls: Option<Arc<tls::Tls>>, shared: Arc<Shared>, web: Arc<Web>) {
+    loop {
+        let (stream, peer) = crate::conn::accept(&listener).await;
+        let ip = peer.ip().to_canonical();
+        // Outside --allow: closed without a word (the bloatlab protocol says why; HTTP would
+        // cost a TLS handshake first).
+        if !shared.allowed(ip) {
+            shared.counters.not_allowed.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let admit = match shared.connections.take(ip) {
+            Ok(slot) => Admit::Slot { _held: slot },
+            Err(full) => match shared.refusing.take(ip) {
+                Ok(slot) => Admit::Refuse { _held: slot, why: full.to_string() },
+                Err(_) => continue,
+            },
+        };
+        tokio::spawn(serve_conn(stream, ip, admit, tls.clone(), shared.clone(), web.clone()));
+    }
+}
+
+/// Per connection: who it is, and what it may do.
+struct Conn {
+    ip: IpAddr,
+    scheme: &'static str,
+    local: String,
+    refuse: Option<String>,
+    /// A second handle on the socket, for TCP_NOTSENT_LOWAT while `/large` sends.
+    socket: Option<Arc<OwnedFd>>,
+    web: Arc<Web>,
+}
+
+async fn serve_conn(stream: TcpStream, ip: IpAddr, admit: Admit, tls: Option<Arc<tls::Tls>>, shared: Arc<Shared>, web: Arc<Web>) {
+    let (limit, refuse) = match &admit {
+        Admit::Slot { .. } => (web.cfg.max_conn_time, None),
+        Admit::Refuse { why, .. } => (REFUSE_TIME, Some(why.clone())),
+    };
+    let _ = stream.set_nodelay(true);
+    // The draft: the server adds no queue of its own. Set before TLS, re-set as the rate grows.
+    let _ = bloatlab_netio::keep_unsent_small(&stream);
+    let conn = Arc::new(Conn {
+        ip,
+        scheme: if tls.is_some() { "https" } else { "http" },
+        local: stream.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        refuse,
+        socket: stream.as_fd().try_clone_to_owned().ok().map(Arc::new),
+        web,
+    });
+    let handshake = shared.config.hello_timeout;
+    let _ = timeout(limit, async move {
+        match tls {
+            Some(tls) => {
+                let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+                if let Ok(Ok(s)) = timeout(handshake, acceptor.accept(stream)).await {
+                    serve_http(TokioIo::new(s), conn, handshake).await;
+                }
+            }
+            None => serve_http(TokioIo::new(stream), conn, handshake).await,
+        }
+    })
+    .await;
+    drop(admit);
+}
+
+async fn serve_http<I>(io: I, conn: Arc<Conn>, header_time: Duration)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let max_streams = conn.web.cfg.max_streams;
+    let svc = hyper::service::service_fn(move |req| {
+        let conn = conn.clone();
+        async move { Ok::<_, Infallible>(answer(req, conn).await) }
+    });
+    let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // Headers within the handshake's deadline (no slowloris), and bounded.
+    b.http1().timer(TokioTimer::new()).header_read_timeout(header_time).max_buf_size(64 * 1024);
+    b.http2().timer(TokioTimer::new()).max_concurrent_streams(max_streams).max_header_list_size(16 * 1024).adaptive_window(true);
+    let _ = b.serve_connection(io, svc).await;
+}
+
+/// The body of a reply: a few bytes, or `/large`'s stream.
+pub(crate) enum Reply {
+    Bytes(Option<Bytes>),
+    Large(Large),
+}
+
+impl Body for Reply {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        Poll::Ready(match self.get_mut() {
+            Reply::Bytes(b) => b.take().map(|b| Ok(Frame::data(b))),
+            Reply::Large(l) => l.next(),
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Reply::Bytes(b) => b.is_none(),
+            Reply::Large(l) => l.left == 0,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(match self {
+            Reply::Bytes(b) => b.as_ref().map_or(0, |b| b.len() as u64),
+            Reply::Large(l) => l.left,
+        })
+    }
+}
+
+/// `/large`: the shared random chunk until LARGE_BYTES are sent, the client closes, or its
+/// address's budget runs out (then the stream ends early, an error to the client).
+pub(crate) struct Large {
+    left: u64,
+    sent: u64,
+    conn: Arc<Conn>,
+}
+
+impl Large {
+    fn next(&mut self) -> Option<Result<Frame<Bytes>, std::io::Error>> {
+        if self.left == 0 {
+            return None;
+        }
+        let n = self.left.min(CHUNK as u64);
+        if self.conn.web.budgets.charge(self.conn.ip, n, Instant::now()).is_err() {
+            self.left = 0;
+            return Some(Err(std::io::Error::other("this address's byte budget is used up")));
+        }
+        if self.sent % LOWAT_EVERY < n {
+            if let Some(s) = &self.conn.socket {
+                let _ = bloatlab_netio::keep_unsent_small(s.as_ref());
+            }
+        }
+        (self.left, self.sent) = (self.left - n, self.sent + n);
+        Some(Ok(Frame::data(self.conn.web.chunk.slice(..n as usize))))
+    }
+}
+
+fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Reply> {
+    let mut r = Response::new(Reply::Bytes(Some(body.into())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn too_many(why: &str, retry_after: Duration) -> Response<Reply> {
+    let mut r = reply(StatusCode::TOO_MANY_REQUESTS, "text/plain; charset=utf-8", format!("{why}\n"));
+    r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after.as_secs().max(1)));
+    r
+}
+
+fn budget_refusal(conn: &Conn, retry: Duration) -> Response<Reply> {
+    let (max, window) = conn.web.budgets.limits();
+    too_many(&format!("your address has moved {:.1} GB through this server in the last {} minutes, its limit", max as f64 / 1e9, window.as_secs() / 60), retry)
+}
+
+async fn answer(req: Request<Incoming>, conn: Arc<Conn>) -> Response<Reply> {
+    let mut r = match &conn.refuse {
+        Some(why) => too_many(why, Duration::from_secs(60)),
+        None => route(req, &conn).await,
+    };
+    // Measurements must never come from a cache.
+    r.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static("no-store, must-revalidate, private, max-age=0"));
+    r
+}
+
+async fn route(req: Request<Incoming>, conn: &Arc<Conn>) -> Response<Reply> {
+    let head = req.method() == hyper::Method::HEAD;
+    let mut r = match endpoints::route(req.method().as_str(), req.uri().path()) {
+        Route::Config => {
+            let asked = req.uri().authority().map(|a| a.as_str()).or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()));
+            let body = endpoints::config_json(conn.scheme, endpoints::authority(asked, &conn.local), conn.web.cfg.test_endpoint.as_deref());
+            reply(StatusCode::OK, "application/json", body)
+        }
+        Route::Small => reply(StatusCode::OK, "application/octet-stream", Bytes::from_static(b"x")),
+        Route::Large => match conn.web.budgets.charge(conn.ip, 0, Instant::now()) {
+            Err(retry) => budget_refusal(conn, retry),
+            Ok(()) => {
+                let mut r = Response::new(Reply::Large(Large { left: LARGE_BYTES, sent: 0, conn: conn.clone() }));
+                r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+                r
+            }
+        },
+        Route::Slurp => return slurp(req, conn).await,
+        Route::Index => reply(StatusCode::OK, "text/plain; charset=utf-8", "bloatlab server: responsiveness config at /.well-known/nq\n"),
+        Route::MethodNotAllowed => reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain; charset=utf-8", "method not allowed\n"),
+        Route::NotFound => reply(StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "not found\n"),
+    };
+    if head {
+        *r.body_mut() = Reply::Bytes(None);
+    }
+    r
+}
+
+/// `/slurp`: reads the whole upload and forgets it, counting it against the address's budget.
+async fn slurp(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
+    use http_body_util::BodyExt;
+    let mut body = req.into_body();
+    let mut got = 0u64;
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else { return reply(StatusCode::BAD_REQUEST, "text/plain; charset=utf-8", "upload broken off\n") };
+        if let Some(d) = frame.data_ref() {
+            got += d.len() as u64;
+            if let Err(retry) = conn.web.budgets.charge(conn.ip, d.len() as u64, Instant::now()) {
+                return budget_refusal(conn, retry);
+            }
+        }
+    }
+    reply(StatusCode::OK, "text/plain; charset=utf-8", format!("{got}\n"))
+}
