@@ -335,6 +335,7 @@ fn serve_log(name: &str) -> std::path::PathBuf {
 
 /// Builds the lab and serves its control socket until `down` or a signal.
 fn serve(topology: &str, name: &str, stop: Arc<AtomicBool>) -> ExitCode {
+    crate::ignore_sigpipe();
     let lab = match load_topology(topology).and_then(|t| Lab::up(t, name).map_err(|e| e.to_string())) {
         Ok(l) => l,
         Err(e) => return fail(e),

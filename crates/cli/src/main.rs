@@ -425,7 +425,16 @@ fn load_key(file: Option<&std::path::Path>) -> Result<Option<Vec<u8>>, String> {
     Ok(Some(key.to_vec()))
 }
 
+/// For the long-running processes (server, lab): a peer that resets a connection while a
+/// vectored write (`writev`, which has no MSG_NOSIGNAL) is under way must cost an error on that
+/// connection, not SIGPIPE for the whole process, which `main` left at its default for pipes.
+pub(crate) fn ignore_sigpipe() {
+    // SAFETY: changing a signal disposition; no handler runs.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+}
+
 fn server(a: ServerArgs) -> ExitCode {
+    ignore_sigpipe();
     let key = match load_key(a.key.as_deref()) {
         Ok(k) => k,
         Err(e) => return fail(e),
@@ -457,6 +466,11 @@ fn server(a: ServerArgs) -> ExitCode {
         ..Default::default()
     };
     let stop = stop_flag();
+    // SIGHUP re-reads the certificates (the runtime's handler); it must not also stop the
+    // server, as the Ctrl-C handler just installed for INT, TERM and HUP would. Ignored here,
+    // before the runtime adds its own handler, which then runs alone.
+    // SAFETY: changing a signal disposition; no handler runs.
+    unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) };
     let mut server = match bloatlab_server::Server::start(config) {
         Ok(s) => s,
         Err(e) => return fail(format!("{e}; is another server running there? choose another with --listen")),
