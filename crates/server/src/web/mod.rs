@@ -11,7 +11,8 @@
 //! `/slurp` together per `budget_window` (20 GB per 10 minutes by default); then 429.
 
 mod budget;
-mod endpoints;
+/// Public for the fuzzer (fuzz/fuzz_targets/web_request.rs).
+pub mod endpoints;
 pub mod tls;
 
 use crate::limits::Slot;
