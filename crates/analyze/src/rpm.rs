@@ -126,13 +126,16 @@ pub fn confidence(run: &RpmRun) -> Confidence {
     }
 }
 
-/// Returns (rpm, foreign, loaded). Without TLS, the foreign term averages the TCP handshake and
-/// the request time on the new connection. All inputs in ms.
-pub fn rpm(foreign_connect: &[f64], foreign_request: &[f64], loaded: &[f64]) -> Option<(f64, f64, f64)> {
-    let tcp = trimmed_mean(foreign_connect, KEEP)?;
-    let req = trimmed_mean(foreign_request, KEEP)?;
+/// Returns (rpm, foreign, loaded). `foreign` holds the new-connection terms, each averaged
+/// (trimmed) on its own: TCP handshake, TLS handshake when there is one, and the request time,
+/// so the foreign term is 60000 over their mean (three terms over TLS, two without). All in ms.
+pub fn rpm(foreign: &[&[f64]], loaded: &[f64]) -> Option<(f64, f64, f64)> {
+    let terms: Vec<f64> = foreign.iter().map(|t| trimmed_mean(t, KEEP)).collect::<Option<_>>()?;
+    if terms.is_empty() {
+        return None;
+    }
     let self_ = trimmed_mean(loaded, KEEP)?;
-    let foreign = 60_000.0 / ((tcp + req) / 2.0);
+    let foreign = 60_000.0 / (terms.iter().sum::<f64>() / terms.len() as f64);
     let loaded = 60_000.0 / self_;
     Some(((foreign + loaded) / 2.0, foreign, loaded))
 }
@@ -202,7 +205,7 @@ mod tests {
 
     #[test]
     fn one_second_of_bloat_is_60_rpm() {
-        let (r, f, l) = rpm(&[1000.0; 20], &[1000.0; 20], &[1000.0; 20]).unwrap();
+        let (r, f, l) = rpm(&[&[1000.0; 20][..], &[1000.0; 20][..]], &[1000.0; 20]).unwrap();
         assert_eq!((r, f, l), (60.0, 60.0, 60.0));
         assert_eq!(band(r), "poor");
     }
@@ -210,11 +213,14 @@ mod tests {
     #[test]
     fn foreign_and_loaded_are_averaged_after_inversion() {
         // 10 ms foreign (6000), 100 ms loaded (600): RPM = 3300.
-        let (r, f, l) = rpm(&[10.0], &[10.0], &[100.0]).unwrap();
+        let (r, f, l) = rpm(&[&[10.0][..], &[10.0][..]], &[100.0]).unwrap();
         assert_eq!((f, l), (6000.0, 600.0));
         assert_eq!(r, 3300.0);
         assert_eq!(band(r), "good");
         assert_eq!(band(7000.0), "excellent");
-        assert!(rpm(&[], &[1.0], &[1.0]).is_none());
+        assert!(rpm(&[&[][..], &[1.0][..]], &[1.0]).is_none());
+        // Over TLS three terms: (10 + 20 + 30) / 3 = 20 ms -> 3000 foreign.
+        let (_, f, _) = rpm(&[&[10.0][..], &[20.0][..], &[30.0][..]], &[100.0]).unwrap();
+        assert!((f - 3000.0).abs() < 1e-9);
     }
 }

@@ -338,7 +338,10 @@ fn rpm_summary(result: &ResultFile, idle: Option<Window>, load: Option<Window>) 
     let connect = get("rpm foreign-connect", w);
     let request = get("rpm foreign-request", w);
     let loaded = get("rpm loaded", w);
-    let (value, foreign, loaded_rpm) = rpm::rpm(&connect, &request, &loaded)?;
+    // Over TLS (the HTTP transport) the handshake is a third foreign term.
+    let tls = get("rpm foreign-tls", w);
+    let foreign_terms: Vec<&[f64]> = if result.series("rpm foreign-tls").is_some() { vec![connect.as_slice(), tls.as_slice(), request.as_slice()] } else { vec![connect.as_slice(), request.as_slice()] };
+    let (value, foreign, loaded_rpm) = rpm::rpm(&foreign_terms, &loaded)?;
     let idle_rpm = idle.and_then(|iw| {
         let both: Vec<f64> = get("rpm foreign-connect", iw).into_iter().chain(get("rpm foreign-request", iw)).collect();
         stats::trimmed_mean(&both, rpm::KEEP).map(|tm| 60_000.0 / tm)

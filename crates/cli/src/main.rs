@@ -268,7 +268,9 @@ enum Cc {
 struct TestArgs {
     #[arg(value_enum)]
     test: TestName,
-    /// Server as HOST, HOST:PORT, [IPV6]:PORT or a bare IPv6 address (default port 9461).
+    /// Server as HOST, HOST:PORT, [IPV6]:PORT or a bare IPv6 address (default port 9461). For
+    /// rpm also a responsiveness config URL (https://HOST/.well-known/nq, or http:// for
+    /// cleartext HTTP/2): the test then runs over HTTP/2 against any such server.
     host: String,
     /// Length of the load phase in seconds (the whole test for ping and plain voip). Default:
     /// 10 for ping, 20 for rpm, 30 otherwise.
@@ -309,6 +311,12 @@ struct TestArgs {
     /// BLOATLAB_KEY).
     #[arg(long, value_name = "FILE")]
     key: Option<PathBuf>,
+    /// rpm against a URL: accept any certificate (a self-signed test server), as curl -k.
+    #[arg(long, short = 'k')]
+    insecure: bool,
+    /// rpm against a URL: also trust this CA certificate (PEM).
+    #[arg(long, value_name = "FILE")]
+    ca: Option<PathBuf>,
     /// Result file (versioned JSON, gzipped when the name ends in .gz). Default:
     /// bloatlab-TEST-TIMESTAMP.json.gz
     #[arg(short, long)]
@@ -535,7 +543,17 @@ fn test(a: TestArgs) -> ExitCode {
     }
     let opts = Options { output: a.output, progress, stop: stop_flag(), key };
     let lab_at_start = lab_counters();
-    let mut outcome = match bloatlab_measure::run(&params, &a.host, &opts) {
+    let by_url = a.host.starts_with("https://") || a.host.starts_with("http://");
+    if by_url && !matches!(kind, TestKind::Rpm) {
+        return usage("a URL target is for `test rpm` (a responsiveness config URL); other tests take HOST[:PORT] of a bloatlab server");
+    }
+    let outcome = if by_url {
+        let http = bloatlab_measure::http_rpm::HttpOptions { insecure: a.insecure, ca: a.ca.clone() };
+        bloatlab_measure::http_rpm::run(&params, &a.host, &opts, &http)
+    } else {
+        bloatlab_measure::run(&params, &a.host, &opts)
+    };
+    let mut outcome = match outcome {
         Ok(o) => o,
         Err(e) => return fail(e),
     };

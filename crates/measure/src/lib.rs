@@ -7,6 +7,7 @@ mod control;
 pub mod display;
 mod flow;
 pub mod hops;
+pub mod http_rpm;
 mod load;
 pub mod localq;
 pub mod plan;

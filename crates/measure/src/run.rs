@@ -61,7 +61,7 @@ fn resolve(host_port: &str) -> Result<Vec<SocketAddr>, MeasureError> {
     Ok(addrs)
 }
 
-fn default_output(test: &str) -> PathBuf {
+pub(crate) fn default_output(test: &str) -> PathBuf {
     let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let stamp: String = stamp.chars().filter(|c| c.is_ascii_digit() || *c == 'T').collect();
     PathBuf::from(format!("bloatlab-{test}-{}.json.gz", stamp.replace('T', "-")))
@@ -112,11 +112,23 @@ pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, Measu
 }
 
 fn metadata(params: &Params, host: &str, control: &Control) -> Metadata {
+    let server = Host {
+        name: host.into(),
+        address: Some(control.addr.to_string()),
+        software: format!("bloatlab {}", control.server.version),
+        kernel: control.server.kernel.clone().unwrap_or_else(|| HIDDEN.into()),
+        default_cc: control.server.default_cc.clone().unwrap_or_else(|| HIDDEN.into()),
+    };
+    new_metadata(params, serde_json::to_value(params).unwrap_or_default(), server)
+}
+
+/// A test's metadata before it runs: this client, the given server and parameters.
+pub(crate) fn new_metadata(params: &Params, params_json: serde_json::Value, server: Host) -> Metadata {
     Metadata {
         tool: "bloatlab".into(),
         tool_version: env!("CARGO_PKG_VERSION").into(),
         test: params.test.name().into(),
-        params: serde_json::to_value(params).unwrap_or_default(),
+        params: params_json,
         client: Host {
             name: netio::hostname(),
             address: None,
@@ -124,13 +136,7 @@ fn metadata(params: &Params, host: &str, control: &Control) -> Metadata {
             kernel: netio::kernel(),
             default_cc: netio::default_cc(),
         },
-        server: Host {
-            name: host.into(),
-            address: Some(control.addr.to_string()),
-            software: format!("bloatlab {}", control.server.version),
-            kernel: control.server.kernel.clone().unwrap_or_else(|| HIDDEN.into()),
-            default_cc: control.server.default_cc.clone().unwrap_or_else(|| HIDDEN.into()),
-        },
+        server,
         cc: params.cc.clone(),
         start_time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
         step: params.step,
@@ -233,7 +239,7 @@ impl Test<'_> {
             }
         }
         let loaded: Vec<f64> = self.pings.done.lock().unwrap().iter().filter(|p| p.0 >= since).map(|p| p.1).collect();
-        let responsiveness = rpm::rpm(&connect, &request, &loaded).map(|x| x.0);
+        let responsiveness = rpm::rpm(&[connect.as_slice(), request.as_slice()], &loaded).map(|x| x.0);
         if r.saturation.interval(t, down, up, responsiveness) {
             self.load_end = t;
         }

@@ -1,0 +1,474 @@
+//! `bloatlab test rpm https://HOST/.well-known/nq`: responsiveness against any server of the
+//! draft's endpoints (Apple's, Cloudflare's, an nginx set-up, `bloatlab server --https`). The
+//! engine is the one the bloatlab protocol uses (`analyze::rpm`: intervals of ID seconds, one
+//! more load connection per direction each, goodput and then responsiveness saturation, trimmed
+//! means); only the transport differs: HTTP/2 over TLS (or cleartext HTTP/2 for `http://`),
+//! downloads of `large_download_url` and uploads to `upload_url` on connections of their own,
+//! foreign probes on new connections with TCP, TLS and HTTP times kept apart, self probes (a GET
+//! of `small_download_url`) on the load connections. The result file is the same format; its
+//! `params.transport` says which transport ran.
+
+use crate::plan::Params;
+use crate::run::{Ended, Options, Outcome};
+use crate::MeasureError;
+use bloatlab_analyze::rpm;
+use bloatlab_result::{self as result, Host, Metadata, Phase, ResultFile, Series, SeriesKind};
+use hyper::body::{Body, Bytes, Frame};
+use hyper::client::conn::http2::SendRequest;
+use hyper::{Request, Uri};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::{CertificateDer, ServerName};
+use std::convert::Infallible;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::time::{timeout, Instant};
+
+/// The draft's cap on load connections per direction.
+const MAX_CONNECTIONS: usize = 16;
+/// A probe pair (one foreign, one self) this often: 10 pairs a second, within the draft's 100.
+const PROBE_EVERY: Duration = Duration::from_millis(100);
+/// A probe not done by then counts as failed.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2's own send buffer per stream (hyper's default is 1 MiB: seconds of queue at home
+/// rates, in front of the self probes and counted as sent).
+const SEND_BUF: usize = 64 * 1024;
+/// What an upload sends, again and again.
+const UPLOAD_CHUNK: usize = 64 * 1024;
+
+pub struct HttpOptions {
+    /// Accept any certificate (self-signed test servers).
+    pub insecure: bool,
+    /// Trust this CA (PEM) besides the built-in roots.
+    pub ca: Option<PathBuf>,
+}
+
+/// Where one of the config's URLs leads.
+#[derive(Clone)]
+struct Target {
+    uri: Uri,
+    addr: SocketAddr,
+    tls: bool,
+    name: ServerName<'static>,
+}
+
+impl Target {
+    fn parse(url: &str) -> Result<Target, String> {
+        let uri: Uri = url.parse().map_err(|e| format!("`{url}`: {e}"))?;
+        let tls = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return Err(format!("`{url}`: want an https:// or http:// URL")),
+        };
+        let host = uri.host().ok_or_else(|| format!("`{url}`: no host"))?.trim_start_matches('[').trim_end_matches(']').to_string();
+        let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        let addr = (host.as_str(), port).to_socket_addrs().map_err(|e| format!("{host}: {e}"))?.next().ok_or_else(|| format!("{host}: no address"))?;
+        let name = ServerName::try_from(host.clone()).map_err(|e| format!("{host}: {e}"))?;
+        Ok(Target { uri, addr, tls, name })
+    }
+}
+
+/// A request body: none, or an endless upload that counts what it hands to HTTP/2 (which
+/// takes it only as flow control lets it leave).
+enum ReqBody {
+    Empty,
+    Upload { chunk: Bytes, sent: Arc<AtomicU64>, stop: Arc<AtomicBool> },
+}
+
+impl Body for ReqBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(match self.get_mut() {
+            ReqBody::Empty => None,
+            ReqBody::Upload { stop, .. } if stop.load(Ordering::Relaxed) => None,
+            ReqBody::Upload { chunk, sent, .. } => {
+                sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                Some(Ok(Frame::data(chunk.clone())))
+            }
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, ReqBody::Empty)
+    }
+}
+
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// A new HTTP/2 connection with its TCP and TLS handshake times (ms).
+async fn open(t: &Target, tls: &tokio_rustls::TlsConnector) -> Result<(SendRequest<ReqBody>, f64, Option<f64>), String> {
+    let t0 = Instant::now();
+    let tcp = TcpStream::connect(t.addr).await.map_err(|e| format!("connect {}: {e}", t.addr))?;
+    let tcp_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let _ = tcp.set_nodelay(true);
+    // As the draft asks of both ends: little unsent data in the socket, so a self probe waits
+    // behind the network's queue, not behind this client's own buffers.
+    let _ = bloatlab_netio::keep_unsent_small(&tcp);
+    let (io, tls_ms): (Box<dyn Io>, Option<f64>) = if t.tls {
+        let t1 = Instant::now();
+        let s = tls.connect(t.name.clone(), tcp).await.map_err(|e| format!("TLS with {}: {e}", t.addr))?;
+        if s.get_ref().1.alpn_protocol() != Some(b"h2") {
+            return Err(format!("{} did not agree to HTTP/2 (ALPN)", t.addr));
+        }
+        (Box::new(s), Some(t1.elapsed().as_secs_f64() * 1e3))
+    } else {
+        (Box::new(tcp), None)
+    };
+    let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new()).adaptive_window(true).max_send_buf_size(SEND_BUF).handshake(TokioIo::new(io)).await.map_err(|e| format!("HTTP/2 with {}: {e}", t.addr))?;
+    tokio::spawn(conn);
+    Ok((sender, tcp_ms, tls_ms))
+}
+
+fn request(t: &Target, body: ReqBody, post: bool) -> Request<ReqBody> {
+    let b = if post { Request::post(t.uri.clone()) } else { Request::get(t.uri.clone()) };
+    b.header(hyper::header::ACCEPT_ENCODING, "identity").body(body).expect("a valid request")
+}
+
+/// Sends a request and reads the whole answer; its time in ms and the bytes it brought.
+async fn fetch(sender: &mut SendRequest<ReqBody>, t: &Target, count: Option<&AtomicU64>, stop: Option<&AtomicBool>) -> Result<f64, String> {
+    use http_body_util::BodyExt;
+    sender.ready().await.map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    let resp = sender.send_request(request(t, ReqBody::Empty, false)).await.map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("{} answered {}", t.uri, resp.status()));
+    }
+    let mut body = resp.into_body();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| e.to_string())?;
+        if let (Some(d), Some(c)) = (frame.data_ref(), count) {
+            c.fetch_add(d.len() as u64, Ordering::Relaxed);
+        }
+        if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            break;
+        }
+    }
+    Ok(t0.elapsed().as_secs_f64() * 1e3)
+}
+
+/// One load connection: its direction, bytes so far, and its throughput samples.
+struct Flow {
+    name: String,
+    down: bool,
+    bytes: Arc<AtomicU64>,
+    samples: Vec<(f64, Option<f64>)>,
+    last: u64,
+    error: Arc<Mutex<Option<String>>>,
+}
+
+/// A foreign probe: its send time (s), then TCP, TLS and HTTP times (ms), each if it completed.
+type Foreign = (f64, Option<f64>, Option<f64>, Option<f64>);
+
+/// What the probes measured, each with its send time (s): foreign and self.
+#[derive(Default)]
+struct Probes {
+    foreign: Vec<Foreign>,
+    loaded: Vec<(f64, Option<f64>)>,
+}
+
+struct Urls {
+    small: Target,
+    large: Target,
+    upload: Target,
+}
+
+fn config_urls(config: &serde_json::Value) -> Result<Urls, String> {
+    let url = |new: &str, old: &str| {
+        config["urls"][new].as_str().or_else(|| config["urls"][old].as_str()).ok_or_else(|| format!("the config has neither `{new}` nor `{old}`"))
+    };
+    if config["version"] != 1 {
+        return Err(format!("config version {}: this client speaks version 1", config["version"]));
+    }
+    Ok(Urls {
+        small: Target::parse(url("small_download_url", "small_https_download_url")?)?,
+        large: Target::parse(url("large_download_url", "large_https_download_url")?)?,
+        upload: Target::parse(url("upload_url", "https_upload_url")?)?,
+    })
+}
+
+fn tls_connector(h: &HttpOptions) -> Result<tokio_rustls::TlsConnector, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone()).with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12]).map_err(|e| e.to_string())?;
+    let mut cfg = if h.insecure {
+        builder.dangerous().with_custom_certificate_verifier(Arc::new(AnyCertificate(provider))).with_no_client_auth()
+    } else {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        if let Some(ca) = &h.ca {
+            use rustls::pki_types::pem::PemObject;
+            for c in CertificateDer::pem_file_iter(ca).map_err(|e| format!("{}: {e}", ca.display()))? {
+                roots.add(c.map_err(|e| format!("{}: {e}", ca.display()))?).map_err(|e| format!("{}: {e}", ca.display()))?;
+            }
+        }
+        builder.with_root_certificates(roots).with_no_client_auth()
+    };
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
+}
+
+/// `--insecure`: any certificate is taken (signatures are still checked, so the handshake is
+/// real TLS), as `curl -k` and `networkQuality -k` do.
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(&self, _: &CertificateDer<'_>, _: &[CertificateDer<'_>], _: &ServerName<'_>, _: &[u8], _: rustls::pki_types::UnixTime) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(&self, m: &[u8], c: &CertificateDer<'_>, d: &rustls::DigitallySignedStruct) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn verify_tls13_signature(&self, m: &[u8], c: &CertificateDer<'_>, d: &rustls::DigitallySignedStruct) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+pub fn run(params: &Params, config_url: &str, opts: &Options, http: &HttpOptions) -> Result<Outcome, MeasureError> {
+    let fail = |why: String| MeasureError::Resolve { host: config_url.into(), why };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| fail(e.to_string()))?;
+    rt.block_on(run_async(params, config_url, opts, http)).map_err(fail)
+}
+
+struct State {
+    t0: Instant,
+    flows: Vec<Flow>,
+    probes: Arc<Mutex<Probes>>,
+    saturation: rpm::Saturation,
+    load_end: Option<f64>,
+    tls: bool,
+}
+
+impl State {
+    fn t(&self) -> f64 {
+        self.t0.elapsed().as_secs_f64()
+    }
+
+    /// The responsiveness of the probes sent since `since` (s).
+    fn responsiveness(&self, since: f64) -> Option<f64> {
+        let p = self.probes.lock().unwrap();
+        let recent: Vec<_> = p.foreign.iter().filter(|f| f.0 >= since).collect();
+        let pick = |i: usize| -> Vec<f64> { recent.iter().filter_map(|f| [f.1, f.2, f.3][i]).collect() };
+        let (tcp, tls, req) = (pick(0), pick(1), pick(2));
+        let loaded: Vec<f64> = p.loaded.iter().filter(|l| l.0 >= since).filter_map(|l| l.1).collect();
+        let terms: Vec<&[f64]> = if self.tls { vec![tcp.as_slice(), tls.as_slice(), req.as_slice()] } else { vec![tcp.as_slice(), req.as_slice()] };
+        rpm::rpm(&terms, &loaded).map(|x| x.0)
+    }
+
+    fn mbps_since(&self, down: bool, from_bytes: &[u64]) -> f64 {
+        self.flows.iter().zip(from_bytes).filter(|(f, _)| f.down == down).map(|(f, b)| f.bytes.load(Ordering::Relaxed) - b).sum::<u64>() as f64 * 8.0 / 1e6
+    }
+}
+
+async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &HttpOptions) -> Result<Outcome, String> {
+    let tls = tls_connector(http)?;
+    let config_target = Target::parse(config_url)?;
+    let (mut sender, _, _) = open(&config_target, &tls).await?;
+    let config = {
+        use http_body_util::BodyExt;
+        sender.ready().await.map_err(|e| e.to_string())?;
+        let resp = timeout(PROBE_TIMEOUT, sender.send_request(request(&config_target, ReqBody::Empty, false))).await.map_err(|_| "the config did not come within 10 s".to_string())?.map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        if !status.is_success() {
+            return Err(format!("the config URL answered {status}"));
+        }
+        serde_json::from_slice::<serde_json::Value>(&body).map_err(|e| format!("the config is not JSON: {e}"))?
+    };
+    let urls = Arc::new(config_urls(&config)?);
+    let path = opts.output.clone().unwrap_or_else(|| crate::run::default_output("rpm"));
+    let meta = metadata(params, config_url, &config_target);
+    result::write_atomic(&path, &ResultFile::new(meta.clone())).map_err(|e| e.to_string())?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut st = State { t0: Instant::now(), flows: Vec::new(), probes: Arc::default(), saturation: rpm::Saturation::new(params.rpm_interval), load_end: None, tls: urls.small.tls };
+    let senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>> = Arc::default();
+    let chunk = Bytes::from(vec![0x5au8; UPLOAD_CHUNK].into_iter().enumerate().map(|(i, b)| b ^ (i as u8).wrapping_mul(151)).collect::<Vec<u8>>());
+    let (idle, id, length) = (params.idle, params.rpm_interval, params.length);
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut next_probe = 0.0;
+    let mut next_interval = idle;
+    let mut next_sample = params.step;
+    let mut next_snapshot = 2.0;
+    let mut interval_bytes: Vec<u64> = Vec::new();
+    let mut progress = crate::display::Progress::new(opts.progress);
+    let (mut next_status, mut status_bytes) = (0.0, (0u64, 0u64));
+    let ended = loop {
+        let t = st.t();
+        if opts.stop.load(Ordering::Relaxed) {
+            break Ended::Interrupted;
+        }
+        if t >= idle + length || st.load_end.is_some() {
+            break Ended::Complete;
+        }
+        let loading = t >= idle;
+        if t >= next_probe {
+            next_probe += PROBE_EVERY.as_secs_f64();
+            spawn_foreign(&mut tasks, urls.clone(), tls.clone(), st.probes.clone(), t);
+            if loading {
+                let s = senders.lock().unwrap();
+                if !s.is_empty() {
+                    let pick = s[(t * 10.0) as usize % s.len()].clone();
+                    spawn_self(&mut tasks, pick, urls.clone(), st.probes.clone(), t);
+                }
+            }
+        }
+        if loading && t >= next_interval {
+            if next_interval > idle {
+                let (down, up) = (st.mbps_since(true, &interval_bytes) / id, st.mbps_since(false, &interval_bytes) / id);
+                let resp = st.responsiveness(t - id * rpm::MAD as f64);
+                if st.saturation.interval(t, Some(down), Some(up), resp) {
+                    st.load_end = Some(t);
+                }
+            }
+            next_interval += id;
+            let per_dir = st.flows.len() / 2;
+            if per_dir < MAX_CONNECTIONS {
+                for down in [true, false] {
+                    let f = Flow { name: format!("{}-{}", if down { "down" } else { "up" }, per_dir + 1), down, bytes: Arc::default(), samples: Vec::new(), last: 0, error: Arc::default() };
+                    spawn_load(&mut tasks, &f, urls.clone(), tls.clone(), senders.clone(), stop.clone(), chunk.clone());
+                    st.flows.push(f);
+                }
+            }
+            interval_bytes = st.flows.iter().map(|f| f.bytes.load(Ordering::Relaxed)).collect();
+        }
+        if t >= next_sample {
+            next_sample += params.step;
+            for f in st.flows.iter_mut() {
+                let b = f.bytes.load(Ordering::Relaxed);
+                f.samples.push((t, Some((b - f.last) as f64 * 8.0 / 1e6 / params.step)));
+                f.last = b;
+            }
+        }
+        if t >= next_status {
+            next_status += 0.25;
+            let sum = |down: bool| st.flows.iter().filter(|f| f.down == down).map(|f| f.bytes.load(Ordering::Relaxed)).sum::<u64>();
+            let now_bytes = (sum(true), sum(false));
+            let rtt = st.probes.lock().unwrap().loaded.iter().rev().find_map(|l| l.1);
+            let mbps = |b: u64, a: u64| (t >= idle).then(|| b.saturating_sub(a) as f64 * 8.0 / 1e6 / 0.25);
+            let phase = if t < idle { "idle" } else { "load" };
+            progress.update(&crate::display::Status { test: "rpm", phase, elapsed: t, total: idle + length, down_mbps: mbps(now_bytes.0, status_bytes.0), up_mbps: mbps(now_bytes.1, status_bytes.1), rtt_ms: rtt, opening: 0 });
+            status_bytes = now_bytes;
+        }
+        if t >= next_snapshot {
+            next_snapshot += 2.0;
+            let snap = build(&meta, &st, idle, t, false);
+            let p = path.clone();
+            tokio::task::spawn_blocking(move || result::write_atomic(&p, &snap));
+        }
+        let due = [next_probe, next_sample, next_interval, next_snapshot, next_status].into_iter().fold(f64::MAX, f64::min);
+        tokio::time::sleep(Duration::from_secs_f64((due - st.t()).clamp(0.000_5, 0.01))).await;
+    };
+    let end_t = st.t();
+    progress.finish();
+    st.load_end.get_or_insert(end_t);
+    stop.store(true, Ordering::Relaxed);
+    tasks.abort_all();
+    let mut final_result = build(&meta, &st, idle, end_t, true);
+    final_result.partial = ended != Ended::Complete;
+    if let Some(s) = final_result.summary.as_mut() {
+        s.partial = final_result.partial;
+    }
+    if ended == Ended::Interrupted {
+        final_result.events.push(result::Event { t: end_t, what: "interrupted by the user".into() });
+    }
+    result::write_atomic(&path, &final_result).map_err(|e| e.to_string())?;
+    Ok(Outcome { result: final_result, path, ended })
+}
+
+fn spawn_foreign(tasks: &mut tokio::task::JoinSet<()>, urls: Arc<Urls>, tls: tokio_rustls::TlsConnector, probes: Arc<Mutex<Probes>>, t: f64) {
+    tasks.spawn(async move {
+        let rec = timeout(PROBE_TIMEOUT, async {
+            let (mut s, tcp, tls_ms) = open(&urls.small, &tls).await.ok()?;
+            let req = fetch(&mut s, &urls.small, None, None).await.ok();
+            Some((tcp, tls_ms, req))
+        })
+        .await
+        .ok()
+        .flatten();
+        let (tcp, tls_ms, req) = rec.map_or((None, None, None), |(a, b, c)| (Some(a), b, c));
+        probes.lock().unwrap().foreign.push((t, tcp, tls_ms, req));
+    });
+}
+
+fn spawn_self(tasks: &mut tokio::task::JoinSet<()>, mut sender: SendRequest<ReqBody>, urls: Arc<Urls>, probes: Arc<Mutex<Probes>>, t: f64) {
+    tasks.spawn(async move {
+        let ms = timeout(PROBE_TIMEOUT, fetch(&mut sender, &urls.small, None, None)).await.ok().and_then(Result::ok);
+        probes.lock().unwrap().loaded.push((t, ms));
+    });
+}
+
+fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, tls: tokio_rustls::TlsConnector, senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>>, stop: Arc<AtomicBool>, chunk: Bytes) {
+    let (down, bytes, error) = (f.down, f.bytes.clone(), f.error.clone());
+    tasks.spawn(async move {
+        let target = if down { &urls.large } else { &urls.upload };
+        let outcome = async {
+            let (mut s, _, _) = open(target, &tls).await?;
+            senders.lock().unwrap().push(s.clone());
+            if down {
+                fetch(&mut s, target, Some(&*bytes), Some(&*stop)).await.map(drop)
+            } else {
+                s.ready().await.map_err(|e| e.to_string())?;
+                let body = ReqBody::Upload { chunk, sent: bytes.clone(), stop: stop.clone() };
+                s.send_request(request(target, body, true)).await.map(drop).map_err(|e| e.to_string())
+            }
+        }
+        .await;
+        if let Err(e) = outcome {
+            if !stop.load(Ordering::Relaxed) {
+                *error.lock().unwrap() = Some(e);
+            }
+        }
+    });
+}
+
+fn metadata(params: &Params, config_url: &str, target: &Target) -> Metadata {
+    let mut p = serde_json::to_value(params).unwrap_or_default();
+    p["transport"] = if target.tls { "HTTP/2 over TLS" } else { "HTTP/2 (cleartext)" }.into();
+    p["config_url"] = config_url.into();
+    let server = Host { name: target.uri.host().unwrap_or_default().into(), address: Some(target.addr.to_string()), software: "a responsiveness server (HTTP)".into(), kernel: "unknown".into(), default_cc: "unknown".into() };
+    crate::run::new_metadata(params, p, server)
+}
+
+/// The result file as it stands at `t`: throughput per load connection, the probes' times as
+/// the series the summary reads, the saturation run, and the summary.
+fn build(meta: &Metadata, st: &State, idle: f64, t: f64, finished: bool) -> ResultFile {
+    let mut r = ResultFile::new(meta.clone());
+    r.partial = !finished;
+    let load_end = st.load_end.unwrap_or(t);
+    r.metadata.phases = vec![Phase { name: "idle".into(), start: 0.0, end: idle.min(t) }];
+    if t > idle {
+        r.metadata.phases.push(Phase { name: "load".into(), start: idle, end: load_end });
+    }
+    r.metadata.rpm = Some(st.saturation.run().clone());
+    r.metadata.params["load_connections"] = st.flows.len().into();
+    for f in &st.flows {
+        r.series.push(Series { name: f.name.clone(), kind: SeriesKind::Throughput, direction: Some(if f.down { "down" } else { "up" }.into()), dscp: None, unit: "Mbit/s".into(), samples: f.samples.clone() });
+        r.metadata.flows.push(result::FlowInfo { name: f.name.clone(), error: f.error.lock().unwrap().clone(), ..Default::default() });
+    }
+    let p = st.probes.lock().unwrap();
+    let latency = |name: &str, samples: Vec<(f64, Option<f64>)>| Series { name: name.into(), kind: SeriesKind::Latency, direction: None, dscp: Some(0), unit: "ms".into(), samples };
+    let mut foreign = p.foreign.clone();
+    foreign.sort_by(|a, b| a.0.total_cmp(&b.0));
+    r.series.push(latency("rpm foreign-connect", foreign.iter().map(|f| (f.0, f.1)).collect()));
+    if st.tls {
+        r.series.push(latency("rpm foreign-tls", foreign.iter().map(|f| (f.0, f.2)).collect()));
+    }
+    r.series.push(latency("rpm foreign-request", foreign.iter().map(|f| (f.0, f.3)).collect()));
+    let mut loaded = p.loaded.clone();
+    loaded.sort_by(|a, b| a.0.total_cmp(&b.0));
+    r.series.push(latency("rpm loaded", loaded));
+    drop(p);
+    r.summary = Some(bloatlab_analyze::summarize(&r));
+    r
+}
