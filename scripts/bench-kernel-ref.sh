@@ -6,7 +6,10 @@
 # (BE, EF, CS1), drops, and the lab-to-kernel ratio of each.
 #
 #   scripts/bench-kernel-ref.sh [--out DIR] [--length S] [--repeat N] [--cc ALGO]
-#                               [--tests "tcp-down tcp-up rrul voip"] [--report-only] [SCENARIO...]
+#                               [--tests "tcp-down tcp-up rrul voip"] [--test-args "ARGS"]
+#                               [--report-only] [SCENARIO...]
+#
+# --test-args adds options to every test on both sides (e.g. "--step 0.02": probes at half rate).
 #
 # Scenarios (name: line; the lab adds 14 B per packet as the kernel counts Ethernet headers;
 # cake shapes by itself at the rate, tc's defaults: diffserv3, triple-isolate, raw; cake+OPT
@@ -45,6 +48,7 @@ length=20
 repeat=1
 cc=cubic
 tests="tcp-down tcp-up rrul"
+test_args=()
 pick=()
 report_only=0
 while [ $# -gt 0 ]; do
@@ -54,8 +58,9 @@ while [ $# -gt 0 ]; do
     --repeat) repeat=$2; shift 2 ;;
     --cc) cc=$2; shift 2 ;;
     --tests) tests=$2; shift 2 ;;
+    --test-args) read -r -a test_args <<< "$2"; shift 2 ;;
     --report-only) report_only=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) pick+=("$1"); shift ;;
   esac
 done
@@ -112,6 +117,7 @@ run_test() { # prefix-ns host test file
   local args=(-l "$length" --idle 5 --cc "$cc" -q --json -o "$file.json.gz")
   [ "$t" = tcp-down ] || [ "$t" = tcp-up ] && args+=(--flows 4)
   [ "$t" = voip ] && args=(--under-load -l "$length" --idle 5 --cc "$cc" -q --json -o "$file.json.gz")
+  args+=("${test_args[@]}")
   ip netns exec "$ns" ${ENDPOINT_PIN:-} "$BIN" test "$t" "$host" "${args[@]}" > "$file.summary.json" 2> "$file.err" || {
     echo "  $t failed: $(tail -n1 "$file.err")" >&2; return 1; }
 }
@@ -171,7 +177,7 @@ EOF
   "$BIN" lab run "$topo" --name kbench -- bash -c "
     '$BIN' lab exec --lab kbench server -- '$BIN' server -q > /dev/null 2>&1 &
     s=\$!; sleep 0.5
-    $(declare -f run_test); BIN='$BIN' length='$length' cc='$cc'
+    $(declare -f run_test); $(declare -p test_args); BIN='$BIN' length='$length' cc='$cc'
     run_test bl-kbench-client 10.77.0.2 '$t' '$file'
     '$BIN' lab stats --lab kbench --json > '$file.labstats.json'
     kill \$s; wait \$s 2>/dev/null; true" || echo "  lab run failed" >&2
