@@ -1,6 +1,7 @@
 //! What an HTTP client chooses that the server's own code reads: the method and path it routes
 //! on, and the Host (or :authority) it puts into the config's URLs. No input may panic, and no
-//! input may make the config anything but JSON whose URLs are on a plain host name.
+//! input may make the config anything but JSON whose URLs are on a plain host name. The same
+//! text as a WebSocket probe message is parsed as the probe port does.
 #![no_main]
 use bloatlab_server::web::endpoints::{authority, config_json, route};
 use libfuzzer_sys::fuzz_target;
@@ -10,6 +11,10 @@ fuzz_target!(|data: &[u8]| {
     let (method, rest) = text.split_once(' ').unwrap_or(("GET", text));
     let (path, host) = rest.split_once(' ').unwrap_or((rest, ""));
     let _ = route(method, path);
+    // A WebSocket probe's text is a sequence number or nothing.
+    if let Some(n) = bloatlab_server::web::ws::parse_seq(text) {
+        assert!(n.to_string().len() <= text.len());
+    }
     let host = authority(Some(host), "192.0.2.1:443");
     let config: serde_json::Value = serde_json::from_str(&config_json("https", host, Some(host))).expect("the config is JSON");
     for url in config["urls"].as_object().expect("urls").values() {

@@ -106,29 +106,7 @@ pub fn summarize(result: &ResultFile) -> Summary {
     let mut s = Summary { test: result.metadata.test.clone(), partial: result.partial, ..Default::default() };
 
     if let Some(w) = main {
-        // The samples end up to a step before the phase does: bytes over the time they cover.
-        let sampled_until = result.series.iter().filter(|x| x.kind == SeriesKind::Throughput).filter_map(|x| x.samples.last()).map(|s| s.0).reduce(f64::max);
-        let w = Window { end: sampled_until.map_or(w.end, |t| t.clamp(w.start, w.end)), ..w };
-        let mut down = Vec::new();
-        let mut up = Vec::new();
-        for series in result.series.iter().filter(|x| x.kind == SeriesKind::Throughput) {
-            let start = result.metadata.flows.iter().find(|f| f.name == series.name).and_then(|f| f.start);
-            let mbps = mean_rate(series, w, start, result.metadata.step);
-            let dir = series.direction.clone().unwrap_or_default();
-            if dir == "up" { up.push(mbps) } else { down.push(mbps) }
-            s.throughput_mbps.per_flow.push(FlowThroughput {
-                name: series.name.clone(),
-                direction: dir,
-                dscp: series.dscp.unwrap_or(0),
-                mbps,
-            });
-        }
-        let sum = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>());
-        s.throughput_mbps.down = sum(&down);
-        s.throughput_mbps.up = sum(&up);
-        s.throughput_mbps.total = sum(&[down.clone(), up.clone()].concat());
-        s.throughput_mbps.fairness_down = stats::jain(&down);
-        s.throughput_mbps.fairness_up = stats::jain(&up);
+        s.throughput_mbps = throughput(result, |_| Some(w));
     }
 
     let lat = &mut s.latency_ms;
@@ -242,7 +220,83 @@ pub fn summarize(result: &ResultFile) -> Summary {
     }
 
     s.rpm = rpm_summary(result, idle, load);
+    by_phase(result, idle, &mut s);
     s
+}
+
+/// Goodput per flow and per direction, each direction over its own window. The samples end up
+/// to a step before a phase does: bytes over the time they cover.
+fn throughput(result: &ResultFile, window_of: impl Fn(&str) -> Option<Window>) -> Throughput {
+    let sampled_until = result.series.iter().filter(|x| x.kind == SeriesKind::Throughput).filter_map(|x| x.samples.last()).map(|s| s.0).reduce(f64::max);
+    let mut t = Throughput::default();
+    let (mut down, mut up) = (Vec::new(), Vec::new());
+    for series in result.series.iter().filter(|x| x.kind == SeriesKind::Throughput) {
+        let dir = series.direction.clone().unwrap_or_default();
+        let Some(w) = window_of(&dir) else { continue };
+        let w = Window { end: sampled_until.map_or(w.end, |t| t.clamp(w.start, w.end)), ..w };
+        let start = result.metadata.flows.iter().find(|f| f.name == series.name).and_then(|f| f.start);
+        let mbps = mean_rate(series, w, start, result.metadata.step);
+        if dir == "up" { up.push(mbps) } else { down.push(mbps) }
+        t.per_flow.push(FlowThroughput { name: series.name.clone(), direction: dir, dscp: series.dscp.unwrap_or(0), mbps });
+    }
+    let sum = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>());
+    t.down = sum(&down);
+    t.up = sum(&up);
+    t.total = sum(&[down.clone(), up.clone()].concat());
+    t.fairness_down = stats::jain(&down);
+    t.fairness_up = stats::jain(&up);
+    t
+}
+
+/// A load phase without its ramp-up (as the load phase's statistics leave it out).
+fn steady_phase(result: &ResultFile, name: &str) -> Option<Window> {
+    phase_window(result, name).map(|w| Window { start: w.start + ramp_up(w.end - w.start), end: w.end })
+}
+
+/// Goodput of one direction's flows together over `w`, Mbit/s.
+fn direction_rate(result: &ResultFile, dir: &str, w: Window) -> f64 {
+    let flows = result.series.iter().filter(|x| x.kind == SeriesKind::Throughput && x.direction.as_deref().unwrap_or("down") == dir);
+    flows.map(|x| stats::rate_over(&x.samples, x.samples.first().map_or(w.start, |f| f.0 - result.metadata.step), w.start, w.end)).sum()
+}
+
+/// The load had filled the path when goodput stopped growing: the second half of the steady
+/// window within 25% of the first (a load still in slow start or still opening streams grows by
+/// more; a full path's goodput wobbles by less).
+fn filled(result: &ResultFile, dir: &str, w: Window) -> Option<bool> {
+    let mid = (w.start + w.end) / 2.0;
+    let first = direction_rate(result, dir, Window { end: mid, ..w });
+    let second = direction_rate(result, dir, Window { start: mid, ..w });
+    (first > 0.0).then_some(second <= 1.25 * first)
+}
+
+/// Per load phase: its added latency, each direction's grade, and (one-way phases) whether the
+/// load filled the path. With a download and an upload phase (the browser test), each
+/// direction's goodput comes from its own phase and the worse direction sets the headline.
+fn by_phase(result: &ResultFile, idle: Option<Window>, s: &mut Summary) {
+    let (down, up, both) = (steady_phase(result, "download"), steady_phase(result, "upload"), steady_phase(result, "both"));
+    if down.is_none() && up.is_none() && both.is_none() {
+        // A CLI test has one load phase; name it by the way its load goes.
+        let a = s.added_latency_ms;
+        match s.test.as_str() {
+            "tcp-down" => (s.phase_added_latency_ms.download, s.grade_by_direction.down) = (a, s.grade.clone()),
+            "tcp-up" => (s.phase_added_latency_ms.upload, s.grade_by_direction.up) = (a, s.grade.clone()),
+            "tcp-bidir" | "rrul" | "rrul-be" => s.phase_added_latency_ms.both = a,
+            _ => {}
+        }
+        return;
+    }
+    let idle_p50 = pct_of(result, "rtt ", idle).map(|p| p.p50);
+    let added = |w: Option<Window>| Some(pct_of(result, "rtt ", w)?.p50 - idle_p50?);
+    s.phase_added_latency_ms = ByPhase { download: added(down), upload: added(up), both: added(both) };
+    let letter = |a: Option<f64>| a.map(|a| grade::grade(a).to_string());
+    s.grade_by_direction = GradeByDirection { down: letter(s.phase_added_latency_ms.download), up: letter(s.phase_added_latency_ms.upload) };
+    s.throughput_mbps = throughput(result, |dir| if dir == "up" { up } else { down });
+    s.saturated = Some(Saturated { down: down.and_then(|w| filled(result, "down", w)), up: up.and_then(|w| filled(result, "up", w)) });
+    let worse = [s.phase_added_latency_ms.download, s.phase_added_latency_ms.upload].into_iter().flatten().reduce(f64::max);
+    if worse.is_some() {
+        s.added_latency_ms = worse;
+        s.grade = letter(worse);
+    }
 }
 
 /// One direction of the call as its listener hears it over `w`.
@@ -443,6 +497,9 @@ mod tests {
         assert_eq!(s.latency_ms.loaded.unwrap().p99, 600.0);
         assert_eq!(s.added_latency_ms, Some(599.0));
         assert_eq!(s.grade.as_deref(), Some("F"));
+        // rrul loads both ways at once: its one load phase is the "both" phase.
+        assert_eq!((s.phase_added_latency_ms.both, s.phase_added_latency_ms.download), (Some(599.0), None));
+        assert!(s.saturated.is_none() && s.grade_by_direction.down.is_none());
         assert_eq!((s.loss.sent, s.loss.lost), (1500, 30));
         assert!((s.loss.up_percent.unwrap() - 1.0).abs() < 1e-9);
         assert!((s.loss.down_percent.unwrap() - 100.0 * 15.0 / 1485.0).abs() < 1e-9);

@@ -26,7 +26,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve measurements: TCP control and data connections and UDP echo, all on one port.
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// Run a test against a `bloatlab server`.
     Test(TestArgs),
     /// Which hop of the path to a `bloatlab server` holds the queue that bloats it, and in
@@ -140,6 +140,18 @@ struct ServerArgs {
     /// The same endpoints over plain HTTP (for LANs and clients without TLS).
     #[arg(long, value_name = "PORT", value_parser = parse_listen)]
     http: Option<SocketAddr>,
+    /// The browser test's latency probe port (WebSocket; TLS too when --https has a
+    /// certificate). Any browser then runs the test at http(s)://THIS-HOST:PORT/ (with
+    /// ?autostart=1 it starts at once; ?length=S&idle=S shorten it).
+    #[arg(long, value_name = "PORT", value_parser = parse_listen)]
+    ws: Option<SocketAddr>,
+    /// Keep every browser test's result file here (the newest --keep-max; `bloatlab report`
+    /// reads them like any other).
+    #[arg(long, value_name = "DIR")]
+    keep_web_results: Option<PathBuf>,
+    /// How many browser results --keep-web-results keeps at most (the oldest go first).
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    keep_max: usize,
     /// Certificate chain for --https (PEM); re-read on SIGHUP.
     #[arg(long, value_name = "FILE", requires = "cert_key", conflicts_with = "self_signed")]
     cert: Option<PathBuf>,
@@ -194,6 +206,9 @@ fn web_config(a: &ServerArgs) -> Result<bloatlab_server::web::WebConfig, String>
     if !(a.web_max_gb.is_finite() && a.web_max_gb > 0.0) {
         return Err(format!("--web-max-gb {}: want a positive number", a.web_max_gb));
     }
+    if a.http.is_none() && a.https.is_none() && (a.ws.is_some() || a.keep_web_results.is_some()) {
+        return Err("--ws and --keep-web-results serve the browser test, which needs --http or --https".into());
+    }
     let tls = match (&a.cert, &a.cert_key, a.self_signed) {
         (Some(c), Some(k), _) => Some((c.clone(), k.clone())),
         (_, _, true) => {
@@ -218,6 +233,9 @@ fn web_config(a: &ServerArgs) -> Result<bloatlab_server::web::WebConfig, String>
         tls,
         test_endpoint: a.test_endpoint.clone(),
         max_bytes_per_ip: (a.web_max_gb * 1e9) as u64,
+        ws: a.ws,
+        keep_results: a.keep_web_results.clone(),
+        keep_max: a.keep_max,
         ..Default::default()
     })
 }
@@ -347,7 +365,7 @@ fn main() -> ExitCode {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     match cli.command {
-        Command::Server(a) => server(a),
+        Command::Server(a) => server(*a),
         Command::Test(a) => test(a),
         Command::Locate(a) => locate_cmd::run(a, progress_mode(false), stop_flag()),
         Command::Advise(a) => tune_cmd::advise_cmd(a),
@@ -489,6 +507,11 @@ fn server(a: ServerArgs) -> ExitCode {
     }
     if let Some(a) = server.http_addr {
         eprintln!("bloatlab server: responsiveness endpoints on http://{a}/.well-known/nq");
+    }
+    match server.ws_addr {
+        Some(ws) => eprintln!("bloatlab server: browser test at the same addresses' / (latency probes on port {})", ws.port()),
+        None if server.http_addr.is_some() || server.https_addr.is_some() => eprintln!("bloatlab server: no --ws port: the browser test at / cannot probe latency"),
+        None => {}
     }
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));

@@ -15,6 +15,8 @@ struct Web {
     child: Child,
     https: String,
     http: String,
+    /// The browser test's probe port, when started with --ws.
+    ws: Option<u16>,
     fingerprint: String,
     dir: TempDir,
 }
@@ -40,6 +42,7 @@ fn start(tag: &str, extra: &[&str]) -> Option<Web> {
     let mut child = Command::new(BIN).args(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let (mut https, mut http, mut fingerprint) = (String::new(), String::new(), String::new());
+    let (want_ws, mut ws) = (extra.contains(&"--ws"), None);
     for line in lines.by_ref() {
         let line = line.unwrap();
         let after = |p: &str| line.split(p).nth(1).map(|s| s.split('/').next().unwrap().to_string());
@@ -49,14 +52,16 @@ fn start(tag: &str, extra: &[&str]) -> Option<Web> {
             http = a;
         } else if let Some(f) = line.split("certificate SHA-256 ").nth(1) {
             fingerprint = f.to_string();
+        } else if let Some(p) = line.split("latency probes on port ").nth(1) {
+            ws = p.trim_end_matches(')').parse().ok();
         }
-        if !https.is_empty() && !http.is_empty() {
+        if !https.is_empty() && !http.is_empty() && (ws.is_some() || !want_ws) {
             break;
         }
     }
     std::thread::spawn(move || lines.for_each(drop));
     assert!(!https.is_empty() && !fingerprint.is_empty(), "the server did not say where it listens");
-    Some(Web { child, https, http, fingerprint, dir })
+    Some(Web { child, https, http, ws, fingerprint, dir })
 }
 
 fn curl(args: &[&str]) -> Output {
@@ -280,4 +285,96 @@ fn rpm_over_http2_agrees_with_the_protocol_and_sees_a_deep_fifo() {
     assert!(short < 2.5 * short_proto && short_proto < 2.5 * short, "RPM over HTTP/2 {short}, over bloatlab's protocol {short_proto}");
     assert!(deep * 1.5 < short, "RPM {deep} through 1000 packets, {short} through 30");
     srv.kill();
+}
+
+/// A WebSocket client by hand (RFC 6455): the upgrade on `/ws` from `local` (another loopback
+/// address is another client to the server's per-address limits).
+fn ws_connect(local: &str, port: u16) -> std::io::Result<TcpStream> {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    sock.bind(&format!("{local}:0").parse::<std::net::SocketAddr>().unwrap().into())?;
+    sock.connect(&format!("127.0.0.1:{port}").parse::<std::net::SocketAddr>().unwrap().into())?;
+    let mut s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")?;
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut b)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        head.push(b[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
+    Ok(s)
+}
+
+/// One probe: a masked text frame with the number, and the server's answer.
+fn ws_probe(s: &mut TcpStream, seq: u32) -> serde_json::Value {
+    let text = seq.to_string();
+    // FIN + text; masked, with a zero mask (the payload goes as is).
+    let mut frame = vec![0x81, 0x80 | text.len() as u8, 0, 0, 0, 0];
+    frame.extend_from_slice(text.as_bytes());
+    s.write_all(&frame).unwrap();
+    let mut head = [0u8; 2];
+    s.read_exact(&mut head).unwrap();
+    assert_eq!(head[0], 0x81, "a text frame");
+    let mut body = vec![0u8; usize::from(head[1] & 0x7f)];
+    s.read_exact(&mut body).unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// The browser test's hostile cases: 1000 idle WebSockets from one address, result uploads
+/// oversized, malformed and with a script tag in them. Each is refused or bounded, a real client
+/// is still served, memory stays flat, and what is stored holds nothing the page did not earn.
+#[test]
+fn the_browser_tests_probes_and_result_uploads_are_bounded() {
+    let _g = serial();
+    let dir = TempDir::new("web-results");
+    let kept = dir.0.join("kept");
+    let Some(w) = start("browser", &["--ws", "127.0.0.1:0", "--keep-web-results", kept.to_str().unwrap()]) else { return };
+    let port = w.ws.expect("the server names its probe port");
+    let before = rss_kb(w.child.id());
+    // The page and its parts are served, with a policy that runs only the server's scripts.
+    let o = curl(&["-D", "-", &format!("http://{}/", w.http)]);
+    let page = text(&o);
+    assert!(page.to_ascii_lowercase().contains("content-security-policy: default-src 'self'") && page.contains("<script src=\"/page.js\">"), "{page}");
+    let cfg: serde_json::Value = serde_json::from_str(&text(&curl(&[&format!("http://{}/web/config", w.http)]))).unwrap();
+    assert_eq!(cfg["ws_port"], port);
+    // 1000 idle WebSockets from 127.0.0.1: at most its 64 slots are held, and only until the
+    // handshake deadline; a client from 127.0.0.2 is served meanwhile.
+    let idle: Vec<TcpStream> = (0..1000).filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok()).collect();
+    let mut real = ws_connect("127.0.0.2", port).expect("a real client gets in");
+    let answer = ws_probe(&mut real, 41);
+    assert_eq!(answer["seq"], 41);
+    assert!(answer["rtt_ms"].as_f64().is_some_and(|ms| ms < 1000.0), "{answer}");
+    let t = Instant::now();
+    let open_after = idle.into_iter().map(|s| closed_within(s, Duration::from_secs(8))).filter(|d| *d >= Duration::from_secs(7)).count();
+    assert_eq!(open_after, 0, "idle WebSockets still open after {:?}", t.elapsed());
+    // A probe that is not a number ends its connection.
+    let mut s = ws_connect("127.0.0.2", port).unwrap();
+    s.write_all(&[0x81, 0x88, 0, 0, 0, 0, b'<', b's', b'c', b'r', b'i', b'p', b't', b'>']).unwrap();
+    assert!(closed_within(s, Duration::from_secs(3)) < Duration::from_secs(3));
+    // Result uploads: too big (counted as it arrives), malformed, or with a script tag.
+    let post = |body: &std::path::Path| text(&curl(&["--data-binary", &format!("@{}", body.display()), "-H", "Content-Type: application/json", "-w", "\n%{http_code}", &format!("http://{}/web/result", w.http)]));
+    let big = dir.0.join("big.json");
+    std::fs::write(&big, vec![b' '; 5 << 20]).unwrap();
+    assert!(post(&big).ends_with("\n413"));
+    let bad = dir.0.join("bad.json");
+    std::fs::write(&bad, b"{\"version\":1,\"step\":").unwrap();
+    assert!(post(&bad).ends_with("\n400"));
+    let evil = dir.0.join("evil.json");
+    std::fs::write(&evil, r#"{"version":1,"step":0.1,"probe_interval":0.05,"streams":4,"phases":[{"name":"idle","start":0,"end":2},{"name":"download","start":2,"end":4}],"rtt":[[0.5,20.0],[1.0,21.0],[3.0,90.0],[3.5,95.0]],"kernel_rtt":[],"down_rtt":[],"up_rtt":[],"down":[[2.5,10.0],[3.0,10.0],[3.5,10.0]],"up":[],"browser":"<script>alert(1)</script>"}"#).unwrap();
+    let reply = post(&evil);
+    let (json, code) = reply.rsplit_once('\n').unwrap();
+    assert_eq!(code, "200", "{reply}");
+    let r: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(r["metadata"]["client"]["software"], "scriptalert(1)/script");
+    // Download phase p50 92.5 ms against idle 20.5: +72 ms, a C by the CLI's bands.
+    assert_eq!(r["summary"]["grade_by_direction"]["down"], "C", "{}", r["summary"]);
+    let stored: Vec<_> = std::fs::read_dir(&kept).unwrap().flatten().collect();
+    assert_eq!(stored.len(), 1, "only the valid upload is kept");
+    let file = bloatlab_result::read(&stored[0].path()).unwrap();
+    assert!(!serde_json::to_string(&file).unwrap().contains('<'));
+    let after = rss_kb(w.child.id());
+    assert!(after < before + 64 * 1024, "RSS {before} kB -> {after} kB");
 }

@@ -134,6 +134,9 @@ pub struct TcpInfo {
     /// but counted in `bytes_acked` only once the hole is filled.
     pub sacked_bytes: u64,
     pub rtt_us: u32,
+    /// The receiver's round-trip estimate (how long the peer takes to send a window), 0 before
+    /// it has one: a receiving server's view of the path.
+    pub rcv_rtt_us: u32,
     pub total_retrans: u32,
     pub snd_cwnd: u32,
     /// Bytes written to the socket and not yet sent.
@@ -166,6 +169,7 @@ pub fn tcp_info(stream: &impl AsRawFd) -> io::Result<TcpInfo> {
         bytes_acked: raw.bytes_acked.saturating_sub(1),
         sacked_bytes: u64::from(raw.sacked) * u64::from(raw.snd_mss),
         rtt_us: raw.rtt,
+        rcv_rtt_us: raw.rcv_rtt,
         total_retrans: raw.total_retrans,
         snd_cwnd: raw.snd_cwnd,
         notsent_bytes: raw.notsent_bytes,

@@ -147,6 +147,30 @@ pub struct Rpm {
     pub window_s: f64,
 }
 
+/// A figure per load phase: download only, upload only, both ways at once.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ByPhase {
+    pub download: Option<f64>,
+    pub upload: Option<f64>,
+    pub both: Option<f64>,
+}
+
+/// One letter grade per direction of load.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct GradeByDirection {
+    pub down: Option<String>,
+    pub up: Option<String>,
+}
+
+/// Whether each direction's load filled the path: its goodput had stopped growing (the second
+/// half of the phase's steady window within 25% of the first). `false` means the numbers
+/// describe a path that was not full, so its queue may not have been reached.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Saturated {
+    pub down: Option<bool>,
+    pub up: Option<bool>,
+}
+
 /// A figure per DiffServ class of probes.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ByClass {
@@ -176,6 +200,18 @@ pub struct Summary {
     /// The same per probe class: `be` unmarked and other codepoints, `ef` EF/VA, `bk` CS1/LE.
     #[serde(default)]
     pub added_latency_ms_by_class: ByClass,
+    /// Each load phase's p50 round trip minus the idle p50, ms: the browser test's download,
+    /// upload and both-ways phases; a CLI test fills the one its load is (tcp-down: download,
+    /// tcp-up: upload, tcp-bidir and rrul: both).
+    #[serde(default)]
+    pub phase_added_latency_ms: ByPhase,
+    /// The grade of each one-way phase. When a test has both, the worse sets `grade` and
+    /// `added_latency_ms` (never averaged away).
+    #[serde(default)]
+    pub grade_by_direction: GradeByDirection,
+    /// Tests with one-way phases: whether each direction's load filled the path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saturated: Option<Saturated>,
     /// One-way delay above that direction's idle minimum, over the loaded window (no clock
     /// offset needed, drift corrected when known).
     #[serde(default)]

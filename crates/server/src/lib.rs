@@ -153,6 +153,8 @@ pub struct Server {
     /// Where the HTTP face listens, plain and over TLS, when asked to.
     pub http_addr: Option<SocketAddr>,
     pub https_addr: Option<SocketAddr>,
+    /// The browser test's WebSocket probe port.
+    pub ws_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
@@ -178,10 +180,11 @@ impl Server {
         let http = config.web.http.map(listen_tcp).transpose()?;
         let https = config.web.https.map(listen_tcp).transpose()?;
         let addr_of = |l: &Option<std::net::TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
-        let (http_addr, https_addr) = (addr_of(&http), addr_of(&https));
+        let ws = config.web.ws.map(listen_tcp).transpose()?;
+        let (http_addr, https_addr, ws_addr) = (addr_of(&http), addr_of(&https), addr_of(&ws));
         let web = match (&http, &https) {
             (None, None) => None,
-            _ => Some(Arc::new(web::Web::new(config.web.clone()).ok_or_else(|| ServerError::Runtime(std::io::Error::other("no randomness for /large")))?)),
+            _ => Some(Arc::new(web::Web::new(config.web.clone(), ws_addr.map(|a| a.port())).map_err(ServerError::Runtime)?)),
         };
         let (stop_tx, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -211,6 +214,9 @@ impl Server {
                             let Some(l) = listener.and_then(|l| tokio::net::TcpListener::from_std(l).ok()) else { continue };
                             tasks.push(tokio::spawn(web::accept_loop(l, tls, shared.clone(), web.clone())));
                         }
+                        if let Some(l) = ws.and_then(|l| tokio::net::TcpListener::from_std(l).ok()) {
+                            tasks.push(tokio::spawn(web::ws::accept_loop(l, tls.clone(), shared.clone(), web.clone())));
+                        }
                     }
                     if let Some(tls) = tls {
                         tasks.push(tokio::spawn(reload_on_hangup(tls)));
@@ -222,7 +228,7 @@ impl Server {
                 rt.shutdown_timeout(Duration::from_secs(1));
             })
             .map_err(ServerError::Runtime)?;
-        Ok(Server { local_addr, http_addr, https_addr, stop: stop_tx, threads: vec![udp_thread, tcp_thread] })
+        Ok(Server { local_addr, http_addr, https_addr, ws_addr, stop: stop_tx, threads: vec![udp_thread, tcp_thread] })
     }
 
     /// Stops accepting and ends every connection; returns once the runtime is down.

@@ -8,7 +8,12 @@ pub enum Route {
     Small,
     Large,
     Slurp,
-    Index,
+    /// The browser test: its page, script, probe worker, settings and result upload.
+    Page,
+    PageScript,
+    ProbeWorker,
+    PageConfig,
+    PageResult,
     NotFound,
     MethodNotAllowed,
 }
@@ -20,8 +25,12 @@ pub fn route(method: &str, path: &str) -> Route {
         "/small" if read => Route::Small,
         "/large" if read => Route::Large,
         "/slurp" if matches!(method, "POST" | "PUT") => Route::Slurp,
-        "/" if read => Route::Index,
-        "/.well-known/nq" | "/config" | "/small" | "/large" | "/slurp" | "/" => Route::MethodNotAllowed,
+        "/" | "/index.html" if read => Route::Page,
+        "/page.js" if read => Route::PageScript,
+        "/probe-worker.js" if read => Route::ProbeWorker,
+        "/web/config" if read => Route::PageConfig,
+        "/web/result" if method == "POST" => Route::PageResult,
+        "/.well-known/nq" | "/config" | "/small" | "/large" | "/slurp" | "/" | "/index.html" | "/page.js" | "/probe-worker.js" | "/web/config" | "/web/result" => Route::MethodNotAllowed,
         _ => Route::NotFound,
     }
 }
@@ -53,6 +62,12 @@ pub fn config_json(scheme: &str, authority: &str, test_endpoint: Option<&str>) -
     c.to_string()
 }
 
+/// What the page needs to run: the probe port, the phase lengths (the CLI's: 5 s idle, 30 s per
+/// load phase; the page's URL may shorten them), streams per direction, sampling and probing.
+pub fn page_config_json(ws_port: Option<u16>, idle: f64, length: f64) -> String {
+    serde_json::json!({ "ws_port": ws_port, "idle": idle, "length": length, "streams": 4, "step": 0.1, "probe_ms": 50 }).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,6 +82,11 @@ mod tests {
         assert_eq!(route("POST", "/large"), Route::MethodNotAllowed);
         assert_eq!(route("GET", "/slurp"), Route::MethodNotAllowed);
         assert_eq!(route("GET", "/etc/passwd"), Route::NotFound);
+        assert_eq!(route("GET", "/"), Route::Page);
+        assert_eq!(route("GET", "/web/config"), Route::PageConfig);
+        assert_eq!(route("POST", "/web/result"), Route::PageResult);
+        assert_eq!(route("GET", "/web/result"), Route::MethodNotAllowed);
+        assert_eq!(route("GET", "/page.js/../../x"), Route::NotFound);
     }
 
     #[test]

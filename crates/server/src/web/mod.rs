@@ -9,11 +9,20 @@
 //! for the bloatlab protocol), each for at most `max_conn_time` (120 s), with at most
 //! `max_streams` HTTP/2 streams each, and `max_bytes_per_ip` bytes through `/large` and
 //! `/slurp` together per `budget_window` (20 GB per 10 minutes by default); then 429.
+//!
+//! The same face serves the browser test (`GET /`): a page whose load runs on `/large` and
+//! `/slurp`, whose latency probes run on a WebSocket port of their own (`ws`), and whose
+//! measurements come back to `/web/result` to be summarized as a CLI result (`results`).
 
 mod budget;
 /// Public for the fuzzer (fuzz/fuzz_targets/web_request.rs).
 pub mod endpoints;
+pub mod results;
 pub mod tls;
+mod views;
+pub mod ws;
+
+pub use views::LoadView;
 
 use crate::limits::Slot;
 use crate::Shared;
@@ -49,6 +58,14 @@ pub struct WebConfig {
     pub budget_window: Duration,
     pub max_conn_time: Duration,
     pub max_streams: u32,
+    /// The browser test's WebSocket probe port (plain and, with a certificate, TLS).
+    pub ws: Option<SocketAddr>,
+    /// Where browser results are kept, and how many at most.
+    pub keep_results: Option<PathBuf>,
+    pub keep_max: usize,
+    /// The browser test's phase lengths, seconds: idle, then each load phase.
+    pub page_idle: f64,
+    pub page_length: f64,
 }
 
 impl Default for WebConfig {
@@ -62,6 +79,11 @@ impl Default for WebConfig {
             budget_window: Duration::from_secs(600),
             max_conn_time: Duration::from_secs(120),
             max_streams: 100,
+            ws: None,
+            keep_results: None,
+            keep_max: 1000,
+            page_idle: 5.0,
+            page_length: 30.0,
         }
     }
 }
@@ -72,6 +94,8 @@ const LARGE_BYTES: u64 = 8 << 30;
 const CHUNK: usize = 64 * 1024;
 /// How often `/large` re-sets TCP_NOTSENT_LOWAT to 5 ms of the connection's current rate.
 const LOWAT_EVERY: u64 = 1 << 20;
+/// How many bytes `/slurp` receives between updates of the address's upload count.
+const UPLOAD_COUNT_EVERY: u64 = 64 * 1024;
 /// How long a connection refused for want of a slot may take to hear why.
 const REFUSE_TIME: Duration = Duration::from_secs(5);
 
@@ -80,13 +104,18 @@ pub(crate) struct Web {
     cfg: WebConfig,
     budgets: Budgets,
     chunk: Bytes,
+    load_views: views::LoadViews,
+    /// The probe port as bound (the page is told it).
+    ws_port: Option<u16>,
+    keeper: Option<results::Keeper>,
 }
 
 impl Web {
-    pub(crate) fn new(cfg: WebConfig) -> Option<Web> {
+    pub(crate) fn new(cfg: WebConfig, ws_port: Option<u16>) -> std::io::Result<Web> {
         let mut chunk = vec![0u8; CHUNK];
-        getrandom::fill(&mut chunk).ok()?;
-        Some(Web { budgets: Budgets::new(cfg.max_bytes_per_ip, cfg.budget_window), cfg, chunk: Bytes::from(chunk) })
+        getrandom::fill(&mut chunk).map_err(|_| std::io::Error::other("no randomness for /large"))?;
+        let keeper = cfg.keep_results.clone().map(|d| results::Keeper::new(d, cfg.keep_max)).transpose()?;
+        Ok(Web { budgets: Budgets::new(cfg.max_bytes_per_ip, cfg.budget_window), cfg, chunk: Bytes::from(chunk), load_views: Default::default(), ws_port, keeper })
     }
 }
 
@@ -96,16 +125,22 @@ enum Admit {
     Refuse { _held: Slot, why: String },
 }
 
+/// The next connection from an address `--allow` admits; others are closed without a word (the
+/// bloatlab protocol says why; HTTP would cost a TLS handshake first).
+pub(crate) async fn accept_allowed(listener: &TcpListener, shared: &Shared) -> (TcpStream, IpAddr) {
+    loop {
+        let (stream, peer) = crate::conn::accept(listener).await;
+        let ip = peer.ip().to_canonical();
+        if shared.allowed(ip) {
+            return (stream, ip);
+        }
+        shared.counters.not_allowed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 pub(crate) async fn accept_loop(listener: TcpListener, tls: Option<Arc<tls::Tls>>, shared: Arc<Shared>, web: Arc<Web>) {
     loop {
-        let (stream, peer) = crate::conn::accept(&listener).await;
-        let ip = peer.ip().to_canonical();
-        // Outside --allow: closed without a word (the bloatlab protocol says why; HTTP would
-        // cost a TLS handshake first).
-        if !shared.allowed(ip) {
-            shared.counters.not_allowed.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
+        let (stream, ip) = accept_allowed(&listener, &shared).await;
         let admit = match shared.connections.take(ip) {
             Ok(slot) => Admit::Slot { _held: slot },
             Err(full) => match shared.refusing.take(ip) {
@@ -229,6 +264,9 @@ impl Large {
         if self.sent % LOWAT_EVERY < n {
             if let Some(s) = &self.conn.socket {
                 let _ = bloatlab_netio::keep_unsent_small(s.as_ref());
+                if let Ok(info) = bloatlab_netio::tcp_info(s.as_ref()) {
+                    self.conn.web.load_views.record(self.conn.ip, views::Way::Down, info.rtt_us, Instant::now());
+                }
             }
         }
         (self.left, self.sent) = (self.left - n, self.sent + n);
@@ -282,7 +320,11 @@ async fn route(req: Request<Incoming>, conn: &Arc<Conn>) -> Response<Reply> {
             }
         },
         Route::Slurp => return slurp(req, conn).await,
-        Route::Index => reply(StatusCode::OK, "text/plain; charset=utf-8", "bloatlab server: responsiveness config at /.well-known/nq\n"),
+        Route::Page => page(reply(StatusCode::OK, "text/html; charset=utf-8", Bytes::from_static(include_bytes!("page/index.html")))),
+        Route::PageScript => page(reply(StatusCode::OK, "text/javascript; charset=utf-8", Bytes::from_static(include_bytes!("page/page.js")))),
+        Route::ProbeWorker => page(reply(StatusCode::OK, "text/javascript; charset=utf-8", Bytes::from_static(include_bytes!("page/probe-worker.js")))),
+        Route::PageConfig => reply(StatusCode::OK, "application/json", endpoints::page_config_json(conn.web.ws_port, conn.web.cfg.page_idle, conn.web.cfg.page_length)),
+        Route::PageResult => return page_result(req, conn).await,
         Route::MethodNotAllowed => reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain; charset=utf-8", "method not allowed\n"),
         Route::NotFound => reply(StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "not found\n"),
     };
@@ -292,19 +334,85 @@ async fn route(req: Request<Incoming>, conn: &Arc<Conn>) -> Response<Reply> {
     r
 }
 
+/// The page's own files: nothing but this server's scripts and its probe port may run or be
+/// reached from them.
+fn page(mut r: Response<Reply>) -> Response<Reply> {
+    let h = r.headers_mut();
+    h.insert("content-security-policy", HeaderValue::from_static("default-src 'self'; connect-src 'self' ws: wss:; style-src 'self' 'unsafe-inline'; img-src 'self' data:; worker-src 'self'; frame-ancestors 'none'"));
+    h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    r
+}
+
 /// `/slurp`: reads the whole upload and forgets it, counting it against the address's budget.
 async fn slurp(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
     use http_body_util::BodyExt;
     let mut body = req.into_body();
-    let mut got = 0u64;
+    let (mut got, mut uncounted) = (0u64, 0u64);
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else { return reply(StatusCode::BAD_REQUEST, "text/plain; charset=utf-8", "upload broken off\n") };
         if let Some(d) = frame.data_ref() {
+            // What arrived, for the browser test's upload goodput (in batches: one lock each).
+            uncounted += d.len() as u64;
+            if uncounted >= UPLOAD_COUNT_EVERY {
+                conn.web.load_views.count_upload(conn.ip, std::mem::take(&mut uncounted), Instant::now());
+            }
+            // The receiver's view of the upload's path, for the browser test's probes.
+            if got % LOWAT_EVERY + d.len() as u64 >= LOWAT_EVERY {
+                if let Some(info) = conn.socket.as_ref().and_then(|s| bloatlab_netio::tcp_info(s.as_ref()).ok()) {
+                    conn.web.load_views.record(conn.ip, views::Way::Up, info.rcv_rtt_us, Instant::now());
+                }
+            }
             got += d.len() as u64;
             if let Err(retry) = conn.web.budgets.charge(conn.ip, d.len() as u64, Instant::now()) {
                 return budget_refusal(conn, retry);
             }
         }
     }
+    conn.web.load_views.count_upload(conn.ip, uncounted, Instant::now());
     reply(StatusCode::OK, "text/plain; charset=utf-8", format!("{got}\n"))
+}
+
+/// `/web/result`: the browser test's measurements, summarized into a result file (kept with
+/// `--keep-web-results`) and sent back whole. The body is counted as it arrives.
+async fn page_result(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
+    use http_body_util::BodyExt;
+    let bad = |why: String| reply(StatusCode::BAD_REQUEST, "text/plain; charset=utf-8", format!("{why}\n"));
+    let mut body = req.into_body();
+    let mut raw = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else { return bad("upload broken off".into()) };
+        if let Some(d) = frame.data_ref() {
+            if raw.len() + d.len() > results::MAX_UPLOAD {
+                return reply(StatusCode::PAYLOAD_TOO_LARGE, "text/plain; charset=utf-8", format!("a result is at most {} MiB\n", results::MAX_UPLOAD >> 20));
+            }
+            raw.extend_from_slice(d);
+        }
+    }
+    let upload: results::Upload = match serde_json::from_slice(&raw) {
+        Ok(u) => u,
+        // serde's message names the field and position, never echoes the input.
+        Err(e) => return bad(format!("not a browser result: {e}")),
+    };
+    if let Err(why) = results::validate(&upload) {
+        return bad(why);
+    }
+    let web = conn.web.clone();
+    let ip = conn.ip;
+    let done = tokio::task::spawn_blocking(move || {
+        let now = std::time::SystemTime::now();
+        let server = bloatlab_result::Host { name: bloatlab_netio::hostname(), address: None, software: format!("bloatlab {}", env!("CARGO_PKG_VERSION")), kernel: bloatlab_netio::kernel(), default_cc: bloatlab_netio::default_cc() };
+        let r = results::result_file(upload, ip, server, humantime::format_rfc3339_millis(now).to_string());
+        if let Some(k) = &web.keeper {
+            let ms = now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+            if let Err(e) = k.store(&r, ms) {
+                eprintln!("bloatlab server: keeping a browser result: {e}");
+            }
+        }
+        serde_json::to_vec(&r)
+    })
+    .await;
+    match done {
+        Ok(Ok(json)) => reply(StatusCode::OK, "application/json", json),
+        _ => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8", "the result could not be made\n"),
+    }
 }
