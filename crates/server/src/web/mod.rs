@@ -95,7 +95,7 @@ const CHUNK: usize = 64 * 1024;
 /// How often `/large` re-sets TCP_NOTSENT_LOWAT to 5 ms of the connection's current rate.
 const LOWAT_EVERY: u64 = 1 << 20;
 /// How many bytes `/slurp` receives between updates of the address's upload count.
-const UPLOAD_COUNT_EVERY: u64 = 64 * 1024;
+const UPLOAD_COUNT_EVERY: u64 = 16 * 1024;
 /// How long a connection refused for want of a slot may take to hear why.
 const REFUSE_TIME: Duration = Duration::from_secs(5);
 

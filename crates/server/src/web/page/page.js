@@ -86,8 +86,10 @@
     const x = (t) => pad + (w - 2 * pad) * Math.min(t / total, 1);
     const rtts = state.rtt.map((s) => s[1]).filter((v) => v !== null).sort((a, b) => a - b);
     const maxMs = Math.max(50, rtts.length ? rtts[Math.floor(rtts.length * 0.99)] * 1.15 : 50);
-    const rates = state.down.concat(state.up).map((s) => s[1]);
-    const maxMbps = Math.max(1, ...rates) * 1.1;
+    // Goodput over 0.5 s: the server's upload count arrives in steps.
+    const smooth = (samples) => samples.map(([t], i) => { const w = samples.slice(Math.max(0, i - 4), i + 1); return [t, w.reduce((a, x) => a + x[1], 0) / w.length]; });
+    const down = smooth(state.down), up = smooth(state.up);
+    const maxMbps = Math.max(1, ...down.map((s) => s[1]), ...up.map((s) => s[1])) * 1.1;
     const yMs = (v) => h - pad - (h - 2 * pad) * Math.min(v / maxMs, 1);
     const yMbps = (v) => h - pad - (h - 2 * pad) * Math.min(v / maxMbps, 1);
     state.phases.forEach((p, i) => {
@@ -97,7 +99,7 @@
       g.fillText(p.name, x(p.start) + 4, pad / 2 + fs);
     });
     g.fillStyle = '#8a949e';
-    g.fillText(Math.round(maxMs) + ' ms', 2, pad / 2 + fs);
+    g.fillText('latency to ' + Math.round(maxMs) + ' ms', 2, fs);
     g.fillText(maxMbps.toFixed(0) + ' Mbit/s', w - pad - 4 * fs, h - 4);
     const line = (samples, y, color, dots) => {
       g.strokeStyle = g.fillStyle = color; g.lineWidth = 1.5 * devicePixelRatio; g.beginPath();
@@ -110,8 +112,8 @@
       }
       if (!dots) g.stroke();
     };
-    line(state.down, yMbps, '#4fa3ff');
-    line(state.up, yMbps, '#ffa94f');
+    line(down, yMbps, '#4fa3ff');
+    line(up, yMbps, '#ffa94f');
     line(state.kernel, yMs, '#b48cff', true);
     line(state.rtt, yMs, '#e8e86a', true);
   }
@@ -197,6 +199,7 @@
 
   const median = (v) => { const s = v.filter((x) => x !== null && x !== undefined).sort((a, b) => a - b); return s.length ? s[Math.floor(s.length / 2)] : null; };
   const inPhase = (samples, p) => samples.filter(([t]) => t >= p.start + Math.min(2, 0.2 * (p.end - p.start)) && t <= p.end).map(([, v]) => v);
+  const mean = (v) => (v.length ? v.reduce((a, x) => a + x, 0) / v.length : null);
   const fmt = (v, d = 1) => (v === null || v === undefined ? '-' : v.toFixed(d));
   const tone = (g) => (!g ? '' : g.startsWith('A') ? 'g-good' : g === 'B' || g === 'C' ? 'g-mid' : 'g-bad');
   function setGrade(id, g) { const el = $(id); el.textContent = g || '-'; el.className = tone(g); }
@@ -215,8 +218,8 @@
     for (const p of state.phases) {
       const tr = document.createElement('tr');
       const cells = [p.name, fmt(median(inPhase(state.rtt, p))), p.name === 'idle' ? '' : fmt(added[p.name]),
-        fmt(median(inPhase(state.kernel, p))), p.name === 'upload' || p.name === 'idle' ? '' : fmt(median(inPhase(state.down, p))),
-        p.name === 'download' || p.name === 'idle' ? '' : fmt(median(inPhase(state.up, p)))];
+        fmt(median(inPhase(state.kernel, p))), p.name === 'upload' || p.name === 'idle' ? '' : fmt(mean(inPhase(state.down, p))),
+        p.name === 'download' || p.name === 'idle' ? '' : fmt(mean(inPhase(state.up, p)))];
       for (const c of cells) { const td = document.createElement('td'); td.textContent = c; tr.appendChild(td); }
       tbody.appendChild(tr);
     }
