@@ -220,6 +220,16 @@ pub fn summarize(result: &ResultFile) -> Summary {
     }
 
     s.rpm = rpm_summary(result, idle, load);
+    if let Some(r) = &s.rpm {
+        let bits = |mbps: Option<f64>| mbps.map(|m| (m * 1e6).round() as u64);
+        s.network_quality = NetworkQuality {
+            dl_throughput: bits(s.throughput_mbps.down),
+            ul_throughput: bits(s.throughput_mbps.up),
+            responsiveness: Some(r.rpm.round() as u64),
+            // The idle probes' p50; the HTTP transport has only the idle RPM's probe time.
+            base_rtt: s.latency_ms.idle.map(|p| p.p50).or(r.idle.filter(|i| *i > 0.0).map(|i| 60_000.0 / i)),
+        };
+    }
     by_phase(result, idle, &mut s);
     s
 }

@@ -250,6 +250,11 @@ fn rpm_over_http2_against_the_https_face() {
         // Loopback: hundreds of Mbit/s at least each way, and an answer in round trips.
         assert!(down > 200.0 && up > 200.0, "{down} / {up} Mbit/s");
         assert!(rpm > 100.0 && s["rpm"]["probes"].as_u64().unwrap() > 20, "{}", s["rpm"]);
+        // The same figures under the names networkQuality -c prints, for scripts written for it.
+        assert_eq!(s["responsiveness"].as_f64(), Some(rpm.round()), "{s}");
+        assert_eq!(s["dl_throughput"].as_f64(), Some((down * 1e6).round()));
+        assert_eq!(s["ul_throughput"].as_f64(), Some((up * 1e6).round()));
+        assert_eq!(s["base_rtt"].as_f64(), Some(60_000.0 / f(&s, "rpm.idle")));
         let r: serde_json::Value = serde_json::from_reader(std::fs::File::open(&out).unwrap()).unwrap();
         assert_eq!(r["metadata"]["params"]["transport"], "HTTP/2 over TLS");
         let tls = r["series"].as_array().unwrap().iter().find(|x| x["name"] == "rpm foreign-tls").expect("TLS handshake times");

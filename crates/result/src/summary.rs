@@ -147,6 +147,26 @@ pub struct Rpm {
     pub window_s: f64,
 }
 
+/// `networkQuality -c` field names (rpm tests only; absent otherwise). bloatlab's RPM loads
+/// both directions at once, as networkQuality does by default, so its one `responsiveness`
+/// covers both; there is no separate `dl_responsiveness` / `ul_responsiveness`.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct NetworkQuality {
+    /// Download goodput, bits per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dl_throughput: Option<u64>,
+    /// Upload goodput, bits per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ul_throughput: Option<u64>,
+    /// RPM (`rpm.rpm`), whole round trips per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub responsiveness: Option<u64>,
+    /// Idle round trip, ms: the idle probes' p50, or (HTTP transport) the idle probe time the
+    /// idle RPM comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_rtt: Option<f64>,
+}
+
 /// A figure per load phase: download only, upload only, both ways at once.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ByPhase {
@@ -225,6 +245,10 @@ pub struct Summary {
     pub jitter_ms: Jitter,
     pub voip: Option<Voip>,
     pub rpm: Option<Rpm>,
+    /// The rpm test's figures under the names Apple's `networkQuality -c` prints, so that
+    /// scripts written for it read bloatlab's JSON too.
+    #[serde(flatten)]
+    pub network_quality: NetworkQuality,
     /// TCP retransmissions of the client's sending sockets (upload flows).
     pub tcp_retransmits: Option<u64>,
     pub partial: bool,

@@ -172,6 +172,8 @@ impl Keeper {
         let mut n = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         *n += 1;
         let path = self.dir.join(format!("web-{unix_ms:015}-{:06}.json.gz", *n % 1_000_000));
+        // The directory may have been removed or rotated away since the server started.
+        std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
         bloatlab_result::write_atomic(&path, r).map_err(|e| e.to_string())?;
         prune(&self.dir, self.max_files);
         Ok(path)

@@ -67,11 +67,15 @@
     for (let i = 0; i < n; i++) send();
   }
 
-  function sample(step) {
-    const t = since();
-    state.down.push([t, bytes.down * 8 / 1e6 / step]);
+  // Each sample is the rate since the previous one, over the time that really passed (timers
+  // fire late on a busy device).
+  let lastSample = 0;
+  function sample() {
+    const t = since(), dt = Math.max(t - lastSample, 1e-3);
+    lastSample = t;
+    state.down.push([t, bytes.down * 8 / 1e6 / dt]);
     const up = serverUp.latest === null || serverUp.sampled === null ? 0 : serverUp.latest - serverUp.sampled;
-    state.up.push([t, up * 8 / 1e6 / step]);
+    state.up.push([t, up * 8 / 1e6 / dt]);
     bytes.down = 0;
     serverUp.sampled = serverUp.latest;
   }
@@ -159,7 +163,9 @@
     worker.onmessage = (e) => onProbe(e.data);
     const host = location.hostname.includes(':') && !location.hostname.startsWith('[') ? '[' + location.hostname + ']' : location.hostname;
     worker.postMessage({ type: 'start', url: (location.protocol === 'https:' ? 'wss://' : 'ws://') + host + ':' + cfg.ws_port + '/ws', interval, t0 });
-    const sampler = setInterval(() => sample(step), step * 1000);
+    lastSample = 0;
+    bytes.down = 0;
+    const sampler = setInterval(sample, step * 1000);
     const painter = setInterval(() => { draw(); $('progress').style.width = Math.min(100, 100 * since() / total) + '%'; }, 250);
     const words = { idle: 'Measuring the idle latency', download: 'Downloading', upload: 'Uploading', both: 'Downloading and uploading' };
     try {
