@@ -92,7 +92,8 @@ impl Default for WebConfig {
 const LARGE_BYTES: u64 = 8 << 30;
 /// Incompressible data, sent again and again (each chunk shares this buffer).
 const CHUNK: usize = 64 * 1024;
-/// How often `/large` re-sets TCP_NOTSENT_LOWAT to 5 ms of the connection's current rate.
+/// How often `/large` re-sets TCP_NOTSENT_LOWAT to 5 ms of the connection's current rate (and
+/// charges its address's budget). A multiple of CHUNK.
 const LOWAT_EVERY: u64 = 1 << 20;
 /// How many bytes `/slurp` receives between updates of the address's upload count.
 const UPLOAD_COUNT_EVERY: u64 = 16 * 1024;
@@ -257,11 +258,14 @@ impl Large {
             return None;
         }
         let n = self.left.min(CHUNK as u64);
-        if self.conn.web.budgets.charge(self.conn.ip, n, Instant::now()).is_err() {
-            self.left = 0;
-            return Some(Err(std::io::Error::other("this address's byte budget is used up")));
-        }
+        // Once per MiB: the budget is charged for the MiB ahead (one lock per 16 chunks; an
+        // address may be charged up to 1 MiB per connection it did not take), the unsent limit
+        // follows the rate, and the server's view of the path is noted.
         if self.sent % LOWAT_EVERY < n {
+            if self.conn.web.budgets.charge(self.conn.ip, self.left.min(LOWAT_EVERY), Instant::now()).is_err() {
+                self.left = 0;
+                return Some(Err(std::io::Error::other("this address's byte budget is used up")));
+            }
             if let Some(s) = &self.conn.socket {
                 let _ = bloatlab_netio::keep_unsent_small(s.as_ref());
                 if let Ok(info) = bloatlab_netio::tcp_info(s.as_ref()) {
