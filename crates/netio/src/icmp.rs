@@ -145,11 +145,24 @@ fn recv_with(sock: &UdpSocket, flags: i32, data: &mut [u8], control: &mut [u64],
     Ok(Some((n as usize, name)))
 }
 
-/// One echo reply waiting on a ping socket, if any (never blocks).
+/// With IP_RECVERR an ICMP error (a router's time exceeded too) also sets the socket's pending
+/// error, which the next plain receive returns once (EHOSTUNREACH, ...) while the details wait
+/// in the error queue: no failure of the socket. A locate run through the lab died of one that
+/// came between draining the error queue and reading the echo replies.
+fn is_pending_icmp_error(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EHOSTUNREACH | libc::ENETUNREACH | libc::ECONNREFUSED | libc::EHOSTDOWN | libc::EPROTO | libc::EMSGSIZE))
+}
+
+/// One echo reply waiting on a ping socket, if any (never blocks). An ICMP error reported in
+/// its place reads as none: the caller finds it in the error queue on its next round.
 pub fn recv_echo_reply(sock: &UdpSocket) -> io::Result<Option<EchoReply>> {
     let mut data = [0u8; 128];
     let mut at = None;
-    let Some((n, name)) = recv_with(sock, 0, &mut data, &mut [0u64; 16], |c| at = at.or(cmsg_time(c)))? else { return Ok(None) };
+    let got = match recv_with(sock, 0, &mut data, &mut [0u64; 16], |c| at = at.or(cmsg_time(c))) {
+        Err(e) if is_pending_icmp_error(&e) => return Ok(None),
+        got => got?,
+    };
+    let Some((n, name)) = got else { return Ok(None) };
     // Echo reply: ICMP type 0, ICMPv6 type 129; anything else or short is not ours.
     if n < 8 || !(data[0] == 0 || data[0] == 129) {
         return Ok(None);
