@@ -219,18 +219,32 @@ pub fn summarize(result: &ResultFile) -> Summary {
         }
     }
 
-    s.rpm = rpm_summary(result, idle, load);
+    s.rpm = match &result.metadata.rpm_by_direction {
+        Some(runs) => {
+            let down = rpm_summary(result, "download", Some(&runs.down), idle, None);
+            let up = rpm_summary(result, "upload", Some(&runs.up), idle, None);
+            // The worse direction stands for the test, as with grades: never averaged away.
+            let worse = [&down, &up].into_iter().flatten().min_by(|a, b| a.rpm.total_cmp(&b.rpm)).cloned();
+            s.rpm_by_direction = Some(RpmByDirection { down, up });
+            worse
+        }
+        None => rpm_summary(result, "load", result.metadata.rpm.as_ref(), idle, load),
+    };
+    by_phase(result, idle, &mut s);
     if let Some(r) = &s.rpm {
         let bits = |mbps: Option<f64>| mbps.map(|m| (m * 1e6).round() as u64);
+        let whole = |r: Option<&Rpm>| r.map(|r| r.rpm.round() as u64);
+        let by_dir = s.rpm_by_direction.as_ref();
         s.network_quality = NetworkQuality {
             dl_throughput: bits(s.throughput_mbps.down),
             ul_throughput: bits(s.throughput_mbps.up),
-            responsiveness: Some(r.rpm.round() as u64),
+            responsiveness: whole(Some(r)),
+            dl_responsiveness: whole(by_dir.and_then(|d| d.down.as_ref())),
+            ul_responsiveness: whole(by_dir.and_then(|d| d.up.as_ref())),
             // The idle probes' p50; the HTTP transport has only the idle RPM's probe time.
             base_rtt: s.latency_ms.idle.map(|p| p.p50).or(r.idle.filter(|i| *i > 0.0).map(|i| 60_000.0 / i)),
         };
     }
-    by_phase(result, idle, &mut s);
     s
 }
 
@@ -388,12 +402,11 @@ fn loss(streams: &[StreamCounts]) -> Loss {
     l
 }
 
-/// RPM from the completed probes of the last MAD intervals of the load (the draft's window;
-/// older result files without the run's intervals: the loaded window), with the probes of the
-/// whole load that never completed counted.
-fn rpm_summary(result: &ResultFile, idle: Option<Window>, load: Option<Window>) -> Option<Rpm> {
-    let phase = phase_window(result, "load")?;
-    let run = result.metadata.rpm.as_ref();
+/// RPM from the completed probes of the last MAD intervals of a load phase (the draft's
+/// window; older result files without the run's intervals: the loaded window), with the probes
+/// of the whole phase that never completed counted. `run` is that phase's run of the algorithm.
+fn rpm_summary(result: &ResultFile, phase_name: &str, run: Option<&RpmRun>, idle: Option<Window>, load: Option<Window>) -> Option<Rpm> {
+    let phase = phase_window(result, phase_name)?;
     let w = match run {
         Some(r) => Window { start: (phase.end - f64::from(r.mad) * r.interval_s).max(phase.start), end: phase.end },
         None => load?,
@@ -422,7 +435,11 @@ fn rpm_summary(result: &ResultFile, idle: Option<Window>, load: Option<Window>) 
         loaded: loaded_rpm,
         idle: idle_rpm,
         band: rpm::band(value).to_string(),
-        load_connections: result.metadata.params.get("load_connections").and_then(|v| v.as_u64()).unwrap_or(0) as usize,
+        load_connections: match phase_name {
+            // A one-way phase: its own direction's connections.
+            "download" | "upload" => result.series.iter().filter(|x| x.kind == SeriesKind::Throughput && x.direction.as_deref() == Some(if phase_name == "upload" { "up" } else { "down" })).count(),
+            _ => result.metadata.params.get("load_connections").and_then(|v| v.as_u64()).unwrap_or(0) as usize,
+        },
         probes: request.len() + loaded.len(),
         probe_timeouts: foreign_failed + unanswered("rpm loaded"),
         confidence: run.map_or("medium", |r| rpm::confidence(r).name()).to_string(),
@@ -451,6 +468,7 @@ mod tests {
             streams,
             lab: None,
             rpm: None,
+            rpm_by_direction: None,
         }
     }
 
@@ -475,6 +493,41 @@ mod tests {
         r.series.push(series("tcp up 3 BE", SeriesKind::Throughput, Some("up"), flow(4.5)));
         r.partial = false;
         r
+    }
+
+    /// A sequential RPM run (`networkQuality -s`): 1 s idle at 10 ms, the download stage (1-9 s)
+    /// at 20 ms, the upload stage (9-17 s) at 200 ms, on every probe kind. Each direction's RPM
+    /// comes from its own stage's last MAD intervals (60000 / 20 = 3000, 60000 / 200 = 300),
+    /// the worse is the test's, and the networkQuality names carry both.
+    #[test]
+    fn sequential_rpm_gives_each_direction_its_own_rpm_and_the_worse_as_the_tests() {
+        let stages = [("idle", 0.0, 1.0, 10.0), ("download", 1.0, 9.0, 20.0), ("upload", 9.0, 17.0, 200.0)];
+        let mut phases: Vec<Phase> = stages.iter().map(|(n, a, b, _)| Phase { name: (*n).into(), start: *a, end: *b }).collect();
+        phases.push(Phase { name: "load".into(), start: 1.0, end: 17.0 });
+        let mut r = ResultFile::new(meta(phases, vec![]));
+        r.metadata.test = "rpm".into();
+        r.metadata.step = 0.1;
+        let run = |from: f64| RpmRun { interval_s: 1.0, mad: 4, sdt: 0.05, intervals: (1..=8).map(|i| RpmInterval { t: from + i as f64, ..Default::default() }).collect(), ..Default::default() };
+        r.metadata.rpm_by_direction = Some(RpmRunByDirection { down: run(1.0), up: run(9.0) });
+        let grid = |from: f64, to: f64| (0..).map(move |i| from + i as f64 * 0.1).take_while(move |t| *t < to);
+        let ms = |t: f64| stages.iter().find(|(_, a, b, _)| t >= *a && t < *b).map(|s| s.3);
+        for name in ["rpm foreign-connect", "rpm foreign-request"] {
+            r.series.push(series(name, SeriesKind::Latency, None, grid(0.0, 17.0).map(|t| (t, ms(t))).collect()));
+        }
+        r.series.push(series("rpm loaded", SeriesKind::Latency, None, grid(1.0, 17.0).map(|t| (t, ms(t))).collect()));
+        // Each sample covers the step before it; a stage's last one comes at its end.
+        r.series.push(series("down-1", SeriesKind::Throughput, Some("down"), grid(1.1, 9.05).map(|t| (t, Some(50.0))).collect()));
+        r.series.push(series("up-1", SeriesKind::Throughput, Some("up"), grid(9.1, 17.05).map(|t| (t, Some(10.0))).collect()));
+        let s = summarize(&r);
+        let by_dir = s.rpm_by_direction.clone().expect("each direction's RPM");
+        let (down, up) = (by_dir.down.unwrap(), by_dir.up.unwrap());
+        assert!((down.rpm - 3000.0).abs() < 1e-6 && (up.rpm - 300.0).abs() < 1e-6, "{} / {}", down.rpm, up.rpm);
+        assert_eq!((down.load_connections, up.load_connections), (1, 1));
+        assert_eq!(s.rpm.as_ref().map(|r| r.rpm), Some(up.rpm));
+        let nq = s.network_quality;
+        assert_eq!((nq.responsiveness, nq.dl_responsiveness, nq.ul_responsiveness), (Some(300), Some(3000), Some(300)));
+        // Each direction's goodput over its own stage, not diluted by the other's.
+        assert_eq!((nq.dl_throughput, nq.ul_throughput), (Some(50_000_000), Some(10_000_000)));
     }
 
     /// What CAKE's diffserv3 does on the cable line (kernel, #16): best effort +4 ms, EF +9,

@@ -90,6 +90,7 @@ pub fn run(a: LocateArgs, progress: ProgressMode, stop: std::sync::Arc<std::sync
             under_load: false,
             probe_size: 64,
             rpm_interval: 1.0,
+            rpm_sequential: false,
         };
         tests.push((load, params));
     }

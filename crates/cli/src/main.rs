@@ -325,6 +325,12 @@ struct TestArgs {
     /// is draft -08's value and every deployed client's.
     #[arg(long, default_value_t = 1.0, value_parser = positive_seconds)]
     rpm_interval: f64,
+    /// rpm against a URL: load the download direction, then the upload direction, each on its
+    /// own connections until it saturates (up to --length each), as `networkQuality -s` and
+    /// Cloudflare's mach do; prints each direction's RPM (dl_responsiveness, ul_responsiveness)
+    /// and takes the worse as the test's. Default: both directions at once.
+    #[arg(long)]
+    sequential: bool,
     /// The server's shared key, when it requires one (a file; or the key itself in
     /// BLOATLAB_KEY).
     #[arg(long, value_name = "FILE")]
@@ -554,6 +560,7 @@ fn test(a: TestArgs) -> ExitCode {
         under_load: a.under_load,
         probe_size: a.probe_size,
         rpm_interval: a.rpm_interval,
+        rpm_sequential: a.sequential,
     };
     let progress = progress_mode(a.quiet);
     let key = match load_key(a.key.as_deref()) {
@@ -569,6 +576,9 @@ fn test(a: TestArgs) -> ExitCode {
     let by_url = a.host.starts_with("https://") || a.host.starts_with("http://");
     if by_url && !matches!(kind, TestKind::Rpm) {
         return usage("a URL target is for `test rpm` (a responsiveness config URL); other tests take HOST[:PORT] of a bloatlab server");
+    }
+    if a.sequential && !(by_url && matches!(kind, TestKind::Rpm)) {
+        return usage("--sequential is for `test rpm` against a URL (the HTTP transport); a bloatlab server serves one too: its --https or --http port's /.well-known/nq");
     }
     let outcome = if by_url {
         let http = bloatlab_measure::http_rpm::HttpOptions { insecure: a.insecure, ca: a.ca.clone() };

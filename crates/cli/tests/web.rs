@@ -254,7 +254,9 @@ fn rpm_over_http2_against_the_https_face() {
         assert_eq!(s["responsiveness"].as_f64(), Some(rpm.round()), "{s}");
         assert_eq!(s["dl_throughput"].as_f64(), Some((down * 1e6).round()));
         assert_eq!(s["ul_throughput"].as_f64(), Some((up * 1e6).round()));
-        assert_eq!(s["base_rtt"].as_f64(), Some(60_000.0 / f(&s, "rpm.idle")));
+        // The idle probes' time, recovered from the idle RPM (to rounding).
+        let base = f(&s, "base_rtt");
+        assert!((base - 60_000.0 / f(&s, "rpm.idle")).abs() < 1e-9 * base, "base_rtt {base}");
         let r: serde_json::Value = serde_json::from_reader(std::fs::File::open(&out).unwrap()).unwrap();
         assert_eq!(r["metadata"]["params"]["transport"], "HTTP/2 over TLS");
         let tls = r["series"].as_array().unwrap().iter().find(|x| x["name"] == "rpm foreign-tls").expect("TLS handshake times");
@@ -263,33 +265,80 @@ fn rpm_over_http2_against_the_https_face() {
 }
 
 /// Through the lab's 20 Mbit/s line, HTTP/2 and bloatlab's protocol, one engine with two
-/// transports, give the same order of RPM through a 30-packet FIFO (measured 182 vs 181 in one
-/// run, 280 vs 145 in another: 32 load connections there drop handshakes, and a foreign probe
-/// whose SYN is lost waits a second; runs scatter by 2x), and both see a 1000-packet FIFO
-/// (1000 x 1500 x 8 / 20e6 = 0.6 s) as worse (76-86 over HTTP/2).
+/// transports, give the same order of RPM through a 30-packet FIFO (182 vs 181 in one run, 280
+/// vs 145 in another before probes still in flight at the end were waited for; 77 vs 131 and
+/// 99 vs 177 after: 48 load connections through 30 packets lose segments and SYNs, and those
+/// waits are in the probes), and the download direction alone (`--sequential`) sees a
+/// 1000-packet FIFO (1000 x 1514 x 8 / 20e6 = 0.6 s) as far worse than 30 packets (18 ms). Both
+/// ways at once, 1000 packets gave 55-77 against 77-99: the losses' waits hide the queue there.
 #[test]
 fn rpm_over_http2_agrees_with_the_protocol_and_sees_a_deep_fifo() {
     let _g = serial();
     let Some(lab) = LabUp::up("rpmh", "name = \"rpmh\"\n[[link]]\nname = \"line\"\na = \"c\"\nb = \"s\"\nboth = { rate = \"20mbit\", limit = 1000 }\n") else { return };
     let dir = TempDir::new("rpmh");
     let mut srv = ServerProc::start(&lab.exec("s").iter().map(String::as_str).collect::<Vec<_>>(), "[::]:9461", &["-q", "--http", "4080"]);
-    let rpm = |limit: &str, target: &str| {
+    let rpm = |limit: &str, target: &str, extra: &[&str]| {
         lab.set("line", &[&format!("limit={limit}")]);
-        let out = dir.0.join(format!("rpm-{limit}-{}.json", target.len()));
+        let out = dir.0.join(format!("rpm-{limit}-{}-{}.json", target.len(), extra.len()));
         let p = lab.exec("c");
         let mut cmd = Command::new(&p[0]);
-        cmd.args(&p[1..]).arg(BIN).args(["test", "rpm", target, "-l", "10", "--idle", "1", "--json", "-q", "-o", out.to_str().unwrap()]);
+        cmd.args(&p[1..]).arg(BIN).args(["test", "rpm", target, "-l", "10", "--idle", "1", "--json", "-q", "-o", out.to_str().unwrap()]).args(extra);
         let o = cmd.output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let s = json(&o);
-        eprintln!("limit {limit}, {target}: RPM {:.0} (loaded {:.0}, foreign {:.0}), {:.1}/{:.1} Mbit/s", f(&s, "rpm.rpm"), f(&s, "rpm.loaded"), f(&s, "rpm.foreign"), f(&s, "throughput_mbps.down"), f(&s, "throughput_mbps.up"));
-        f(&s, "rpm.rpm")
+        eprintln!("limit {limit}, {target} {extra:?}: RPM {:.0} (loaded {:.0}, foreign {:.0}), dl {}, {:.1}/{:.1} Mbit/s", f(&s, "rpm.rpm"), f(&s, "rpm.loaded"), f(&s, "rpm.foreign"), s["dl_responsiveness"], f(&s, "throughput_mbps.down"), f(&s, "throughput_mbps.up"));
+        s
     };
     let url = "http://10.77.0.2:4080/.well-known/nq";
-    let (deep, short, short_proto) = (rpm("1000", url), rpm("30", url), rpm("30", "10.77.0.2"));
+    let (short, short_proto) = (f(&rpm("30", url, &[]), "rpm.rpm"), f(&rpm("30", "10.77.0.2", &[]), "rpm.rpm"));
     assert!(short < 2.5 * short_proto && short_proto < 2.5 * short, "RPM over HTTP/2 {short}, over bloatlab's protocol {short_proto}");
-    assert!(deep * 1.5 < short, "RPM {deep} through 1000 packets, {short} through 30");
+    let (deep_dl, short_dl) = (f(&rpm("1000", url, &["--sequential"]), "dl_responsiveness"), f(&rpm("30", url, &["--sequential"]), "dl_responsiveness"));
+    // A full 0.6 s FIFO allows at most 60000 / 600 = 100 RPM; under 130, the probes waited at
+    // least 3/4 of it on average (one run: 104, against 167 through 30 packets).
+    assert!(deep_dl < 130.0 && deep_dl * 1.25 < short_dl, "download RPM {deep_dl} through 1000 packets, {short_dl} through 30");
     srv.kill();
+}
+
+/// `--sequential` (as `networkQuality -s` and mach): the download direction, then the upload
+/// direction, each on its own connections, each with its own RPM. Through a short download FIFO
+/// (30 x 1514 x 8 / 20e6 = 18 ms) and a deep upload one (600 x 1514 x 8 / 5e6 = 1.45 s), the
+/// upload's RPM is far below the download's and is the test's; while each stage runs the other
+/// direction carries no load.
+#[test]
+fn rpm_sequential_measures_each_direction_under_its_own_load() {
+    let _g = serial();
+    let topo = "name = \"rpms\"\n[[link]]\nname = \"line\"\na = \"c\"\nb = \"s\"\nup = { rate = \"5mbit\", limit = 600 }\ndown = { rate = \"20mbit\", limit = 30 }\n";
+    let Some(lab) = LabUp::up("rpms", topo) else { return };
+    let dir = TempDir::new("rpms");
+    let mut srv = ServerProc::start(&lab.exec("s").iter().map(String::as_str).collect::<Vec<_>>(), "[::]:9461", &["-q", "--http", "4080"]);
+    let out = dir.0.join("rpm-seq.json");
+    let p = lab.exec("c");
+    let o = Command::new(&p[0]).args(&p[1..]).arg(BIN).args(["test", "rpm", "http://10.77.0.2:4080/.well-known/nq", "--sequential", "-l", "8", "--idle", "1", "--json", "-q", "-o", out.to_str().unwrap()]).output().unwrap();
+    srv.kill();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = json(&o);
+    let (dl, ul) = (f(&s, "dl_responsiveness"), f(&s, "ul_responsiveness"));
+    eprintln!("sequential: dl {dl} RPM, ul {ul} RPM, responsiveness {}, {:.1}/{:.1} Mbit/s", s["responsiveness"], f(&s, "throughput_mbps.down"), f(&s, "throughput_mbps.up"));
+    // A round trip behind a full 1.45 s upload FIFO is under 60000 / 1450 = 41 RPM; it fills
+    // within the stage, not at once (300 packets gave 90 RPM in one run). The download's 18 ms
+    // FIFO would leave thousands, but 16 connections through 30 packets lose SYNs and segments
+    // and the retransmissions' waits are in the probes (241 RPM in that run, 189 both ways).
+    assert!(ul < 100.0 && dl > 2.0 * ul, "download {dl}, upload {ul} RPM");
+    assert_eq!(s["responsiveness"].as_f64(), Some(ul), "the worse direction is the test's");
+    assert_eq!(f(&s, "rpm_by_direction.up.rpm").round(), ul);
+    assert!(f(&s, "throughput_mbps.down") > 20.0 * 0.7 && f(&s, "throughput_mbps.up") > 5.0 * 0.7, "{}", s["throughput_mbps"]);
+    // The result file: phases in order, each stage's connections loading only its direction.
+    let r = bloatlab_result::read(&out).unwrap();
+    let phase = |n: &str| r.metadata.phases.iter().find(|p| p.name == n).unwrap_or_else(|| panic!("phase {n}")).clone();
+    let (down, up) = (phase("download"), phase("upload"));
+    assert!(down.end <= up.start + 1e-9 && down.start >= 1.0, "{:?}", r.metadata.phases);
+    for x in r.series.iter().filter(|x| x.kind == bloatlab_result::SeriesKind::Throughput) {
+        let w = if x.direction.as_deref() == Some("up") { &up } else { &down };
+        assert!(x.samples.iter().all(|(t, _)| *t >= w.start && *t <= w.end + 0.05), "{} sampled outside its stage {w:?}", x.name);
+    }
+    let runs = r.metadata.rpm_by_direction.expect("each direction's run of the algorithm");
+    assert!(!runs.down.intervals.is_empty() && !runs.up.intervals.is_empty());
+    assert!(runs.down.intervals.iter().all(|i| i.up_mbps.is_none()) && runs.up.intervals.iter().all(|i| i.down_mbps.is_none()));
 }
 
 /// A WebSocket client by hand (RFC 6455): the upgrade on `/ws` from `local` (another loopback

@@ -218,6 +218,13 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
             "Responsiveness          {:.0} RPM ({}, confidence {})  foreign {:.0}, loaded {:.0}{idle}; {} load connections, {} probes over the last {:.0} s, {} timed out",
             r.rpm, r.band, r.confidence, r.foreign, r.loaded, r.load_connections, r.probes, r.window_s, r.probe_timeouts
         );
+        // Sequential: the line above is the worse direction; each one's own figures follow.
+        let by_dir = s.rpm_by_direction.as_ref();
+        for (name, d) in [("download", by_dir.and_then(|d| d.down.as_ref())), ("upload", by_dir.and_then(|d| d.up.as_ref()))] {
+            if let Some(d) = d {
+                let _ = writeln!(out, "  under {name:<8} load   {:.0} RPM ({}, confidence {})  foreign {:.0}, loaded {:.0}; {} connections", d.rpm, d.band, d.confidence, d.foreign, d.loaded, d.load_connections);
+            }
+        }
     }
     if let (Some(a), Some(g)) = (s.added_latency_ms, &s.grade) {
         let c = &s.added_latency_ms_by_class;

@@ -63,6 +63,8 @@ pub struct Params {
     pub probe_size: u16,
     /// rpm: the draft's interval (ID), seconds: one more load connection per direction each.
     pub rpm_interval: f64,
+    /// rpm: download, then upload, each with its own load and responsiveness (else both at once).
+    pub rpm_sequential: bool,
 }
 
 /// A probe stream of the plan, with the name its series carry.
@@ -201,7 +203,7 @@ mod tests {
     use super::*;
 
     fn params(test: TestKind) -> Params {
-        Params { test, length: 30.0, idle: 5.0, step: 0.01, flows: 4, cc: None, dscp: 46, under_load: false, probe_size: 64, rpm_interval: 1.0 }
+        Params { test, length: 30.0, idle: 5.0, step: 0.01, flows: 4, cc: None, dscp: 46, under_load: false, probe_size: 64, rpm_interval: 1.0, rpm_sequential: false }
     }
 
     #[test]

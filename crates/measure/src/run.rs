@@ -146,6 +146,7 @@ pub(crate) fn new_metadata(params: &Params, params_json: serde_json::Value, serv
         streams: Vec::new(),
         lab: None,
         rpm: None,
+        rpm_by_direction: None,
     }
 }
 

@@ -113,6 +113,16 @@ pub struct Metadata {
     /// RPM tests: the draft's algorithm interval by interval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rpm: Option<RpmRun>,
+    /// Sequential RPM tests (download, then upload): each direction's run; `rpm` is then absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpm_by_direction: Option<RpmRunByDirection>,
+}
+
+/// A sequential RPM test's two runs of the draft's algorithm, each on its own connections.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RpmRunByDirection {
+    pub down: RpmRun,
+    pub up: RpmRun,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -370,6 +380,7 @@ mod tests {
             streams: vec![],
             lab: None,
             rpm: None,
+            rpm_by_direction: None,
         });
         r.series.push(Series {
             name: "rtt udp-be".into(),

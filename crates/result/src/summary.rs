@@ -147,9 +147,16 @@ pub struct Rpm {
     pub window_s: f64,
 }
 
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RpmByDirection {
+    pub down: Option<Rpm>,
+    pub up: Option<Rpm>,
+}
+
 /// `networkQuality -c` field names (rpm tests only; absent otherwise). bloatlab's RPM loads
-/// both directions at once, as networkQuality does by default, so its one `responsiveness`
-/// covers both; there is no separate `dl_responsiveness` / `ul_responsiveness`.
+/// both directions at once by default, as networkQuality does, so its one `responsiveness`
+/// covers both; `--sequential` (as `networkQuality -s`) adds `dl_responsiveness` and
+/// `ul_responsiveness`, and `responsiveness` is then the worse of the two.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct NetworkQuality {
     /// Download goodput, bits per second.
@@ -161,6 +168,12 @@ pub struct NetworkQuality {
     /// RPM (`rpm.rpm`), whole round trips per minute.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub responsiveness: Option<u64>,
+    /// Sequential tests: RPM under download load only (`rpm_by_direction.down.rpm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dl_responsiveness: Option<u64>,
+    /// Sequential tests: RPM under upload load only (`rpm_by_direction.up.rpm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ul_responsiveness: Option<u64>,
     /// Idle round trip, ms: the idle probes' p50, or (HTTP transport) the idle probe time the
     /// idle RPM comes from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -244,7 +257,11 @@ pub struct Summary {
     pub loss: Loss,
     pub jitter_ms: Jitter,
     pub voip: Option<Voip>,
+    /// RPM; in a sequential test the worse direction's, which `rpm_by_direction` shows apart.
     pub rpm: Option<Rpm>,
+    /// Sequential RPM tests: each direction's responsiveness, measured under its own load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpm_by_direction: Option<RpmByDirection>,
     /// The rpm test's figures under the names Apple's `networkQuality -c` prints, so that
     /// scripts written for it read bloatlab's JSON too.
     #[serde(flatten)]
