@@ -45,45 +45,19 @@ out=$(cd "$out" && pwd -P)
 
 P=bp
 CLI=${P}cli RTR=${P}rtr SRV=${P}srv SRV_ADDR=10.99.3.1
-in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
-# A namespace may only default to an algorithm the host allows unprivileged sockets to use:
-# allow $cc for the bench's duration, then restore the list.
+# allow $cc for the bench's duration (topo3_up), then restore the list.
 allowed=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
-remove_namespaces() {
-  for n in $CLI $RTR $SRV; do
-    pids=$(ip netns pids $n 2>/dev/null || true)
-    [ -n "$pids" ] && kill $pids 2>/dev/null || true
-  done
-  sleep 0.3
-  for n in $CLI $RTR $SRV; do ip netns del $n 2>/dev/null || true; done
-}
+. "$(dirname "$0")/topo3-lib.sh"
 # Whatever stops the bench: end the servers, delete the namespaces, restore the sysctl.
 cleanup() {
-  remove_namespaces
+  topo3_remove
   sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed" || true
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 topology_up() {
-  remove_namespaces
-  sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed $cc"
-  for n in $CLI $RTR $SRV; do ip netns add $n; ip -n $n link set lo up; done
-  ip link add c0 netns $CLI type veth peer name rc netns $RTR
-  ip link add s0 netns $SRV type veth peer name rs netns $RTR
-  ip -n $CLI addr add 10.99.2.1/24 dev c0; ip -n $RTR addr add 10.99.2.254/24 dev rc
-  ip -n $SRV addr add $SRV_ADDR/24 dev s0; ip -n $RTR addr add 10.99.3.254/24 dev rs
-  for p in "$CLI c0" "$RTR rc" "$RTR rs" "$SRV s0"; do
-    set -- $p
-    # TCP's 64 KB software-GSO packets would count as one packet in a pfifo.
-    ip -n $1 link set $2 gso_max_size 1514 gso_max_segs 1 up
-    in_ns $1 ethtool -K $2 tso off gso off gro off >/dev/null 2>&1 || true
-  done
-  ip -n $CLI route add default via 10.99.2.254
-  ip -n $SRV route add default via 10.99.3.254
-  in_ns $RTR sysctl -qw net.ipv4.ip_forward=1
-  # Every tool's flows get the same congestion control, also those that cannot set it.
-  for n in $CLI $SRV; do in_ns $n sysctl -qw net.ipv4.tcp_congestion_control=$cc; done
+  topo3_up "$cc"
   in_ns $SRV "$BIN" server -q >/dev/null 2>&1 &
   in_ns $SRV netserver -D >/dev/null 2>&1 &
   in_ns $SRV irtt server -b $SRV_ADDR >/dev/null 2>&1 &
@@ -92,29 +66,6 @@ topology_up() {
   sleep 1
 }
 
-shape() { # LIMIT
-  for spec in "rc 20mbit" "rs 5mbit"; do
-    set -- $spec
-    in_ns $RTR tc qdisc del dev $1 root 2>/dev/null || true
-    in_ns $RTR tc qdisc add dev $1 root handle 1: htb default 1
-    in_ns $RTR tc class add dev $1 parent 1: classid 1:1 htb rate $2
-    in_ns $RTR tc qdisc add dev $1 parent 1:1 handle 10: pfifo limit "$LIMIT"
-  done
-}
-
-# The referee: the router's own queues, sampled every 100 ms while a tool runs (bytes in each
-# pfifo), written as "t rc_bytes rs_bytes" lines to FILE.
-sample_queues() { # FILE
-  exec ip netns exec $RTR sh -c 'q() { tc -s qdisc show dev $1 | awk "/pfifo/{f=1} f&&/backlog/{sub(/b\$/,\"\",\$2); print \$2; exit}"; }
-    while :; do echo "$(date +%s.%N) $(q rc) $(q rs)"; sleep 0.1; done' > "$1"
-}
-with_queues() { # FILE command...
-  local f=$1; shift
-  sample_queues "$f" &
-  local sq=$!
-  "$@" || true
-  kill $sq 2>/dev/null; wait $sq 2>/dev/null || true
-}
 
 bloatlab() { # name test args...
   local name=$1; shift
@@ -124,7 +75,7 @@ bloatlab() { # name test args...
 for LIMIT in $limits; do
   echo "== pfifo $LIMIT" >&2
   topology_up
-  shape
+  topo3_shape "$LIMIT"
   want() { case " $tests " in *" $1 "*) return 0 ;; esac; return 1; }
   if want rrul; then
   echo "  rrul: bloatlab, flent" >&2
@@ -216,11 +167,14 @@ def queues(name):
     # less its first min(2 s, 20 %) as for the tools.
     p = f"{out}/{name}.queues"
     if not os.path.exists(p): return None
+    # tc prints a backlog near a multiple of 1024 as "30Kb" (the sampler cut the "b"); such
+    # samples were once skipped.
+    size = lambda x: float(x[:-1]) * {"K": 1024, "M": 1 << 20}[x[-1]] if x[-1:] in ("K", "M") else float(x)
     rows = []
     for line in open(p):
         f = line.split()
-        if len(f) == 3 and f[1].isdigit() and f[2].isdigit():
-            rows.append((float(f[0]), int(f[1]) * 8 / 20e6 * 1e3 + int(f[2]) * 8 / 5e6 * 1e3))
+        if len(f) == 3:
+            rows.append((float(f[0]), size(f[1]) * 8 / 20e6 * 1e3 + size(f[2]) * 8 / 5e6 * 1e3))
     busy = [t for t, d in rows if d > 0]
     if not busy: return None
     a, b = busy[0], busy[-1]
