@@ -231,6 +231,13 @@ pub fn summarize(result: &ResultFile) -> Summary {
         None => rpm_summary(result, "load", result.metadata.rpm.as_ref(), idle, load),
     };
     by_phase(result, idle, &mut s);
+    if let Some(u) = &result.metadata.udp {
+        let (load, loss) = crate::burst::udp_summary(u);
+        s.udp = Some(load);
+        s.loss = loss;
+        let recv = u.server.as_ref().and_then(|x| crate::burst::profile(&x.recv_bytes, u.bucket_ms));
+        s.burst = Some(Burst { send: crate::burst::profile(&u.send_bytes, u.bucket_ms), recv });
+    }
     if let Some(r) = &s.rpm {
         let bits = |mbps: Option<f64>| mbps.map(|m| (m * 1e6).round() as u64);
         let whole = |r: Option<&Rpm>| r.map(|r| r.rpm.round() as u64);
@@ -469,6 +476,7 @@ mod tests {
             lab: None,
             rpm: None,
             rpm_by_direction: None,
+            udp: None,
         }
     }
 

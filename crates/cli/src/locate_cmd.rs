@@ -91,6 +91,7 @@ pub fn run(a: LocateArgs, progress: ProgressMode, stop: std::sync::Arc<std::sync
             probe_size: 64,
             rpm_interval: 1.0,
             rpm_sequential: false,
+            udp: None,
         };
         tests.push((load, params));
     }

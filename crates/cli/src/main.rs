@@ -1,7 +1,7 @@
 //! The `bloatlab` binary: argument parsing and wiring only.
 
 use bloatlab_measure::display::{events_text, summary_text, ProgressMode};
-use bloatlab_measure::{Ended, Options, Params, TestKind};
+use bloatlab_measure::{Ended, Options, Params, TestKind, UdpParams};
 mod lab_cmd;
 mod locate_cmd;
 mod tune_cmd;
@@ -103,6 +103,10 @@ struct ServerArgs {
     /// Default: no limit.
     #[arg(long)]
     max_rate: Option<f64>,
+    /// Mbit/s of UDP load one test may announce (`test udp`); the server counts what arrives
+    /// and holds each load to twice its announced rate.
+    #[arg(long, default_value_t = 1000.0)]
+    max_udp_rate: f64,
     /// TCP connections open at once, of every kind; further ones are told the server is busy.
     #[arg(long, default_value_t = 512)]
     max_connections: usize,
@@ -258,6 +262,9 @@ enum TestName {
     Voip,
     /// Responsiveness under working conditions, in round trips per minute (IETF ippm draft).
     Rpm,
+    /// Constant-rate UDP upload (--rate, --size) with the chosen sender --pacing: goodput, loss,
+    /// reordering and the burst profile where it left and where it arrived.
+    Udp,
 }
 
 impl From<TestName> for TestKind {
@@ -271,6 +278,7 @@ impl From<TestName> for TestKind {
             TestName::RrulBe => TestKind::RrulBe,
             TestName::Voip => TestKind::Voip,
             TestName::Rpm => TestKind::Rpm,
+            TestName::Udp => TestKind::Udp,
         }
     }
 }
@@ -331,6 +339,24 @@ struct TestArgs {
     /// and takes the worse as the test's. Default: both directions at once.
     #[arg(long)]
     sequential: bool,
+    /// udp: UDP payload rate, as iperf3's -b counts it (100mbit, 1gbit, 500kbit, 50M).
+    #[arg(long, default_value = "10mbit", value_parser = bloatlab_measure::pacing::parse_rate)]
+    rate: u64,
+    /// udp: UDP payload bytes per packet (56..1472; 72 or more with a key).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u16).range(56..=1472))]
+    size: u16,
+    /// udp: how the sender spaces its packets. `timer`: one every size/rate (smooth);
+    /// `timer:1ms`: each millisecond what is due, back to back; `burst:100ms`: a tenth of a
+    /// second's data at once every 100 ms, as iperf3 -b does without kernel pacing (to show what
+    /// that does to a shallow switch buffer); `fq`: the kernel paces (SO_MAX_PACING_RATE; only
+    /// with the fq qdisc on the way out, else the timer is used and the result says so); `auto`:
+    /// fq where it works, else timer.
+    #[arg(long, default_value = "auto")]
+    pacing: bloatlab_measure::pacing::Pacing,
+    /// udp: width of the burst-profile buckets (bytes per bucket at the sender and at the
+    /// server): 1ms, 500us, 0.01 (seconds).
+    #[arg(long, default_value = "1ms", value_parser = bloatlab_measure::pacing::parse_duration)]
+    bucket: Duration,
     /// The server's shared key, when it requires one (a file; or the key itself in
     /// BLOATLAB_KEY).
     #[arg(long, value_name = "FILE")]
@@ -474,6 +500,9 @@ fn server(a: ServerArgs) -> ExitCode {
     if let Some(r) = a.max_rate.filter(|r| !(r.is_finite() && *r > 0.0)) {
         return fail(format!("--max-rate {r}: want a positive number of Mbit/s"));
     }
+    if !(a.max_udp_rate.is_finite() && a.max_udp_rate >= 0.0) {
+        return fail(format!("--max-udp-rate {}: want Mbit/s, 0 or more", a.max_udp_rate));
+    }
     let web = match web_config(&a) {
         Ok(w) => w,
         Err(e) => return fail(e),
@@ -488,6 +517,7 @@ fn server(a: ServerArgs) -> ExitCode {
         max_streams: a.max_streams,
         max_probe_pps: a.max_probe_pps,
         max_rate_bytes: a.max_rate.map(|m| m * 1e6 / 8.0),
+        max_udp_bps: (a.max_udp_rate * 1e6) as u64,
         max_connections: a.max_connections,
         max_connections_per_ip: a.max_connections_per_ip,
         key,
@@ -561,7 +591,11 @@ fn test(a: TestArgs) -> ExitCode {
         probe_size: a.probe_size,
         rpm_interval: a.rpm_interval,
         rpm_sequential: a.sequential,
+        udp: (kind == TestKind::Udp).then_some(UdpParams { rate_bps: a.rate, size: a.size, pacing: a.pacing, bucket: a.bucket.as_secs_f64(), dscp: 0 }),
     };
+    if kind == TestKind::Udp && !(Duration::from_micros(100)..=Duration::from_secs(1)).contains(&a.bucket) {
+        return usage("--bucket must be between 100us and 1s");
+    }
     let progress = progress_mode(a.quiet);
     let key = match load_key(a.key.as_deref()) {
         Ok(k) => k,

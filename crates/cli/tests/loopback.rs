@@ -267,3 +267,49 @@ fn a_different_protocol_version_is_refused_with_the_reason() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("protocol version 2") && err.trim().lines().count() == 1, "{err}");
 }
+
+/// `test udp` on loopback, where nothing smooths or drops: a timer-paced sender is smooth at
+/// both ends and delivers its rate; the same rate in 100 ms bursts (iperf3 -b without pacing)
+/// peaks at tens of times its mean where it leaves and where it arrives; fq pacing on a kernel
+/// without the fq qdisc falls back to the timer and says so; a server holds loads to its limit.
+#[test]
+fn udp_load_reports_goodput_loss_and_the_burst_profile_at_both_ends() {
+    let _g = serial();
+    let srv = ServerProc::start(&[], "127.0.0.1:0", &["--max-udp-rate", "50"]);
+    let udp = |pacing: &str| {
+        let out_file = tmp_path(&format!("udp-{}.json.gz", pacing.replace(':', "-")));
+        let out = run(&[], &["test", "udp", &srv.addr, "--rate", "20mbit", "--pacing", pacing, "-l", "3", "--idle", "0.5", "--json", "-q", "-o", out_file.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (json(&out), bloatlab_result_read(&out_file))
+    };
+    let (smooth, file) = udp("timer");
+    eprintln!("timer: {} {}", smooth["udp"], smooth["burst"]);
+    assert_eq!(f(&smooth, "loss.percent"), 0.0, "{}", smooth["loss"]);
+    assert_eq!(smooth["udp"]["received"], smooth["udp"]["sent"]);
+    // 20 Mbit/s of 1024-byte payloads for 3 s: 7324 packets.
+    assert!((7200.0..=7330.0).contains(&f(&smooth, "udp.sent")), "{}", smooth["udp"]);
+    let goodput = f(&smooth, "throughput_mbps.up");
+    assert!((goodput - 20.0).abs() < 0.5, "goodput {goodput} Mbit/s of 20");
+    assert!(f(&smooth, "burst.send.p99_over_mean") < 3.0 && f(&smooth, "burst.recv.p99_over_mean") < 3.0, "{}", smooth["burst"]);
+    let u = &file["metadata"]["udp"];
+    let bytes = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).sum::<u64>();
+    assert_eq!(bytes(&u["send_bytes"]), 1024 * u["sent"].as_u64().unwrap(), "every send in a bucket");
+    assert_eq!(bytes(&u["server"]["recv_bytes"]), u["server"]["bytes"].as_u64().unwrap());
+    assert!(file["series"].as_array().unwrap().iter().any(|s| s["name"] == "udp up"));
+
+    let (bursty, _) = udp("burst:100ms");
+    eprintln!("burst: {} {}", bursty["udp"], bursty["burst"]);
+    assert_eq!(f(&bursty, "loss.percent"), 0.0, "{}", bursty["loss"]);
+    // 244 packets every 100 ms, sent within a millisecond or two: a bucket in each period holds
+    // most of them, 50-100 times the mean.
+    assert!(f(&bursty, "burst.send.peak_over_mean") > 20.0 && f(&bursty, "burst.recv.peak_over_mean") > 20.0, "{}", bursty["burst"]);
+
+    let (fq, file) = udp("fq");
+    assert_eq!(fq["udp"]["pacing"], "timer", "this kernel has no fq qdisc");
+    let events: Vec<&str> = file["events"].as_array().unwrap().iter().map(|e| e["what"].as_str().unwrap()).collect();
+    assert!(events.iter().any(|e| e.contains("is not fq")), "{events:?}");
+
+    let out = run(&[], &["test", "udp", &srv.addr, "--rate", "60mbit", "-l", "1", "--idle", "0", "-q"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("UDP load of 60.0 Mbit/s exceeds this server's limit of 50.0 Mbit/s"), "{}", String::from_utf8_lossy(&out.stderr));
+}

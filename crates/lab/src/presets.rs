@@ -151,6 +151,28 @@ b = "server"
 both = { rate = "1gbit", delay = "2ms", limit = 1000 }
 "#,
     ),
+    (
+        "switch",
+        r#"
+name = "switch"
+description = "A host on gigabit Ethernet into a switch whose 100 Mbit/s uplink port buffers 64 KB, then a 50 Mbit/s line with 20 ms base RTT and a 1000-packet FIFO: a sender's unpaced bursts overflow the switch (test udp --rate 45mbit --pacing burst:100ms loses most of its packets there; --pacing timer none)"
+[[link]]
+name = "lan"
+a = "client"
+b = "switch"
+both = { rate = "1gbit", limit = 1000 }
+[[link]]
+name = "uplink"
+a = "switch"
+b = "router"
+both = { rate = "100mbit", limit = "64kb" }
+[[link]]
+name = "line"
+a = "router"
+b = "server"
+both = { rate = "50mbit", delay = "10ms", limit = 1000 }
+"#,
+    ),
 ];
 
 pub fn get(name: &str) -> Option<&'static str> {

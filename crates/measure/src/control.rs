@@ -14,6 +14,13 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// the server dribbles its answers.
 const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
 
+/// The server's counts at the end of a test.
+pub struct Report {
+    pub streams: Vec<proto::StreamReport>,
+    pub flows: Vec<proto::FlowReport>,
+    pub udp: Vec<proto::UdpLoadReport>,
+}
+
 pub struct ServerInfo {
     pub version: String,
     /// `None` when the server keeps its host details to itself (unauthenticated clients).
@@ -149,10 +156,11 @@ impl Control {
         let _ = stream.set_read_timeout(None);
         let (tx, incoming) = mpsc::channel();
         std::thread::spawn(move || {
-            let msg = netio::read_line(&mut reader, proto::MAX_LINE)
+            // The only line after the handshake is the report, the longest the server sends.
+            let msg = netio::read_line(&mut reader, proto::MAX_REPORT_LINE)
                 .ok()
                 .flatten()
-                .and_then(|l| proto::decode_line::<ServerMsg>(&l).ok())
+                .and_then(|l| proto::decode_line_within::<ServerMsg>(&l, proto::MAX_REPORT_LINE).ok())
                 .map(ServerMsg::printable);
             let _ = tx.send(msg);
         });
@@ -165,11 +173,12 @@ impl Control {
         matches!(self.incoming.try_recv(), Ok(None) | Err(mpsc::TryRecvError::Disconnected))
     }
 
-    /// Says `finish` and waits briefly for the server's counts.
-    pub fn finish(mut self) -> Option<(Vec<proto::StreamReport>, Vec<proto::FlowReport>)> {
+    /// Says `finish` and waits up to `patience` for the server's counts (a UDP load's arrival
+    /// profile makes them long).
+    pub fn finish(mut self, patience: Duration) -> Option<Report> {
         self.stream.write_all(&proto::encode_line(&ClientMsg::Finish)).ok()?;
-        match self.incoming.recv_timeout(Duration::from_secs(3)) {
-            Ok(Some(ServerMsg::Report { streams, flows })) => Some((streams, flows)),
+        match self.incoming.recv_timeout(patience) {
+            Ok(Some(ServerMsg::Report { streams, flows, udp })) => Some(Report { streams, flows, udp }),
             _ => None,
         }
     }

@@ -188,8 +188,12 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
         let f = |v: Option<f64>| v.map_or("-".into(), ms);
         let _ = writeln!(out, "Jitter (RFC 3550)       up {}  down {}", f(j.up), f(j.down));
     }
+    if let Some(u) = &s.udp {
+        let _ = writeln!(out, "{}", udp_text(u, s.burst.as_ref(), meta));
+    }
     let lo = &s.loss;
-    let _ = write!(out, "Loss                    {:.2}% of {} probes", lo.percent, lo.sent);
+    let what = if s.udp.is_some() { "UDP load packets" } else { "probes" };
+    let _ = write!(out, "Loss                    {:.2}% of {} {what}", lo.percent, lo.sent);
     if let (Some(u), Some(d)) = (lo.up_percent, lo.down_percent) {
         let _ = write!(out, " (up {u:.2}%, down {d:.2}%)");
     }
@@ -231,6 +235,39 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
         let classes: Vec<String> = [("best effort", c.be), ("voice (EF)", c.ef), ("bulk (CS1)", c.bk)].iter().filter_map(|(n, v)| v.map(|v| format!("{n} {}", ms(v)))).collect();
         let by_class = if classes.len() > 1 { format!("  ({})", classes.join(", ")) } else { String::new() };
         let _ = writeln!(out, "Added latency under load {}  grade {g}{by_class}", ms(a));
+    }
+    out
+}
+
+/// The UDP load's lines: what was sent and received, and how bursty at each end.
+fn udp_text(u: &bloatlab_result::UdpLoad, burst: Option<&bloatlab_result::Burst>, meta: &Metadata) -> String {
+    let info = meta.udp.as_ref();
+    let asked = info.map_or(String::new(), |i| format!("{:.2} Mbit/s of {} B packets asked, ", i.rate_mbps, i.size));
+    let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    let mut out = format!(
+        "UDP load                {asked}{:.2} Mbit/s sent ({} pacing): {} sent, {} received, {} reordered, {} duplicated",
+        u.send_mbps, u.pacing, u.sent, opt(u.received), opt(u.reordered), opt(u.duplicates)
+    );
+    let mut host = Vec::new();
+    if u.send_errors > 0 {
+        host.push(format!("{} sends refused by this host's kernel (retried)", u.send_errors));
+    }
+    if u.skipped > 0 {
+        host.push(format!("{} packets skipped after the sender stalled", u.skipped));
+    }
+    if let Some(d) = u.server_socket_drops.filter(|&d| d > 0) {
+        host.push(format!("{d} dropped by the server's full socket buffer"));
+    }
+    if let Some(l) = u.server_limited.filter(|&l| l > 0) {
+        host.push(format!("{l} beyond the announced rate, declined by the server"));
+    }
+    if !host.is_empty() {
+        let _ = write!(out, "\n  not the network's doing: {}", host.join("; "));
+    }
+    if let Some(b) = burst {
+        let f = |p: Option<bloatlab_result::BurstProfile>| p.map_or("-".to_string(), |p| format!("peak {:.1}x, p99 {:.1}x", p.peak_over_mean, p.p99_over_mean));
+        let bucket = b.send.or(b.recv).map_or(0.0, |p| p.bucket_ms);
+        let _ = write!(out, "\nBurst profile ({bucket} ms)  sender {}; receiver {} (of the mean rate; 1 is smooth)", f(b.send), f(b.recv));
     }
     out
 }

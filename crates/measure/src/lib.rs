@@ -10,13 +10,15 @@ pub mod hops;
 pub mod http_rpm;
 mod load;
 pub mod localq;
+pub mod pacing;
 pub mod plan;
 mod probe;
 mod record;
 mod run;
 pub mod target;
+mod udp_load;
 
-pub use plan::{Params, TestKind};
+pub use plan::{Params, TestKind, UdpParams};
 pub use run::{run, Ended, Options, Outcome};
 
 use std::net::SocketAddr;

@@ -1,6 +1,7 @@
 //! Test plans: which flows and probe streams a test runs, for how long. Pure.
 
-use bloatlab_proto::{dscp_name, Direction, FlowSpec, StreamSpec};
+use crate::pacing::Pacing;
+use bloatlab_proto::{dscp_name, Direction, FlowSpec, StreamSpec, UdpLoadSpec};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ pub enum TestKind {
     RrulBe,
     Voip,
     Rpm,
+    Udp,
 }
 
 impl TestKind {
@@ -28,13 +30,14 @@ impl TestKind {
             TestKind::RrulBe => "rrul-be",
             TestKind::Voip => "voip",
             TestKind::Rpm => "rpm",
+            TestKind::Udp => "udp",
         }
     }
 
     /// Default length of the measured (load) part, seconds.
     pub fn default_length(self) -> f64 {
         match self {
-            TestKind::Ping => 10.0,
+            TestKind::Ping | TestKind::Udp => 10.0,
             TestKind::Rpm => 20.0,
             _ => 30.0,
         }
@@ -65,6 +68,21 @@ pub struct Params {
     pub rpm_interval: f64,
     /// rpm: download, then upload, each with its own load and responsiveness (else both at once).
     pub rpm_sequential: bool,
+    /// udp: the load's rate, size, pacing and profile bucket.
+    pub udp: Option<UdpParams>,
+}
+
+/// `test udp`: a constant-rate UDP stream to the server.
+#[derive(Clone, Debug, Serialize)]
+pub struct UdpParams {
+    /// UDP payload bits per second (as iperf3's `-b`).
+    pub rate_bps: u64,
+    /// UDP payload bytes per packet.
+    pub size: u16,
+    pub pacing: Pacing,
+    /// Burst-profile bucket, seconds.
+    pub bucket: f64,
+    pub dscp: u8,
 }
 
 /// A probe stream of the plan, with the name its series carry.
@@ -99,6 +117,8 @@ pub struct Plan {
     pub connect_probe_interval: Option<Duration>,
     /// Interval of probes on loaded connections (RPM).
     pub loaded_probe_interval: Option<Duration>,
+    /// udp: the load stream and the pacing asked for.
+    pub udp_load: Option<(UdpLoadSpec, Pacing)>,
 }
 
 impl Plan {
@@ -138,6 +158,7 @@ pub fn plan(p: &Params) -> Plan {
     let mut streams = vec![probe(0, "udp-be", 0)];
     let (mut idle, mut load) = (p.idle, p.length);
     let (mut connect, mut loaded) = (None, None);
+    let mut udp_load = None;
     match p.test {
         TestKind::Ping => {
             (idle, load) = (p.length, 0.0);
@@ -180,6 +201,13 @@ pub fn plan(p: &Params) -> Plan {
                 (idle, load) = (p.length, 0.0);
             }
         }
+        TestKind::Udp => {
+            // The probes under it show what the load's queue (or bursts) do to latency.
+            if let Some(u) = &p.udp {
+                let spec = UdpLoadSpec { id: 0, rate_bps: u.rate_bps, size: u.size, dscp: u.dscp, bucket_us: (u.bucket * 1e6).round() as u32 };
+                udp_load = Some((spec, u.pacing));
+            }
+        }
         TestKind::Rpm => {
             // The draft: start with one connection (per direction: both are tested at once, as
             // Apple's networkQuality does by default) and add one each interval, up to 16,
@@ -195,7 +223,7 @@ pub fn plan(p: &Params) -> Plan {
         }
     }
     let settle = if load > 0.0 { SETTLE_S } else { 0.0 };
-    Plan { idle, load, settle, flows, streams, connect_probe_interval: connect, loaded_probe_interval: loaded }
+    Plan { idle, load, settle, flows, streams, connect_probe_interval: connect, loaded_probe_interval: loaded, udp_load }
 }
 
 #[cfg(test)]
@@ -203,7 +231,7 @@ mod tests {
     use super::*;
 
     fn params(test: TestKind) -> Params {
-        Params { test, length: 30.0, idle: 5.0, step: 0.01, flows: 4, cc: None, dscp: 46, under_load: false, probe_size: 64, rpm_interval: 1.0, rpm_sequential: false }
+        Params { test, length: 30.0, idle: 5.0, step: 0.01, flows: 4, cc: None, dscp: 46, under_load: false, probe_size: 64, rpm_interval: 1.0, rpm_sequential: false, udp: None }
     }
 
     #[test]
@@ -246,5 +274,14 @@ mod tests {
         let p5 = plan(&Params { rpm_interval: 5.0, ..params(TestKind::Rpm) });
         assert_eq!(p5.flows[31].start_after, 75.0);
         assert!(!plan(&params(TestKind::Rrul)).flows[0].responsive);
+    }
+
+    #[test]
+    fn udp_is_one_load_stream_under_the_be_probes() {
+        let udp = UdpParams { rate_bps: 50_000_000, size: 1024, pacing: Pacing::Timer, bucket: 0.001, dscp: 0 };
+        let p = plan(&Params { udp: Some(udp), length: 10.0, ..params(TestKind::Udp) });
+        let (spec, pacing) = p.udp_load.clone().unwrap();
+        assert_eq!((spec.rate_bps, spec.size, spec.bucket_us, pacing), (50_000_000, 1024, 1000, Pacing::Timer));
+        assert_eq!((p.idle, p.load, p.flows.len(), p.streams.len()), (5.0, 10.0, 0, 1));
     }
 }

@@ -5,7 +5,8 @@ use crate::flow::{FlowConn, PingLog};
 use crate::load::Failure;
 use crate::probe::{ProbeStream, Rec};
 use bloatlab_analyze::clock::{self, Echo};
-use bloatlab_proto::{FlowReport, StreamReport};
+use crate::control::Report;
+use crate::udp_load::UdpLoad;
 use bloatlab_result::*;
 
 /// A probe not answered within this long is counted lost in a snapshot (the final file counts
@@ -24,7 +25,9 @@ pub struct Live<'a> {
     pub connect: Option<&'a [ConnRec]>,
     pub rpm: bool,
     pub pings: &'a PingLog,
-    pub report: Option<&'a (Vec<StreamReport>, Vec<FlowReport>)>,
+    pub report: Option<&'a Report>,
+    /// `test udp`: the load's sender.
+    pub udp: Option<&'a UdpLoad>,
     pub finished: bool,
 }
 
@@ -108,7 +111,7 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
         result.series.push(series(SeriesKind::Latency, "rtt", None, rtt));
         result.series.push(series(SeriesKind::Owd, "owd up", Some("up"), up));
         result.series.push(series(SeriesKind::Owd, "owd down", Some("down"), down));
-        let server = live.report.and_then(|(streams, _)| streams.iter().find(|s| s.id == p.stream.spec.id));
+        let server = live.report.and_then(|r| r.streams.iter().find(|s| s.id == p.stream.spec.id));
         result.metadata.streams.push(StreamCounts {
             name: name.clone(),
             dscp: p.stream.spec.dscp,
@@ -168,7 +171,7 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
     }
     let failure = |name: &str| live.failures.iter().find(|f| f.flow == name).map(|f| f.why.clone());
     for flow in live.flows {
-        let server = live.report.and_then(|(_, flows)| flows.iter().find(|f| f.id == flow.flow.spec.id));
+        let server = live.report.and_then(|r| r.flows.iter().find(|f| f.id == flow.flow.spec.id));
         result.metadata.flows.push(FlowInfo {
             name: flow.flow.name.clone(),
             cc: flow.cc.clone(),
@@ -187,9 +190,89 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
         }
         result.events.push(Event { t: f.t, what: format!("flow {}: {}", f.flow, f.why) });
     }
+    if let Some(u) = live.udp {
+        let info = udp_info(u, live, |server_ns| offset.map(|o| secs(live.t0, server_ns) - o.at(secs(live.t0, server_ns)) / 1e3));
+        if let Some(server) = &info.server {
+            let samples = step_rates(server.recv_start.unwrap_or(0.0), info.bucket_ms / 1e3, &server.recv_bytes, meta.step);
+            result.series.push(Series { name: "udp up".into(), kind: SeriesKind::Throughput, direction: Some("up".into()), dscp: Some(info.dscp), unit: "Mbit/s".into(), samples });
+        }
+        if let Some(why) = &u.dscp_refused {
+            result.events.push(Event { t: 0.0, what: format!("UDP load: {why}") });
+        }
+        if let Some(note) = &u.pacing_note {
+            result.events.push(Event { t: 0.0, what: format!("UDP load pacing: {note}") });
+        }
+        if info.server.is_none() && live.finished {
+            result.events.push(Event { t: 0.0, what: "the server reported nothing of the UDP load (an older server?): no loss or goodput".into() });
+        }
+        result.metadata.udp = Some(info);
+    }
     let mut summary = bloatlab_analyze::summarize(&result);
     let retrans: Vec<u32> = live.flows.iter().filter_map(|f| f.retransmits()).collect();
     summary.tcp_retransmits = (!retrans.is_empty()).then(|| retrans.iter().map(|&r| u64::from(r)).sum());
     result.summary = Some(summary);
     result
+}
+
+/// The load's record: the sender's log and, once reported, the server's, its buckets placed on
+/// the client's clock by `to_client` (server ns to seconds from the start; `None` without a
+/// clock offset, when the server's first bucket is placed at the sender's).
+fn udp_info(u: &UdpLoad, live: &Live, to_client: impl Fn(u64) -> Option<f64>) -> UdpLoadInfo {
+    let log = u.log.lock().unwrap();
+    let bucket_ms = f64::from(u.spec.bucket_us) / 1e3;
+    let send_start = log.buckets.first_ns().map(|t| secs(live.t0, t));
+    let server = live.report.and_then(|r| r.udp.iter().find(|x| x.id == u.spec.id)).map(|r| UdpLoadServer {
+        received: r.received,
+        bytes: r.bytes,
+        duplicates: r.duplicates,
+        reordered: r.reordered,
+        server_limited: r.server_limited,
+        socket_drops: r.socket_drops,
+        recv_start: (r.received > 0).then(|| to_client(r.first_recv_ns).or(send_start)).flatten(),
+        recv_bytes: r.buckets.clone(),
+    });
+    UdpLoadInfo {
+        rate_mbps: u.spec.rate_bps as f64 / 1e6,
+        size: u.spec.size,
+        dscp: u.spec.dscp,
+        pacing: u.asked.to_string(),
+        pacing_used: u.pacing.to_string(),
+        pacing_note: u.pacing_note.clone(),
+        bucket_ms,
+        sent: log.sent,
+        send_errors: log.send_errors,
+        skipped: log.skipped,
+        send_start,
+        send_bytes: log.buckets.bytes().to_vec(),
+        server,
+    }
+}
+
+/// Per-bucket byte counts starting at `start` (seconds) as Mbit/s per `step`, each sample at the
+/// end of its step on the test's grid, as throughput series are.
+fn step_rates(start: f64, bucket_s: f64, bytes: &[u32], step: f64) -> Vec<(f64, Option<f64>)> {
+    let mut bins: std::collections::BTreeMap<i64, u64> = std::collections::BTreeMap::new();
+    for (i, &b) in bytes.iter().enumerate() {
+        let mid = start + (i as f64 + 0.5) * bucket_s;
+        *bins.entry((mid / step).floor() as i64).or_default() += u64::from(b);
+    }
+    let (Some(&first), Some(&last)) = (bins.keys().next(), bins.keys().next_back()) else { return Vec::new() };
+    (first..=last).map(|k| ((k + 1) as f64 * step, Some(bins.get(&k).copied().unwrap_or(0) as f64 * 8.0 / step / 1e6))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_become_step_rates_on_the_tests_grid() {
+        // 1 ms buckets of 1250 bytes (10 Mbit/s) from 0.0025 s, into 10 ms steps.
+        let r = step_rates(0.0025, 0.001, &[1250; 20], 0.01);
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[0].0, 0.01);
+        assert!((r[0].1.unwrap() - 7.0).abs() < 1e-9, "7 buckets fall in the first step");
+        assert!((r[1].1.unwrap() - 10.0).abs() < 1e-9);
+        assert!((r[2].1.unwrap() - 3.0).abs() < 1e-9);
+        assert!(step_rates(0.0, 0.001, &[], 0.01).is_empty());
+    }
 }

@@ -11,7 +11,9 @@ use crate::record::{self, Live};
 use crate::{target, MeasureError};
 use bloatlab_analyze::rpm;
 use bloatlab_netio as netio;
-use bloatlab_proto::{Direction, FlowReport, StreamReport, TestRequest};
+use crate::control::Report;
+use crate::udp_load::UdpLoad;
+use bloatlab_proto::{Direction, TestRequest};
 use bloatlab_result::{self as result, Host, Metadata, Phase, ResultFile};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -82,6 +84,7 @@ pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, Measu
         flows: plan.flows.iter().map(|f| f.spec.clone()).collect(),
         streams: plan.streams.iter().map(|s| s.spec.clone()).collect(),
         connection_probes: plan.connect_probe_interval.is_some(),
+        udp_loads: plan.udp_load.iter().map(|(spec, _)| spec.clone()).collect(),
         auth: None,
     };
     let control = Control::open(&addrs, request, opts.key.as_deref())?;
@@ -99,15 +102,23 @@ pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, Measu
         probes.push(ProbeStream::start(control.addr, control.token, s.clone(), key.clone())?);
     }
     let conn = plan.connect_probe_interval.map(|i| ConnProber::start(control.addr, control.token, i));
+    let udp = match &plan.udp_load {
+        Some((spec, pacing)) => {
+            let (start, end) = (t0 + (plan.idle * 1e9) as u64, t0 + (plan.load_end() * 1e9) as u64);
+            Some(UdpLoad::start(control.addr, control.token, spec.clone(), *pacing, start, end, key.clone())?)
+        }
+        None => None,
+    };
     let load = Load::new(control.addr, control.token, plan.flows.clone(), pings.clone());
     let progress = crate::display::Progress::new(opts.progress);
     let load_end = plan.load_end();
     let rpm = (params.test == TestKind::Rpm).then(|| RpmRamp { saturation: rpm::Saturation::new(params.rpm_interval), next: params.rpm_interval });
-    let mut test = Test { params, plan, load_end, rpm, t0, meta, pings, probes, conn, load, snapshots, progress };
+    let mut test = Test { params, plan, load_end, rpm, t0, meta, pings, probes, conn, udp, load, snapshots, progress };
     let ended = test.drive(&control, opts);
     let end_t = test.elapsed();
     test.stop_and_drain(&ended, opts);
-    let report = if matches!(ended, Ended::ServerLost(_)) { None } else { control.finish() };
+    let patience = Duration::from_secs(if test.udp.is_some() { 11 } else { 3 });
+    let report = if matches!(ended, Ended::ServerLost(_)) { None } else { control.finish(patience) };
     test.finish(path, ended, end_t, report)
 }
 
@@ -147,6 +158,7 @@ pub(crate) fn new_metadata(params: &Params, params_json: serde_json::Value, serv
         lab: None,
         rpm: None,
         rpm_by_direction: None,
+        udp: None,
     }
 }
 
@@ -202,6 +214,7 @@ struct Test<'a> {
     pings: Arc<PingLog>,
     probes: Vec<ProbeStream>,
     conn: Option<ConnProber>,
+    udp: Option<UdpLoad>,
     load: Load,
     snapshots: Snapshots,
     progress: crate::display::Progress,
@@ -329,14 +342,17 @@ impl Test<'_> {
             elapsed: t,
             total: self.total(),
             down_mbps: self.load.recent_mbps(Direction::Down, t, 0.5),
-            up_mbps: self.load.recent_mbps(Direction::Up, t, 0.5),
+            up_mbps: match &self.udp {
+                Some(u) => Some(u.recent_mbps(netio::mono_ns(), 0.5)),
+                None => self.load.recent_mbps(Direction::Up, t, 0.5),
+            },
             rtt_ms: rtt,
             opening: self.load.opening(),
         }
     }
 
     /// The result file as it stands at `t` seconds.
-    fn snapshot(&self, t: f64, finished: bool, report: Option<&(Vec<StreamReport>, Vec<FlowReport>)>) -> ResultFile {
+    fn snapshot(&self, t: f64, finished: bool, report: Option<&Report>) -> ResultFile {
         let mut meta = self.meta.clone();
         let mut phases = vec![Phase { name: "idle".into(), start: 0.0, end: self.plan.idle }];
         if self.plan.load > 0.0 {
@@ -361,6 +377,7 @@ impl Test<'_> {
                 rpm: self.params.test == TestKind::Rpm,
                 pings: &self.pings,
                 report,
+                udp: self.udp.as_ref(),
                 finished,
             },
         )
@@ -370,6 +387,9 @@ impl Test<'_> {
     /// queues (twice the longest round trip seen, 1-6 s; 1 s when the test did not complete).
     fn stop_and_drain(&mut self, ended: &Ended, opts: &Options) {
         self.load.stop();
+        if let Some(u) = self.udp.as_mut() {
+            u.stop();
+        }
         for p in &self.probes {
             p.stop_sending();
         }
@@ -392,7 +412,7 @@ impl Test<'_> {
     }
 
     /// Writes the final result file (phases cut at `end_t`) and says how the test ended.
-    fn finish(mut self, path: PathBuf, mut ended: Ended, end_t: f64, report: Option<(Vec<StreamReport>, Vec<FlowReport>)>) -> Result<Outcome, MeasureError> {
+    fn finish(mut self, path: PathBuf, mut ended: Ended, end_t: f64, report: Option<Report>) -> Result<Outcome, MeasureError> {
         if ended == Ended::Complete && report.is_none() {
             ended = Ended::ServerLost("the server sent no final report".into());
         }

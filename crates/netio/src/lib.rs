@@ -2,6 +2,7 @@
 //! network stacks, and TCP_INFO / TCP_CONGESTION are Linux interfaces.
 
 pub mod icmp;
+pub mod udp;
 
 use socket2::SockRef;
 use std::io::{self, BufRead};

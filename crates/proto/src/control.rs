@@ -89,6 +89,21 @@ pub struct StreamSpec {
     pub dscp: u8,
 }
 
+/// A constant-rate UDP stream from the client to the server (`bloatlab test udp`). The server
+/// counts its packets ([`crate::probe::Kind::Load`]) and their bytes per bucket of arrival time,
+/// and sends nothing back until the report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UdpLoadSpec {
+    pub id: u16,
+    /// Average rate of UDP payload the client will send, bits per second.
+    pub rate_bps: u64,
+    /// UDP payload size, bytes (a probe header and padding).
+    pub size: u16,
+    pub dscp: u8,
+    /// Width of the arrival-profile buckets, microseconds.
+    pub bucket_us: u32,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TestRequest {
     /// Test name, for the server's log only.
@@ -100,6 +115,9 @@ pub struct TestRequest {
     /// Whether the client will open new-connection probes (RPM).
     #[serde(default)]
     pub connection_probes: bool,
+    /// UDP load streams (client to server), for `test udp`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub udp_loads: Vec<UdpLoadSpec>,
     /// With a keyed server: the HMAC of its challenge ([`crate::auth::answer`]), hex.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<String>,
@@ -159,6 +177,31 @@ pub struct FlowReport {
     pub cc: Option<String>,
 }
 
+/// What the server saw of one UDP load stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UdpLoadReport {
+    pub id: u16,
+    /// Distinct packets received (by sequence number) and their UDP payload bytes.
+    pub received: u64,
+    pub bytes: u64,
+    /// Packets that arrived again (same sequence number): not counted above.
+    pub duplicates: u64,
+    /// Packets that arrived after one with a higher sequence number.
+    pub reordered: u64,
+    /// Packets beyond what the announced rate allows (twice it, with a second of burst):
+    /// declined by the server, not network loss.
+    pub server_limited: u64,
+    /// Datagrams the server's host dropped for a full socket buffer during the test (its
+    /// network namespace's UDP RcvbufErrors, which other UDP traffic there shares), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_drops: Option<u64>,
+    /// Bytes received per bucket of `bucket_us`, the first bucket starting at `first_recv_ns`
+    /// (the server's monotonic clock, as probe replies carry it).
+    pub bucket_us: u32,
+    pub first_recv_ns: u64,
+    pub buckets: Vec<u32>,
+}
+
 /// What a server tells of its host.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HostInfo {
@@ -195,7 +238,12 @@ pub enum ServerMsg {
     },
     Refused { reason: RefuseReason, message: String },
     ProbeReply,
-    Report { streams: Vec<StreamReport>, flows: Vec<FlowReport> },
+    Report {
+        streams: Vec<StreamReport>,
+        flows: Vec<FlowReport>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        udp: Vec<UdpLoadReport>,
+    },
 }
 
 /// Longest text from a peer that is shown as it came.
@@ -236,8 +284,8 @@ impl ServerMsg {
             },
             ServerMsg::DataOk { cc, dscp } => ServerMsg::DataOk { cc: opt(cc), dscp },
             ServerMsg::Refused { reason, message } => ServerMsg::Refused { reason, message: printable(&message) },
-            ServerMsg::Report { streams, flows } => {
-                ServerMsg::Report { streams, flows: flows.into_iter().map(|f| FlowReport { cc: opt(f.cc), ..f }).collect() }
+            ServerMsg::Report { streams, flows, udp } => {
+                ServerMsg::Report { streams, flows: flows.into_iter().map(|f| FlowReport { cc: opt(f.cc), ..f }).collect(), udp }
             }
             ServerMsg::ProbeReply => ServerMsg::ProbeReply,
         }
@@ -263,8 +311,14 @@ pub fn encode_line<T: Serialize>(msg: &T) -> Vec<u8> {
 
 /// Parses one line (without or with its newline).
 pub fn decode_line<'a, T: Deserialize<'a>>(line: &'a [u8]) -> Result<T, ProtoError> {
-    if line.len() > crate::MAX_LINE {
-        return Err(ProtoError::LineTooLong(crate::MAX_LINE));
+    decode_line_within(line, crate::MAX_LINE)
+}
+
+/// Parses one line of at most `max` bytes: the final report may be longer than other lines
+/// ([`crate::MAX_REPORT_LINE`]).
+pub fn decode_line_within<'a, T: Deserialize<'a>>(line: &'a [u8], max: usize) -> Result<T, ProtoError> {
+    if line.len() > max {
+        return Err(ProtoError::LineTooLong(max));
     }
     serde_json::from_slice(line).map_err(|e| ProtoError::Json(e.to_string()))
 }
@@ -291,6 +345,7 @@ mod tests {
             flows: vec![FlowSpec { id: 1, direction: Direction::Up, dscp: 46, cc: Some("cubic".into()) }],
             streams: vec![StreamSpec { id: 0, interval_us: 10_000, size: 64, dscp: 0 }],
             connection_probes: false,
+            udp_loads: vec![UdpLoadSpec { id: 3, rate_bps: 50_000_000, size: 1024, dscp: 0, bucket_us: 1000 }],
             auth: None,
         });
         let line = encode_line(&m);

@@ -7,6 +7,7 @@
 //! number echoes [`probe`] packets for tests that completed the control handshake.
 
 pub mod auth;
+pub mod buckets;
 pub mod control;
 pub mod frame;
 pub mod probe;
@@ -23,6 +24,9 @@ pub const MAGIC: &str = "bloatlab";
 pub const DEFAULT_PORT: u16 = 9461;
 /// Longest control line accepted; a peer that sends more is not speaking this protocol.
 pub const MAX_LINE: usize = 64 * 1024;
+/// Longest final report accepted: it carries a UDP load's arrival profile (a number per
+/// millisecond bucket; a 180 s test at 1 ms is about 1.3 MB).
+pub const MAX_REPORT_LINE: usize = 4 * 1024 * 1024;
 
 /// Name of a DSCP code point as flent and tc use them ("BE", "BK" for CS1, "EF", "AF41", "CS5").
 pub fn dscp_name(dscp: u8) -> String {

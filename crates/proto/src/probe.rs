@@ -1,6 +1,9 @@
 //! UDP probe packets. The client sends a request, the server overwrites its timestamp fields
 //! and sends the same number of bytes back (never more: no amplification).
 //!
+//! A third kind, [`Kind::Load`], carries a constant-rate UDP load (`bloatlab test udp`): the
+//! server counts it and answers nothing.
+//!
 //! Layout (big endian): magic "BLP1" | kind u8 | flags u8 | stream u16 | token [16] | seq u32 |
 //! client_send_ns u64 | server_recv_ns u64 | server_send_ns u64 | server_rx_count u32 | padding.
 //! With a shared key (flag [`FLAG_MAC`]) the last 16 bytes of the padding are the packet's MAC
@@ -21,6 +24,8 @@ use crate::Token;
 pub enum Kind {
     Request,
     Reply,
+    /// A packet of a UDP load stream: counted by the server, never answered.
+    Load,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +65,7 @@ impl Probe {
         buf[4] = match self.kind {
             Kind::Request => 0,
             Kind::Reply => 1,
+            Kind::Load => 2,
         };
         buf[5] = self.flags;
         buf[6..8].copy_from_slice(&self.stream.to_be_bytes());
@@ -82,6 +88,7 @@ impl Probe {
         let kind = match buf[4] {
             0 => Kind::Request,
             1 => Kind::Reply,
+            2 => Kind::Load,
             k => return Err(ProbeError::Kind(k)),
         };
         let u64_at = |i: usize| u64::from_be_bytes(buf[i..i + 8].try_into().unwrap());

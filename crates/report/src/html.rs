@@ -149,6 +149,23 @@ function timeChart(el, run, lines, unit) {{
   }});
   markPoints(el, points);
 }}
+// A UDP load's burst profile: one second at bucket resolution, its own time range.
+function burstChart(el, lines) {{
+  var chart = newChart(el);
+  var points = 0;
+  chart.setOption({{
+    animation: false,
+    title: {{ text: 'burst profile: Mbit/s per bucket, sent and received', left: 'center', bottom: 0, textStyle: {{ fontSize: 12, fontWeight: 'normal' }} }},
+    tooltip: {{ trigger: 'axis', valueFormatter: function (v) {{ return v == null ? '–' : v.toFixed(1) + ' Mbit/s'; }} }},
+    legend: {{ top: 0 }},
+    grid: {{ left: 60, right: 30, top: 40, bottom: 70 }},
+    xAxis: {{ type: 'value', name: 's', scale: true }},
+    yAxis: {{ type: 'value', name: 'Mbit/s' }},
+    dataZoom: [{{ type: 'inside' }}, {{ type: 'slider', bottom: 25 }}],
+    series: lines.map(function (l) {{ points += l.points.length; return {{ name: l.name, type: 'line', step: 'end', showSymbol: false, data: l.points, lineStyle: {{ width: 1 }} }}; }})
+  }});
+  markPoints(el, points);
+}}
 function boxChart(el, run) {{
   var chart = newChart(el);
   chart.setOption({{
@@ -181,13 +198,13 @@ function boxChart(el, run) {{
     var h = document.createElement('h2');
     h.textContent = run.label + ' (' + run.test + (run.partial ? ', partial' : '') + ')';
     host.appendChild(h);
-    [['throughput', 'Mbit/s'], ['latency', 'ms'], ['boxes', null]].forEach(function (k) {{
+    [['throughput', 'Mbit/s'], ['latency', 'ms'], ['boxes', null], ['burst', null]].forEach(function (k) {{
       if (!run[k[0]].length) {{ return; }}
       var el = document.createElement('div');
       el.className = 'chart';
       el.id = k[0] + '-' + i;
       host.appendChild(el);
-      if (k[1]) {{ timeChart(el, run, run[k[0]], k[1]); }} else {{ boxChart(el, run); }}
+      if (k[1]) {{ timeChart(el, run, run[k[0]], k[1]); }} else if (k[0] === 'burst') {{ burstChart(el, run.burst); }} else {{ boxChart(el, run); }}
     }});
   }});
   window.addEventListener('resize', function () {{

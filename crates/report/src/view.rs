@@ -33,6 +33,9 @@ pub struct RunView {
     /// Round trips of the load phase (all probe streams), sorted, as (ms, fraction <= it).
     pub cdf: Vec<(f64, f64)>,
     pub boxes: Vec<BoxStats>,
+    /// UDP load tests: Mbit/s per profile bucket where the packets left and where they arrived,
+    /// over one second of the load at full resolution (bursts disappear in any averaging).
+    pub burst: Vec<Line>,
     pub summary: Summary,
     pub metadata: serde_json::Value,
     pub partial: bool,
@@ -146,11 +149,37 @@ impl RunView {
             latency,
             cdf,
             boxes,
+            burst: burst_lines(r),
             summary: r.summary.clone().unwrap_or_default(),
             metadata: serde_json::to_value(&r.metadata).unwrap_or_default(),
             partial: r.partial,
         }
     }
+}
+
+/// Seconds of a UDP load's profile shown at bucket resolution, from one second into the load
+/// (past the start-up).
+const BURST_WINDOW: (f64, f64) = (1.0, 2.0);
+
+fn burst_lines(r: &ResultFile) -> Vec<Line> {
+    let Some(u) = &r.metadata.udp else { return Vec::new() };
+    let Some(send_start) = u.send_start else { return Vec::new() };
+    let bucket = u.bucket_ms / 1e3;
+    let (from, to) = (send_start + BURST_WINDOW.0, send_start + BURST_WINDOW.1);
+    let line = |name: &str, start: f64, bytes: &[u32]| Line {
+        name: name.into(),
+        points: bytes
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| (start + i as f64 * bucket, Some(f64::from(b) * 8.0 / bucket / 1e6)))
+            .filter(|(t, _)| (from..to).contains(t))
+            .collect(),
+    };
+    let mut lines = vec![line("sent", send_start, &u.send_bytes)];
+    if let Some((start, bytes)) = u.server.as_ref().and_then(|s| Some((s.recv_start?, &s.recv_bytes))) {
+        lines.push(line("received", start, bytes));
+    }
+    lines
 }
 
 /// A short label for a result file: its name without directories and extensions.
@@ -168,6 +197,24 @@ mod tests {
         let s = vec![(0.0, Some(1.0)), (0.05, Some(3.0)), (0.1, None), (0.15, None), (0.2, Some(5.0))];
         let b = bin(&s, 0.1);
         assert_eq!(b, vec![(0.05, Some(2.0)), (0.15000000000000002, None), (0.25, Some(5.0))]);
+    }
+
+    #[test]
+    fn a_udp_load_shows_one_second_of_its_profile_at_bucket_resolution() {
+        let mut r = ResultFile::new(bloatlab_result::Metadata { test: "udp".into(), ..Default::default() });
+        let u = bloatlab_result::UdpLoadInfo {
+            bucket_ms: 1.0,
+            send_start: Some(5.0),
+            send_bytes: vec![125; 3000],
+            server: Some(bloatlab_result::UdpLoadServer { recv_start: Some(5.01), recv_bytes: vec![125; 3000], ..Default::default() }),
+            ..Default::default()
+        };
+        r.metadata.udp = Some(u);
+        let lines = burst_lines(&r);
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].points.len(), 1000, "6..7 s at 1 ms");
+        assert_eq!(lines[0].points[0], (6.0, Some(1.0)), "125 bytes a millisecond is 1 Mbit/s");
+        assert!((lines[1].points[0].0 - 6.0).abs() < 1e-9, "the server's buckets on the client's clock");
     }
 
     #[test]

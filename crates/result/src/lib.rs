@@ -85,7 +85,7 @@ impl ClockOffset {
     }
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Metadata {
     pub tool: String,
     pub tool_version: String,
@@ -116,6 +116,50 @@ pub struct Metadata {
     /// Sequential RPM tests (download, then upload): each direction's run; `rpm` is then absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rpm_by_direction: Option<RpmRunByDirection>,
+    /// UDP load tests: what was sent, when, and what the server received, when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp: Option<UdpLoadInfo>,
+}
+
+/// A UDP load (`test udp`): the sender's and the server's per-bucket byte counts are the raw
+/// samples of its burst profile; each side's first bucket starts at its `*_start` (seconds from
+/// the test start on the client's clock; the server's mapped through the clock offset).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct UdpLoadInfo {
+    /// UDP payload rate asked for, Mbit/s, and payload bytes per packet.
+    pub rate_mbps: f64,
+    pub size: u16,
+    pub dscp: u8,
+    /// The pacing asked for (`auto`, `fq`, `timer`, `timer:1ms`, `burst:100ms`) and used.
+    pub pacing: String,
+    pub pacing_used: String,
+    /// How `auto` chose, or why the pacing asked for could not be used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pacing_note: Option<String>,
+    pub bucket_ms: f64,
+    /// Packets handed to the kernel, sends it refused (retried), packets skipped after a stall.
+    pub sent: u64,
+    pub send_errors: u64,
+    pub skipped: u64,
+    pub send_start: Option<f64>,
+    pub send_bytes: Vec<u32>,
+    /// What the server reported; absent when it did not (an older server, a lost connection).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<UdpLoadServer>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct UdpLoadServer {
+    pub received: u64,
+    pub bytes: u64,
+    pub duplicates: u64,
+    pub reordered: u64,
+    /// Beyond twice the announced rate: declined by the server, not network loss.
+    pub server_limited: u64,
+    /// Datagrams the server's host dropped for a full receive buffer during the test.
+    pub socket_drops: Option<u64>,
+    pub recv_start: Option<f64>,
+    pub recv_bytes: Vec<u32>,
 }
 
 /// A sequential RPM test's two runs of the draft's algorithm, each on its own connections.
@@ -381,6 +425,7 @@ mod tests {
             lab: None,
             rpm: None,
             rpm_by_direction: None,
+            udp: None,
         });
         r.series.push(Series {
             name: "rtt udp-be".into(),

@@ -180,6 +180,42 @@ pub struct NetworkQuality {
     pub base_rtt: Option<f64>,
 }
 
+/// How bursty a stream was at one end: per-bucket byte counts against their mean over the
+/// stream's active span (first to last packet). 1 is perfectly smooth; an on/off sender that
+/// sends 5 ms in every 100 has a peak of 20.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct BurstProfile {
+    pub bucket_ms: f64,
+    pub peak_over_mean: f64,
+    pub p99_over_mean: f64,
+}
+
+/// The burst profile where the packets left (`send`) and where they arrived (`recv`).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Burst {
+    pub send: Option<BurstProfile>,
+    pub recv: Option<BurstProfile>,
+}
+
+/// A UDP load test's stream (`test udp`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct UdpLoad {
+    pub pacing: String,
+    /// What the sender achieved: payload bits sent over its active span, Mbit/s.
+    pub send_mbps: f64,
+    pub sent: u64,
+    pub received: Option<u64>,
+    pub reordered: Option<u64>,
+    pub duplicates: Option<u64>,
+    /// Sends the sender's kernel refused (retried) and packets skipped after a stall.
+    pub send_errors: u64,
+    pub skipped: u64,
+    /// The server's own drops (full socket buffer) and declines (beyond the announced rate):
+    /// part of the loss, not the network's.
+    pub server_socket_drops: Option<u64>,
+    pub server_limited: Option<u64>,
+}
+
 /// A figure per load phase: download only, upload only, both ways at once.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ByPhase {
@@ -268,5 +304,11 @@ pub struct Summary {
     pub network_quality: NetworkQuality,
     /// TCP retransmissions of the client's sending sockets (upload flows).
     pub tcp_retransmits: Option<u64>,
+    /// `test udp`: the load stream; `loss` then is its loss (the probes' is per stream in the
+    /// metadata), `throughput_mbps.up` its goodput at the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp: Option<UdpLoad>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<Burst>,
     pub partial: bool,
 }

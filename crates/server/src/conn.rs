@@ -165,7 +165,9 @@ async fn control(mut r: Reader, mut w: OwnedWriteHalf, ip: IpAddr, hello_by: Ins
         // Wait for `finish` (or the client's end) until the deadline.
         if let Ok(Ok(Some(line))) = timeout_at(deadline, read_line(&mut r, proto::MAX_LINE)).await {
             if let Ok(ClientMsg::Finish) = proto::decode_line::<ClientMsg>(&line) {
-                let _ = timeout(Duration::from_secs(2), send(&mut w, &session.report())).await;
+                // A UDP load's arrival profile can be a megabyte or two: time for a slow path.
+                let patience = Duration::from_secs(if req.udp_loads.is_empty() { 2 } else { 10 });
+                let _ = timeout(patience, send(&mut w, &session.report())).await;
             }
         }
     }
@@ -180,6 +182,9 @@ async fn control(mut r: Reader, mut w: OwnedWriteHalf, ip: IpAddr, hello_by: Ins
         c.not_allowed.load(Ordering::Relaxed),
     ));
 }
+
+/// UDP load streams one test may send.
+const MAX_UDP_LOADS: usize = 4;
 
 /// The request against the server's limits; the error names the limit.
 pub fn validate(req: &TestRequest, cfg: &crate::Config) -> Result<(), String> {
@@ -237,6 +242,44 @@ pub fn validate(req: &TestRequest, cfg: &crate::Config) -> Result<(), String> {
     if pps > f64::from(cfg.max_probe_pps) {
         return Err(format!("{pps:.0} probe packets per second exceed this server's limit of {}", cfg.max_probe_pps));
     }
+    validate_udp_loads(req, cfg, &dscp_ok)
+}
+
+/// The UDP loads of a request (`test udp`) against the server's limits.
+fn validate_udp_loads(req: &TestRequest, cfg: &crate::Config, dscp_ok: &dyn Fn(u8) -> Result<(), String>) -> Result<(), String> {
+    use crate::udpload::{announced_packets, MAX_BUCKETS, MAX_PACKETS, MIN_BUCKET_US};
+    if req.udp_loads.len() > MAX_UDP_LOADS {
+        return Err(format!("{} UDP loads exceed this server's limit of {MAX_UDP_LOADS}", req.udp_loads.len()));
+    }
+    let mut ids = std::collections::HashSet::new();
+    if !req.udp_loads.iter().all(|l| ids.insert(l.id)) {
+        return Err("two UDP loads with the same id".into());
+    }
+    let duration = Duration::from_millis(req.duration_ms);
+    let total_bps: u64 = req.udp_loads.iter().map(|l| l.rate_bps).sum();
+    if total_bps > cfg.max_udp_bps {
+        return Err(format!("UDP load of {:.1} Mbit/s exceeds this server's limit of {:.1} Mbit/s", total_bps as f64 / 1e6, cfg.max_udp_bps as f64 / 1e6));
+    }
+    if let Some(max) = cfg.max_rate_bytes.filter(|&m| total_bps as f64 / 8.0 > m) {
+        return Err(format!("UDP load of {:.1} Mbit/s exceeds this server's --max-rate of {:.1} Mbit/s", total_bps as f64 / 1e6, max * 8.0 / 1e6));
+    }
+    let min_len = if cfg.key.is_some() { proto::probe::MIN_SIGNED_LEN } else { proto::probe::HEADER_LEN };
+    for l in &req.udp_loads {
+        dscp_ok(l.dscp)?;
+        if (l.size as usize) < min_len || l.size as usize > proto::probe::MAX_LEN {
+            return Err(format!("UDP load {}: size {} out of range {min_len}..{}", l.id, l.size, proto::probe::MAX_LEN));
+        }
+        if l.rate_bps == 0 {
+            return Err(format!("UDP load {}: rate 0", l.id));
+        }
+        if l.bucket_us < MIN_BUCKET_US || duration.as_micros() as u64 / u64::from(l.bucket_us) > MAX_BUCKETS {
+            return Err(format!("UDP load {}: buckets of {} us over {} s: want at least {MIN_BUCKET_US} us and at most {MAX_BUCKETS} buckets", l.id, l.bucket_us, duration.as_secs()));
+        }
+        let packets = announced_packets(l, duration);
+        if packets > MAX_PACKETS {
+            return Err(format!("UDP load {}: {packets} packets exceed this server's limit of {MAX_PACKETS} a test (larger packets or a shorter test)", l.id));
+        }
+    }
     Ok(())
 }
 
@@ -252,6 +295,7 @@ mod tests {
             flows: vec![FlowSpec { id: 1, direction: Direction::Down, dscp: 46, cc: None }],
             streams: vec![StreamSpec { id: 0, interval_us: 10_000, size: 64, dscp: 0 }],
             connection_probes: false,
+            udp_loads: Vec::new(),
             auth: None,
         }
     }
@@ -271,6 +315,21 @@ mod tests {
         assert_eq!(validate(&r, &cfg).unwrap_err(), "two flows with the same id");
         let strict = crate::Config { allow_dscp: Some(vec![0, 8]), ..Default::default() };
         assert_eq!(validate(&req(), &strict).unwrap_err(), "DSCP 46 (EF) is not allowed by this server (allowed: BE, BK)");
+        let load = |rate_bps: u64, size: u16, bucket_us: u32| proto::UdpLoadSpec { id: 0, rate_bps, size, dscp: 0, bucket_us };
+        let mut r = req();
+        r.udp_loads = vec![load(100_000_000, 1024, 1000)];
+        assert!(validate(&r, &cfg).is_ok());
+        r.udp_loads = vec![load(2_000_000_000, 1024, 1000)];
+        assert_eq!(validate(&r, &cfg).unwrap_err(), "UDP load of 2000.0 Mbit/s exceeds this server's limit of 1000.0 Mbit/s");
+        r.udp_loads = vec![load(1_000_000, 1024, 10)];
+        assert!(validate(&r, &cfg).unwrap_err().contains("want at least 100 us"));
+        r.udp_loads = vec![load(1_000_000_000, 64, 1000)];
+        r.duration_ms = 180_000;
+        assert!(validate(&r, &cfg).unwrap_err().contains("packets exceed this server's limit of 16777216"), "1 Gbit/s of 64-byte packets for 3 minutes");
+        let capped = crate::Config { max_rate_bytes: Some(1e6), ..Default::default() };
+        r.udp_loads = vec![load(10_000_000, 1024, 1000)];
+        r.duration_ms = 10_000;
+        assert_eq!(validate(&r, &capped).unwrap_err(), "UDP load of 10.0 Mbit/s exceeds this server's --max-rate of 8.0 Mbit/s");
         let keyed = crate::Config { key: Some(vec![0; 16]), ..Default::default() };
         assert_eq!(validate(&req(), &keyed).unwrap_err(), "probe stream 0: size 64 out of range 72..1472", "a signed probe needs room for its MAC");
     }

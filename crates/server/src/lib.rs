@@ -15,6 +15,7 @@ mod lines;
 mod limits;
 pub mod session;
 mod udp;
+mod udpload;
 pub mod web;
 
 /// The request check, public for the fuzzer (fuzz/fuzz_targets/request.rs).
@@ -48,6 +49,8 @@ pub struct Config {
     pub min_interval: Duration,
     /// Bytes per second one test may move, both directions together (`None`: no limit).
     pub max_rate_bytes: Option<f64>,
+    /// UDP load one test may announce (`test udp`), bits per second of payload.
+    pub max_udp_bps: u64,
     /// TCP connections open at once, of any kind, and per client address.
     pub max_connections: usize,
     pub max_connections_per_ip: usize,
@@ -80,6 +83,7 @@ impl Default for Config {
             max_probe_pps: 2000,
             min_interval: Duration::from_millis(1),
             max_rate_bytes: None,
+            max_udp_bps: 1_000_000_000,
             max_connections: 512,
             max_connections_per_ip: 64,
             hello_timeout: Duration::from_secs(5),
@@ -107,7 +111,7 @@ pub enum ServerError {
 
 /// How long after a test's announced end its flows and token stay valid: the client's last
 /// probes may still be in flight through a bloated queue.
-const GRACE: Duration = Duration::from_secs(10);
+pub(crate) const GRACE: Duration = Duration::from_secs(10);
 /// Refusals being written at once: past this, a connection the server has no room for is
 /// closed without a word.
 const MAX_REFUSING: usize = 64;

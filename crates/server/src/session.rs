@@ -1,5 +1,6 @@
 //! Live tests, keyed by token: what each may still do, and what it did.
 
+use crate::udpload::UdpSink;
 use bloatlab_proto::{FlowReport, ServerMsg, StreamReport, TestRequest, Token};
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -34,7 +35,7 @@ impl Bucket {
         self.take_n(1.0, now)
     }
 
-    fn take_n(&mut self, n: f64, now: Instant) -> bool {
+    pub(crate) fn take_n(&mut self, n: f64, now: Instant) -> bool {
         self.refill(now);
         if self.tokens >= n {
             self.tokens -= n;
@@ -86,6 +87,10 @@ pub struct Session {
     pub deadline: Instant,
     pub request: TestRequest,
     pub streams: Mutex<HashMap<u16, StreamState>>,
+    /// UDP load streams (`test udp`): what arrived of each.
+    pub udp_loads: Mutex<HashMap<u16, UdpSink>>,
+    /// The namespace's UDP receive-buffer drops when the test began (tests with UDP loads).
+    rcvbuf_errors_at_start: Option<u64>,
     flows: Mutex<HashMap<u16, FlowState>>,
     /// New-connection probes: only for tests that asked, at a bounded rate.
     conn_probes: Option<Mutex<Bucket>>,
@@ -110,6 +115,10 @@ impl Session {
             .iter()
             .map(|s| (s.id, StreamState { dscp: s.dscp, dscp_applied: None, received: 0, limited: 0, bucket: Bucket::for_stream(s.interval_us, now) }))
             .collect();
+        // A load may still arrive through a bloated queue after the announced end.
+        let load_span = Duration::from_millis(request.duration_ms) + crate::GRACE;
+        let udp_loads = request.udp_loads.iter().map(|l| (l.id, UdpSink::new(l, load_span, now))).collect();
+        let rcvbuf_errors_at_start = if request.udp_loads.is_empty() { None } else { bloatlab_netio::udp::udp_rcvbuf_errors() };
         let flows = request.flows.iter().map(|f| (f.id, FlowState::default())).collect();
         let conn_probes = request.connection_probes.then(|| Mutex::new(Bucket::new(CONN_PROBES_PER_S, 2.0 * CONN_PROBES_PER_S, now)));
         // A quarter second of burst: enough for one frame at any sane rate.
@@ -119,6 +128,8 @@ impl Session {
             deadline,
             request,
             streams: Mutex::new(streams),
+            udp_loads: Mutex::new(udp_loads),
+            rcvbuf_errors_at_start,
             flows: Mutex::new(flows),
             conn_probes,
             rate,
@@ -188,7 +199,9 @@ impl Session {
             .filter(|(_, f)| f.claimed)
             .map(|(id, f)| FlowReport { id: *id, bytes: f.bytes.load(Ordering::Relaxed), cc: f.cc.clone() })
             .collect();
-        ServerMsg::Report { streams, flows }
+        let socket_drops = self.rcvbuf_errors_at_start.and_then(|a| Some(bloatlab_netio::udp::udp_rcvbuf_errors()?.saturating_sub(a)));
+        let udp = self.udp_loads.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(id, l)| l.report(*id, socket_drops)).collect();
+        ServerMsg::Report { streams, flows, udp }
     }
 }
 
@@ -245,6 +258,7 @@ mod tests {
             duration_ms: 1000,
             flows: (1..=flows).map(|id| FlowSpec { id, direction: Direction::Down, dscp: 0, cc: None }).collect(),
             streams: Vec::new(),
+            udp_loads: Vec::new(),
             connection_probes,
             auth: None,
         }

@@ -1,4 +1,5 @@
-//! UDP echo for the probe streams of live tests. A reply is never longer than its request,
+//! UDP echo for the probe streams of live tests, and the sink of their UDP loads (counted per
+//! arrival, never answered). A reply is never longer than its request,
 //! goes only to an address that completed a test's handshake (any port of it: the token is the
 //! secret, and a NAT may give each client socket its own port), never exceeds the rate the test
 //! negotiated, and with a shared key only answers, and signs, probes that carry a valid MAC.
@@ -16,9 +17,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+const RCVBUF: usize = 32 << 20;
+
 /// Serves until the server stops (noticed within 200 ms).
 pub(crate) fn serve(sock: UdpSocket, shared: Arc<Shared>) {
     let _ = sock.set_nonblocking(false);
+    // A UDP load's bursts (a sender's 100 ms of data at line rate) must not overflow this
+    // socket: what it drops would read as network loss. 32 MB holds 0.25 s at 1 Gbit/s.
+    let _ = netio::udp::grow_rcvbuf(&sock, RCVBUF);
     let _ = sock.set_read_timeout(Some(Duration::from_millis(200)));
     let mut buf = [0u8; probe::MAX_LEN + 1];
     // The mark the socket carries now: (requested, read back).
@@ -34,7 +40,7 @@ pub(crate) fn serve(sock: UdpSocket, shared: Arc<Shared>) {
             shared.counters.not_allowed.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        let Some(req) = Probe::decode(&buf[..n]).ok().filter(|p| p.kind == Kind::Request) else {
+        let Some(req) = Probe::decode(&buf[..n]).ok().filter(|p| p.kind != Kind::Reply) else {
             shared.counters.udp_unknown.fetch_add(1, Ordering::Relaxed);
             continue;
         };
@@ -48,6 +54,15 @@ pub(crate) fn serve(sock: UdpSocket, shared: Arc<Shared>) {
                 session.probes_unauthenticated.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
+        }
+        if req.kind == Kind::Load {
+            match session.udp_loads.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&req.stream) {
+                Some(sink) => sink.arrive(req.seq, n, recv_ns, Instant::now()),
+                None => {
+                    shared.counters.udp_unknown.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            continue;
         }
         let Some(dscp) = session.streams.lock().unwrap_or_else(|e| e.into_inner()).get(&req.stream).map(|st| st.dscp) else {
             shared.counters.udp_unknown.fetch_add(1, Ordering::Relaxed);

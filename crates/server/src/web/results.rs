@@ -136,6 +136,7 @@ pub fn result_file(u: Upload, client: IpAddr, server: Host, start_time: String) 
         lab: None,
         rpm: None,
         rpm_by_direction: None,
+        udp: None,
     };
     let mut r = ResultFile::new(metadata);
     let latency = |name: &str, samples| Series { name: name.into(), kind: SeriesKind::Latency, direction: None, dscp: Some(0), unit: "ms".into(), samples };

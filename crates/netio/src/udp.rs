@@ -1,0 +1,137 @@
+//! UDP load helpers: the receive buffer a server needs for bursts, the host's count of
+//! datagrams dropped for a full buffer, and kernel pacing (`SO_MAX_PACING_RATE`, honoured only
+//! by the `fq` qdisc) with a check of the qdisc that would have to honour it.
+
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::process::Command;
+
+fn setsockopt_int(fd: &impl AsRawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: a valid fd and a pointer to an int of the length given.
+    let r = unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, (&value as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as libc::socklen_t) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Asks for a receive buffer of `bytes`, beyond `net.core.rmem_max` when privileged
+/// (SO_RCVBUFFORCE), and returns what the socket got (the kernel doubles the request for its
+/// bookkeeping and reports the doubled figure).
+pub fn grow_rcvbuf(sock: &impl AsRawFd, bytes: usize) -> io::Result<usize> {
+    let want = bytes.min(i32::MAX as usize) as libc::c_int;
+    if setsockopt_int(sock, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, want).is_err() {
+        setsockopt_int(sock, libc::SOL_SOCKET, libc::SO_RCVBUF, want)?;
+    }
+    let mut got: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: valid fd, pointers to an int and its length.
+    let r = unsafe { libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, (&mut got as *mut libc::c_int).cast(), &mut len) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(got.max(0) as usize)
+}
+
+/// The value of `field` in the `Udp:` rows of /proc/net/snmp (a row of names, then a row of
+/// values).
+fn snmp_udp(text: &str, field: &str) -> Option<u64> {
+    let mut rows = text.lines().filter(|l| l.starts_with("Udp:"));
+    let names = rows.next()?;
+    let values = rows.next()?;
+    let i = names.split_whitespace().position(|n| n == field)?;
+    values.split_whitespace().nth(i)?.parse().ok()
+}
+
+/// The value of `name` in /proc/net/snmp6 (one "name value" per line).
+fn snmp6(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        (it.next() == Some(name)).then(|| it.next()?.parse().ok()).flatten()
+    })
+}
+
+/// UDP datagrams this network namespace dropped because a socket's receive buffer was full,
+/// IPv4 and IPv6 together, since boot.
+pub fn udp_rcvbuf_errors() -> Option<u64> {
+    let v4 = snmp_udp(&std::fs::read_to_string("/proc/net/snmp").ok()?, "RcvbufErrors")?;
+    let v6 = std::fs::read_to_string("/proc/net/snmp6").ok().and_then(|t| snmp6(&t, "Udp6RcvbufErrors")).unwrap_or(0);
+    Some(v4 + v6)
+}
+
+/// Caps the socket's kernel pacing rate (bytes per second of packets, headers included).
+pub fn set_max_pacing_rate(sock: &impl AsRawFd, bytes_per_s: u64) -> io::Result<()> {
+    // An int: every kernel takes it (a u64 only since 5.x); ~0U means unlimited, so stay below.
+    let v = bytes_per_s.min(u64::from(u32::MAX - 1)) as u32;
+    // SAFETY: valid fd, a pointer to a u32 of the length given.
+    let r = unsafe { libc::setsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, (&v as *const u32).cast(), 4) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Makes the calling thread's sleeps end on time: timer slack 1 ns instead of the default
+/// 50 us, which a sender spacing packets tens of microseconds apart cannot afford.
+pub fn precise_sleeps() {
+    // SAFETY: prctl on the calling thread with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+}
+
+/// The device `ip route get` names for a destination.
+fn route_dev(out: &str) -> Option<String> {
+    let mut words = out.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "dev" {
+            return words.next().map(String::from);
+        }
+    }
+    None
+}
+
+/// Whether `tc qdisc show dev D` lists an `fq` qdisc (root, or under `mq`), the one that
+/// paces by `SO_MAX_PACING_RATE`.
+fn lists_fq(tc: &str) -> bool {
+    tc.lines().any(|l| l.split_whitespace().nth(1) == Some("fq"))
+}
+
+/// Where kernel pacing to `peer` would happen: the egress device and whether its qdisc is
+/// `fq`. Err says why it could not be told (no `ip` or `tc`, no route).
+pub fn egress_has_fq(peer: IpAddr) -> Result<(String, bool), String> {
+    let run = |cmd: &str, args: &[&str]| -> Result<String, String> {
+        let out = Command::new(cmd).args(args).output().map_err(|e| format!("cannot run {cmd}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("`{cmd} {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let peer = peer.to_canonical().to_string();
+    let dev = route_dev(&run("ip", &["route", "get", &peer])?).ok_or_else(|| format!("no route device for {peer}"))?;
+    let fq = lists_fq(&run("tc", &["qdisc", "show", "dev", &dev])?);
+    Ok((dev, fq))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snmp_rows_are_read_by_column_name() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\nUdp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\nUdp: 100 2 7 90 5 0\nUdpLite: InDatagrams\nUdpLite: 0\n";
+        assert_eq!(snmp_udp(snmp, "RcvbufErrors"), Some(5));
+        assert_eq!(snmp_udp(snmp, "Nope"), None);
+        assert_eq!(snmp6("Udp6InDatagrams 4\nUdp6RcvbufErrors                	12\n", "Udp6RcvbufErrors"), Some(12));
+    }
+
+    #[test]
+    fn route_and_qdisc_outputs_are_parsed() {
+        assert_eq!(route_dev("10.0.0.2 dev veth0 src 10.0.0.1 uid 0 \n    cache \n").as_deref(), Some("veth0"));
+        assert_eq!(route_dev("local 127.0.0.1 dev lo table local src 127.0.0.1").as_deref(), Some("lo"));
+        assert!(lists_fq("qdisc mq 0: root \nqdisc fq 0: parent :1 limit 10000p flow_limit 100p\n"));
+        assert!(!lists_fq("qdisc htb 1: root refcnt 2 r2q 10 default 0x10\nqdisc pfifo 10: parent 1:10 limit 1000p\n"));
+        assert!(!lists_fq("qdisc fq_codel 0: root refcnt 2 limit 10240p\n"), "fq_codel does not pace");
+    }
+}
