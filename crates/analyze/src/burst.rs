@@ -13,20 +13,23 @@ pub fn profile(bytes: &[u32], bucket_ms: f64) -> Option<BurstProfile> {
     Some(BurstProfile { bucket_ms, peak_over_mean: span[span.len() - 1] / mean, p99_over_mean: quantile_sorted(&span, 0.99) / mean })
 }
 
-/// Payload Mbit/s over the active span of a per-bucket byte count.
-fn span_mbps(bytes: &[u32], bucket_ms: f64) -> f64 {
+/// Payload Mbit/s sent over `seconds`, else over the active span of the per-bucket counts
+/// (which overstates an on/off sender: its last burst stands for a period the span leaves out).
+fn send_mbps(bytes: &[u32], bucket_ms: f64, seconds: Option<f64>) -> f64 {
     let (Some(first), Some(last)) = (bytes.iter().position(|&b| b > 0), bytes.iter().rposition(|&b| b > 0)) else { return 0.0 };
     let total: u64 = bytes.iter().map(|&b| u64::from(b)).sum();
-    total as f64 * 8.0 / ((last - first + 1) as f64 * bucket_ms / 1e3) / 1e6
+    let span = seconds.filter(|s| *s > 0.0).unwrap_or((last - first + 1) as f64 * bucket_ms / 1e3);
+    total as f64 * 8.0 / span / 1e6
 }
 
 /// The load's figures and its loss (what the server did not receive of what was sent; the
-/// server's own drops and declines are part of it and reported beside it).
-pub fn udp_summary(u: &UdpLoadInfo) -> (UdpLoad, Loss) {
+/// server's own drops and declines are part of it and reported beside it). `load_s`: how long
+/// the sender ran (the load phase).
+pub fn udp_summary(u: &UdpLoadInfo, load_s: Option<f64>) -> (UdpLoad, Loss) {
     let server = u.server.as_ref();
     let load = UdpLoad {
         pacing: u.pacing_used.clone(),
-        send_mbps: span_mbps(&u.send_bytes, u.bucket_ms),
+        send_mbps: send_mbps(&u.send_bytes, u.bucket_ms, load_s),
         sent: u.sent,
         received: server.map(|s| s.received),
         reordered: server.map(|s| s.reordered),
@@ -74,11 +77,12 @@ mod tests {
     #[test]
     fn loss_is_what_the_server_did_not_receive() {
         let mut u = UdpLoadInfo { sent: 1000, bucket_ms: 1.0, send_bytes: vec![1024; 100], ..Default::default() };
-        let (load, loss) = udp_summary(&u);
+        let (load, loss) = udp_summary(&u, None);
         assert_eq!((load.received, loss.lost, loss.up_percent), (None, 0, None), "no report: no loss claimed");
-        assert!((load.send_mbps - 1024.0 * 8.0 / 1e-3 / 1e6).abs() < 1e-9);
+        assert!((load.send_mbps - 1024.0 * 8.0 / 1e-3 / 1e6).abs() < 1e-9, "over the 100 ms span");
+        assert!((udp_summary(&u, Some(0.2)).0.send_mbps - 1024.0 * 8.0 / 2e-3 / 1e6).abs() < 1e-9, "over the load phase");
         u.server = Some(UdpLoadServer { received: 800, server_limited: 5, ..Default::default() });
-        let (_, loss) = udp_summary(&u);
+        let (_, loss) = udp_summary(&u, None);
         assert_eq!((loss.lost, loss.percent, loss.server_limited), (200, 20.0, 5));
     }
 }

@@ -232,7 +232,8 @@ pub fn summarize(result: &ResultFile) -> Summary {
     };
     by_phase(result, idle, &mut s);
     if let Some(u) = &result.metadata.udp {
-        let (load, loss) = crate::burst::udp_summary(u);
+        let load_s = phase_window(result, "load").map(|w| w.end - w.start);
+        let (load, loss) = crate::burst::udp_summary(u, load_s);
         s.udp = Some(load);
         s.loss = loss;
         let recv = u.server.as_ref().and_then(|x| crate::burst::profile(&x.recv_bytes, u.bucket_ms));

@@ -267,7 +267,8 @@ fn udp_text(u: &bloatlab_result::UdpLoad, burst: Option<&bloatlab_result::Burst>
     if let Some(b) = burst {
         let f = |p: Option<bloatlab_result::BurstProfile>| p.map_or("-".to_string(), |p| format!("peak {:.1}x, p99 {:.1}x", p.peak_over_mean, p.p99_over_mean));
         let bucket = b.send.or(b.recv).map_or(0.0, |p| p.bucket_ms);
-        let _ = write!(out, "\nBurst profile ({bucket} ms)  sender {}; receiver {} (of the mean rate; 1 is smooth)", f(b.send), f(b.recv));
+        let head = format!("Burst profile ({bucket} ms)");
+        let _ = write!(out, "\n{head:<24}sender {}; receiver {} (of the mean rate; 1 is smooth)", f(b.send), f(b.recv));
     }
     out
 }
