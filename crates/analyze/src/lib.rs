@@ -8,5 +8,6 @@ pub mod grade;
 pub mod rpm;
 pub mod stats;
 pub mod summarize;
+pub mod writeback;
 
 pub use summarize::summarize;

@@ -239,6 +239,9 @@ pub fn summarize(result: &ResultFile) -> Summary {
         let recv = u.server.as_ref().and_then(|x| crate::burst::profile(&x.recv_bytes, u.bucket_ms));
         s.burst = Some(Burst { send: crate::burst::profile(&u.send_bytes, u.bucket_ms), recv });
     }
+    if result.metadata.test == "writeback" {
+        crate::writeback::summarize(result, &mut s);
+    }
     if let Some(r) = &s.rpm {
         let bits = |mbps: Option<f64>| mbps.map(|m| (m * 1e6).round() as u64);
         let whole = |r: Option<&Rpm>| r.map(|r| r.rpm.round() as u64);

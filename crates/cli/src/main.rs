@@ -265,6 +265,10 @@ enum TestName {
     /// Constant-rate UDP upload (--rate, --size) with the chosen sender --pacing: goodput, loss,
     /// reordering and the burst profile where it left and where it arrived.
     Udp,
+    /// Not the network: the page cache in front of a disk. HOST is a directory; writes --size
+    /// as `dd conv=fdatasync` does (or at --rate), sampling the kernel's dirty and writeback
+    /// counters and timing a small write + fsync every 100 ms meanwhile.
+    Writeback,
 }
 
 impl From<TestName> for TestKind {
@@ -279,6 +283,7 @@ impl From<TestName> for TestKind {
             TestName::Voip => TestKind::Voip,
             TestName::Rpm => TestKind::Rpm,
             TestName::Udp => TestKind::Udp,
+            TestName::Writeback => TestKind::Writeback,
         }
     }
 }
@@ -339,12 +344,19 @@ struct TestArgs {
     /// and takes the worse as the test's. Default: both directions at once.
     #[arg(long)]
     sequential: bool,
-    /// udp: UDP payload rate, as iperf3's -b counts it (100mbit, 1gbit, 500kbit, 50M).
-    #[arg(long, default_value = "10mbit", value_parser = bloatlab_measure::pacing::parse_rate)]
-    rate: u64,
-    /// udp: UDP payload bytes per packet (56..1472; 72 or more with a key).
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u16).range(56..=1472))]
-    size: u16,
+    /// udp: UDP payload rate, as iperf3's -b counts it (100mbit, 1gbit, 500kbit, 50M; default
+    /// 10mbit). writeback: write at this rate, as a network would deliver the data (default:
+    /// as fast as the cache takes it).
+    #[arg(long, value_parser = bloatlab_measure::pacing::parse_rate)]
+    rate: Option<u64>,
+    /// writeback: `end` syncs once after the last write (dd conv=fdatasync); `every:SIZE`
+    /// (every:64M) also after each SIZE written.
+    #[arg(long, default_value = "end")]
+    fsync: bloatlab_measure::writeback::Fsync,
+    /// udp: UDP payload bytes per packet (56..1472, default 1024; 72 or more with a key).
+    /// writeback: bytes to write, as dd counts them (default 1G = 1024^3; 1GB = 10^9).
+    #[arg(long)]
+    size: Option<String>,
     /// udp: how the sender spaces its packets. `timer`: one every size/rate (smooth);
     /// `timer:1ms`: each millisecond what is due, back to back; `burst:100ms`: a tenth of a
     /// second's data at once every 100 ms, as iperf3 -b does without kernel pacing (to show what
@@ -575,6 +587,18 @@ fn test(a: TestArgs) -> ExitCode {
     if a.flows == 0 || a.flows > MAX_FLOWS {
         return usage(&format!("--flows must be between 1 and {MAX_FLOWS}"));
     }
+    let size = match (kind, a.size.as_deref()) {
+        (TestKind::Writeback, s) => bloatlab_measure::writeback::parse_size(s.unwrap_or("1G")),
+        (_, None) => Ok(1024),
+        (_, Some(s)) => match s.parse::<u64>() {
+            Ok(n) if (56..=1472).contains(&n) => Ok(n),
+            _ => Err(format!("--size {s}: want UDP payload bytes 56..1472")),
+        },
+    };
+    let size = match size {
+        Ok(n) => n,
+        Err(e) => return usage(&e),
+    };
     let params = Params {
         test: kind,
         length,
@@ -591,12 +615,17 @@ fn test(a: TestArgs) -> ExitCode {
         probe_size: a.probe_size,
         rpm_interval: a.rpm_interval,
         rpm_sequential: a.sequential,
-        udp: (kind == TestKind::Udp).then_some(UdpParams { rate_bps: a.rate, size: a.size, pacing: a.pacing, bucket: a.bucket.as_secs_f64(), dscp: 0 }),
+        udp: (kind == TestKind::Udp).then_some(UdpParams { rate_bps: a.rate.unwrap_or(10_000_000), size: size as u16, pacing: a.pacing, bucket: a.bucket.as_secs_f64(), dscp: 0 }),
     };
     if kind == TestKind::Udp && !(Duration::from_micros(100)..=Duration::from_secs(1)).contains(&a.bucket) {
         return usage("--bucket must be between 100us and 1s");
     }
     let progress = progress_mode(a.quiet);
+    if kind == TestKind::Writeback {
+        let wb = bloatlab_measure::writeback::WritebackParams { dir: PathBuf::from(&a.host), size, rate_bps: a.rate, fsync: a.fsync, idle: a.idle };
+        let opts = Options { output: a.output, progress, stop: stop_flag(), key: None };
+        return finish_test(bloatlab_measure::writeback::run(&wb, &opts), a.json, a.quiet, None);
+    }
     let key = match load_key(a.key.as_deref()) {
         Ok(k) => k,
         Err(e) => return fail(e),
@@ -620,24 +649,32 @@ fn test(a: TestArgs) -> ExitCode {
     } else {
         bloatlab_measure::run(&params, &a.host, &opts)
     };
+    finish_test(outcome, a.json, a.quiet, Some(lab_at_start))
+}
+
+/// Prints a finished test's summary (text or JSON) and events and says where its file is; the
+/// exit code says how it ended. `lab_at_start`: a network test's lab counters, to attach.
+fn finish_test(outcome: Result<bloatlab_measure::Outcome, bloatlab_measure::MeasureError>, json: bool, quiet: bool, lab_at_start: Option<Option<serde_json::Value>>) -> ExitCode {
     let mut outcome = match outcome {
         Ok(o) => o,
         Err(e) => return fail(e),
     };
-    attach_lab_counters(&mut outcome.result, &outcome.path, lab_at_start);
+    if let Some(at_start) = lab_at_start {
+        attach_lab_counters(&mut outcome.result, &outcome.path, at_start);
+    }
     let summary = outcome.result.summary.clone().unwrap_or_default();
-    if a.json {
+    if json {
         println!("{}", serde_json::to_string_pretty(&summary).expect("summary serializes"));
     } else {
         print!("{}", summary_text(&summary, &outcome.result.metadata));
     }
-    if !a.quiet {
+    if !quiet {
         eprint!("{}", events_text(&outcome.result.events));
     }
     let path = outcome.path.display();
     match outcome.ended {
         Ended::Complete => {
-            if !a.quiet {
+            if !quiet {
                 eprintln!("result written to {path}");
             }
             ExitCode::SUCCESS

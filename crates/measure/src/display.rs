@@ -123,6 +123,9 @@ fn pct_line(label: &str, p: &Option<Percentiles>) -> Option<String> {
 
 /// The human summary printed after a test.
 pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
+    if let Some(w) = &s.writeback {
+        return writeback_text(s, w, meta);
+    }
     let mut out = String::new();
     let cc = meta.cc.clone().unwrap_or_else(|| format!("default (client {}, server {})", meta.client.default_cc, meta.server.default_cc));
     let _ = writeln!(out, "{} to {} ({}), congestion control {cc}{}", s.test, meta.server.name, meta.server.address.as_deref().unwrap_or("?"), if s.partial { "  [PARTIAL]" } else { "" });
@@ -235,6 +238,41 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
         let classes: Vec<String> = [("best effort", c.be), ("voice (EF)", c.ef), ("bulk (CS1)", c.bk)].iter().filter_map(|(n, v)| v.map(|v| format!("{n} {}", ms(v)))).collect();
         let by_class = if classes.len() > 1 { format!("  ({})", classes.join(", ")) } else { String::new() };
         let _ = writeln!(out, "Added latency under load {}  grade {g}{by_class}", ms(a));
+    }
+    out
+}
+
+/// A writeback test's summary: when the kernel began writing, what writes and the fsync cost,
+/// and what a small synced write waited meanwhile.
+fn writeback_text(s: &Summary, w: &bloatlab_result::WritebackStart, meta: &Metadata) -> String {
+    let mut out = String::new();
+    let vm = &meta.params["vm"];
+    let _ = writeln!(out, "writeback to {} ({}){}", meta.server.name, meta.server.software, if s.partial { "  [PARTIAL]" } else { "" });
+    let setting = |bytes: &str, ratio: &str| match vm[bytes].as_u64() {
+        Some(b) if b > 0 => format!("{} MB", b / 1_000_000),
+        _ => format!("{}% of available memory", vm[ratio].as_u64().map_or("?".into(), |r| r.to_string())),
+    };
+    let _ = writeln!(out, "Thresholds              background {}, foreground {}; expiry {} s", setting("dirty_background_bytes", "dirty_background_ratio"), setting("dirty_bytes", "dirty_ratio"), vm["dirty_expire_centisecs"].as_u64().map_or("?".into(), |c| format!("{}", c as f64 / 100.0)));
+    let mb = w.bytes as f64 / 1e6;
+    match (w.started_after_bytes, w.started_after_ms) {
+        (Some(b), Some(t)) => {
+            let _ = writeln!(out, "Writeback started       after {:.1} MB of {mb:.1} MB written, {:.0} ms after the first write", b as f64 / 1e6, t);
+        }
+        _ => {
+            let _ = writeln!(out, "Writeback started       not before the closing fsync: all {mb:.1} MB sat in the page cache until forced");
+        }
+    }
+    let _ = writeln!(out, "Page cache peak         {:.1} MB dirty, {:.1} MB under writeback", w.dirty_peak_mb, w.writeback_peak_mb);
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+    let _ = writeln!(out, "Rate                    to the cache {} Mbit/s ({} MB/s), to stable storage {} Mbit/s ({} MB/s)", f(s.cache_mbps), f(s.cache_mbps.map(|m| m / 8.0)), f(s.stable_mbps), f(s.stable_mbps.map(|m| m / 8.0)));
+    if let Some(fs) = s.fsync_ms {
+        let _ = writeln!(out, "Closing fsync           {}", ms(fs));
+    }
+    for line in [pct_line("write() calls", &s.write_stall_ms), pct_line("small sync, idle", &w.small_sync_idle_ms), pct_line("small sync, loaded", &s.small_sync_ms)].into_iter().flatten() {
+        let _ = writeln!(out, "{line}");
+    }
+    if let Some(d) = &w.disturbed {
+        let _ = writeln!(out, "  note: {d}");
     }
     out
 }

@@ -17,6 +17,7 @@ mod record;
 mod run;
 pub mod target;
 mod udp_load;
+pub mod writeback;
 
 pub use plan::{Params, TestKind, UdpParams};
 pub use run::{run, Ended, Options, Outcome};

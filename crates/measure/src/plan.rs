@@ -17,6 +17,8 @@ pub enum TestKind {
     Voip,
     Rpm,
     Udp,
+    /// Not a network test: the page cache in front of a disk (`measure::writeback`).
+    Writeback,
 }
 
 impl TestKind {
@@ -31,13 +33,14 @@ impl TestKind {
             TestKind::Voip => "voip",
             TestKind::Rpm => "rpm",
             TestKind::Udp => "udp",
+            TestKind::Writeback => "writeback",
         }
     }
 
     /// Default length of the measured (load) part, seconds.
     pub fn default_length(self) -> f64 {
         match self {
-            TestKind::Ping | TestKind::Udp => 10.0,
+            TestKind::Ping | TestKind::Udp | TestKind::Writeback => 10.0,
             TestKind::Rpm => 20.0,
             _ => 30.0,
         }
@@ -201,6 +204,8 @@ pub fn plan(p: &Params) -> Plan {
                 (idle, load) = (p.length, 0.0);
             }
         }
+        // Runs no flows or probes of its own (see `measure::writeback`).
+        TestKind::Writeback => {}
         TestKind::Udp => {
             // The probes under it show what the load's queue (or bursts) do to latency.
             if let Some(u) = &p.udp {

@@ -101,8 +101,8 @@ pub fn render_with(runs: &[RunView], sections: &[Section]) -> String {
 <h2>Summary</h2>
 <table><tr><th>run</th><th>grade</th><th>idle p50 ms</th><th>loaded p50 ms</th><th>p90</th><th>p99</th><th>added ms</th><th title="added latency p50 of the best-effort / EF / CS1 probes">BE / EF / CS1 ms</th><th>down Mbit/s</th><th>up Mbit/s</th><th>loss %</th></tr>
 {rows}</table>
-{notes}<h2>Latency under load: CDF of round trips</h2>
-<div class="chart" id="cdf"></div>
+{notes}<div id="cdf-section"><h2>Latency under load: CDF of round trips</h2>
+<div class="chart" id="cdf"></div></div>
 <div id="runs"></div>
 <h2>Metadata</h2>
 {meta}
@@ -125,7 +125,8 @@ function phaseAreas(run) {{
 // Every time chart of a run spans the same 0..end, so the eye can line up when the queue
 // filled with when the throughput rose.
 function runEnd(run) {{
-  return run.phases.length ? Math.max.apply(null, run.phases.map(function (p) {{ return p.end; }})) : null;
+  // To a tenth of a second: the axis prints its maximum.
+  return run.phases.length ? Math.ceil(10 * Math.max.apply(null, run.phases.map(function (p) {{ return p.end; }}))) / 10 : null;
 }}
 function timeChart(el, run, lines, unit) {{
   var chart = newChart(el);
@@ -179,6 +180,8 @@ function boxChart(el, run) {{
   markPoints(el, run.boxes.length);
 }}
 (function () {{
+  // Tests without round trips (writeback) have no CDF to show.
+  if (!RUNS.some(function (r) {{ return r.cdf.length; }})) {{ document.getElementById('cdf-section').style.display = 'none'; }}
   var cdfEl = document.getElementById('cdf');
   var cdf = newChart(cdfEl);
   var cdfPoints = 0;
@@ -198,7 +201,7 @@ function boxChart(el, run) {{
     var h = document.createElement('h2');
     h.textContent = run.label + ' (' + run.test + (run.partial ? ', partial' : '') + ')';
     host.appendChild(h);
-    [['throughput', 'Mbit/s'], ['latency', 'ms'], ['boxes', null], ['burst', null]].forEach(function (k) {{
+    [['throughput', 'Mbit/s'], ['memory', 'MB'], ['latency', 'ms'], ['boxes', null], ['burst', null]].forEach(function (k) {{
       if (!run[k[0]].length) {{ return; }}
       var el = document.createElement('div');
       el.className = 'chart';

@@ -36,6 +36,9 @@ pub struct RunView {
     /// UDP load tests: Mbit/s per profile bucket where the packets left and where they arrived,
     /// over one second of the load at full resolution (bursts disappear in any averaging).
     pub burst: Vec<Line>,
+    /// Writeback tests: the page cache's dirty and writeback megabytes and the test's own
+    /// progress over time.
+    pub memory: Vec<Line>,
     pub summary: Summary,
     pub metadata: serde_json::Value,
     pub partial: bool,
@@ -150,6 +153,7 @@ impl RunView {
             cdf,
             boxes,
             burst: burst_lines(r),
+            memory: r.series.iter().filter(|s| s.kind == SeriesKind::Bytes).map(|s| Line { name: s.name.clone(), points: bin(&s.samples, width) }).collect(),
             summary: r.summary.clone().unwrap_or_default(),
             metadata: serde_json::to_value(&r.metadata).unwrap_or_default(),
             partial: r.partial,

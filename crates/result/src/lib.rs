@@ -247,6 +247,8 @@ pub enum SeriesKind {
     Owd,
     /// Cumulative count of lost packets, timestamped at send.
     Loss,
+    /// Megabytes (10^6 bytes) at the sample's time: page-cache counters of a writeback test.
+    Bytes,
 }
 
 /// Series names follow one convention so that readers find them:

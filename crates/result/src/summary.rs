@@ -216,6 +216,25 @@ pub struct UdpLoad {
     pub server_limited: Option<u64>,
 }
 
+/// When the kernel began writing a writeback test's data to the disk (`test writeback`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct WritebackStart {
+    /// Bytes the test had written, and ms since its first write, when pages began to go to the
+    /// disk; both `null` when nothing went before the closing fsync forced it.
+    pub started_after_bytes: Option<u64>,
+    pub started_after_ms: Option<f64>,
+    /// Bytes the test wrote.
+    pub bytes: u64,
+    /// The page cache at its fullest during the test: dirty, and under writeback, MB.
+    pub dirty_peak_mb: f64,
+    pub writeback_peak_mb: f64,
+    /// Small write + fsync round trips before the big write began (the baseline), ms.
+    pub small_sync_idle_ms: Option<Percentiles>,
+    /// What else moved the machine-wide counters, when something did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disturbed: Option<String>,
+}
+
 /// A figure per load phase: download only, upload only, both ways at once.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ByPhase {
@@ -310,5 +329,20 @@ pub struct Summary {
     pub udp: Option<UdpLoad>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<Burst>,
+    /// `test writeback`: when writeback started, how long `write()` calls and the closing
+    /// fsync took, the rate to stable storage and to the cache, and the latency of a small
+    /// write + fsync on the same filesystem while the big one ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writeback: Option<WritebackStart>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_stall_ms: Option<Percentiles>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fsync_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stable_mbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_mbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub small_sync_ms: Option<Percentiles>,
     pub partial: bool,
 }

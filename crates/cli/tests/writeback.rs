@@ -1,0 +1,117 @@
+//! `test writeback` on this machine's disk: when the kernel starts writing a file's pages
+//! follows the dirty thresholds. The thresholds are global (not per namespace): the test sets
+//! them through a guard that restores the machine's values whatever happens.
+
+mod common;
+use common::*;
+use std::path::PathBuf;
+
+const VM: [&str; 4] = ["dirty_background_ratio", "dirty_background_bytes", "dirty_ratio", "dirty_bytes"];
+
+fn vm_path(k: &str) -> PathBuf {
+    PathBuf::from("/proc/sys/vm").join(k)
+}
+
+fn read_vm(k: &str) -> u64 {
+    std::fs::read_to_string(vm_path(k)).unwrap().trim().parse().unwrap()
+}
+
+/// The machine's dirty thresholds as they were, written back on drop. Writing a `_bytes`
+/// setting zeroes its `_ratio` twin and the other way round, so the non-zero one of each pair
+/// is written last.
+struct VmGuard(Vec<(&'static str, u64)>);
+
+impl VmGuard {
+    fn set(background_bytes: u64, bytes: u64) -> VmGuard {
+        let saved = VM.iter().map(|k| (*k, read_vm(k))).collect();
+        std::fs::write(vm_path("dirty_bytes"), bytes.to_string()).unwrap();
+        std::fs::write(vm_path("dirty_background_bytes"), background_bytes.to_string()).unwrap();
+        VmGuard(saved)
+    }
+}
+
+impl Drop for VmGuard {
+    fn drop(&mut self) {
+        for (k, v) in self.0.iter().filter(|(_, v)| *v == 0).chain(self.0.iter().filter(|(_, v)| *v != 0)) {
+            if *v != 0 {
+                let _ = std::fs::write(vm_path(k), v.to_string());
+            }
+        }
+    }
+}
+
+fn meminfo_mb(key: &str) -> f64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kb: f64 = text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.split_whitespace().next()?.parse().ok()).unwrap();
+    kb * 1024.0 / 1e6
+}
+
+/// The value of a result file's MB series at the last sample at or before `t`.
+fn series_at(r: &serde_json::Value, name: &str, t: f64) -> f64 {
+    let s = r["series"].as_array().unwrap().iter().find(|s| s["name"] == name).unwrap();
+    s["samples"].as_array().unwrap().iter().filter(|x| x[0].as_f64().unwrap() <= t).filter_map(|x| x[1].as_f64()).next_back().unwrap_or(0.0)
+}
+
+fn writeback(dir: &std::path::Path, tag: &str) -> (serde_json::Value, serde_json::Value) {
+    let out_file = tmp_path(&format!("wb-{tag}.json"));
+    let out = run(&[], &["test", "writeback", dir.to_str().unwrap(), "--size", "128M", "--rate", "800mbit", "--idle", "0.5", "--json", "-q", "-o", out_file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let file = serde_json::from_slice(&std::fs::read(&out_file).unwrap()).unwrap();
+    (json(&out), file)
+}
+
+/// 128 MiB at 100 MB/s (a gigabit network's delivery), twice. With the thresholds sized from
+/// bandwidth x delay (32 MiB background, 192 MiB foreground), writeback begins once the
+/// machine's dirty pages pass 32 MiB: the test's bytes at that moment plus what was already
+/// dirty come to about 33.5 MB (measured: 4.2 MB written + 31 MB dirty). With the default
+/// ratios (10% of available memory) on a machine where that is far above 128 MiB, nothing is
+/// written before the closing fsync forces it.
+#[test]
+fn writeback_starts_at_the_background_threshold_and_not_before() {
+    let _g = serial();
+    if unsafe { libc::geteuid() } != 0 {
+        missing("writeback test sets vm.dirty_* (root)");
+        return;
+    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("writeback-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _rm = RemoveDir(dir.clone());
+    {
+        let _vm = VmGuard::set(32 << 20, 192 << 20);
+        // Let the flusher bring what others left dirty under the new threshold first.
+        for _ in 0..50 {
+            if meminfo_mb("Dirty") < 24.0 {
+                break;
+            }
+            wait_ms(100);
+        }
+        let (s, file) = writeback(&dir, "sized");
+        eprintln!("sized: {} stall {} fsync {} small {}", s["writeback"], s["write_stall_ms"], s["fsync_ms"], s["small_sync_ms"]);
+        let w0 = file["metadata"]["phases"].as_array().unwrap().iter().find(|p| p["name"] == "write").unwrap()["start"].as_f64().unwrap();
+        let dirty_before = series_at(&file, "dirty", w0);
+        let started = f(&s, "writeback.started_after_bytes") / 1e6;
+        let total = started + dirty_before;
+        assert!((28.0..=44.0).contains(&total), "writeback began with {started:.1} MB written and {dirty_before:.1} MB dirty before: {total:.1} MB against a 33.5 MB threshold");
+        assert!(f(&s, "writeback.dirty_peak_mb") < 80.0, "{}", s["writeback"]);
+        assert!(file["series"].as_array().unwrap().iter().any(|x| x["name"] == "file on disk"), "cachestat on this kernel");
+    }
+    assert_eq!(read_vm("dirty_bytes"), 0, "the guard restored the ratios");
+    let available = meminfo_mb("MemAvailable");
+    let background = read_vm("dirty_background_ratio") as f64 / 100.0 * available;
+    let (s, _) = writeback(&dir, "default");
+    eprintln!("default (background {background:.0} MB): {}", s["writeback"]);
+    if background > 2.0 * (134.0 + meminfo_mb("Dirty")) {
+        assert!(s["writeback"]["started_after_bytes"].is_null(), "{}", s["writeback"]);
+    }
+    assert_eq!(s["write_stall_ms"]["samples"], 128);
+    assert!(f(&s, "fsync_ms") > 0.0 && s["small_sync_ms"]["samples"].as_u64().unwrap() >= 5);
+}
+
+/// Removes a directory on drop, also when the test fails.
+struct RemoveDir(PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
