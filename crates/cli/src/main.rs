@@ -344,10 +344,10 @@ struct TestArgs {
     /// and takes the worse as the test's. Default: both directions at once.
     #[arg(long)]
     sequential: bool,
-    /// udp: UDP payload rate, as iperf3's -b counts it (100mbit, 1gbit, 500kbit, 50M; default
-    /// 10mbit). writeback: write at this rate, as a network would deliver the data (default:
-    /// as fast as the cache takes it).
-    #[arg(long, value_parser = bloatlab_measure::pacing::parse_rate)]
+    /// udp: UDP payload rate, as iperf3's -b counts it (100mbit, 1gbit, 500kbit; Mibit and
+    /// Gibit are binary; default 10mbit). writeback: write at this rate, as a network would
+    /// deliver the data (default: as fast as the cache takes it).
+    #[arg(long, value_parser = bloatlab_tune::units::parse_rate)]
     rate: Option<u64>,
     /// writeback: `end` syncs once after the last write (dd conv=fdatasync); `every:SIZE`
     /// (every:64M) also after each SIZE written.

@@ -5,6 +5,7 @@ use bloatlab_tune::advise::{self, Qdisc, Target};
 use bloatlab_tune::config::{self, Leaf, Shaping};
 use bloatlab_tune::link::LinkType;
 use bloatlab_tune::units;
+use bloatlab_tune::writeback::Feed;
 use clap::ValueEnum;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,9 +13,22 @@ use std::process::ExitCode;
 #[derive(clap::Args)]
 pub struct AdviseArgs {
     /// Result files of the same path (bloatlab test ... -o FILE), and optionally a locate file
-    /// (bloatlab locate), whose verdict says whether the queue is on this host.
+    /// (bloatlab locate), whose verdict says whether the queue is on this host. With a
+    /// writeback result (bloatlab test writeback): the dirty thresholds instead, sized by the
+    /// rate of the network results given beside it (or --rate).
     #[arg(required = true)]
     files: Vec<PathBuf>,
+    /// Writeback: the rate of the link that feeds the disk (1Gibit, 100Mbit); default: the
+    /// best goodput of the network results given, else the test's own --rate, else the disk's.
+    #[arg(long, value_parser = units::parse_rate)]
+    rate: Option<u64>,
+    /// Writeback: the NFS write size (wsize) for the sync-export arithmetic.
+    #[arg(long, default_value = "1M", value_parser = bloatlab_measure::writeback::parse_size)]
+    nfs_block: u64,
+    /// Writeback: the disk's rotation speed, for the sync-export arithmetic (a spinning disk
+    /// syncs in half a rotation); the disk's measured sync time is used either way.
+    #[arg(long)]
+    rpm: Option<u32>,
     /// The access link's technology, for link-layer compensation: raw, ethernet, docsis,
     /// bridged-ptm, pppoe-ptm, pppoe-llcsnap (ADSL), pppoa-vcmux, bridged-llcsnap.
     #[arg(long, default_value = "raw", value_parser = LinkType::parse)]
@@ -113,7 +127,41 @@ fn read_inputs(files: &[PathBuf]) -> Result<(Vec<bloatlab_result::Summary>, bool
     Ok((runs, on_host))
 }
 
+/// The rate that feeds a disk: `rate` when given, else the best goodput of the network results
+/// (a writeback result among them is skipped).
+fn feed_from(rate: Option<u64>, results: &[(PathBuf, bloatlab_result::ResultFile)]) -> Option<Feed> {
+    let best = results
+        .iter()
+        .filter(|(_, r)| r.metadata.test != "writeback")
+        .map(|(f, r)| (f, r.summary.clone().unwrap_or_else(|| bloatlab_analyze::summarize(r))))
+        .flat_map(|(f, s)| [s.throughput_mbps.down, s.throughput_mbps.up].into_iter().flatten().map(move |m| (f, m)))
+        .max_by(|x, y| x.1.total_cmp(&y.1));
+    match (rate, best) {
+        (Some(bps), _) => Some(Feed { bps, from: "given with --rate".into() }),
+        (None, Some((f, m))) => Some(Feed { bps: (m * 1e6) as u64, from: format!("the best goodput measured in {}", f.display()) }),
+        (None, None) => None,
+    }
+}
+
+/// Writeback advice from a writeback result, the feeding rate from --rate or the network
+/// results beside it.
+fn advise_writeback(a: &AdviseArgs, wb: &bloatlab_result::ResultFile, results: &[(PathBuf, bloatlab_result::ResultFile)]) -> ExitCode {
+    match bloatlab_tune::writeback::advise(wb, feed_from(a.rate, results), a.nfs_block, a.rpm) {
+        Ok(adv) if a.json => println!("{}", serde_json::to_string_pretty(&adv).expect("serializes")),
+        Ok(adv) => {
+            print!("{}", adv.text);
+            println!("\nnext: bloatlab config sysctl-writeback --rate {}bit", adv.feed.bps);
+        }
+        Err(e) => return fail(e),
+    }
+    ExitCode::SUCCESS
+}
+
 pub fn advise_cmd(a: AdviseArgs) -> ExitCode {
+    let results: Vec<(PathBuf, bloatlab_result::ResultFile)> = a.files.iter().filter_map(|f| bloatlab_result::read(f).ok().map(|r| (f.clone(), r))).collect();
+    if let Some((_, wb)) = results.iter().find(|(_, r)| r.metadata.test == "writeback") {
+        return advise_writeback(&a, wb, &results);
+    }
     let (runs, on_host) = match read_inputs(&a.files) {
         Ok(x) => x,
         Err(e) => return fail(e),
@@ -179,8 +227,23 @@ pub enum TuneCommand {
     /// tune call. Only interfaces in the kernel's default state are taken.
     Apply {
         /// The interface (its download is shaped on ifb4DEV).
-        #[arg(long)]
-        dev: String,
+        #[arg(long, required_unless_present = "sysctl")]
+        dev: Option<String>,
+        /// Apply page-cache thresholds (vm.dirty_background_bytes, vm.dirty_bytes) instead of a
+        /// shaper: from --config FILE (bloatlab config sysctl-writeback) or --from a writeback
+        /// result (with network results or --rate for the feeding rate). The machine's values
+        /// are recorded first; `tune rollback --sysctl` restores them. With --verify DIR: a
+        /// writeback test on DIR's disk before and after (--size, at --rate), kept only if the
+        /// cache held less, the disk kept 90% of its rate and synced writes (small probes' p99,
+        /// the closing fsync) did not wait much longer; restored otherwise.
+        #[arg(long, conflicts_with_all = ["dev", "netns", "verify_netns"])]
+        sysctl: bool,
+        /// --sysctl: the rate that feeds the disk, for the thresholds and the --verify writes.
+        #[arg(long, value_parser = units::parse_rate, requires = "sysctl")]
+        rate: Option<u64>,
+        /// --sysctl --verify: bytes each writeback test writes.
+        #[arg(long, default_value = "1G", value_parser = bloatlab_measure::writeback::parse_size)]
+        size: u64,
         /// The network namespace the interface is in (a lab router: bl-LAB-HOST).
         #[arg(long)]
         netns: Option<String>,
@@ -197,8 +260,9 @@ pub enum TuneCommand {
         link: LinkType,
         /// Measure against this bloatlab server (rrul-be) before and after, keep the change
         /// only if latency under load did not rise, the total goodput kept 85% and neither
-        /// direction fell below a quarter of what it had; roll back otherwise.
-        #[arg(long, value_name = "HOST")]
+        /// direction fell below a quarter of what it had; roll back otherwise. With --sysctl:
+        /// a directory to run writeback tests in.
+        #[arg(long, value_name = "HOST|DIR")]
         verify: Option<String>,
         /// Run the --verify tests inside this network namespace (a lab's client).
         #[arg(long, value_name = "NS", requires = "verify")]
@@ -213,19 +277,24 @@ pub enum TuneCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Undo what `tune apply` did on an interface.
+    /// Undo what `tune apply` did on an interface, or (--sysctl) to the page-cache thresholds.
     Rollback {
-        #[arg(long)]
-        dev: String,
+        #[arg(long, required_unless_present = "sysctl")]
+        dev: Option<String>,
         #[arg(long)]
         netns: Option<String>,
+        #[arg(long, conflicts_with_all = ["dev", "netns"])]
+        sysctl: bool,
     },
-    /// What bloatlab applied on an interface, and its qdiscs now.
+    /// What bloatlab applied on an interface and its qdiscs now, or (--sysctl) the page-cache
+    /// thresholds.
     Status {
-        #[arg(long)]
-        dev: String,
+        #[arg(long, required_unless_present = "sysctl")]
+        dev: Option<String>,
         #[arg(long)]
         netns: Option<String>,
+        #[arg(long, conflicts_with_all = ["dev", "netns"])]
+        sysctl: bool,
     },
 }
 
@@ -234,8 +303,20 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
     if unsafe { libc::geteuid() } != 0 {
         return fail("tune changes qdiscs and needs root (sudo bloatlab tune ...)");
     }
+    let vm = std::path::Path::new(bloatlab_tune::sysctl::VM_DIR);
+    let state = std::path::Path::new(bloatlab_tune::apply::STATE_DIR);
     match c {
-        TuneCommand::Apply { dev, netns, config: file, from, link, verify, verify_netns, length, out_dir, json } => {
+        TuneCommand::Apply { sysctl: true, config: file, from, rate, verify, size, out_dir, json, .. } => apply_sysctl(file, &from, rate, verify, size, out_dir, json),
+        TuneCommand::Rollback { sysctl: true, .. } => said(bloatlab_tune::sysctl::rollback(vm, state)),
+        TuneCommand::Status { sysctl: true, .. } => match bloatlab_tune::sysctl::status(vm, state) {
+            Ok(s) => {
+                println!("{s}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        },
+        TuneCommand::Apply { dev, netns, config: file, from, link, verify, verify_netns, length, out_dir, json, .. } => {
+            let dev = dev.unwrap_or_default();
             let iface = bloatlab_tune::apply::Iface { dev: dev.clone(), netns };
             let script = match (file, from.is_empty()) {
                 (Some(f), _) => match std::fs::read_to_string(&f) {
@@ -291,19 +372,82 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
                 Err(e) => fail(e),
             }
         }
-        TuneCommand::Rollback { dev, netns } => match bloatlab_tune::apply::rollback(&bloatlab_tune::apply::Iface { dev, netns }) {
-            Ok(s) => {
-                eprintln!("{s}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(e),
-        },
-        TuneCommand::Status { dev, netns } => match bloatlab_tune::apply::status(&bloatlab_tune::apply::Iface { dev, netns }) {
+        TuneCommand::Rollback { dev, netns, .. } => said(bloatlab_tune::apply::rollback(&bloatlab_tune::apply::Iface { dev: dev.unwrap_or_default(), netns })),
+        TuneCommand::Status { dev, netns, .. } => match bloatlab_tune::apply::status(&bloatlab_tune::apply::Iface { dev: dev.unwrap_or_default(), netns }) {
             Ok(s) => {
                 println!("{s}");
                 ExitCode::SUCCESS
             }
             Err(e) => fail(e),
         },
+    }
+}
+
+/// A change's one-line report on stderr, or its failure.
+fn said(r: Result<String, String>) -> ExitCode {
+    match r {
+        Ok(s) => {
+            eprintln!("{s}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// `tune apply --sysctl`: the thresholds from a config file or a writeback result, applied
+/// (recorded first), and with `--verify DIR` measured before and after and kept only if they
+/// helped.
+fn apply_sysctl(file: Option<PathBuf>, from: &[PathBuf], rate: Option<u64>, verify: Option<String>, size: u64, out_dir: PathBuf, json: bool) -> ExitCode {
+    let (bg, fg) = match (file, from.is_empty()) {
+        (Some(f), _) => match std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display())).and_then(|t| bloatlab_tune::sysctl::parse_config(&t)) {
+            Ok(v) => v,
+            Err(e) => return fail(e),
+        },
+        (None, false) => {
+            let results: Vec<(PathBuf, bloatlab_result::ResultFile)> = match from.iter().map(|f| bloatlab_result::read(f).map(|r| (f.clone(), r)).map_err(|e| e.to_string())).collect() {
+                Ok(r) => r,
+                Err(e) => return fail(e),
+            };
+            let Some((_, wb)) = results.iter().find(|(_, r)| r.metadata.test == "writeback") else { return usage("--sysctl --from needs a writeback result (bloatlab test writeback DIR -o FILE)") };
+            match bloatlab_tune::writeback::advise(wb, feed_from(rate, &results), 1 << 20, None) {
+                Ok(a) => (a.dirty_background_bytes, a.dirty_bytes),
+                Err(e) => return fail(e),
+            }
+        }
+        (None, true) => return usage("give --config FILE (bloatlab config sysctl-writeback) or --from WRITEBACK-RESULT..."),
+    };
+    let vm = std::path::Path::new(bloatlab_tune::sysctl::VM_DIR);
+    let state = std::path::Path::new(bloatlab_tune::apply::STATE_DIR);
+    let Some(dir) = verify else {
+        return said(bloatlab_tune::sysctl::apply(vm, state, bg, fg).map(|r| format!("applied vm.dirty_background_bytes = {bg}, vm.dirty_bytes = {fg} over {} (tune rollback --sysctl restores it)", r.before.describe())));
+    };
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return fail(format!("cannot find the bloatlab binary: {e}")),
+    };
+    let v = bloatlab_experiment::writeback_verify::WritebackVerify { exe, dir: PathBuf::from(dir), size, rate_bps: rate, out_dir };
+    match bloatlab_experiment::writeback_verify::apply_verified(vm, state, bg, fg, &v) {
+        Ok(r) if json => {
+            println!("{}", serde_json::to_string_pretty(&r).expect("serializes"));
+            ExitCode::SUCCESS
+        }
+        Ok(r) => {
+            let row = |n: &str, s: &bloatlab_result::Summary| {
+                let m = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}"));
+                let w = s.writeback.as_ref();
+                println!(
+                    "{n:<7} dirty peak {:>7} MB   to the disk {:>7} Mbit/s   closing fsync {:>7} ms   small sync p99 {:>7} ms",
+                    m(w.map(|w| w.dirty_peak_mb)),
+                    m(s.stable_mbps),
+                    m(s.fsync_ms),
+                    m(s.small_sync_ms.map(|p| p.p99))
+                );
+            };
+            row("before", &r.before);
+            row("after", &r.after);
+            println!("{}: {}", if r.kept { "kept" } else { "not kept" }, r.reason);
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
     }
 }

@@ -22,11 +22,15 @@ fn read_vm(k: &str) -> u64 {
 struct VmGuard(Vec<(&'static str, u64)>);
 
 impl VmGuard {
+    fn save() -> VmGuard {
+        VmGuard(VM.iter().map(|k| (*k, read_vm(k))).collect())
+    }
+
     fn set(background_bytes: u64, bytes: u64) -> VmGuard {
-        let saved = VM.iter().map(|k| (*k, read_vm(k))).collect();
+        let saved = VmGuard::save();
         std::fs::write(vm_path("dirty_bytes"), bytes.to_string()).unwrap();
         std::fs::write(vm_path("dirty_background_bytes"), background_bytes.to_string()).unwrap();
-        VmGuard(saved)
+        saved
     }
 }
 
@@ -105,6 +109,49 @@ fn writeback_starts_at_the_background_threshold_and_not_before() {
     }
     assert_eq!(s["write_stall_ms"]["samples"], 128);
     assert!(f(&s, "fsync_ms") > 0.0 && s["small_sync_ms"]["samples"].as_u64().unwrap() >= 5);
+}
+
+/// `tune apply --sysctl`: applied over a record, restored by `tune rollback --sysctl`; with
+/// --verify, two writeback tests at 100 MB/s, and the thresholds kept only if the cache held
+/// less (it must: 128 MiB against a 33.5 MB background threshold), restored otherwise.
+#[test]
+fn tune_apply_sysctl_records_verifies_and_rolls_back() {
+    let _g = serial();
+    if unsafe { libc::geteuid() } != 0 {
+        missing("tune apply --sysctl needs root");
+        return;
+    }
+    let _vm = VmGuard::save();
+    let ratios = (read_vm("dirty_background_ratio"), read_vm("dirty_ratio"));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("tune-sysctl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _rm = RemoveDir(dir.clone());
+    let conf = dir.join("wb.conf");
+    let out = run(&[], &["config", "sysctl-writeback", "--rate", "1Gibit"]);
+    std::fs::write(&conf, &out.stdout).unwrap();
+    let ok = |args: &[&str]| {
+        let out = run(&[], args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        out
+    };
+    ok(&["tune", "apply", "--sysctl", "--config", conf.to_str().unwrap()]);
+    assert_eq!((read_vm("dirty_background_bytes"), read_vm("dirty_bytes")), (33_554_432, 201_326_592));
+    assert!(String::from_utf8_lossy(&ok(&["tune", "status", "--sysctl"]).stdout).contains("applied by bloatlab"));
+    let again = run(&[], &["tune", "apply", "--sysctl", "--config", conf.to_str().unwrap()]);
+    assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("tune rollback --sysctl first"));
+    ok(&["tune", "rollback", "--sysctl"]);
+    assert_eq!((read_vm("dirty_background_ratio"), read_vm("dirty_ratio"), read_vm("dirty_bytes")), (ratios.0, ratios.1, 0), "restored as they were");
+
+    let out = ok(&["tune", "apply", "--sysctl", "--config", conf.to_str().unwrap(), "--verify", dir.to_str().unwrap(), "--size", "128M", "--rate", "800mbit", "--out-dir", dir.to_str().unwrap(), "--json"]);
+    let v = json(&out);
+    eprintln!("kept {} ({}): before {} after {}", v["kept"], v["reason"], v["before"]["writeback"]["dirty_peak_mb"], v["after"]["writeback"]["dirty_peak_mb"]);
+    assert!(f(&v, "after.writeback.dirty_peak_mb") < 80.0 && f(&v, "after.writeback.dirty_peak_mb") < f(&v, "before.writeback.dirty_peak_mb"));
+    if v["kept"] == true {
+        assert_eq!(read_vm("dirty_bytes"), 201_326_592);
+        assert!(String::from_utf8_lossy(&ok(&["tune", "status", "--sysctl"]).stdout).contains("nothing recorded"), "kept for good: no record left");
+    } else {
+        assert_eq!((read_vm("dirty_background_ratio"), read_vm("dirty_bytes")), (ratios.0, 0), "not kept: restored");
+    }
 }
 
 /// Removes a directory on drop, also when the test fails.

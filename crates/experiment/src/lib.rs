@@ -7,6 +7,7 @@ pub mod demo;
 pub mod placement;
 pub mod table;
 pub mod verify;
+pub mod writeback_verify;
 
 use bloatlab_lab::control;
 use bloatlab_lab::lab::LabInfo;

@@ -67,24 +67,6 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// A rate as `100mbit`, `1gbit`, `500kbit`, `64000bit` (or `100M`, `1G`, `500K`: bits), in bits
-/// per second.
-pub fn parse_rate(s: &str) -> Result<u64, String> {
-    let t = s.trim().to_ascii_lowercase();
-    let t = t.strip_suffix("bit/s").or_else(|| t.strip_suffix("bps")).or_else(|| t.strip_suffix("bit")).unwrap_or(&t);
-    let (num, scale) = match t.chars().last() {
-        Some('k') => (&t[..t.len() - 1], 1e3),
-        Some('m') => (&t[..t.len() - 1], 1e6),
-        Some('g') => (&t[..t.len() - 1], 1e9),
-        _ if t != s.trim().to_ascii_lowercase() => (t, 1.0),
-        _ => return Err(format!("`{s}`: give a unit, as in 100mbit, 1gbit, 500kbit or 50M")),
-    };
-    match num.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v * scale <= 100e9 => Ok((v * scale).round() as u64),
-        _ => Err(format!("`{s}`: want a positive rate up to 100gbit, as in 100mbit")),
-    }
-}
-
 impl std::str::FromStr for Pacing {
     type Err = String;
     fn from_str(s: &str) -> Result<Pacing, String> {
@@ -190,7 +172,7 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     #[test]
-    fn pacing_rates_and_durations_parse_as_the_help_says() {
+    fn pacings_and_durations_parse_as_the_help_says() {
         assert_eq!("auto".parse::<Pacing>(), Ok(Pacing::Auto));
         assert_eq!("timer:1ms".parse::<Pacing>(), Ok(Pacing::Tick(Duration::from_millis(1))));
         assert_eq!("burst:100ms".parse::<Pacing>(), Ok(Pacing::Burst(Duration::from_millis(100))));
@@ -198,11 +180,6 @@ mod tests {
         assert_eq!(Pacing::Tick(Duration::from_micros(250)).to_string(), "timer:250us");
         assert!("burst:5s".parse::<Pacing>().is_err());
         assert!("jitter".parse::<Pacing>().is_err());
-        assert_eq!(parse_rate("100mbit"), Ok(100_000_000));
-        assert_eq!(parse_rate("1.5Gbit"), Ok(1_500_000_000));
-        assert_eq!(parse_rate("50M"), Ok(50_000_000));
-        assert_eq!(parse_rate("64000bit"), Ok(64_000));
-        assert!(parse_rate("100").unwrap_err().contains("give a unit"));
         assert_eq!(parse_duration("500us"), Ok(Duration::from_micros(500)));
         assert_eq!(parse_duration("0.001"), Ok(Duration::from_millis(1)));
     }

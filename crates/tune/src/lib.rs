@@ -7,4 +7,6 @@ pub mod apply;
 pub mod batch;
 pub mod config;
 pub mod link;
+pub mod sysctl;
 pub mod units;
+pub mod writeback;
