@@ -43,6 +43,28 @@ enum Command {
     /// Apply a shaper to an interface (all or nothing, recorded), roll it back, or show it.
     #[command(subcommand)]
     Tune(tune_cmd::TuneCommand),
+    /// The same test against several paths (a tunnel and the raw path, a LAN server and a WAN
+    /// one, Wi-Fi and wired): one table, one overlaid report, each path's efficiency (goodput)
+    /// against the first. `bloatlab compare 10.8.0.1 192.0.2.1 --test rrul`.
+    Compare {
+        /// bloatlab servers, as `test` takes them; the first is the reference.
+        #[arg(required = true, num_args = 2..)]
+        targets: Vec<String>,
+        /// The test and its options, as one argument: "tcp-down --flows 8", "rrul", "rpm".
+        #[arg(long, default_value = "tcp-down")]
+        test: String,
+        /// Load phase of each run, seconds.
+        #[arg(short, long, default_value_t = 20.0)]
+        length: f64,
+        /// Where the result files and the report go.
+        #[arg(long, default_value = ".")]
+        out_dir: PathBuf,
+        /// Print {"runs": [{"target": ..., "summary": {...}}, ...]} instead of the table.
+        #[arg(long)]
+        json: bool,
+        #[arg(short, long)]
+        quiet: bool,
+    },
     /// Emulated networks between network namespaces: build, run, change, inspect.
     #[command(subcommand)]
     Lab(lab_cmd::LabCommand),
@@ -269,6 +291,10 @@ enum TestName {
     /// as `dd conv=fdatasync` does (or at --rate), sampling the kernel's dirty and writeback
     /// counters and timing a small write + fsync every 100 ms meanwhile.
     Writeback,
+    /// The path MTU to HOST (any host that answers ICMP echo) by Don't-Fragment probes, black
+    /// holes (large packets lost with no "fragmentation needed"), and the TCP MSS, OpenVPN
+    /// mssfix and WireGuard MTU that follow.
+    Mtu,
 }
 
 impl From<TestName> for TestKind {
@@ -284,6 +310,7 @@ impl From<TestName> for TestKind {
             TestName::Rpm => TestKind::Rpm,
             TestName::Udp => TestKind::Udp,
             TestName::Writeback => TestKind::Writeback,
+            TestName::Mtu => TestKind::Mtu,
         }
     }
 }
@@ -416,6 +443,7 @@ fn main() -> ExitCode {
         Command::Config(a) => tune_cmd::config_cmd(a),
         Command::Tune(c) => tune_cmd::tune_cmd(c),
         Command::Lab(c) => lab_cmd::run(c, stop_flag),
+        Command::Compare { targets, test, length, out_dir, json, quiet } => compare(targets, &test, length, out_dir, json, quiet),
         Command::Report { results, output } => report_cmd::report(&results, &output),
         Command::Plot { results, kind, output } => report_cmd::plot(&results, kind, &output),
         Command::Export { result, format, output } => report_cmd::export(&result, format, output),
@@ -568,6 +596,37 @@ fn server(a: ServerArgs) -> ExitCode {
     ExitCode::from(130)
 }
 
+/// `bloatlab compare`: the runs, then the table (or JSON) and where the files went.
+fn compare(targets: Vec<String>, test: &str, length: f64, out_dir: PathBuf, json: bool, quiet: bool) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return fail(format!("cannot find the bloatlab binary: {e}")),
+    };
+    if !(length > 0.0 && length.is_finite()) {
+        return fail("--length must be positive");
+    }
+    let o = bloatlab_experiment::targets::TargetsOptions { exe, test: test.split_whitespace().map(String::from).collect(), length, out_dir, quiet, stop: stop_flag() };
+    let c = match bloatlab_experiment::targets::compare_targets(&targets, &o) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "runs": c.runs })).expect("summaries serialize"));
+    } else {
+        print!("{}", bloatlab_experiment::targets::text(&c.runs));
+    }
+    match &c.report {
+        Ok(p) if !quiet => eprintln!("report written to {}", p.display()),
+        Ok(_) => {}
+        Err(e) => eprintln!("bloatlab: no report: {e}"),
+    }
+    if c.interrupted {
+        eprintln!("bloatlab: interrupted; the runs that finished are above");
+        return ExitCode::from(130);
+    }
+    ExitCode::SUCCESS
+}
+
 /// Flows per direction a test may open: a thread each on the client.
 const MAX_FLOWS: u16 = 256;
 
@@ -621,6 +680,10 @@ fn test(a: TestArgs) -> ExitCode {
         return usage("--bucket must be between 100us and 1s");
     }
     let progress = progress_mode(a.quiet);
+    if kind == TestKind::Mtu {
+        let opts = Options { output: a.output, progress, stop: stop_flag(), key: None };
+        return finish_test(bloatlab_measure::mtu::run(&a.host, None, &opts), a.json, a.quiet, None);
+    }
     if kind == TestKind::Writeback {
         let wb = bloatlab_measure::writeback::WritebackParams { dir: PathBuf::from(&a.host), size, rate_bps: a.rate, fsync: a.fsync, idle: a.idle };
         let opts = Options { output: a.output, progress, stop: stop_flag(), key: None };

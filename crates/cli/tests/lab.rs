@@ -161,6 +161,33 @@ fn unpaced_bursts_overflow_a_shallow_switch_and_a_paced_sender_loses_nothing() {
     assert!(f(&paced, "burst.send.p99_over_mean") < 3.0, "{}", paced["burst"]);
 }
 
+/// `test mtu` through a router whose next link has a 1400-byte MTU: the router's kernel answers
+/// "fragmentation needed" (ICMPv6 "packet too big") naming 1400, and the search ends there with
+/// no black hole. Then the link model alone (not the router's interface) drops packets over
+/// 1300 without a word: a black hole at 1300, found by bisection over IPv4 and IPv6.
+#[test]
+fn test_mtu_finds_the_narrow_link_and_a_silent_black_hole() {
+    let _g = serial();
+    let topo = "name='mtu'\n[[link]]\nname='lan'\na='client'\nb='router'\n[[link]]\nname='line'\na='router'\nb='server'\nboth={mtu=1400}\n[host.router]\nicmp_ratelimit = 0\n";
+    let Some(lab) = LabUp::up("mtu", topo) else { return };
+    // Echo sockets without privilege: this namespace's ping_group_range must admit the group.
+    let p = lab.exec("client");
+    let mut sysctl: Vec<&str> = p.iter().map(String::as_str).collect();
+    sysctl.extend(["sysctl", "-qw", "net.ipv4.ping_group_range=0 2147483647"]);
+    assert!(Command::new(sysctl[0]).args(&sysctl[1..]).status().unwrap().success());
+    let s = lab.test("client", &["mtu", "10.77.1.2"]);
+    assert_eq!((s["path_mtu"].as_u64(), s["blackhole"].as_bool()), (Some(1400), Some(false)), "{s}");
+    assert_eq!(s["advice"]["openvpn_mssfix"], 1372);
+    let s6 = lab.test("client", &["mtu", "fd77:0:0:1::2"]);
+    assert_eq!((s6["path_mtu"].as_u64(), s6["blackhole"].as_bool()), (Some(1400), Some(false)), "{s6}");
+    lab.set("line", &["mtu=1300"]);
+    for host in ["10.77.1.2", "fd77:0:0:1::2"] {
+        let s = lab.test("client", &["mtu", host]);
+        assert_eq!((s["path_mtu"].as_u64(), s["blackhole"].as_bool()), (Some(1300), Some(true)), "{host}: {s}");
+    }
+    assert!(lab.stats()["links"]["line"]["up"]["drops"]["mtu"].as_u64().unwrap() > 0, "the model dropped the large probes");
+}
+
 /// The value below which `q` of a histogram's samples lie, from `lab stats`' [[value, count]].
 fn quantile(pairs: &serde_json::Value, q: f64) -> f64 {
     let pairs: Vec<(f64, f64)> = pairs.as_array().unwrap().iter().map(|p| (p[0].as_f64().unwrap(), p[1].as_f64().unwrap())).collect();

@@ -313,3 +313,28 @@ fn udp_load_reports_goodput_loss_and_the_burst_profile_at_both_ends() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("UDP load of 60.0 Mbit/s exceeds this server's limit of 50.0 Mbit/s"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// `bloatlab compare`: one test against each target, a table with each one's efficiency
+/// against the first, JSON runs in order, and one report of all (loopback over IPv4 and IPv6:
+/// the same path twice).
+#[test]
+fn compare_runs_the_test_against_each_target_and_reports_efficiency() {
+    let _g = serial();
+    let srv = ServerProc::start(&[], "[::]:0", &[]);
+    let port = srv.addr.rsplit(':').next().unwrap().to_string();
+    let (v4, v6) = (format!("127.0.0.1:{port}"), format!("[::1]:{port}"));
+    let dir = tmp_path("compare");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = run(&[], &["compare", &v4, &v6, "--test", "tcp-down --flows 2 --idle 0.5", "-l", "2", "--out-dir", dir.to_str().unwrap(), "--json", "-q"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json(&out);
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.iter().map(|r| r["target"].as_str().unwrap()).collect::<Vec<_>>(), [v4.as_str(), v6.as_str()]);
+    assert!(runs.iter().all(|r| f(&r["summary"], "throughput_mbps.down") > 10.0), "{v}");
+    let files: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+    assert_eq!(files.iter().filter(|f| f.ends_with(".json.gz")).count(), 2, "{files:?}");
+    assert!(files.iter().any(|f| f.starts_with("bloatlab-compare-") && f.ends_with(".html")), "{files:?}");
+    let text = run(&[], &["compare", &v4, &v6, "--test", "tcp-down --idle 0.5", "-l", "1", "--out-dir", dir.to_str().unwrap(), "-q"]);
+    assert!(String::from_utf8_lossy(&text.stdout).lines().any(|l| l.starts_with("efficiency vs first") && l.contains("100%")), "{}", String::from_utf8_lossy(&text.stdout));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -6,6 +6,7 @@
 pub mod demo;
 pub mod placement;
 pub mod table;
+pub mod targets;
 pub mod verify;
 pub mod writeback_verify;
 

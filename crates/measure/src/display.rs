@@ -126,6 +126,16 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
     if let Some(w) = &s.writeback {
         return writeback_text(s, w, meta);
     }
+    if let (Some(mtu), Some(a)) = (s.path_mtu, &s.advice) {
+        let mut out = format!("mtu to {} ({}){}
+", meta.server.name, meta.server.address.as_deref().unwrap_or("?"), if s.partial { "  [PARTIAL]" } else { "" });
+        let hole = if s.blackhole == Some(true) { "; larger packets vanish without an ICMP error (a black hole)" } else { "" };
+        let _ = writeln!(out, "Path MTU                {mtu} bytes (route MTU here {}){hole}", meta.params["route_mtu"]);
+        for l in &a.lines {
+            let _ = writeln!(out, "  {l}");
+        }
+        return out;
+    }
     let mut out = String::new();
     let cc = meta.cc.clone().unwrap_or_else(|| format!("default (client {}, server {})", meta.client.default_cc, meta.server.default_cc));
     let _ = writeln!(out, "{} to {} ({}), congestion control {cc}{}", s.test, meta.server.name, meta.server.address.as_deref().unwrap_or("?"), if s.partial { "  [PARTIAL]" } else { "" });

@@ -65,7 +65,7 @@ impl HopProber {
     /// Opens the socket (errors here are the caller's to report) and starts probing.
     pub fn start(cfg: HopConfig) -> io::Result<HopProber> {
         let sock = if cfg.icmp {
-            icmp::ping_socket(cfg.target.is_ipv6())?
+            icmp::ping_socket(cfg.target.is_ipv6()).map_err(|e| io::Error::new(e.kind(), format!("{e}; or use the default UDP probes")))?
         } else {
             let bind: SocketAddr = if cfg.target.is_ipv6() { "[::]:0".parse().unwrap() } else { "0.0.0.0:0".parse().unwrap() };
             UdpSocket::bind(bind)?

@@ -10,6 +10,7 @@ pub mod hops;
 pub mod http_rpm;
 mod load;
 pub mod localq;
+pub mod mtu;
 pub mod pacing;
 pub mod plan;
 mod probe;

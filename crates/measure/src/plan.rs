@@ -19,6 +19,8 @@ pub enum TestKind {
     Udp,
     /// Not a network test: the page cache in front of a disk (`measure::writeback`).
     Writeback,
+    /// The path MTU by ICMP echo (`measure::mtu`), no bloatlab server needed.
+    Mtu,
 }
 
 impl TestKind {
@@ -34,13 +36,14 @@ impl TestKind {
             TestKind::Rpm => "rpm",
             TestKind::Udp => "udp",
             TestKind::Writeback => "writeback",
+            TestKind::Mtu => "mtu",
         }
     }
 
     /// Default length of the measured (load) part, seconds.
     pub fn default_length(self) -> f64 {
         match self {
-            TestKind::Ping | TestKind::Udp | TestKind::Writeback => 10.0,
+            TestKind::Ping | TestKind::Udp | TestKind::Writeback | TestKind::Mtu => 10.0,
             TestKind::Rpm => 20.0,
             _ => 30.0,
         }
@@ -204,8 +207,8 @@ pub fn plan(p: &Params) -> Plan {
                 (idle, load) = (p.length, 0.0);
             }
         }
-        // Runs no flows or probes of its own (see `measure::writeback`).
-        TestKind::Writeback => {}
+        // Run no flows or probes of their own (see `measure::writeback`, `measure::mtu`).
+        TestKind::Writeback | TestKind::Mtu => {}
         TestKind::Udp => {
             // The probes under it show what the load's queue (or bursts) do to latency.
             if let Some(u) = &p.udp {

@@ -133,6 +133,26 @@ fn metadata(params: &Params, host: &str, control: &Control) -> Metadata {
     new_metadata(params, serde_json::to_value(params).unwrap_or_default(), server)
 }
 
+/// This host as the client of a test.
+pub(crate) fn this_host() -> Host {
+    Host { name: netio::hostname(), address: None, software: format!("bloatlab {}", env!("CARGO_PKG_VERSION")), kernel: netio::kernel(), default_cc: netio::default_cc() }
+}
+
+/// The metadata of a test that is not a bloatlab-protocol run (writeback, mtu): this host,
+/// what it measured against, the parameters, the start time.
+pub(crate) fn local_metadata(test: &str, params: serde_json::Value, server: Host) -> Metadata {
+    Metadata {
+        tool: "bloatlab".into(),
+        tool_version: env!("CARGO_PKG_VERSION").into(),
+        test: test.into(),
+        params,
+        client: this_host(),
+        server,
+        start_time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        ..Default::default()
+    }
+}
+
 /// A test's metadata before it runs: this client, the given server and parameters.
 pub(crate) fn new_metadata(params: &Params, params_json: serde_json::Value, server: Host) -> Metadata {
     Metadata {
@@ -140,13 +160,7 @@ pub(crate) fn new_metadata(params: &Params, params_json: serde_json::Value, serv
         tool_version: env!("CARGO_PKG_VERSION").into(),
         test: params.test.name().into(),
         params: params_json,
-        client: Host {
-            name: netio::hostname(),
-            address: None,
-            software: format!("bloatlab {}", env!("CARGO_PKG_VERSION")),
-            kernel: netio::kernel(),
-            default_cc: netio::default_cc(),
-        },
+        client: this_host(),
         server,
         cc: params.cc.clone(),
         start_time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),

@@ -199,17 +199,8 @@ pub fn run(p: &WritebackParams, opts: &Options) -> Result<Outcome, MeasureError>
     params["vm"] = vm_settings();
     params["mem_total_kb"] = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| meminfo_kb(&m, "MemTotal")).into();
     params["page_size"] = netio::page_size().into();
-    let meta = Metadata {
-        tool: "bloatlab".into(),
-        tool_version: env!("CARGO_PKG_VERSION").into(),
-        test: "writeback".into(),
-        params,
-        client: Host { name: netio::hostname(), address: None, software: format!("bloatlab {}", env!("CARGO_PKG_VERSION")), kernel: netio::kernel(), default_cc: netio::default_cc() },
-        server: Host { name: dir.display().to_string(), address: None, software: format!("{fstype} on {device}"), kernel: netio::kernel(), default_cc: String::new() },
-        start_time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
-        step: SAMPLE_EVERY.as_secs_f64(),
-        ..Default::default()
-    };
+    let server = Host { name: dir.display().to_string(), address: None, software: format!("{fstype} on {device}"), kernel: netio::kernel(), default_cc: String::new() };
+    let meta = Metadata { step: SAMPLE_EVERY.as_secs_f64(), ..crate::run::local_metadata("writeback", params, server) };
     result::write_atomic(&path, &ResultFile::new(meta.clone()))?;
 
     let t0 = netio::mono_ns();

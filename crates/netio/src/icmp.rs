@@ -16,6 +16,9 @@ pub enum IcmpKind {
     PortUnreachable,
     /// Any other unreachable (type, code): filtered, no route, ...
     Unreachable(u8, u8),
+    /// Too big for the next hop (ICMP fragmentation needed, ICMPv6 packet too big), or for
+    /// this host's own route (a local error): the MTU it named.
+    TooBig(u32),
 }
 
 #[derive(Clone, Debug)]
@@ -90,9 +93,43 @@ pub fn ping_socket(v6: bool) -> io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let (domain, proto) = if v6 { (Domain::IPV6, Protocol::ICMPV6) } else { (Domain::IPV4, Protocol::ICMPV4) };
     let s = Socket::new(domain, Type::DGRAM, Some(proto)).map_err(|e| {
-        io::Error::new(e.kind(), format!("no ICMP echo socket ({e}): this host allows them only to the groups in sysctl net.ipv4.ping_group_range; use the default UDP probes"))
+        io::Error::new(e.kind(), format!("no ICMP echo socket ({e}): this host allows them only to the groups in sysctl net.ipv4.ping_group_range (sysctl -w net.ipv4.ping_group_range='0 2147483647' admits all)"))
     })?;
     Ok(s.into())
+}
+
+/// Sets the Don't Fragment bit (IPv6 never fragments in flight) on everything the socket
+/// sends, without letting the kernel's cached path MTU refuse larger probes (tracepath's
+/// IP_PMTUDISC_PROBE): a probe too big for the first hop fails at send with EMSGSIZE.
+pub fn probe_mtu(sock: &UdpSocket) -> io::Result<()> {
+    let fd = sock.as_raw_fd();
+    if is_v6(sock)? {
+        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_PROBE)
+    } else {
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_PROBE)
+    }
+}
+
+/// Whether a send failed for being larger than the route's MTU (EMSGSIZE).
+pub fn too_big(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EMSGSIZE)
+}
+
+/// The MTU of this host's route to `dest` (its interface's, or a smaller one the kernel
+/// learnt): what a connected UDP socket reads back as IP_MTU / IPV6_MTU.
+pub fn route_mtu(dest: IpAddr) -> io::Result<u32> {
+    let bind: SocketAddr = if dest.is_ipv6() { "[::]:0".parse().unwrap() } else { "0.0.0.0:0".parse().unwrap() };
+    let s = UdpSocket::bind(bind)?;
+    s.connect(SocketAddr::new(dest, 9))?;
+    let (level, name) = if dest.is_ipv6() { (libc::IPPROTO_IPV6, libc::IPV6_MTU) } else { (libc::IPPROTO_IP, libc::IP_MTU) };
+    let mut v: i32 = 0;
+    let mut len = std::mem::size_of::<i32>() as u32;
+    // SAFETY: valid fd, a pointer to an int and its length.
+    let r = unsafe { libc::getsockopt(s.as_raw_fd(), level, name, (&mut v as *mut i32).cast(), &mut len) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v.max(0) as u32)
 }
 
 /// An ICMP or ICMPv6 echo request (the kernel sets the identifier and checksum on a ping
@@ -201,6 +238,8 @@ fn cmsg_error(c: &libc::cmsghdr) -> Option<(Option<IcmpKind>, Option<IpAddr>)> {
         let body = libc::CMSG_DATA(c);
         let ee: libc::sock_extended_err = std::ptr::read_unaligned(body.cast());
         let kind = match (ee.ee_origin, ee.ee_type, ee.ee_code) {
+            (libc::SO_EE_ORIGIN_ICMP, 3, 4) | (libc::SO_EE_ORIGIN_ICMP6, 2, _) => Some(IcmpKind::TooBig(ee.ee_info)),
+            (libc::SO_EE_ORIGIN_LOCAL, _, _) if ee.ee_errno == libc::EMSGSIZE as u32 => Some(IcmpKind::TooBig(ee.ee_info)),
             (libc::SO_EE_ORIGIN_ICMP, 11, _) | (libc::SO_EE_ORIGIN_ICMP6, 3, _) => Some(IcmpKind::TimeExceeded),
             (libc::SO_EE_ORIGIN_ICMP, 3, 3) | (libc::SO_EE_ORIGIN_ICMP6, 1, 4) => Some(IcmpKind::PortUnreachable),
             (libc::SO_EE_ORIGIN_ICMP, 3, code) | (libc::SO_EE_ORIGIN_ICMP6, 1, code) => Some(IcmpKind::Unreachable(ee.ee_type, code)),

@@ -235,6 +235,17 @@ pub struct WritebackStart {
     pub disturbed: Option<String>,
 }
 
+/// What a path MTU means for TCP and for tunnels over the path (`test mtu`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct MtuAdvice {
+    pub tcp_mss: u32,
+    /// OpenVPN 2.4's `mssfix` (the largest UDP payload it sends).
+    pub openvpn_mssfix: u32,
+    pub wireguard_mtu: u32,
+    /// The advice in words.
+    pub lines: Vec<String>,
+}
+
 /// A figure per load phase: download only, upload only, both ways at once.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ByPhase {
@@ -344,5 +355,13 @@ pub struct Summary {
     pub cache_mbps: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub small_sync_ms: Option<Percentiles>,
+    /// `test mtu`: the largest IP packet that crosses the path, whether larger ones vanish
+    /// without an ICMP error (a black hole), and what follows for TCP and tunnels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_mtu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blackhole: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advice: Option<MtuAdvice>,
     pub partial: bool,
 }

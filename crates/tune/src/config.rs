@@ -397,6 +397,89 @@ pub fn sysctl_writeback(rate_bps: u64, background_ns: u64, delay_ns: u64) -> Str
     )
 }
 
+/// A packet queue, ms, for the tunnel device's short FIFO where the kernel has no fq_codel.
+const TUNNEL_FIFO_MS: f64 = 20.0;
+
+/// OpenVPN settings that keep the throughput of the classic recipe (AEAD cipher, large tunnel
+/// packets on a LAN, no Nagle, kernel-sized socket buffers) without its 15000-packet FIFO: a
+/// smart queue on the tunnel device instead. `path_mtu`: the path's MTU from `test mtu` (an
+/// Internet path: standard tunnel packets clamped to it); absent, a LAN both ends control.
+/// `rate_bps`: the tunnel's rate, for the short FIFO where the kernel lacks fq_codel.
+pub fn openvpn(path_mtu: Option<u32>, rate_bps: Option<u64>) -> String {
+    let rate = rate_bps.unwrap_or(1_000_000_000);
+    let mtu_lines = match path_mtu {
+        Some(p) => format!(
+            "tun-mtu 1500\n\
+             # The path carries {p}-byte packets (bloatlab test mtu): TCP inside the tunnel is told\n\
+             # to keep each encapsulated UDP payload within {m} bytes, so nothing is fragmented\n\
+             # or lost in a black hole ({p} less 28 bytes of IPv4 and UDP; OpenVPN 2.6 also takes\n\
+             # `mssfix {p} mtu`).\n\
+             mssfix {m}\n",
+            m = p.saturating_sub(28)
+        ),
+        None => "# A LAN both ends control: large tunnel packets halve the per-packet work (the seed measured\n\
+                 # 630 -> 930 Mbit/s on GbE with mssfix 0; 65k packets halved the CPU in VMs). Only where\n\
+                 # no router between the ends has a smaller MTU: else run bloatlab test mtu and give --mtu.\n\
+                 tun-mtu 9000\n\
+                 mssfix 0\n"
+            .to_string(),
+    };
+    let fifo = ((rate as f64 / 8.0 * TUNNEL_FIFO_MS / 1e3) / 1500.0).ceil().max(10.0) as u64;
+    format!(
+        "# bloatlab config openvpn: throughput settings for OpenVPN 2.4+ (both ends unless said)\n\
+         # without the bufferbloat of the usual recipe. Its `txqueuelen 15000` on the tunnel device\n\
+         # is a FIFO of 15000 packets: at 930 Mbit/s with 9000-byte packets it holds\n\
+         # 15000 x 9000 x 8 / 930e6 = 1.16 s of data in front of every packet, so the tunnel is fast and\n\
+         # bloated (OpenVPN's own manual warns that without QoS latency gets worse).\n\
+         \n\
+         # An AEAD cipher: encryption and authentication in one pass, with AES-NI in hardware.\n\
+         cipher AES-256-GCM\n\
+         data-ciphers AES-256-GCM:AES-128-GCM:CHACHA20-POLY1305\n\
+         {mtu_lines}\
+         # No Nagle delay for small packets (calls, keystrokes) on the tunnel's sockets\n\
+         # (server side; it is pushed to clients).\n\
+         tcp-nodelay\n\
+         # Socket buffers sized by the kernel's autotuning, not fixed small ones.\n\
+         sndbuf 0\n\
+         rcvbuf 0\n\
+         # A short transmit queue: the queue that matters is the smart one below.\n\
+         txqueuelen 100\n\
+         # With proto tcp (a LAN recipe), at most this many packets wait in OpenVPN's own TCP queue.\n\
+         tcp-queue-limit 64\n\
+         # A smart queue on the tunnel device, set when it comes up (the script gets the device as $1).\n\
+         script-security 2\n\
+         up /etc/openvpn/bloatlab-tunnel-qdisc.sh\n\
+         \n\
+         # /etc/openvpn/bloatlab-tunnel-qdisc.sh (chmod +x):\n\
+         # #!/bin/sh\n\
+         # # fq_codel keeps each flow's queue at 5 ms; CAKE, where the kernel has it, also shapes\n\
+         # # (cake bandwidth {kbit}kbit) when the tunnel is the bottleneck. A kernel with neither\n\
+         # # gets a short FIFO: {fifo} packets, {ms} ms at {mbit} Mbit/s.\n\
+         # tc qdisc replace dev \"$1\" root fq_codel 2>/dev/null ||\n\
+         #   tc qdisc replace dev \"$1\" root pfifo limit {fifo}\n",
+        kbit = rate * 95 / 100 / 1000,
+        ms = TUNNEL_FIFO_MS,
+        mbit = rate / 1_000_000,
+    )
+}
+
+/// The WireGuard MTU for a path (from `test mtu`): the inner packet less WireGuard's 32 bytes
+/// and the outer UDP and IP headers, for IPv4 and IPv6 outer paths.
+pub fn wireguard_mtu(path_mtu: u32) -> String {
+    let v4 = path_mtu.saturating_sub(20 + 8 + 32);
+    let v6 = path_mtu.saturating_sub(40 + 8 + 32);
+    format!(
+        "# bloatlab config wireguard-mtu: the tunnel MTU for a {path_mtu}-byte path (bloatlab test mtu).\n\
+         # Each tunnel packet gains 32 bytes of WireGuard (header 16, tag 16), 8 of UDP and 20 of\n\
+         # IPv4 (40 of IPv6) on the way out: {path_mtu} - 60 = {v4} over IPv4, {path_mtu} - 80 = {v6}\n\
+         # over IPv6 (WireGuard's default 1420 is the IPv6 figure for a 1500-byte path).\n\
+         # A smart queue on the tunnel device too: tc qdisc replace dev wg0 root fq_codel\n\
+         [Interface]\n\
+         MTU = {mtu}\n",
+        mtu = v6.min(v4)
+    )
+}
+
 /// Wireless settings for calls over Wi-Fi on OpenWrt, as commented advice.
 pub fn wifi_openwrt() -> String {
     r#"# bloatlab config wifi-openwrt: /etc/config/wireless advice for VoIP over Wi-Fi (then: wifi reload)
@@ -428,6 +511,24 @@ mod tests {
 
     fn cable() -> Shaping {
         Shaping { dev: "eth0".into(), down_kbit: Some(57_000), up_kbit: Some(3_610), link: LinkType::Docsis }
+    }
+
+    /// The reference's OpenVPN numbers: 15000 x 9000 B at 930 Mbit/s is over a second of
+    /// queue; the generated settings keep the cipher, large LAN packets and tcp-nodelay but
+    /// put fq_codel (or a 20 ms FIFO) on the tunnel instead.
+    #[test]
+    fn openvpn_keeps_the_throughput_lines_and_drops_the_long_fifo() {
+        let lan = openvpn(None, Some(930_000_000));
+        for line in ["cipher AES-256-GCM\n", "tun-mtu 9000\n", "mssfix 0\n", "tcp-nodelay\n", "txqueuelen 100\n", "up /etc/openvpn/bloatlab-tunnel-qdisc.sh\n"] {
+            assert!(lan.contains(line), "{line:?} missing:\n{lan}");
+        }
+        assert!(lan.contains("15000 x 9000 x 8 / 930e6 = 1.16 s"));
+        // 930 Mbit/s for 20 ms in 1500-byte packets: 1550.
+        assert!(lan.contains("pfifo limit 1550"), "{lan}");
+        let wan = openvpn(Some(1400), None);
+        assert!(wan.contains("tun-mtu 1500\n") && wan.contains("mssfix 1372\n") && !wan.contains("tun-mtu 9000"), "{wan}");
+        assert!(wireguard_mtu(1500).contains("MTU = 1420\n"));
+        assert!(wireguard_mtu(1400).contains("1400 - 60 = 1340"));
     }
 
     #[test]
