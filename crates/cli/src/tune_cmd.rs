@@ -320,7 +320,7 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
     let vm = std::path::Path::new(bloatlab_tune::sysctl::VM_DIR);
     let state = std::path::Path::new(bloatlab_tune::apply::STATE_DIR);
     match c {
-        TuneCommand::Apply { sysctl: true, config: file, from, rate, verify, size, out_dir, json, .. } => apply_sysctl(file, &from, rate, verify, size, out_dir, json),
+        TuneCommand::Apply { sysctl: true, config: file, from, rate, verify, size, out_dir, json, .. } => apply_sysctl(vm, state, file, &from, rate, verify, size, out_dir, json),
         TuneCommand::Rollback { sysctl: true, .. } => said(bloatlab_tune::sysctl::rollback(vm, state)),
         TuneCommand::Status { sysctl: true, .. } => match bloatlab_tune::sysctl::status(vm, state) {
             Ok(s) => {
@@ -411,7 +411,8 @@ fn said(r: Result<String, String>) -> ExitCode {
 /// `tune apply --sysctl`: the thresholds from a config file or a writeback result, applied
 /// (recorded first), and with `--verify DIR` measured before and after and kept only if they
 /// helped.
-fn apply_sysctl(file: Option<PathBuf>, from: &[PathBuf], rate: Option<u64>, verify: Option<String>, size: u64, out_dir: PathBuf, json: bool) -> ExitCode {
+#[allow(clippy::too_many_arguments)]
+fn apply_sysctl(vm: &std::path::Path, state: &std::path::Path, file: Option<PathBuf>, from: &[PathBuf], rate: Option<u64>, verify: Option<String>, size: u64, out_dir: PathBuf, json: bool) -> ExitCode {
     let (bg, fg) = match (file, from.is_empty()) {
         (Some(f), _) => match std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display())).and_then(|t| bloatlab_tune::sysctl::parse_config(&t)) {
             Ok(v) => v,
@@ -430,8 +431,6 @@ fn apply_sysctl(file: Option<PathBuf>, from: &[PathBuf], rate: Option<u64>, veri
         }
         (None, true) => return usage("give --config FILE (bloatlab config sysctl-writeback) or --from WRITEBACK-RESULT..."),
     };
-    let vm = std::path::Path::new(bloatlab_tune::sysctl::VM_DIR);
-    let state = std::path::Path::new(bloatlab_tune::apply::STATE_DIR);
     let Some(dir) = verify else {
         return said(bloatlab_tune::sysctl::apply(vm, state, bg, fg).map(|r| format!("applied vm.dirty_background_bytes = {bg}, vm.dirty_bytes = {fg} over {} (tune rollback --sysctl restores it)", r.before.describe())));
     };

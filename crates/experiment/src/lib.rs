@@ -173,6 +173,16 @@ fn write_report(runs: &[(&str, &Path)], sections: &[html::Section], out: &Path) 
     Ok(out.to_path_buf())
 }
 
+/// Runs a `bloatlab test ... --json` command (stdout and stderr captured) and reads its
+/// summary; errors name the run by `tag`.
+fn summary_of(mut cmd: Command, tag: &str) -> Result<Summary, String> {
+    let out = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).output().map_err(|e| format!("cannot run the {tag} test: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("the {tag} test failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("the {tag} test's summary: {e}"))
+}
+
 fn stamp() -> String {
     let s = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     s.replace([':', '-'], "").trim_end_matches('Z').to_string()

@@ -6,7 +6,7 @@ use bloatlab_result::Summary;
 use bloatlab_tune::apply::{self, Iface};
 use serde::Serialize;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// Goodput the change may cost, as a share of what was measured before: a shaper at 95% of
 /// the line takes some 5-10% on purpose.
@@ -47,12 +47,8 @@ fn measure(v: &Verify, tag: &str) -> Result<Summary, String> {
         }
         None => Command::new(&v.exe),
     };
-    c.args(["test", "rrul-be", &v.host, "-l", &v.length.to_string(), "--idle", "3", "--json", "-q", "-o"]).arg(&file).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let out = c.output().map_err(|e| format!("cannot run the {tag} test: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("the {tag} test failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("the {tag} test's summary: {e}"))
+    c.args(["test", "rrul-be", &v.host, "-l", &v.length.to_string(), "--idle", "3", "--json", "-q", "-o"]).arg(&file);
+    crate::summary_of(c, tag)
 }
 
 /// Keep or not, and why: latency under load must not rise, the total goodput must keep

@@ -7,7 +7,7 @@ use bloatlab_result::Summary;
 use bloatlab_tune::sysctl;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// Rate to stable storage the change may cost, as a share of before: smaller thresholds
 /// start the disk earlier, which should not slow it.
@@ -40,11 +40,7 @@ fn measure(v: &WritebackVerify, tag: &str) -> Result<Summary, String> {
     if let Some(r) = v.rate_bps {
         c.args(["--rate", &format!("{r}bit")]);
     }
-    let out = c.stdout(Stdio::piped()).stderr(Stdio::piped()).output().map_err(|e| format!("cannot run the {tag} test: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("the {tag} test failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("the {tag} test's summary: {e}"))
+    crate::summary_of(c, tag)
 }
 
 /// The longest a synced write waited: the small probes' p99 or the big file's closing fsync,

@@ -120,6 +120,8 @@ fn send_loop(sock: &UdpSocket, token: Token, spec: &UdpLoadSpec, mut schedule: S
     netio::udp::precise_sleeps();
     let mut buf = vec![0u8; usize::from(spec.size)];
     let flags = if key.is_some() { probe::FLAG_MAC } else { 0 };
+    // Send times of one round, counted into the log after the sends (kept across rounds).
+    let mut sends: Vec<u64> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         let now = netio::mono_ns();
         if now >= end_ns {
@@ -127,7 +129,7 @@ fn send_loop(sock: &UdpSocket, token: Token, spec: &UdpLoadSpec, mut schedule: S
         }
         let due = schedule.due(now);
         let (mut sent, mut refused) = (0u64, 0u64);
-        let mut sends = Vec::with_capacity(due.min(4096) as usize);
+        sends.clear();
         for _ in 0..due {
             let t = netio::mono_ns();
             let p = Probe { kind: Kind::Load, stream: spec.id, token, seq: schedule.total_sent() as u32 + sent as u32, client_send_ns: t, server_recv_ns: 0, server_send_ns: 0, server_rx_count: 0, flags };
@@ -156,7 +158,7 @@ fn send_loop(sock: &UdpSocket, token: Token, spec: &UdpLoadSpec, mut schedule: S
             l.sent += sent;
             l.send_errors += refused;
             l.skipped = schedule.skipped;
-            for t in sends {
+            for &t in &sends {
                 l.buckets.add(t, u32::from(spec.size));
             }
         }

@@ -43,7 +43,8 @@ pub struct EchoReply {
     pub at: Option<SystemTime>,
 }
 
-fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
+/// Sets an int-valued socket option.
+pub(crate) fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
     // SAFETY: a valid fd and a pointer to an int of the length given.
     let r = unsafe { libc::setsockopt(fd, level, name, (&value as *const i32).cast(), std::mem::size_of::<i32>() as u32) };
     if r == 0 {

@@ -7,23 +7,16 @@ use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::process::Command;
 
-fn setsockopt_int(fd: &impl AsRawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
-    // SAFETY: a valid fd and a pointer to an int of the length given.
-    let r = unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, (&value as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as libc::socklen_t) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
+use crate::icmp::setsockopt_int;
 
 /// Asks for a receive buffer of `bytes`, beyond `net.core.rmem_max` when privileged
 /// (SO_RCVBUFFORCE), and returns what the socket got (the kernel doubles the request for its
 /// bookkeeping and reports the doubled figure).
 pub fn grow_rcvbuf(sock: &impl AsRawFd, bytes: usize) -> io::Result<usize> {
     let want = bytes.min(i32::MAX as usize) as libc::c_int;
-    if setsockopt_int(sock, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, want).is_err() {
-        setsockopt_int(sock, libc::SOL_SOCKET, libc::SO_RCVBUF, want)?;
+    let fd = sock.as_raw_fd();
+    if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, want).is_err() {
+        setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, want)?;
     }
     let mut got: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
