@@ -124,13 +124,14 @@ fn a_driver_ring_below_fq_codel_bloats_and_bql_cures_it() {
 }
 
 /// The `switch` preset: a gigabit host, a switch with a 64 KB buffer on its 100 Mbit/s uplink,
-/// a 50 Mbit/s line. 30 Mbit/s of 1 KB datagrams sent as old iperf3 -b did without pacing (366
-/// packets, 385 KB of IP, back to back every 100 ms) arrive at the switch at up to 1 Gbit/s for
-/// at least 3.1 ms; the port drains 100 Mbit/s meanwhile and holds 64 KB, so at most
-/// (65536 + 385 KB x 0.1) / 385 KB = 27% of each burst gets through if the host sends at line
-/// rate (more if it sends slower). The same rate paced by a timer never fills the buffer.
-/// (At 45 Mbit/s: 77.8% lost, the bound 79%; 30 keeps the host's own TUN queue, 256 packets,
-/// clear of the burst: it held up to 267 at 45.)
+/// a 50 Mbit/s line. 20 Mbit/s of 1 KB datagrams sent as old iperf3 -b did without pacing (244
+/// packets, 257 KB of IP, back to back every 100 ms) arrive at the switch at up to 1 Gbit/s for
+/// at least 2.1 ms; the port drains 100 Mbit/s meanwhile and holds 64 KB, so at most
+/// (65536 + 257 KB x 0.1) / 257 KB = 35.5% of each burst gets through if the host sends at line
+/// rate (more if it sends slower): 64.5% lost at most. The same rate paced by a timer never
+/// fills the buffer. A burst must also fit the host's own TUN queue (256 packets), where a
+/// stalled emulator would otherwise drop it outside the model: at 30 Mbit/s (366 packets, 70%
+/// and 72% lost against a 73% bound) one CI run lost 59 there; at 45 Mbit/s, 77.8% of 79%.
 #[test]
 fn unpaced_bursts_overflow_a_shallow_switch_and_a_paced_sender_loses_nothing() {
     let _g = serial();
@@ -138,7 +139,7 @@ fn unpaced_bursts_overflow_a_shallow_switch_and_a_paced_sender_loses_nothing() {
     let _srv = lab.server("server");
     let udp = |pacing: &str| {
         let before = lab.stats()["links"]["uplink"]["up"]["drops"]["overflow"].as_u64().unwrap();
-        let s = lab.test("client", &["udp", "10.77.2.2", "--rate", "30mbit", "--pacing", pacing, "-l", "5", "--idle", "1"]);
+        let s = lab.test("client", &["udp", "10.77.2.2", "--rate", "20mbit", "--pacing", pacing, "-l", "5", "--idle", "1"]);
         let st = lab.stats();
         let overflow = st["links"]["uplink"]["up"]["drops"]["overflow"].as_u64().unwrap() - before;
         eprintln!(
@@ -150,14 +151,14 @@ fn unpaced_bursts_overflow_a_shallow_switch_and_a_paced_sender_loses_nothing() {
     };
     let (bursty, overflow) = udp("burst:100ms");
     let loss = f(&bursty, "loss.percent");
-    assert!((50.0..=75.0).contains(&loss), "bursts lost {loss}% at the switch (physics: 73% at line rate, less if the host is slower)");
+    assert!((50.0..=66.0).contains(&loss), "bursts lost {loss}% at the switch (physics: 64.5% at line rate, less if the host is slower)");
     let lost = bursty["loss"]["lost"].as_u64().unwrap();
     assert!(overflow as f64 >= 0.95 * lost as f64, "the switch dropped {overflow} of the {lost} lost packets");
     assert!(f(&bursty, "burst.send.peak_over_mean") > 8.0, "{}", bursty["burst"]);
     let (paced, _) = udp("timer");
     assert!(f(&paced, "loss.percent") < 0.5, "{}", paced["loss"]);
     let goodput = f(&paced, "throughput_mbps.up");
-    assert!((goodput - 30.0).abs() < 0.03 * 30.0, "paced goodput {goodput} Mbit/s of 30");
+    assert!((goodput - 20.0).abs() < 0.03 * 20.0, "paced goodput {goodput} Mbit/s of 20");
     assert!(f(&paced, "burst.send.p99_over_mean") < 3.0, "{}", paced["burst"]);
 }
 
