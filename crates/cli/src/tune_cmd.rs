@@ -59,9 +59,11 @@ pub enum Kind {
     NftDscp,
     /// vm.dirty_background_bytes and vm.dirty_bytes from --rate x --background-delay / --delay.
     SysctlWriteback,
-    /// OpenVPN settings for throughput without a 15000-packet FIFO on the tunnel (--mtu: the
-    /// path's, from bloatlab test mtu; --rate: the tunnel's, for a short FIFO fallback).
+    /// OpenVPN settings for throughput without a 15000-packet queue on the tunnel (--mtu: the
+    /// path's, from bloatlab test mtu; --rate: the tunnel's goodput, from bloatlab compare).
     Openvpn,
+    /// OpenVPN's `up` script: a shaper at 95% of --rate into CAKE or fq_codel on the tunnel.
+    OpenvpnUp,
     /// The WireGuard MTU for a path MTU (--mtu, from bloatlab test mtu).
     WireguardMtu,
     /// OpenWrt wireless settings for calls over Wi-Fi, as commented advice.
@@ -96,8 +98,8 @@ pub struct ConfigArgs {
     /// openvpn, wireguard-mtu: the path MTU (bloatlab test mtu reports it).
     #[arg(long)]
     mtu: Option<u32>,
-    /// sysctl-writeback: the rate of the link the writes go to (1Gibit, 100Mbit, ...); openvpn:
-    /// the tunnel's rate.
+    /// sysctl-writeback: the rate of the link the writes go to (1Gibit, 100Mbit, ...); openvpn,
+    /// openvpn-up: the tunnel's goodput.
     #[arg(long, value_parser = units::parse_rate)]
     rate: Option<u64>,
     /// sysctl-writeback: how much of the link's time may be dirty before writeback starts.
@@ -207,7 +209,7 @@ pub fn config_cmd(a: ConfigArgs) -> ExitCode {
         return usage(format!("--dev `{}`: an interface name (at most 15 letters, digits, '-', '_', '.')", a.dev));
     }
     let s = Shaping { dev: a.dev.clone(), down_kbit: down, up_kbit: up, link: a.link };
-    let needs_rates = !matches!(a.kind, Kind::NftDscp | Kind::SysctlWriteback | Kind::WifiOpenwrt | Kind::Openvpn | Kind::WireguardMtu);
+    let needs_rates = !matches!(a.kind, Kind::NftDscp | Kind::SysctlWriteback | Kind::WifiOpenwrt | Kind::Openvpn | Kind::OpenvpnUp | Kind::WireguardMtu);
     if needs_rates && down.is_none() && up.is_none() {
         return usage("give --down and/or --up (e.g. --down 57Mbit --up 3610kbit), or --from RESULT...");
     }
@@ -225,6 +227,10 @@ pub fn config_cmd(a: ConfigArgs) -> ExitCode {
         },
         Kind::WifiOpenwrt => config::wifi_openwrt(),
         Kind::Openvpn => config::openvpn(a.mtu, a.rate),
+        Kind::OpenvpnUp => match a.rate {
+            Some(r) => config::openvpn_up(r),
+            None => return usage("openvpn-up needs --rate, the tunnel's goodput (bloatlab compare RAW TUNNEL measures it)"),
+        },
         Kind::WireguardMtu => match a.mtu {
             Some(m) if (576..=65_535).contains(&m) => config::wireguard_mtu(m),
             _ => return usage("wireguard-mtu needs --mtu, the path MTU (576..65535; bloatlab test mtu HOST measures it)"),

@@ -187,6 +187,11 @@ fn test_mtu_finds_the_narrow_link_and_a_silent_black_hole() {
         assert_eq!((s["path_mtu"].as_u64(), s["blackhole"].as_bool()), (Some(1300), Some(true)), "{host}: {s}");
     }
     assert!(lab.stats()["links"]["line"]["up"]["drops"]["mtu"].as_u64().unwrap() > 0, "the model dropped the large probes");
+    // A path that drops everything: no size to search from, one line and a failing exit.
+    lab.set("line", &["loss=100%"]);
+    let out = run(&p.iter().map(String::as_str).collect::<Vec<_>>(), &["test", "mtu", "10.77.1.2", "-q"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.trim().lines().count() == 1 && err.contains("no echo reply"), "{:?}: {err}", out.status);
 }
 
 /// The value below which `q` of a histogram's samples lie, from `lab stats`' [[value, count]].

@@ -1,7 +1,7 @@
 //! `bloatlab compare TARGET TARGET...`: the same test against several paths (a tunnel and the
 //! raw path, a LAN server and a WAN one, Wi-Fi and wired), one table, one overlaid report, and
-//! each path's efficiency against the first: what a tunnel or a hop costs. The tests run as
-//! `bloatlab test` processes.
+//! each path's efficiency against the first: what a tunnel or a hop costs, in goodput and in
+//! the host's CPU. The tests run as `bloatlab test` processes.
 
 use crate::{stamp, table, write_report};
 use bloatlab_result::Summary;
@@ -27,6 +27,8 @@ pub struct TargetsOptions {
 pub struct TargetRun {
     pub target: String,
     pub summary: Summary,
+    /// The host's CPU during the run (`None` where /proc/stat cannot be read).
+    pub cpu: Option<CpuUse>,
     #[serde(skip)]
     pub file: PathBuf,
 }
@@ -35,6 +37,53 @@ pub struct TargetComparison {
     pub runs: Vec<TargetRun>,
     pub report: Result<PathBuf, String>,
     pub interrupted: bool,
+}
+
+/// The host's CPU time from /proc/stat's first line, in its clock ticks: busy and in all.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CpuTicks {
+    pub busy: u64,
+    pub total: u64,
+}
+
+/// /proc/stat's `cpu` line: user nice system idle iowait irq softirq steal (guest time is
+/// already inside user); idle and iowait are the time no task ran.
+pub fn parse_proc_stat(text: &str) -> Option<CpuTicks> {
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).take(8).map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    if v.len() < 5 {
+        return None;
+    }
+    let total: u64 = v.iter().sum();
+    Some(CpuTicks { busy: total - v[3] - v[4], total })
+}
+
+fn host_cpu() -> Option<CpuTicks> {
+    parse_proc_stat(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// /proc/stat counts in USER_HZ, 100 per second on every Linux architecture that matters here.
+const USER_HZ: f64 = 100.0;
+
+/// What a run cost the host's processors: every process counts, so a tunnel's daemons (and a
+/// lab's emulator) are in it; the difference between two paths is what one costs over the other.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct CpuUse {
+    /// Busy share of all cores over the run, %.
+    pub busy_percent: f64,
+    /// Busy CPU seconds, all cores together.
+    pub cpu_s: f64,
+    /// CPU seconds per gigabit of goodput in the load phase.
+    pub cpu_s_per_gbit: Option<f64>,
+}
+
+/// The CPU between two readings for a run that delivered `goodput_mbps` for `load_s`.
+pub fn cpu_use(before: CpuTicks, after: CpuTicks, goodput_mbps: Option<f64>, load_s: f64) -> Option<CpuUse> {
+    let busy = after.busy.checked_sub(before.busy)?;
+    let total = after.total.checked_sub(before.total).filter(|t| *t > 0)?;
+    let cpu_s = busy as f64 / USER_HZ;
+    let gbit = goodput_mbps.map(|g| g * load_s / 1e3).filter(|g| *g > 0.0);
+    Some(CpuUse { busy_percent: 100.0 * busy as f64 / total as f64, cpu_s, cpu_s_per_gbit: gbit.map(|g| cpu_s / g) })
 }
 
 /// Goodput of a run, both directions together, Mbit/s.
@@ -60,6 +109,12 @@ pub fn text(runs: &[TargetRun]) -> String {
     for e in efficiency(runs) {
         t += &format!("{:>width$}", e.map_or("-".to_string(), |e| format!("{:.0}%", e * 100.0)));
     }
+    let cpu_row = |name: &str, cell: &dyn Fn(&CpuUse) -> Option<String>| {
+        let cells: String = runs.iter().map(|r| format!("{:>width$}", r.cpu.as_ref().and_then(cell).unwrap_or_else(|| "-".into()))).collect();
+        format!("\n{name:<26}{cells}")
+    };
+    t += &cpu_row("host CPU busy, %", &|c| Some(format!("{:.0}", c.busy_percent)));
+    t += &cpu_row("CPU s per Gbit", &|c| c.cpu_s_per_gbit.map(|v| format!("{v:.2}")));
     t + "\n"
 }
 
@@ -88,8 +143,12 @@ pub fn compare_targets(targets: &[String], o: &TargetsOptions) -> Result<TargetC
         }
         let safe: String = target.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '_' }).collect();
         let file = o.out_dir.join(format!("bloatlab-compare-{i}-{safe}-{stamp}.json.gz"));
+        let before = host_cpu();
         match run_one(o, target, &file) {
-            Ok(summary) => runs.push(TargetRun { target: target.clone(), summary, file }),
+            Ok(summary) => {
+                let cpu = before.zip(host_cpu()).and_then(|(b, a)| cpu_use(b, a, goodput(&summary), o.length));
+                runs.push(TargetRun { target: target.clone(), summary, cpu, file })
+            }
             Err(e) if runs.is_empty() || !o.stop.load(Ordering::Relaxed) => return Err(e),
             Err(_) => break,
         }
@@ -107,7 +166,25 @@ mod tests {
         let mut s = Summary::default();
         s.throughput_mbps.down = down;
         s.throughput_mbps.up = up;
-        TargetRun { target: target.into(), summary: s, file: PathBuf::new() }
+        TargetRun { target: target.into(), summary: s, cpu: None, file: PathBuf::new() }
+    }
+
+    /// Two readings of /proc/stat one second apart on a two-core host, one core busy: 50%, one
+    /// CPU second, and over 0.5 Gbit (50 Mbit/s for 10 s) two seconds per gigabit.
+    #[test]
+    fn cpu_from_two_readings_of_proc_stat() {
+        let before = parse_proc_stat("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\n").unwrap();
+        assert_eq!(before, CpuTicks { busy: 150, total: 1000 });
+        let after = parse_proc_stat("cpu  170 0 80 890 60 0 0 0 0 0\n").unwrap();
+        let c = cpu_use(before, after, Some(50.0), 10.0).unwrap();
+        assert_eq!((c.busy_percent, c.cpu_s), (50.0, 1.0));
+        assert!((c.cpu_s_per_gbit.unwrap() - 2.0).abs() < 1e-12);
+        assert_eq!(cpu_use(after, before, None, 1.0), None, "a counter that went back is no reading");
+        assert_eq!(parse_proc_stat("cpu0 1 2 3 4 5\n"), None, "only the all-cores line counts");
+        let mut runs = [run("raw", Some(50.0), None), run("tunnel", Some(45.0), None)];
+        runs[1].cpu = Some(c);
+        let t = text(&runs);
+        assert!(t.lines().any(|l| l.starts_with("CPU s per Gbit") && l.trim_end().ends_with("2.00")), "{t}");
     }
 
     /// The seed's tunnel: 930 Mbit/s through OpenVPN on a 940 Mbit/s path is 99%.

@@ -397,69 +397,122 @@ pub fn sysctl_writeback(rate_bps: u64, background_ns: u64, delay_ns: u64) -> Str
     )
 }
 
-/// A packet queue, ms, for the tunnel device's short FIFO where the kernel has no fq_codel.
-const TUNNEL_FIFO_MS: f64 = 20.0;
+/// How long a packet may wait in the tunnel device's ring, ms: a short FIFO's worth.
+const TUNNEL_QUEUE_MS: f64 = 20.0;
+
+/// The tunnel device's ring in packets: TUNNEL_QUEUE_MS at the tunnel's rate in its own
+/// packets, at least 10 (a few packets of slack for a sender's bursts).
+fn tunnel_ring_packets(rate_bps: u64, packet_bytes: u32) -> u64 {
+    ((rate_bps as f64 / 8.0 * TUNNEL_QUEUE_MS / 1e3) / f64::from(packet_bytes)).ceil().max(10.0) as u64
+}
+
+/// Where OpenVPN's `up` script goes (`bloatlab config openvpn-up` prints it).
+const TUNNEL_UP_SCRIPT: &str = "/etc/openvpn/bloatlab-tunnel-qdisc.sh";
 
 /// OpenVPN settings that keep the throughput of the classic recipe (AEAD cipher, large tunnel
-/// packets on a LAN, no Nagle, kernel-sized socket buffers) without its 15000-packet FIFO: a
-/// smart queue on the tunnel device instead. `path_mtu`: the path's MTU from `test mtu` (an
-/// Internet path: standard tunnel packets clamped to it); absent, a LAN both ends control.
-/// `rate_bps`: the tunnel's rate, for the short FIFO where the kernel lacks fq_codel.
+/// packets on a LAN, no Nagle, kernel-sized socket buffers) without its 15000-packet queue.
+/// A tun device never stops its transmit queue (Linux 6.18, measured): whatever OpenVPN has not
+/// read waits in the device's own ring of `txqueuelen` packets, which no qdisc sees, so that
+/// ring is the tunnel's queue and is sized here to 20 ms of the tunnel's rate. `path_mtu`: the
+/// path's MTU from `test mtu` (an Internet path: standard tunnel packets clamped to it); absent,
+/// a LAN both ends control. `rate_bps`: the tunnel's goodput (from `compare`); with it, an `up`
+/// script shapes just below it into a smart queue where the kernel has one.
 pub fn openvpn(path_mtu: Option<u32>, rate_bps: Option<u64>) -> String {
-    let rate = rate_bps.unwrap_or(1_000_000_000);
-    let mtu_lines = match path_mtu {
-        Some(p) => format!(
-            "tun-mtu 1500\n\
-             # The path carries {p}-byte packets (bloatlab test mtu): TCP inside the tunnel is told\n\
-             # to keep each encapsulated UDP payload within {m} bytes, so nothing is fragmented\n\
-             # or lost in a black hole ({p} less 28 bytes of IPv4 and UDP; OpenVPN 2.6 also takes\n\
-             # `mssfix {p} mtu`).\n\
-             mssfix {m}\n",
-            m = p.saturating_sub(28)
+    let (tun_mtu, mtu_lines) = match path_mtu {
+        Some(p) => (
+            1500,
+            format!(
+                "tun-mtu 1500\n\
+                 # The path carries {p}-byte packets (bloatlab test mtu): TCP inside the tunnel is told\n\
+                 # to keep each encapsulated UDP payload within {m} bytes, so nothing is fragmented\n\
+                 # or lost in a black hole ({p} less 28 bytes of IPv4 and UDP; OpenVPN 2.6 also takes\n\
+                 # `mssfix {p} mtu`).\n\
+                 mssfix {m}\n",
+                m = p.saturating_sub(28)
+            ),
         ),
-        None => "# A LAN both ends control: large tunnel packets halve the per-packet work (the seed measured\n\
-                 # 630 -> 930 Mbit/s on GbE with mssfix 0; 65k packets halved the CPU in VMs). Only where\n\
-                 # no router between the ends has a smaller MTU: else run bloatlab test mtu and give --mtu.\n\
-                 tun-mtu 9000\n\
-                 mssfix 0\n"
+        None => (
+            9000,
+            "# A LAN both ends control: large tunnel packets halve the per-packet work (the seed measured\n\
+             # 630 -> 930 Mbit/s on GbE with mssfix 0; 65k packets halved the CPU in VMs). Only where\n\
+             # no router between the ends has a smaller MTU: else run bloatlab test mtu and give --mtu.\n\
+             tun-mtu 9000\n\
+             mssfix 0\n"
+                .to_string(),
+        ),
+    };
+    let rate = rate_bps.unwrap_or(1_000_000_000);
+    let ring = tunnel_ring_packets(rate, tun_mtu);
+    let rate_said = match rate_bps {
+        Some(_) => String::new(),
+        None => " (no --rate given: 1 Gbit/s assumed; a slower tunnel waits longer in\n# the same ring, so give --rate with the tunnel's goodput from bloatlab compare)".to_string(),
+    };
+    let up = match rate_bps {
+        Some(_) => format!(
+            "# Below a shaper just under the tunnel's rate the queue moves from that ring into CAKE or\n\
+             # fq_codel, where a call no longer waits behind a bulk flow at all. The script:\n\
+             # bloatlab config openvpn-up --rate {mbit}mbit > {TUNNEL_UP_SCRIPT}; chmod +x it.\n\
+             script-security 2\n\
+             up {TUNNEL_UP_SCRIPT}\n",
+            mbit = rate as f64 / 1e6
+        ),
+        None => "# With --rate this also sets an `up` script that shapes just under the tunnel's rate into\n\
+                 # CAKE or fq_codel: a qdisc on a tun device holds nothing without a shaper.\n"
             .to_string(),
     };
-    let fifo = ((rate as f64 / 8.0 * TUNNEL_FIFO_MS / 1e3) / 1500.0).ceil().max(10.0) as u64;
     format!(
         "# bloatlab config openvpn: throughput settings for OpenVPN 2.4+ (both ends unless said)\n\
-         # without the bufferbloat of the usual recipe. Its `txqueuelen 15000` on the tunnel device\n\
-         # is a FIFO of 15000 packets: at 930 Mbit/s with 9000-byte packets it holds\n\
-         # 15000 x 9000 x 8 / 930e6 = 1.16 s of data in front of every packet, so the tunnel is fast and\n\
-         # bloated (OpenVPN's own manual warns that without QoS latency gets worse).\n\
+         # without the bufferbloat of the usual recipe. Its `txqueuelen 15000` is the queue in front\n\
+         # of every tunnel packet once OpenVPN is the bottleneck (its CPU, or a shaper): a tun device\n\
+         # never pushes back on its qdisc, so each packet OpenVPN has not read yet waits in the\n\
+         # device's own ring of txqueuelen packets, where no qdisc sees it. 15000 packets of 9000\n\
+         # bytes at 930 Mbit/s are 15000 x 9000 x 8 / 930e6 = 1.16 s; of 1500 bytes at 10 Mbit/s,\n\
+         # 18 s (OpenVPN's own manual warns that without QoS latency gets worse).\n\
          \n\
          # An AEAD cipher: encryption and authentication in one pass, with AES-NI in hardware.\n\
          cipher AES-256-GCM\n\
          data-ciphers AES-256-GCM:AES-128-GCM:CHACHA20-POLY1305\n\
          {mtu_lines}\
-         # No Nagle delay for small packets (calls, keystrokes) on the tunnel's sockets\n\
-         # (server side; it is pushed to clients).\n\
+         # No Nagle delay for small packets (calls, keystrokes) on the tunnel's sockets: a server\n\
+         # setting, pushed to clients (a client warns and sets only its own side).\n\
          tcp-nodelay\n\
          # Socket buffers sized by the kernel's autotuning, not fixed small ones.\n\
          sndbuf 0\n\
          rcvbuf 0\n\
-         # A short transmit queue: the queue that matters is the smart one below.\n\
-         txqueuelen 100\n\
+         # The tunnel's queue: {ring} packets of {tun_mtu} bytes, {ms} ms at {mbit} Mbit/s{rate_said}.\n\
+         # With data channel offload (DCO) packets stay in the kernel and skip this ring.\n\
+         txqueuelen {ring}\n\
          # With proto tcp (a LAN recipe), at most this many packets wait in OpenVPN's own TCP queue.\n\
          tcp-queue-limit 64\n\
-         # A smart queue on the tunnel device, set when it comes up (the script gets the device as $1).\n\
-         script-security 2\n\
-         up /etc/openvpn/bloatlab-tunnel-qdisc.sh\n\
-         \n\
-         # /etc/openvpn/bloatlab-tunnel-qdisc.sh (chmod +x):\n\
-         # #!/bin/sh\n\
-         # # fq_codel keeps each flow's queue at 5 ms; CAKE, where the kernel has it, also shapes\n\
-         # # (cake bandwidth {kbit}kbit) when the tunnel is the bottleneck. A kernel with neither\n\
-         # # gets a short FIFO: {fifo} packets, {ms} ms at {mbit} Mbit/s.\n\
-         # tc qdisc replace dev \"$1\" root fq_codel 2>/dev/null ||\n\
-         #   tc qdisc replace dev \"$1\" root pfifo limit {fifo}\n",
-        kbit = rate * 95 / 100 / 1000,
-        ms = TUNNEL_FIFO_MS,
-        mbit = rate / 1_000_000,
+         {up}",
+        ms = TUNNEL_QUEUE_MS,
+        mbit = rate as f64 / 1e6,
+    )
+}
+
+/// OpenVPN's `up` script for a tunnel of `rate_bps`: a shaper at 95% of it into CAKE, else HTB
+/// with fq_codel, else nothing (the short ring of `config openvpn` alone).
+pub fn openvpn_up(rate_bps: u64) -> String {
+    let kbit = rate_bps * 95 / 100 / 1000;
+    format!(
+        "#!/bin/sh\n\
+         # bloatlab config openvpn-up: OpenVPN's `up` script for a {mbit} Mbit/s tunnel (OpenVPN passes\n\
+         # the device as $1; {TUNNEL_UP_SCRIPT}, chmod +x). A tun device never pushes back\n\
+         # on its qdisc, so a qdisc there holds packets only below a shaper slower than the tunnel:\n\
+         # {kbit} kbit/s, 95% of its rate. CAKE where the kernel has it, else HTB into fq_codel.\n\
+         # A kernel with neither keeps the short ring (txqueuelen) alone: a shaper into a FIFO would\n\
+         # cost 5% of the rate and isolate no flow from another.\n\
+         dev=\"$1\"\n\
+         tc qdisc replace dev \"$dev\" root cake bandwidth {kbit}kbit 2>/dev/null && exit 0\n\
+         if tc qdisc replace dev \"$dev\" root handle 1: htb default 1 2>/dev/null &&\n\
+         \x20  tc class replace dev \"$dev\" parent 1: classid 1:1 htb rate {kbit}kbit 2>/dev/null &&\n\
+         \x20  tc qdisc replace dev \"$dev\" parent 1:1 fq_codel 2>/dev/null; then\n\
+         \x20 exit 0\n\
+         fi\n\
+         tc qdisc del dev \"$dev\" root 2>/dev/null\n\
+         # OpenVPN stops if this script fails: the tunnel without a shaper is still a working one.\n\
+         exit 0\n",
+        mbit = rate_bps as f64 / 1e6,
     )
 }
 
@@ -515,18 +568,26 @@ mod tests {
 
     /// The reference's OpenVPN numbers: 15000 x 9000 B at 930 Mbit/s is over a second of
     /// queue; the generated settings keep the cipher, large LAN packets and tcp-nodelay but
-    /// put fq_codel (or a 20 ms FIFO) on the tunnel instead.
+    /// size the tunnel's ring to 20 ms and shape into a smart queue where the kernel has one.
     #[test]
     fn openvpn_keeps_the_throughput_lines_and_drops_the_long_fifo() {
         let lan = openvpn(None, Some(930_000_000));
-        for line in ["cipher AES-256-GCM\n", "tun-mtu 9000\n", "mssfix 0\n", "tcp-nodelay\n", "txqueuelen 100\n", "up /etc/openvpn/bloatlab-tunnel-qdisc.sh\n"] {
+        for line in ["cipher AES-256-GCM\n", "tun-mtu 9000\n", "mssfix 0\n", "tcp-nodelay\n", "up /etc/openvpn/bloatlab-tunnel-qdisc.sh\n"] {
             assert!(lan.contains(line), "{line:?} missing:\n{lan}");
         }
         assert!(lan.contains("15000 x 9000 x 8 / 930e6 = 1.16 s"));
-        // 930 Mbit/s for 20 ms in 1500-byte packets: 1550.
-        assert!(lan.contains("pfifo limit 1550"), "{lan}");
-        let wan = openvpn(Some(1400), None);
+        // 930 Mbit/s for 20 ms in 9000-byte packets: 2.325 MB / 9000 B = 258.3, so 259.
+        assert!(lan.contains("txqueuelen 259\n"), "{lan}");
+        let wan = openvpn(Some(1400), Some(10_000_000));
         assert!(wan.contains("tun-mtu 1500\n") && wan.contains("mssfix 1372\n") && !wan.contains("tun-mtu 9000"), "{wan}");
+        // 10 Mbit/s for 20 ms in 1500-byte packets: 25 000 B / 1500 B = 16.7, so 17.
+        assert!(wan.contains("txqueuelen 17\n") && wan.contains("openvpn-up --rate 10mbit"), "{wan}");
+        // Slower than 10 packets in 20 ms, the ring keeps 10.
+        assert_eq!(tunnel_ring_packets(1_000_000, 1500), 10);
+        let unknown = openvpn(None, None);
+        assert!(unknown.contains("1 Gbit/s assumed") && !unknown.contains("\nup "), "no rate, no script to shape at it:\n{unknown}");
+        let up = openvpn_up(10_000_000);
+        assert!(up.contains("cake bandwidth 9500kbit") && up.contains("htb rate 9500kbit") && up.ends_with("exit 0\n"), "{up}");
         assert!(wireguard_mtu(1500).contains("MTU = 1420\n"));
         assert!(wireguard_mtu(1400).contains("1400 - 60 = 1340"));
     }
