@@ -725,14 +725,17 @@ fn finish_test(outcome: Result<bloatlab_measure::Outcome, bloatlab_measure::Meas
     if let Some(at_start) = lab_at_start {
         attach_lab_counters(&mut outcome.result, &outcome.path, at_start);
     }
-    let summary = outcome.result.summary.clone().unwrap_or_default();
-    if json {
-        println!("{}", serde_json::to_string_pretty(&summary).expect("summary serializes"));
-    } else {
-        print!("{}", summary_text(&summary, &outcome.result.metadata));
-    }
-    if !quiet {
-        eprint!("{}", events_text(&outcome.result.events));
+    // A summary of a run cut short by this host's own failure would mislead: one line only.
+    if !matches!(outcome.ended, Ended::Failed(_)) {
+        let summary = outcome.result.summary.clone().unwrap_or_default();
+        if json {
+            println!("{}", serde_json::to_string_pretty(&summary).expect("summary serializes"));
+        } else {
+            print!("{}", summary_text(&summary, &outcome.result.metadata));
+        }
+        if !quiet {
+            eprint!("{}", events_text(&outcome.result.events));
+        }
     }
     let path = outcome.path.display();
     match outcome.ended {
@@ -747,5 +750,6 @@ fn finish_test(outcome: Result<bloatlab_measure::Outcome, bloatlab_measure::Meas
             ExitCode::from(130)
         }
         Ended::ServerLost(why) => fail(format!("{why} mid-test; partial results kept in {path}. Check that the server is still running")),
+        Ended::Failed(why) => fail(format!("{why}; partial results kept in {path}")),
     }
 }

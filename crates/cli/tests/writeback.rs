@@ -162,3 +162,34 @@ impl Drop for RemoveDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Bad places to write give one clear line on stderr and a failing exit: a directory that does
+/// not exist, one this user may not write (root without CAP_DAC_OVERRIDE on a directory of
+/// `nobody`), and a filesystem that fills up mid-test (a 4 MiB tmpfs in a mount namespace of
+/// its own, gone with the process), which also keeps the partial result file.
+#[test]
+fn writeback_to_bad_places_fails_with_one_line() {
+    let _g = serial();
+    let one_line = |out: &std::process::Output, want: &str| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.trim().lines().count() == 1 && err.contains(want), "{:?}, want {want:?}: {err}", out.status);
+        assert!(out.stdout.is_empty(), "no summary of a failed run: {}", String::from_utf8_lossy(&out.stdout));
+    };
+    one_line(&run(&[], &["test", "writeback", "/nonexistent/bloatlab", "-q"]), "not a directory");
+    if unsafe { libc::geteuid() } != 0 {
+        missing("root, to drop a capability and mount a small tmpfs");
+        return;
+    }
+    let dir = tmp_path("wb-bad");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+    let out_file = tmp_path("wb-bad.json");
+    let args = ["test", "writeback", dir.to_str().unwrap(), "--size", "16M", "-q", "-o", out_file.to_str().unwrap()];
+    one_line(&run(&["setpriv", "--bounding-set=-dac_override,-dac_read_search"], &args), "Permission denied");
+
+    let mount = "mount -t tmpfs -o size=4m bloatlab-full \"$0\" && exec \"$@\"";
+    one_line(&run(&["unshare", "--mount", "sh", "-c", mount, dir.to_str().unwrap()], &args), "No space left on device");
+    let partial: serde_json::Value = serde_json::from_slice(&std::fs::read(&out_file).unwrap()).unwrap();
+    assert_eq!(partial["partial"], true, "the file of a run cut short says so");
+    assert!(std::fs::read_dir(&dir).unwrap().next().is_none(), "the tmpfs went with its mount namespace");
+}

@@ -36,6 +36,8 @@ pub enum Ended {
     Complete,
     Interrupted,
     ServerLost(String),
+    /// This host could not go on (a local write failed): the reason, said once.
+    Failed(String),
 }
 
 pub struct Outcome {
@@ -439,6 +441,7 @@ impl Test<'_> {
             Ended::Complete => {}
             Ended::Interrupted => final_result.events.push(result::Event { t: end_t, what: "interrupted by the user".into() }),
             Ended::ServerLost(why) => final_result.events.push(result::Event { t: end_t, what: format!("server lost: {why}") }),
+            Ended::Failed(why) => final_result.events.push(result::Event { t: end_t, what: why.clone() }),
         }
         self.progress.finish();
         self.snapshots.finish();

@@ -324,8 +324,9 @@ pub fn run(p: &WritebackParams, opts: &Options) -> Result<Outcome, MeasureError>
     drop(files);
     let mut r = snapshot(&phases, &l, true);
     if let Some(e) = &write_error {
-        r.events.push(Event { t: secs(netio::mono_ns()), what: format!("writing to {} failed: {e}", dir.display()) });
-        ended = Ended::ServerLost(format!("writing to {} failed: {e}", dir.display()));
+        let why = format!("writing to {} failed: {e}", dir.display());
+        r.events.push(Event { t: secs(netio::mono_ns()), what: why.clone() });
+        ended = Ended::Failed(why);
     }
     r.partial = ended != Ended::Complete;
     if let Some(s) = r.summary.as_mut() {
