@@ -10,22 +10,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}; rate=${2:-45}
-for tool in iperf3 python3; do
-  command -v $tool >/dev/null || { echo "bench: needs $tool" >&2; exit 1; }
-done
-[ "$(id -u)" = 0 ] || { echo "bench: needs root" >&2; exit 1; }
-cargo build --release --quiet
-bl=$PWD/target/release/bloatlab
+. scripts/bench-lib.sh
+bench_needs iperf3 python3
+bench_root
 lab=blpace
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  $bl lab down $lab >/dev/null 2>&1 || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+bench_start
 $bl lab down $lab >/dev/null 2>&1 || true
 $bl lab up switch --name $lab >/dev/null 2>&1
 in_lab() { local host=$1; shift; $bl lab exec --lab $lab "$host" -- "$@"; }
