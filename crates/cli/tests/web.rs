@@ -180,6 +180,74 @@ fn rss_kb(pid: u32) -> u64 {
 /// 429 (8 refusals at once per address), the rest are closed at once; none hangs, and the
 /// server's memory stays flat. Then SIGHUP puts a renewed certificate in service
 /// without a restart.
+/// One HTTP/2 frame (RFC 9113 section 4.1): length, type, flags, stream.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    f.extend([kind, flags]);
+    f.extend(stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Reads one HTTP/2 frame: its type, stream and payload.
+fn h2_read(s: &mut TcpStream) -> std::io::Result<(u8, u32, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head)?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload)?;
+    Ok((head[3], u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff, payload))
+}
+
+/// The stream cap is enforced on what a client does, not on what it promised: a client that
+/// opens more concurrent streams than the server's SETTINGS allow (100) gets the extra ones
+/// refused (RST_STREAM, REFUSED_STREAM: RFC 9113 section 5.1.2) while the first 100 are
+/// answered. Raw frames over the plain port (prior knowledge), as no well-behaved client
+/// exceeds the setting. The client never opens its flow-control window past 64 KB, so every
+/// `/large` stays open.
+#[test]
+fn streams_beyond_the_http2_cap_are_refused() {
+    let _g = serial();
+    let Some(w) = start("streams", &[]) else { return };
+    let mut s = TcpStream::connect(&w.http).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    s.write_all(&h2_frame(4, 0, 0, &[])).unwrap();
+    // The server's SETTINGS first: what it promises, acknowledged before any stream opens.
+    let (kind, _, settings) = h2_read(&mut s).unwrap();
+    assert_eq!(kind, 4, "the server's first frame is SETTINGS");
+    let cap = settings.chunks(6).find(|p| p[..2] == [0, 3]).map(|p| u32::from_be_bytes([p[2], p[3], p[4], p[5]]));
+    assert_eq!(cap, Some(100), "SETTINGS_MAX_CONCURRENT_STREAMS");
+    s.write_all(&h2_frame(4, 1, 0, &[])).unwrap();
+    // HPACK (RFC 7541): :method GET and :scheme http from the static table, :path and
+    // :authority as literals with indexed names.
+    let mut block = vec![0x82, 0x86, 0x04, 6];
+    block.extend(b"/large");
+    block.extend([0x01, 1, b'x']);
+    let streams: Vec<u32> = (0..101).map(|i| 1 + 2 * i).collect();
+    let mut all = Vec::new();
+    for id in &streams {
+        // END_STREAM | END_HEADERS: a complete GET.
+        all.extend(h2_frame(1, 0x5, *id, &block));
+    }
+    s.write_all(&all).unwrap();
+    let (mut answered, mut refused) = (std::collections::BTreeSet::new(), Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (answered.len() < 100 || refused.is_empty()) && Instant::now() < deadline {
+        match h2_read(&mut s).unwrap() {
+            (1, id, _) => {
+                answered.insert(id);
+            }
+            (3, id, code) => refused.push((id, u32::from_be_bytes(code[..4].try_into().unwrap()))),
+            (7, _, away) => panic!("GOAWAY {:?} after {} answers", &away[4..8], answered.len()),
+            _ => {}
+        }
+    }
+    assert_eq!(refused, [(201, 7)], "the 101st stream refused (REFUSED_STREAM = 7), no other reset");
+    assert_eq!(answered.len(), 100, "the first 100 answered");
+    assert!(!answered.contains(&201));
+}
+
 #[test]
 fn two_hundred_large_downloads_from_one_address_and_a_certificate_reload() {
     let _g = serial();
