@@ -129,15 +129,17 @@ pub fn confidence(run: &RpmRun) -> Confidence {
 /// Returns (rpm, foreign, loaded). `foreign` holds the new-connection terms, each averaged
 /// (trimmed) on its own: TCP handshake, TLS handshake when there is one, and the request time,
 /// so the foreign term is 60000 over their mean (three terms over TLS, two without). All in ms.
-pub fn rpm(foreign: &[&[f64]], loaded: &[f64]) -> Option<(f64, f64, f64)> {
+/// `loaded`: the self probes' times, or None where the transport has no self probes (HTTP/1.1):
+/// then the RPM is the foreign term alone. Some but empty (every self probe failed): no RPM.
+pub fn rpm(foreign: &[&[f64]], loaded: Option<&[f64]>) -> Option<(f64, f64, Option<f64>)> {
     let terms: Vec<f64> = foreign.iter().map(|t| trimmed_mean(t, KEEP)).collect::<Option<_>>()?;
     if terms.is_empty() {
         return None;
     }
-    let self_ = trimmed_mean(loaded, KEEP)?;
     let foreign = 60_000.0 / (terms.iter().sum::<f64>() / terms.len() as f64);
-    let loaded = 60_000.0 / self_;
-    Some(((foreign + loaded) / 2.0, foreign, loaded))
+    let Some(loaded) = loaded else { return Some((foreign, foreign, None)) };
+    let loaded = 60_000.0 / trimmed_mean(loaded, KEEP)?;
+    Some(((foreign + loaded) / 2.0, foreign, Some(loaded)))
 }
 
 /// The draft's bands: < 300 poor, 300..1000 fair, 1000..6000 good, above excellent.
@@ -205,22 +207,30 @@ mod tests {
 
     #[test]
     fn one_second_of_bloat_is_60_rpm() {
-        let (r, f, l) = rpm(&[&[1000.0; 20][..], &[1000.0; 20][..]], &[1000.0; 20]).unwrap();
-        assert_eq!((r, f, l), (60.0, 60.0, 60.0));
+        let (r, f, l) = rpm(&[&[1000.0; 20][..], &[1000.0; 20][..]], Some(&[1000.0; 20])).unwrap();
+        assert_eq!((r, f, l), (60.0, 60.0, Some(60.0)));
         assert_eq!(band(r), "poor");
     }
 
     #[test]
     fn foreign_and_loaded_are_averaged_after_inversion() {
         // 10 ms foreign (6000), 100 ms loaded (600): RPM = 3300.
-        let (r, f, l) = rpm(&[&[10.0][..], &[10.0][..]], &[100.0]).unwrap();
-        assert_eq!((f, l), (6000.0, 600.0));
+        let (r, f, l) = rpm(&[&[10.0][..], &[10.0][..]], Some(&[100.0])).unwrap();
+        assert_eq!((f, l), (6000.0, Some(600.0)));
         assert_eq!(r, 3300.0);
         assert_eq!(band(r), "good");
         assert_eq!(band(7000.0), "excellent");
-        assert!(rpm(&[&[][..], &[1.0][..]], &[1.0]).is_none());
+        assert!(rpm(&[&[][..], &[1.0][..]], Some(&[1.0])).is_none());
         // Over TLS three terms: (10 + 20 + 30) / 3 = 20 ms -> 3000 foreign.
-        let (_, f, _) = rpm(&[&[10.0][..], &[20.0][..], &[30.0][..]], &[100.0]).unwrap();
+        let (_, f, _) = rpm(&[&[10.0][..], &[20.0][..], &[30.0][..]], Some(&[100.0])).unwrap();
         assert!((f - 3000.0).abs() < 1e-9);
+    }
+
+    /// HTTP/1.1 has no self probes: the RPM is the foreign term; self probes that all failed
+    /// give no RPM rather than a foreign-only one.
+    #[test]
+    fn without_self_probes_the_foreign_term_is_the_rpm() {
+        assert_eq!(rpm(&[&[10.0][..], &[10.0][..]], None), Some((6000.0, 6000.0, None)));
+        assert_eq!(rpm(&[&[10.0][..], &[10.0][..]], Some(&[])), None);
     }
 }

@@ -425,11 +425,12 @@ fn rpm_summary(result: &ResultFile, phase_name: &str, run: Option<&RpmRun>, idle
     let get = |name: &str, w: Window| result.series(name).map(|x| values(x, w).collect::<Vec<_>>()).unwrap_or_default();
     let connect = get("rpm foreign-connect", w);
     let request = get("rpm foreign-request", w);
-    let loaded = get("rpm loaded", w);
+    // No "rpm loaded" series: a transport without self probes (HTTP/1.1).
+    let loaded = result.series("rpm loaded").map(|_| get("rpm loaded", w));
     // Over TLS (the HTTP transport) the handshake is a third foreign term.
     let tls = get("rpm foreign-tls", w);
     let foreign_terms: Vec<&[f64]> = if result.series("rpm foreign-tls").is_some() { vec![connect.as_slice(), tls.as_slice(), request.as_slice()] } else { vec![connect.as_slice(), request.as_slice()] };
-    let (value, foreign, loaded_rpm) = rpm::rpm(&foreign_terms, &loaded)?;
+    let (value, foreign, loaded_rpm) = rpm::rpm(&foreign_terms, loaded.as_deref())?;
     let idle_rpm = idle.and_then(|iw| {
         let both: Vec<f64> = get("rpm foreign-connect", iw).into_iter().chain(get("rpm foreign-request", iw)).collect();
         stats::trimmed_mean(&both, rpm::KEEP).map(|tm| 60_000.0 / tm)
@@ -451,7 +452,7 @@ fn rpm_summary(result: &ResultFile, phase_name: &str, run: Option<&RpmRun>, idle
             "download" | "upload" => result.series.iter().filter(|x| x.kind == SeriesKind::Throughput && x.direction.as_deref() == Some(if phase_name == "upload" { "up" } else { "down" })).count(),
             _ => result.metadata.params.get("load_connections").and_then(|v| v.as_u64()).unwrap_or(0) as usize,
         },
-        probes: request.len() + loaded.len(),
+        probes: request.len() + loaded.as_ref().map_or(0, Vec::len),
         probe_timeouts: foreign_failed + unanswered("rpm loaded"),
         confidence: run.map_or("medium", |r| rpm::confidence(r).name()).to_string(),
         window_s: w.end - w.start,

@@ -371,6 +371,11 @@ struct TestArgs {
     /// and takes the worse as the test's. Default: both directions at once.
     #[arg(long)]
     sequential: bool,
+    /// rpm against a URL: HTTP/1.1 instead of HTTP/2, as `networkQuality -f h1`. A connection
+    /// then carries one request at a time, so no self probe can share a load connection: the
+    /// RPM is the foreign probes' term alone (rpm.loaded is null).
+    #[arg(long = "http1.1")]
+    http1: bool,
     /// udp: UDP payload rate, as iperf3's -b counts it (100mbit, 1gbit, 500kbit; Mibit and
     /// Gibit are binary; default 10mbit). writeback: write at this rate, as a network would
     /// deliver the data (default: as fast as the cache takes it).
@@ -703,11 +708,14 @@ fn test(a: TestArgs) -> ExitCode {
     if by_url && !matches!(kind, TestKind::Rpm) {
         return usage("a URL target is for `test rpm` (a responsiveness config URL); other tests take HOST[:PORT] of a bloatlab server");
     }
+    if a.http1 && !(by_url && matches!(kind, TestKind::Rpm)) {
+        return usage("--http1.1 is for `test rpm` against a URL (the HTTP transport)");
+    }
     if a.sequential && !(by_url && matches!(kind, TestKind::Rpm)) {
         return usage("--sequential is for `test rpm` against a URL (the HTTP transport); a bloatlab server serves one too: its --https or --http port's /.well-known/nq");
     }
     let outcome = if by_url {
-        let http = bloatlab_measure::http_rpm::HttpOptions { insecure: a.insecure, ca: a.ca.clone() };
+        let http = bloatlab_measure::http_rpm::HttpOptions { insecure: a.insecure, ca: a.ca.clone(), http1: a.http1 };
         bloatlab_measure::http_rpm::run(&params, &a.host, &opts, &http)
     } else {
         bloatlab_measure::run(&params, &a.host, &opts)

@@ -330,6 +330,19 @@ fn rpm_over_http2_against_the_https_face() {
         let tls = r["series"].as_array().unwrap().iter().find(|x| x["name"] == "rpm foreign-tls").expect("TLS handshake times");
         assert!(tls["samples"].as_array().unwrap().iter().filter(|x| x[1].as_f64().is_some()).count() > 20);
     }
+    // Forced HTTP/1.1 (ALPN http/1.1): the same loads and foreign probes, no self probes (a load
+    // connection carries its one request), so the RPM is the foreign term.
+    let o = run(&["-k", "--http1.1"]);
+    assert!(o.status.success(), "--http1.1: {}", String::from_utf8_lossy(&o.stderr));
+    let s = json(&o);
+    eprintln!("--http1.1: {}", s["rpm"]);
+    assert!(s["rpm"]["loaded"].is_null() && f(&s, "rpm.rpm") == f(&s, "rpm.foreign") && f(&s, "rpm.rpm") > 100.0, "{}", s["rpm"]);
+    assert!(f(&s, "throughput_mbps.down") > 200.0 && f(&s, "throughput_mbps.up") > 200.0 && s["rpm"]["probes"].as_u64().unwrap() > 20, "{s}");
+    let r: serde_json::Value = serde_json::from_reader(std::fs::File::open(&out).unwrap()).unwrap();
+    assert_eq!(r["metadata"]["params"]["transport"], "HTTP/1.1 over TLS");
+    assert!(r["series"].as_array().unwrap().iter().all(|x| x["name"] != "rpm loaded"));
+    let misuse = Command::new(BIN).args(["test", "tcp-down", "127.0.0.1", "--http1.1"]).output().unwrap();
+    assert!(!misuse.status.success() && String::from_utf8_lossy(&misuse.stderr).contains("--http1.1 is for"), "{misuse:?}");
 }
 
 /// Through the lab's 20 Mbit/s line, HTTP/2 and bloatlab's protocol, one engine with two

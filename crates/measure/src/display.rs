@@ -230,16 +230,18 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
     }
     if let Some(r) = &s.rpm {
         let idle = r.idle.map_or(String::new(), |i| format!(", idle {i:.0}"));
+        // HTTP/1.1 carries no self probes: the RPM is the foreign term alone.
+        let loaded = |l: Option<f64>| l.map_or("none (HTTP/1.1: foreign probes only)".to_string(), |l| format!("{l:.0}"));
         let _ = writeln!(
             out,
-            "Responsiveness          {:.0} RPM ({}, confidence {})  foreign {:.0}, loaded {:.0}{idle}; {} load connections, {} probes over the last {:.0} s, {} timed out",
-            r.rpm, r.band, r.confidence, r.foreign, r.loaded, r.load_connections, r.probes, r.window_s, r.probe_timeouts
+            "Responsiveness          {:.0} RPM ({}, confidence {})  foreign {:.0}, loaded {}{idle}; {} load connections, {} probes over the last {:.0} s, {} timed out",
+            r.rpm, r.band, r.confidence, r.foreign, loaded(r.loaded), r.load_connections, r.probes, r.window_s, r.probe_timeouts
         );
         // Sequential: the line above is the worse direction; each one's own figures follow.
         let by_dir = s.rpm_by_direction.as_ref();
         for (name, d) in [("download", by_dir.and_then(|d| d.down.as_ref())), ("upload", by_dir.and_then(|d| d.up.as_ref()))] {
             if let Some(d) = d {
-                let _ = writeln!(out, "  under {name:<8} load   {:.0} RPM ({}, confidence {})  foreign {:.0}, loaded {:.0}; {} connections", d.rpm, d.band, d.confidence, d.foreign, d.loaded, d.load_connections);
+                let _ = writeln!(out, "  under {name:<8} load   {:.0} RPM ({}, confidence {})  foreign {:.0}, loaded {}; {} connections", d.rpm, d.band, d.confidence, d.foreign, loaded(d.loaded), d.load_connections);
             }
         }
     }

@@ -5,8 +5,10 @@
 //! means); only the transport differs: HTTP/2 over TLS (or cleartext HTTP/2 for `http://`),
 //! downloads of `large_download_url` and uploads to `upload_url` on connections of their own,
 //! foreign probes on new connections with TCP, TLS and HTTP times kept apart, self probes (a GET
-//! of `small_download_url`) on the load connections. The result file is the same format; its
-//! `params.transport` says which transport ran.
+//! of `small_download_url`) on the load connections. With `--http1.1` each connection carries
+//! one request at a time, so a load connection has no room for a self probe: the RPM is then
+//! the foreign term alone (the summary's `rpm.loaded` is null). The result file is the same
+//! format; its `params.transport` says which transport ran.
 
 use crate::plan::Params;
 use crate::run::{Ended, Options, Outcome};
@@ -14,8 +16,9 @@ use crate::MeasureError;
 use bloatlab_analyze::rpm;
 use bloatlab_result::{self as result, Host, Metadata, Phase, ResultFile, Series, SeriesKind};
 use hyper::body::{Body, Bytes, Frame};
-use hyper::client::conn::http2::SendRequest;
-use hyper::{Request, Uri};
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2::SendRequest};
+use hyper::{Request, Response, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::{CertificateDer, ServerName};
 use std::convert::Infallible;
@@ -49,6 +52,8 @@ pub struct HttpOptions {
     pub insecure: bool,
     /// Trust this CA (PEM) besides the built-in roots.
     pub ca: Option<PathBuf>,
+    /// HTTP/1.1 instead of HTTP/2 (`--http1.1`, as `networkQuality -f h1`).
+    pub http1: bool,
 }
 
 /// Where one of the config's URLs leads.
@@ -99,12 +104,38 @@ impl Body for ReqBody {
     }
 }
 
+/// A connection's request sender: HTTP/2 (streams side by side, so self probes can share a
+/// load connection) or HTTP/1.1 (one request at a time).
+enum Sender {
+    H1(http1::SendRequest<ReqBody>),
+    H2(SendRequest<ReqBody>),
+}
+
+impl Sender {
+    async fn ready(&mut self) -> Result<(), String> {
+        match self {
+            Sender::H1(s) => s.ready().await,
+            Sender::H2(s) => s.ready().await,
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    async fn send(&mut self, req: Request<ReqBody>) -> Result<Response<Incoming>, String> {
+        match self {
+            Sender::H1(s) => s.send_request(req).await,
+            Sender::H2(s) => s.send_request(req).await,
+        }
+        .map_err(|e| e.to_string())
+    }
+}
+
 trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
-/// A new HTTP/2 connection with its TCP and TLS handshake times (ms), and its own handle on
-/// the TCP socket (a duplicate, so `TCP_INFO` never reads another socket that took its number).
-async fn open(t: &Target, tls: &tokio_rustls::TlsConnector) -> Result<(SendRequest<ReqBody>, f64, Option<f64>, OwnedFd), String> {
+/// A new HTTP/2 (or with `http1`, HTTP/1.1) connection with its TCP and TLS handshake times
+/// (ms), and its own handle on the TCP socket (a duplicate, so `TCP_INFO` never reads another
+/// socket that took its number).
+async fn open(t: &Target, tls: &tokio_rustls::TlsConnector, http1: bool) -> Result<(Sender, f64, Option<f64>, OwnedFd), String> {
     let t0 = Instant::now();
     let tcp = TcpStream::connect(t.addr).await.map_err(|e| format!("connect {}: {e}", t.addr))?;
     let tcp_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -116,15 +147,24 @@ async fn open(t: &Target, tls: &tokio_rustls::TlsConnector) -> Result<(SendReque
     let (io, tls_ms): (Box<dyn Io>, Option<f64>) = if t.tls {
         let t1 = Instant::now();
         let s = tls.connect(t.name.clone(), tcp).await.map_err(|e| format!("TLS with {}: {e}", t.addr))?;
-        if s.get_ref().1.alpn_protocol() != Some(b"h2") {
-            return Err(format!("{} did not agree to HTTP/2 (ALPN)", t.addr));
+        match (http1, s.get_ref().1.alpn_protocol()) {
+            (false, Some(b"h2")) | (true, Some(b"http/1.1") | None) => {}
+            (false, _) => return Err(format!("{} did not agree to HTTP/2 (ALPN); --http1.1 forces HTTP/1.1", t.addr)),
+            (true, _) => return Err(format!("{} did not agree to HTTP/1.1 (ALPN)", t.addr)),
         }
         (Box::new(s), Some(t1.elapsed().as_secs_f64() * 1e3))
     } else {
         (Box::new(tcp), None)
     };
-    let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new()).adaptive_window(true).max_send_buf_size(SEND_BUF).handshake(TokioIo::new(io)).await.map_err(|e| format!("HTTP/2 with {}: {e}", t.addr))?;
-    tokio::spawn(conn);
+    let sender = if http1 {
+        let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await.map_err(|e| format!("HTTP/1.1 with {}: {e}", t.addr))?;
+        tokio::spawn(conn);
+        Sender::H1(sender)
+    } else {
+        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new()).adaptive_window(true).max_send_buf_size(SEND_BUF).handshake(TokioIo::new(io)).await.map_err(|e| format!("HTTP/2 with {}: {e}", t.addr))?;
+        tokio::spawn(conn);
+        Sender::H2(sender)
+    };
     Ok((sender, tcp_ms, tls_ms, fd))
 }
 
@@ -134,11 +174,11 @@ fn request(t: &Target, body: ReqBody, post: bool) -> Request<ReqBody> {
 }
 
 /// Sends a request and reads the whole answer; its time in ms and the bytes it brought.
-async fn fetch(sender: &mut SendRequest<ReqBody>, t: &Target, count: Option<&AtomicU64>, stop: Option<&AtomicBool>) -> Result<f64, String> {
+async fn fetch(sender: &mut Sender, t: &Target, count: Option<&AtomicU64>, stop: Option<&AtomicBool>) -> Result<f64, String> {
     use http_body_util::BodyExt;
-    sender.ready().await.map_err(|e| e.to_string())?;
+    sender.ready().await?;
     let t0 = Instant::now();
-    let resp = sender.send_request(request(t, ReqBody::Empty, false)).await.map_err(|e| e.to_string())?;
+    let resp = sender.send(request(t, ReqBody::Empty, false)).await?;
     if !resp.status().is_success() {
         return Err(format!("{} answered {}", t.uri, resp.status()));
     }
@@ -213,7 +253,7 @@ fn tls_connector(h: &HttpOptions) -> Result<tokio_rustls::TlsConnector, String> 
         }
         builder.with_root_certificates(roots).with_no_client_auth()
     };
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    cfg.alpn_protocols = vec![if h.http1 { b"http/1.1".to_vec() } else { b"h2".to_vec() }];
     Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
 }
 
@@ -287,6 +327,8 @@ struct State {
     probes: Arc<Mutex<Probes>>,
     stages: Vec<StageRun>,
     tls: bool,
+    /// HTTP/2: self probes on the load connections; HTTP/1.1 has none.
+    self_probes: bool,
 }
 
 impl State {
@@ -302,7 +344,7 @@ impl State {
         let (tcp, tls, req) = (pick(0), pick(1), pick(2));
         let loaded: Vec<f64> = p.loaded.iter().filter(|l| l.0 >= since).filter_map(|l| l.1).collect();
         let terms: Vec<&[f64]> = if self.tls { vec![tcp.as_slice(), tls.as_slice(), req.as_slice()] } else { vec![tcp.as_slice(), req.as_slice()] };
-        rpm::rpm(&terms, &loaded).map(|x| x.0)
+        rpm::rpm(&terms, self.self_probes.then_some(loaded.as_slice())).map(|x| x.0)
     }
 
     fn mbps_since(&self, down: bool, from_bytes: &[u64]) -> f64 {
@@ -318,11 +360,12 @@ impl State {
 async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &HttpOptions) -> Result<Outcome, String> {
     let tls = tls_connector(http)?;
     let config_target = Target::parse(config_url)?;
-    let (mut sender, _, _, _) = open(&config_target, &tls).await?;
+    let h1 = http.http1;
+    let (mut sender, _, _, _) = open(&config_target, &tls, h1).await?;
     let config = {
         use http_body_util::BodyExt;
-        sender.ready().await.map_err(|e| e.to_string())?;
-        let resp = timeout(PROBE_TIMEOUT, sender.send_request(request(&config_target, ReqBody::Empty, false))).await.map_err(|_| "the config did not come within 10 s".to_string())?.map_err(|e| e.to_string())?;
+        sender.ready().await?;
+        let resp = timeout(PROBE_TIMEOUT, sender.send(request(&config_target, ReqBody::Empty, false))).await.map_err(|_| "the config did not come within 10 s".to_string())??;
         let status = resp.status();
         let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
         if !status.is_success() {
@@ -332,11 +375,11 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
     };
     let urls = Arc::new(config_urls(&config)?);
     let path = opts.output.clone().unwrap_or_else(|| crate::run::default_output("rpm"));
-    let meta = metadata(params, config_url, &config_target);
+    let meta = metadata(params, config_url, &config_target, h1);
     result::write_atomic(&path, &ResultFile::new(meta.clone())).map_err(|e| e.to_string())?;
 
     let plan = if params.rpm_sequential { vec![Stage::Down, Stage::Up] } else { vec![Stage::Both] };
-    let mut st = State { t0: Instant::now(), flows: Vec::new(), probes: Arc::default(), stages: Vec::new(), tls: urls.small.tls };
+    let mut st = State { t0: Instant::now(), flows: Vec::new(), probes: Arc::default(), stages: Vec::new(), tls: urls.small.tls, self_probes: !h1 };
     // The load of the stage under way: its connections (for self probes), its stop flag, its
     // tasks (aborted when the stage ends, so the next stage's direction runs alone).
     let senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>> = Arc::default();
@@ -390,7 +433,7 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
         if t >= next_probe {
             next_probe += PROBE_EVERY.as_secs_f64();
             if !(t >= idle && stage.is_none()) {
-                spawn_foreign(&mut tasks, urls.clone(), tls.clone(), st.probes.clone(), t);
+                spawn_foreign(&mut tasks, urls.clone(), tls.clone(), h1, st.probes.clone(), t);
                 spawned += 1;
             }
             if stage.is_some() {
@@ -422,7 +465,7 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
                 cur.flows += directions.len();
                 for down in directions {
                     let f = Flow { name: format!("{}-{}", if down { "down" } else { "up" }, per_dir + 1), down, stage: st.stages.len() - 1, bytes: Arc::default(), samples: Vec::new(), last: 0, error: Arc::default() };
-                    spawn_load(&mut load_tasks, &f, urls.clone(), tls.clone(), senders.clone(), stop.clone(), chunk.clone());
+                    spawn_load(&mut load_tasks, &f, urls.clone(), tls.clone(), h1, senders.clone(), stop.clone(), chunk.clone());
                     st.flows.push(f);
                 }
             }
@@ -480,10 +523,10 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
     Ok(Outcome { result: final_result, path, ended })
 }
 
-fn spawn_foreign(tasks: &mut tokio::task::JoinSet<()>, urls: Arc<Urls>, tls: tokio_rustls::TlsConnector, probes: Arc<Mutex<Probes>>, t: f64) {
+fn spawn_foreign(tasks: &mut tokio::task::JoinSet<()>, urls: Arc<Urls>, tls: tokio_rustls::TlsConnector, http1: bool, probes: Arc<Mutex<Probes>>, t: f64) {
     tasks.spawn(async move {
         let rec = timeout(PROBE_TIMEOUT, async {
-            let (mut s, tcp, tls_ms, _) = open(&urls.small, &tls).await.ok()?;
+            let (mut s, tcp, tls_ms, _) = open(&urls.small, &tls, http1).await.ok()?;
             let req = fetch(&mut s, &urls.small, None, None).await.ok();
             Some((tcp, tls_ms, req))
         })
@@ -495,31 +538,35 @@ fn spawn_foreign(tasks: &mut tokio::task::JoinSet<()>, urls: Arc<Urls>, tls: tok
     });
 }
 
-fn spawn_self(tasks: &mut tokio::task::JoinSet<()>, mut sender: SendRequest<ReqBody>, urls: Arc<Urls>, probes: Arc<Mutex<Probes>>, t: f64) {
+fn spawn_self(tasks: &mut tokio::task::JoinSet<()>, sender: SendRequest<ReqBody>, urls: Arc<Urls>, probes: Arc<Mutex<Probes>>, t: f64) {
     tasks.spawn(async move {
-        let ms = timeout(PROBE_TIMEOUT, fetch(&mut sender, &urls.small, None, None)).await.ok().and_then(Result::ok);
+        let ms = timeout(PROBE_TIMEOUT, fetch(&mut Sender::H2(sender), &urls.small, None, None)).await.ok().and_then(Result::ok);
         probes.lock().unwrap().loaded.push((t, ms));
     });
 }
 
-fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, tls: tokio_rustls::TlsConnector, senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>>, stop: Arc<AtomicBool>, chunk: Bytes) {
+#[allow(clippy::too_many_arguments)]
+fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, tls: tokio_rustls::TlsConnector, http1: bool, senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>>, stop: Arc<AtomicBool>, chunk: Bytes) {
     let (down, bytes, error) = (f.down, f.bytes.clone(), f.error.clone());
     tasks.spawn(async move {
         let target = if down { &urls.large } else { &urls.upload };
         let outcome = async {
-            let (mut s, _, _, fd) = open(target, &tls).await?;
-            senders.lock().unwrap().push(s.clone());
+            let (mut s, _, _, fd) = open(target, &tls, http1).await?;
+            // Self probes share HTTP/2 connections; an HTTP/1.1 one is busy with its load.
+            if let Sender::H2(h2) = &s {
+                senders.lock().unwrap().push(h2.clone());
+            }
             if down {
                 fetch(&mut s, target, Some(&*bytes), Some(&*stop)).await.map(drop)
             } else {
-                s.ready().await.map_err(|e| e.to_string())?;
+                s.ready().await?;
                 // Upload goodput is what the server's TCP acknowledged: bytes handed to HTTP/2
                 // also fill its send buffers and the path's queue (counted so, a 5 Mbit/s line
                 // with a 1.45 s FIFO read 6.6 Mbit/s). TLS records and HTTP/2 frames add 0.2%.
                 let acked = || bloatlab_netio::tcp_info(&fd).map(|i| i.bytes_acked).unwrap_or(0);
                 let base = acked();
                 let body = ReqBody::Upload { chunk, stop: stop.clone() };
-                let send = s.send_request(request(target, body, true));
+                let send = s.send(request(target, body, true));
                 let count = async {
                     loop {
                         bytes.store(acked().saturating_sub(base), Ordering::Relaxed);
@@ -527,7 +574,7 @@ fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, t
                     }
                 };
                 tokio::select! {
-                    r = send => r.map(drop).map_err(|e| e.to_string()),
+                    r = send => r.map(drop),
                     _ = count => unreachable!("the count runs until the upload ends"),
                 }
             }
@@ -541,9 +588,15 @@ fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, t
     });
 }
 
-fn metadata(params: &Params, config_url: &str, target: &Target) -> Metadata {
+fn metadata(params: &Params, config_url: &str, target: &Target, http1: bool) -> Metadata {
     let mut p = serde_json::to_value(params).unwrap_or_default();
-    p["transport"] = if target.tls { "HTTP/2 over TLS" } else { "HTTP/2 (cleartext)" }.into();
+    p["transport"] = match (http1, target.tls) {
+        (false, true) => "HTTP/2 over TLS",
+        (false, false) => "HTTP/2 (cleartext)",
+        (true, true) => "HTTP/1.1 over TLS",
+        (true, false) => "HTTP/1.1 (cleartext)",
+    }
+    .into();
     p["config_url"] = config_url.into();
     let server = Host { name: target.uri.host().unwrap_or_default().into(), address: Some(target.addr.to_string()), software: "a responsiveness server (HTTP)".into(), kernel: "unknown".into(), default_cc: "unknown".into() };
     crate::run::new_metadata(params, p, server)
@@ -584,9 +637,12 @@ fn build(meta: &Metadata, st: &State, idle: f64, t: f64, finished: bool) -> Resu
         r.series.push(latency("rpm foreign-tls", foreign.iter().map(|f| (f.0, f.2)).collect()));
     }
     r.series.push(latency("rpm foreign-request", foreign.iter().map(|f| (f.0, f.3)).collect()));
-    let mut loaded = p.loaded.clone();
-    loaded.sort_by(|a, b| a.0.total_cmp(&b.0));
-    r.series.push(latency("rpm loaded", loaded));
+    // No series at all without self probes: the summary then takes the foreign term alone.
+    if st.self_probes {
+        let mut loaded = p.loaded.clone();
+        loaded.sort_by(|a, b| a.0.total_cmp(&b.0));
+        r.series.push(latency("rpm loaded", loaded));
+    }
     drop(p);
     r.summary = Some(bloatlab_analyze::summarize(&r));
     r

@@ -269,7 +269,7 @@ impl Test<'_> {
             }
         }
         let loaded: Vec<f64> = self.pings.done.lock().unwrap().iter().filter(|p| p.0 >= since).map(|p| p.1).collect();
-        let responsiveness = rpm::rpm(&[connect.as_slice(), request.as_slice()], &loaded).map(|x| x.0);
+        let responsiveness = rpm::rpm(&[connect.as_slice(), request.as_slice()], Some(&loaded)).map(|x| x.0);
         if r.saturation.interval(t, down, up, responsiveness) {
             self.load_end = t;
         }

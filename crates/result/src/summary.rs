@@ -124,8 +124,10 @@ pub struct Rpm {
     pub rpm: f64,
     /// 60000 / trimmed mean of new-connection probe times.
     pub foreign: f64,
-    /// 60000 / trimmed mean of probes on loaded connections.
-    pub loaded: f64,
+    /// 60000 / trimmed mean of probes on loaded connections; null where the transport carries
+    /// none (HTTP/1.1: a load connection's one request at a time is its load), and then the
+    /// RPM is the foreign term alone.
+    pub loaded: Option<f64>,
     /// The same computation with the path idle.
     pub idle: Option<f64>,
     /// "poor" | "fair" | "good" | "excellent".
