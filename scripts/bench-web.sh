@@ -3,8 +3,12 @@
 # responsiveness endpoints on both. nginx (one worker) serves the config, /small and /large
 # (an 8 GiB sparse file) itself and proxies /slurp to bloatlab's plain-HTTP sink (nginx cannot
 # discard an upload itself without resetting HTTP/2 streams). Prints Gbit/s and Gbit/s per core
-# of server CPU for a download of /large and an upload to /slurp.
-#   usage: scripts/bench-web.sh [SECONDS] [RUNS]   (defaults 5 3)
+# of server CPU for a download of /large and an upload to /slurp. With MACH=PATH (Cloudflare's
+# mach, built from cloudflare/networkquality-rs), mach is a second client: `mach download` of
+# the whole 8 GiB /large and `mach upload` of 4 GB, both HTTP/2 over TLS; Gbit/s per core of
+# server CPU is bytes x 8 over the server's CPU seconds, so a slower client changes the
+# Gbit/s, not the per-core figure it is compared by.
+#   usage: [MACH=PATH] scripts/bench-web.sh [SECONDS] [RUNS]   (defaults 5 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}; runs=${2:-3}
@@ -54,11 +58,20 @@ sleep 1
 nginx_pids="$nginx_master $(pgrep -P $nginx_master | tr '\n' ' ')"
 truncate -s 8G "$tmp/up.bin"
 
-measure() { # label URL up|down PIDS...
+mach=${MACH:-}
+if [ -n "$mach" ] && [ ! -x "$mach" ]; then echo "bench-web: MACH=$mach is not an executable" >&2; exit 1; fi
+measure() { # label URL up|down|mach-up|mach-down PIDS...
   local label=$1 url=$2 dir=$3; shift 3
   local c0 c1 t0 t1 bytes
   c0=$(ticks "$@"); t0=$(date +%s.%N)
-  if [ "$dir" = down ]; then
+  if [ "$dir" = mach-down ] || [ "$dir" = mach-up ]; then
+    if [ "$dir" = mach-down ]; then
+      "$mach" download "$url" h2 --insecure > "$tmp/mach.json" 2>/dev/null || true
+    else
+      "$mach" upload "$url" h2 -b 4000000000 --insecure > "$tmp/mach.json" 2>/dev/null || true
+    fi
+    bytes=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1])).get('bytes_total', 0))" "$tmp/mach.json" 2>/dev/null || echo 0)
+  elif [ "$dir" = down ]; then
     bytes=$(curl -sk --http2 --max-time "$secs" -o /dev/null -w '%{size_download}' "$url" || true)
   else
     # -T streams the file (a PUT; /slurp takes PUT and POST alike).
@@ -76,4 +89,12 @@ for r in $(seq "$runs"); do
   # nginx's upload costs its worker and the sink it proxies to.
   # shellcheck disable=SC2086
   measure "nginx /slurp (+ sink)" https://127.0.0.1:14443/slurp up $nginx_pids $bl_pid
+  if [ -n "$mach" ]; then
+    measure "mach: bloatlab /large" https://127.0.0.1:14043/large mach-down $bl_pid
+    # shellcheck disable=SC2086
+    measure "mach: nginx /large" https://127.0.0.1:14443/large mach-down $nginx_pids
+    measure "mach: bloatlab /slurp" https://127.0.0.1:14043/slurp mach-up $bl_pid
+    # shellcheck disable=SC2086
+    measure "mach: nginx /slurp (+ sink)" https://127.0.0.1:14443/slurp mach-up $nginx_pids $bl_pid
+  fi
 done
