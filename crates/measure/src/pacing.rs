@@ -104,9 +104,10 @@ pub struct Schedule {
     pub skipped: u64,
     max_behind_ns: u64,
     /// Timer pacing: packets the sender may still send back to back (a token bucket of
-    /// CATCH_UP_DEPTH filled at CATCH_UP times the rate), as of `tokens_at_ns`.
+    /// `depth` filled at CATCH_UP times the rate), as of `tokens_at_ns`.
     tokens: f64,
     tokens_at_ns: u64,
+    depth: f64,
 }
 
 /// A sender more than this late (a stall, a stopped process) skips what it missed instead of
@@ -119,15 +120,18 @@ pub const MAX_BEHIND: Duration = Duration::from_millis(10);
 /// (back to back, one 1 ms bucket held 2.3x the mean at 100 Mbit/s on this 2-core machine; at
 /// 1.25x, 15 packets where 12.2 are due, often enough to lift the p99 to 1.23x; at 1.05x the
 /// p99 stays at 13, 1.06x, and the peak at 1.15x: BENCHMARKS.md). Catching up on a 10 ms stall
-/// takes 200 ms. Two packets of slack let a sender woken a little late keep the rate.
+/// takes 200 ms. The slack, two packets or SLACK of them where that is more, lets a sender
+/// woken a little late keep the rate: at 1 Gbit/s a packet is due every 8 us, less than one
+/// wakeup costs, and two packets a wakeup would cap it near a third of that.
 const CATCH_UP: f64 = 1.05;
-const CATCH_UP_DEPTH: f64 = 2.0;
+const SLACK: Duration = Duration::from_micros(100);
 
 impl Schedule {
     pub fn new(start_ns: u64, rate_bps: u64, size: u16, tick: Option<Duration>) -> Schedule {
         let interval_ns = f64::from(size) * 8.0 * 1e9 / rate_bps.max(1) as f64;
         let tick_ns = tick.map_or(0, |d| d.as_nanos() as u64);
-        Schedule { start_ns, interval_ns, tick_ns, sent: 0, skipped: 0, max_behind_ns: (MAX_BEHIND.as_nanos() as u64).max(tick_ns), tokens: CATCH_UP_DEPTH, tokens_at_ns: start_ns }
+        let depth = (SLACK.as_nanos() as f64 / interval_ns).max(2.0);
+        Schedule { start_ns, interval_ns, tick_ns, sent: 0, skipped: 0, max_behind_ns: (MAX_BEHIND.as_nanos() as u64).max(tick_ns), tokens: depth, tokens_at_ns: start_ns, depth }
     }
 
     /// Packets whose time is before `t` (packet k is due at start + k x interval).
@@ -160,7 +164,7 @@ impl Schedule {
             return owed;
         }
         let refill = now_ns.saturating_sub(self.tokens_at_ns) as f64 * CATCH_UP / self.interval_ns;
-        self.tokens = (self.tokens + refill).min(CATCH_UP_DEPTH);
+        self.tokens = (self.tokens + refill).min(self.depth);
         self.tokens_at_ns = self.tokens_at_ns.max(now_ns);
         owed.min(self.tokens as u64)
     }
@@ -283,5 +287,21 @@ mod tests {
         let peak = *per_ms.iter().max().unwrap();
         assert!(peak <= 15, "12.2 x 1.05 + 2 = 14.8 packets per ms: {peak}");
         assert!((12_207..=12_208).contains(&s.total_sent()) && s.skipped == 0, "1 s at 100 Mbit/s: {} sent, {} skipped", s.total_sent(), s.skipped);
+    }
+
+    /// 1 Gbit/s of 1 KB packets (one every 8.2 us) from a sender that wakes only every 50 us:
+    /// 100 us of slack (12 packets) a wakeup keeps the rate with nothing skipped; two packets a
+    /// wakeup would have sent a third of it.
+    #[test]
+    fn a_fast_rate_keeps_up_with_coarse_wakeups() {
+        let mut s = Schedule::new(0, 1_000_000_000, 1024, None);
+        let mut t = 0;
+        while t < 1_000 * MS {
+            let n = s.due(t);
+            s.sent(n);
+            t += 50_000;
+        }
+        assert_eq!(s.skipped, 0);
+        assert!(s.total_sent() >= 122_000, "{} of 122 070 sent", s.total_sent());
     }
 }
