@@ -454,6 +454,12 @@ fn rpm_summary(result: &ResultFile, phase_name: &str, run: Option<&RpmRun>, idle
         },
         probes: request.len() + loaded.as_ref().map_or(0, Vec::len),
         probe_timeouts: foreign_failed + unanswered("rpm loaded"),
+        // A one-way phase: its own direction's connections.
+        failed_connections: result.metadata.flows.iter().filter(|f| f.error.is_some()).filter(|f| match phase_name {
+            "download" => f.name.starts_with("down"),
+            "upload" => f.name.starts_with("up"),
+            _ => true,
+        }).count(),
         confidence: run.map_or("medium", |r| rpm::confidence(r).name()).to_string(),
         window_s: w.end - w.start,
     })

@@ -237,6 +237,9 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
             "Responsiveness          {:.0} RPM ({}, confidence {})  foreign {:.0}, loaded {}{idle}; {} load connections, {} probes over the last {:.0} s, {} timed out",
             r.rpm, r.band, r.confidence, r.foreign, loaded(r.loaded), r.load_connections, r.probes, r.window_s, r.probe_timeouts
         );
+        if r.failed_connections > 0 {
+            let _ = writeln!(out, "  WARNING: {} load connections failed (see the notes): the load was weaker than the draft asks, so this RPM reads too high", r.failed_connections);
+        }
         // Sequential: the line above is the worse direction; each one's own figures follow.
         let by_dir = s.rpm_by_direction.as_ref();
         for (name, d) in [("download", by_dir.and_then(|d| d.down.as_ref())), ("upload", by_dir.and_then(|d| d.up.as_ref()))] {

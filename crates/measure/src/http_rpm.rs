@@ -204,7 +204,8 @@ struct Flow {
     bytes: Arc<AtomicU64>,
     samples: Vec<(f64, Option<f64>)>,
     last: u64,
-    error: Arc<Mutex<Option<String>>>,
+    /// Why the connection failed (refused, a non-2xx answer, broken), and when (s).
+    error: Arc<Mutex<Option<(f64, String)>>>,
 }
 
 /// A foreign probe: its send time (s), then TCP, TLS and HTTP times (ms), each if it completed.
@@ -465,7 +466,7 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
                 cur.flows += directions.len();
                 for down in directions {
                     let f = Flow { name: format!("{}-{}", if down { "down" } else { "up" }, per_dir + 1), down, stage: st.stages.len() - 1, bytes: Arc::default(), samples: Vec::new(), last: 0, error: Arc::default() };
-                    spawn_load(&mut load_tasks, &f, urls.clone(), tls.clone(), h1, senders.clone(), stop.clone(), chunk.clone());
+                    spawn_load(&mut load_tasks, &f, urls.clone(), tls.clone(), h1, senders.clone(), stop.clone(), chunk.clone(), st.t0);
                     st.flows.push(f);
                 }
             }
@@ -546,7 +547,7 @@ fn spawn_self(tasks: &mut tokio::task::JoinSet<()>, sender: SendRequest<ReqBody>
 }
 
 #[allow(clippy::too_many_arguments)]
-fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, tls: tokio_rustls::TlsConnector, http1: bool, senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>>, stop: Arc<AtomicBool>, chunk: Bytes) {
+fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, tls: tokio_rustls::TlsConnector, http1: bool, senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>>, stop: Arc<AtomicBool>, chunk: Bytes, t0: Instant) {
     let (down, bytes, error) = (f.down, f.bytes.clone(), f.error.clone());
     tasks.spawn(async move {
         let target = if down { &urls.large } else { &urls.upload };
@@ -582,7 +583,7 @@ fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, t
         .await;
         if let Err(e) = outcome {
             if !stop.load(Ordering::Relaxed) {
-                *error.lock().unwrap() = Some(e);
+                *error.lock().unwrap() = Some((t0.elapsed().as_secs_f64(), e));
             }
         }
     });
@@ -626,7 +627,11 @@ fn build(meta: &Metadata, st: &State, idle: f64, t: f64, finished: bool) -> Resu
     r.metadata.params["load_connections"] = st.flows.len().into();
     for f in &st.flows {
         r.series.push(Series { name: f.name.clone(), kind: SeriesKind::Throughput, direction: Some(if f.down { "down" } else { "up" }.into()), dscp: None, unit: "Mbit/s".into(), samples: f.samples.clone() });
-        r.metadata.flows.push(result::FlowInfo { name: f.name.clone(), error: f.error.lock().unwrap().clone(), ..Default::default() });
+        let error = f.error.lock().unwrap().clone();
+        if let Some((at, why)) = &error {
+            r.events.push(result::Event { t: *at, what: format!("load connection {} failed: {why}", f.name) });
+        }
+        r.metadata.flows.push(result::FlowInfo { name: f.name.clone(), error: error.map(|e| e.1), ..Default::default() });
     }
     let p = st.probes.lock().unwrap();
     let latency = |name: &str, samples: Vec<(f64, Option<f64>)>| Series { name: name.into(), kind: SeriesKind::Latency, direction: None, dscp: Some(0), unit: "ms".into(), samples };

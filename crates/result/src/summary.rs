@@ -140,6 +140,10 @@ pub struct Rpm {
     /// answer on a loaded connection by the end): not in the means, but counted here.
     #[serde(default)]
     pub probe_timeouts: usize,
+    /// Load connections that failed (refused, answered with an error, broken): with any, the
+    /// load was weaker than the draft's and the RPM reads too high.
+    #[serde(default)]
+    pub failed_connections: usize,
     /// The draft's confidence: "low" (fewer than MAD intervals), "medium" (no stability),
     /// "high" (goodput and responsiveness stable).
     #[serde(default)]
