@@ -175,11 +175,6 @@ fn rss_kb(pid: u32) -> u64 {
     status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap()
 }
 
-/// One address opens /large 200 times at once, over 200 HTTP/1.1 connections: it gets its 64
-/// connections (the per-address cap it shares with the bloatlab protocol), a few more are told
-/// 429 (8 refusals at once per address), the rest are closed at once; none hangs, and the
-/// server's memory stays flat. Then SIGHUP puts a renewed certificate in service
-/// without a restart.
 /// A server that refuses part of the load (here its 50 MB budget per address runs out within a
 /// second on loopback: `/large` ends early, then 429) must not yield a quiet "excellent": the
 /// failed load connections are counted in the summary, said in the text and noted each.
@@ -266,6 +261,11 @@ fn streams_beyond_the_http2_cap_are_refused() {
     assert!(!answered.contains(&201));
 }
 
+/// One address opens /large 200 times at once, over 200 HTTP/1.1 connections: it gets its 64
+/// connections (the per-address cap it shares with the bloatlab protocol), a few more are told
+/// 429 (8 refusals at once per address), the rest are closed at once; none hangs, and the
+/// server's memory stays flat. Then SIGHUP puts a renewed certificate in service
+/// without a restart.
 #[test]
 fn two_hundred_large_downloads_from_one_address_and_a_certificate_reload() {
     let _g = serial();
