@@ -14,6 +14,7 @@ use crate::plan::Params;
 use crate::run::{Ended, Options, Outcome};
 use crate::MeasureError;
 use bloatlab_analyze::rpm;
+use bloatlab_netio::sendbuf::{self, BudgetedTls, SendBudget};
 use bloatlab_result::{self as result, Host, Metadata, Phase, ResultFile, Series, SeriesKind};
 use hyper::body::{Body, Bytes, Frame};
 use hyper::body::Incoming;
@@ -39,13 +40,11 @@ const MAX_CONNECTIONS: usize = 16;
 const PROBE_EVERY: Duration = Duration::from_millis(100);
 /// A probe not done by then counts as failed.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
-/// HTTP/2's own send buffer per stream (hyper's default is 1 MiB: seconds of queue at home
-/// rates, in front of the self probes).
-const SEND_BUF: usize = 64 * 1024;
 /// How often an upload's acknowledged bytes are read (`TCP_INFO`).
 const ACKED_EVERY: Duration = Duration::from_millis(5);
-/// What an upload sends, again and again.
-const UPLOAD_CHUNK: usize = 64 * 1024;
+/// What an upload sends, again and again (each chunk a slice of it, as large as the
+/// connection's send budget).
+const UPLOAD_CHUNK: usize = sendbuf::MAX;
 
 pub struct HttpOptions {
     /// Accept any certificate (self-signed test servers).
@@ -84,7 +83,8 @@ impl Target {
 /// A request body: none, or an endless upload (until `stop`).
 enum ReqBody {
     Empty,
-    Upload { chunk: Bytes, stop: Arc<AtomicBool> },
+    /// Sent in chunks of the connection's send budget, which follows its rate (`sendbuf`).
+    Upload { stop: Arc<AtomicBool>, socket: Arc<OwnedFd>, budget: SendBudget },
 }
 
 impl Body for ReqBody {
@@ -95,13 +95,22 @@ impl Body for ReqBody {
         Poll::Ready(match self.get_mut() {
             ReqBody::Empty => None,
             ReqBody::Upload { stop, .. } if stop.load(Ordering::Relaxed) => None,
-            ReqBody::Upload { chunk, .. } => Some(Ok(Frame::data(chunk.clone()))),
+            ReqBody::Upload { socket, budget, .. } => {
+                let chunk = upload_chunk();
+                Some(Ok(Frame::data(chunk.slice(..budget.follow(socket.as_ref()).min(chunk.len())))))
+            }
         })
     }
 
     fn is_end_stream(&self) -> bool {
         matches!(self, ReqBody::Empty)
     }
+}
+
+/// The data uploads send: one buffer for the process, every chunk a slice of it.
+fn upload_chunk() -> &'static Bytes {
+    static CHUNK: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+    CHUNK.get_or_init(|| Bytes::from((0..UPLOAD_CHUNK).map(|i| 0x5a ^ (i as u8).wrapping_mul(151)).collect::<Vec<u8>>()))
 }
 
 /// A connection's request sender: HTTP/2 (streams side by side, so self probes can share a
@@ -132,10 +141,30 @@ impl Sender {
 trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
-/// A new HTTP/2 (or with `http1`, HTTP/1.1) connection with its TCP and TLS handshake times
-/// (ms), and its own handle on the TCP socket (a duplicate, so `TCP_INFO` never reads another
-/// socket that took its number).
-async fn open(t: &Target, tls: &tokio_rustls::TlsConnector, http1: bool) -> Result<(Sender, f64, Option<f64>, OwnedFd), String> {
+/// How this run connects: its TLS settings (roots, ALPN) and its HTTP version.
+#[derive(Clone)]
+struct Connector {
+    tls: tokio_rustls::TlsConnector,
+    /// HTTP/1.1 instead of HTTP/2.
+    http1: bool,
+}
+
+/// An open connection.
+struct Opened {
+    sender: Sender,
+    /// TCP and TLS handshake times, ms.
+    tcp_ms: f64,
+    tls_ms: Option<f64>,
+    /// Its own handle on the TCP socket (a duplicate, so `TCP_INFO` never reads another socket
+    /// that took its number).
+    socket: Arc<OwnedFd>,
+    /// What an upload may keep in this end's buffers (TLS's among them).
+    budget: SendBudget,
+}
+
+/// A new HTTP/2 (or with `http1`, HTTP/1.1) connection.
+async fn open(t: &Target, c: &Connector) -> Result<Opened, String> {
+    let Connector { tls, http1 } = c;
     let t0 = Instant::now();
     let tcp = TcpStream::connect(t.addr).await.map_err(|e| format!("connect {}: {e}", t.addr))?;
     let tcp_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -143,29 +172,30 @@ async fn open(t: &Target, tls: &tokio_rustls::TlsConnector, http1: bool) -> Resu
     // As the draft asks of both ends: little unsent data in the socket, so a self probe waits
     // behind the network's queue, not behind this client's own buffers.
     let _ = bloatlab_netio::keep_unsent_small(&tcp);
-    let fd = tcp.as_fd().try_clone_to_owned().map_err(|e| format!("socket of {}: {e}", t.addr))?;
+    let socket = Arc::new(tcp.as_fd().try_clone_to_owned().map_err(|e| format!("socket of {}: {e}", t.addr))?);
+    let budget = SendBudget::default();
     let (io, tls_ms): (Box<dyn Io>, Option<f64>) = if t.tls {
         let t1 = Instant::now();
         let s = tls.connect(t.name.clone(), tcp).await.map_err(|e| format!("TLS with {}: {e}", t.addr))?;
-        match (http1, s.get_ref().1.alpn_protocol()) {
+        match (*http1, s.get_ref().1.alpn_protocol()) {
             (false, Some(b"h2")) | (true, Some(b"http/1.1") | None) => {}
             (false, _) => return Err(format!("{} did not agree to HTTP/2 (ALPN); --http1.1 forces HTTP/1.1", t.addr)),
             (true, _) => return Err(format!("{} did not agree to HTTP/1.1 (ALPN)", t.addr)),
         }
-        (Box::new(s), Some(t1.elapsed().as_secs_f64() * 1e3))
+        (Box::new(BudgetedTls { tls: s, budget: budget.clone() }), Some(t1.elapsed().as_secs_f64() * 1e3))
     } else {
         (Box::new(tcp), None)
     };
-    let sender = if http1 {
+    let sender = if *http1 {
         let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await.map_err(|e| format!("HTTP/1.1 with {}: {e}", t.addr))?;
         tokio::spawn(conn);
         Sender::H1(sender)
     } else {
-        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new()).adaptive_window(true).max_send_buf_size(SEND_BUF).handshake(TokioIo::new(io)).await.map_err(|e| format!("HTTP/2 with {}: {e}", t.addr))?;
+        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new()).adaptive_window(true).max_send_buf_size(1).handshake(TokioIo::new(io)).await.map_err(|e| format!("HTTP/2 with {}: {e}", t.addr))?;
         tokio::spawn(conn);
         Sender::H2(sender)
     };
-    Ok((sender, tcp_ms, tls_ms, fd))
+    Ok(Opened { sender, tcp_ms, tls_ms, socket, budget })
 }
 
 fn request(t: &Target, body: ReqBody, post: bool) -> Request<ReqBody> {
@@ -238,7 +268,7 @@ fn config_urls(config: &serde_json::Value) -> Result<Urls, String> {
     })
 }
 
-fn tls_connector(h: &HttpOptions) -> Result<tokio_rustls::TlsConnector, String> {
+fn connector(h: &HttpOptions) -> Result<Connector, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone()).with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12]).map_err(|e| e.to_string())?;
     let mut cfg = if h.insecure {
@@ -255,7 +285,7 @@ fn tls_connector(h: &HttpOptions) -> Result<tokio_rustls::TlsConnector, String> 
         builder.with_root_certificates(roots).with_no_client_auth()
     };
     cfg.alpn_protocols = vec![if h.http1 { b"http/1.1".to_vec() } else { b"h2".to_vec() }];
-    Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
+    Ok(Connector { tls: tokio_rustls::TlsConnector::from(Arc::new(cfg)), http1: h.http1 })
 }
 
 /// `--insecure`: any certificate is taken (signatures are still checked, so the handshake is
@@ -359,10 +389,10 @@ impl State {
 }
 
 async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &HttpOptions) -> Result<Outcome, String> {
-    let tls = tls_connector(http)?;
+    let connector = connector(http)?;
     let config_target = Target::parse(config_url)?;
     let h1 = http.http1;
-    let (mut sender, _, _, _) = open(&config_target, &tls, h1).await?;
+    let mut sender = open(&config_target, &connector).await?.sender;
     let config = {
         use http_body_util::BodyExt;
         sender.ready().await?;
@@ -386,7 +416,6 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
     let senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>> = Arc::default();
     let mut stop = Arc::new(AtomicBool::new(false));
     let mut load_tasks = tokio::task::JoinSet::new();
-    let chunk = Bytes::from(vec![0x5au8; UPLOAD_CHUNK].into_iter().enumerate().map(|(i, b)| b ^ (i as u8).wrapping_mul(151)).collect::<Vec<u8>>());
     let (idle, id, length) = (params.idle, params.rpm_interval, params.length);
     let mut tasks = tokio::task::JoinSet::new();
     let mut next_probe = 0.0;
@@ -434,7 +463,7 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
         if t >= next_probe {
             next_probe += PROBE_EVERY.as_secs_f64();
             if !(t >= idle && stage.is_none()) {
-                spawn_foreign(&mut tasks, urls.clone(), tls.clone(), h1, st.probes.clone(), t);
+                spawn_foreign(&mut tasks, urls.clone(), connector.clone(), st.probes.clone(), t);
                 spawned += 1;
             }
             if stage.is_some() {
@@ -466,7 +495,7 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
                 cur.flows += directions.len();
                 for down in directions {
                     let f = Flow { name: format!("{}-{}", if down { "down" } else { "up" }, per_dir + 1), down, stage: st.stages.len() - 1, bytes: Arc::default(), samples: Vec::new(), last: 0, error: Arc::default() };
-                    spawn_load(&mut load_tasks, &f, urls.clone(), tls.clone(), h1, senders.clone(), stop.clone(), chunk.clone(), st.t0);
+                    spawn_load(&mut load_tasks, &f, urls.clone(), connector.clone(), senders.clone(), stop.clone(), st.t0);
                     st.flows.push(f);
                 }
             }
@@ -524,12 +553,12 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
     Ok(Outcome { result: final_result, path, ended })
 }
 
-fn spawn_foreign(tasks: &mut tokio::task::JoinSet<()>, urls: Arc<Urls>, tls: tokio_rustls::TlsConnector, http1: bool, probes: Arc<Mutex<Probes>>, t: f64) {
+fn spawn_foreign(tasks: &mut tokio::task::JoinSet<()>, urls: Arc<Urls>, connector: Connector, probes: Arc<Mutex<Probes>>, t: f64) {
     tasks.spawn(async move {
         let rec = timeout(PROBE_TIMEOUT, async {
-            let (mut s, tcp, tls_ms, _) = open(&urls.small, &tls, http1).await.ok()?;
-            let req = fetch(&mut s, &urls.small, None, None).await.ok();
-            Some((tcp, tls_ms, req))
+            let mut c = open(&urls.small, &connector).await.ok()?;
+            let req = fetch(&mut c.sender, &urls.small, None, None).await.ok();
+            Some((c.tcp_ms, c.tls_ms, req))
         })
         .await
         .ok()
@@ -546,13 +575,12 @@ fn spawn_self(tasks: &mut tokio::task::JoinSet<()>, sender: SendRequest<ReqBody>
     });
 }
 
-#[allow(clippy::too_many_arguments)]
-fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, tls: tokio_rustls::TlsConnector, http1: bool, senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>>, stop: Arc<AtomicBool>, chunk: Bytes, t0: Instant) {
+fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, connector: Connector, senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>>, stop: Arc<AtomicBool>, t0: Instant) {
     let (down, bytes, error) = (f.down, f.bytes.clone(), f.error.clone());
     tasks.spawn(async move {
         let target = if down { &urls.large } else { &urls.upload };
         let outcome = async {
-            let (mut s, _, _, fd) = open(target, &tls, http1).await?;
+            let Opened { sender: mut s, socket, budget, .. } = open(target, &connector).await?;
             // Self probes share HTTP/2 connections; an HTTP/1.1 one is busy with its load.
             if let Sender::H2(h2) = &s {
                 senders.lock().unwrap().push(h2.clone());
@@ -564,9 +592,9 @@ fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, t
                 // Upload goodput is what the server's TCP acknowledged: bytes handed to HTTP/2
                 // also fill its send buffers and the path's queue (counted so, a 5 Mbit/s line
                 // with a 1.45 s FIFO read 6.6 Mbit/s). TLS records and HTTP/2 frames add 0.2%.
-                let acked = || bloatlab_netio::tcp_info(&fd).map(|i| i.bytes_acked).unwrap_or(0);
+                let acked = || bloatlab_netio::tcp_info(socket.as_ref()).map(|i| i.bytes_acked).unwrap_or(0);
                 let base = acked();
-                let body = ReqBody::Upload { chunk, stop: stop.clone() };
+                let body = ReqBody::Upload { stop: stop.clone(), socket: socket.clone(), budget };
                 let send = s.send(request(target, body, true));
                 let count = async {
                     loop {

@@ -2,6 +2,7 @@
 //! network stacks, and TCP_INFO / TCP_CONGESTION are Linux interfaces.
 
 pub mod icmp;
+pub mod sendbuf;
 pub mod udp;
 
 use socket2::SockRef;
@@ -230,20 +231,34 @@ pub fn unsent_budget(delivery_rate_bytes_per_s: u64) -> u32 {
 /// Returns the budget.
 pub fn keep_unsent_small(stream: &impl AsRawFd) -> io::Result<u32> {
     let lowat = unsent_budget(tcp_info(stream)?.delivery_rate);
+    set_unsent_limit(stream, lowat)?;
+    Ok(lowat)
+}
+
+/// TCP_NOTSENT_LOWAT: the socket takes more data only while it holds fewer than `bytes` unsent.
+pub fn set_unsent_limit(stream: &impl AsRawFd, bytes: u32) -> io::Result<()> {
     // SAFETY: a u32 option value of the right size for TCP_NOTSENT_LOWAT.
     let rc = unsafe {
         libc::setsockopt(
             stream.as_raw_fd(),
             libc::IPPROTO_TCP,
             libc::TCP_NOTSENT_LOWAT,
-            &lowat as *const u32 as *const libc::c_void,
+            &bytes as *const u32 as *const libc::c_void,
             std::mem::size_of::<u32>() as libc::socklen_t,
         )
     };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(lowat)
+    Ok(())
+}
+
+/// Sends the acknowledgement of what was just read now rather than after the delayed-ACK timer
+/// (TCP_QUICKACK, which the kernel clears again by itself). A server that has nothing to send
+/// until a client's small write arrives would otherwise hold that client's next small write
+/// behind Nagle's algorithm for up to the timer's 40 ms.
+pub fn ack_now(stream: &impl AsFd) -> io::Result<()> {
+    SockRef::from(stream).set_tcp_quickack(true)
 }
 
 /// Waits until `fd` is readable (for a listener: a connection is waiting) or `timeout` passed.

@@ -58,13 +58,9 @@ impl ServerProc {
         let mut child = cmd.spawn().expect("spawn server");
         let stderr = child.stderr.take().unwrap();
         let mut lines = BufReader::new(stderr).lines();
-        let first = lines.next().expect("server said nothing").unwrap();
-        let addr = first
-            .split("listening on ")
-            .nth(1)
-            .and_then(|s| s.split(' ').next())
-            .unwrap_or_else(|| panic!("unexpected server line: {first}"))
-            .to_string();
+        // With --self-signed, the certificate's lines come first.
+        let first = lines.by_ref().map(|l| l.expect("server's stderr")).take(5).find(|l| l.contains("listening on ")).expect("the server never said where it listens");
+        let addr = first.split("listening on ").nth(1).and_then(|s| s.split(' ').next()).unwrap().to_string();
         // Keep draining its log so it never blocks on a full pipe.
         let log = std::sync::Arc::new(Mutex::new(Vec::new()));
         let keep = log.clone();

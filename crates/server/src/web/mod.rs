@@ -14,6 +14,7 @@
 //! `/slurp`, whose latency probes run on a WebSocket port of their own (`ws`), and whose
 //! measurements come back to `/web/result` to be summarized as a CLI result (`results`).
 
+mod ack;
 mod budget;
 /// Public for the fuzzer (fuzz/fuzz_targets/web_request.rs).
 pub mod endpoints;
@@ -26,6 +27,7 @@ pub use views::LoadView;
 
 use crate::limits::Slot;
 use crate::Shared;
+use bloatlab_netio::sendbuf::{self, BudgetedTls, SendBudget};
 use budget::Budgets;
 use endpoints::Route;
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
@@ -90,11 +92,12 @@ impl Default for WebConfig {
 
 /// Bytes `/large` sends: at least 8 GB, as the draft asks; clients close it early.
 const LARGE_BYTES: u64 = 8 << 30;
-/// Incompressible data, sent again and again (each chunk shares this buffer).
-const CHUNK: usize = 64 * 1024;
-/// How often `/large` re-sets TCP_NOTSENT_LOWAT to 5 ms of the connection's current rate (and
-/// charges its address's budget). A multiple of CHUNK.
-const LOWAT_EVERY: u64 = 1 << 20;
+/// Incompressible data, sent again and again (each chunk is a slice of this buffer, at most
+/// the largest send budget).
+const CHUNK: usize = sendbuf::MAX;
+/// Every this many bytes `/large` charges its address's byte budget, and `/large` and `/slurp`
+/// note the server's view of the path. At least CHUNK.
+const CHARGE_EVERY: u64 = 1 << 20;
 /// How many bytes `/slurp` receives between updates of the address's upload count.
 const UPLOAD_COUNT_EVERY: u64 = 16 * 1024;
 /// How long a connection refused for want of a slot may take to hear why.
@@ -161,6 +164,8 @@ struct Conn {
     refuse: Option<String>,
     /// A second handle on the socket, for TCP_NOTSENT_LOWAT while `/large` sends.
     socket: Option<Arc<OwnedFd>>,
+    /// What `/large` may keep in the server's own buffers, from the connection's rate.
+    send_budget: SendBudget,
     web: Arc<Web>,
 }
 
@@ -178,15 +183,18 @@ async fn serve_conn(stream: TcpStream, ip: IpAddr, admit: Admit, tls: Option<Arc
         local: stream.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         refuse,
         socket: stream.as_fd().try_clone_to_owned().ok().map(Arc::new),
+        send_budget: SendBudget::default(),
         web,
     });
     let handshake = shared.config.hello_timeout;
+    let stream = ack::AckNow(stream);
     let _ = timeout(limit, async move {
         match tls {
             Some(tls) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
-                if let Ok(Ok(s)) = timeout(handshake, acceptor.accept(stream)).await {
-                    serve_http(TokioIo::new(s), conn, handshake).await;
+                if let Ok(Ok(tls)) = timeout(handshake, acceptor.accept(stream)).await {
+                    let budget = conn.send_budget.clone();
+                    serve_http(TokioIo::new(BudgetedTls { tls, budget }), conn, handshake).await;
                 }
             }
             None => serve_http(TokioIo::new(stream), conn, handshake).await,
@@ -208,7 +216,10 @@ where
     let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     // Headers within the handshake's deadline (no slowloris), and bounded.
     b.http1().timer(TokioTimer::new()).header_read_timeout(header_time).max_buf_size(64 * 1024);
-    b.http2().timer(TokioTimer::new()).max_concurrent_streams(max_streams).max_header_list_size(16 * 1024).adaptive_window(true);
+    // Hyper hands HTTP/2 a body's next chunk only when the stream's buffer is below its send
+    // buffer size: 1 makes that one chunk at a time, sized by `/large` to the connection's rate
+    // (netio's sendbuf).
+    b.http2().timer(TokioTimer::new()).max_concurrent_streams(max_streams).max_header_list_size(16 * 1024).adaptive_window(true).max_send_buf_size(1);
     let _ = b.serve_connection(io, svc).await;
 }
 
@@ -249,6 +260,8 @@ impl Body for Reply {
 pub(crate) struct Large {
     left: u64,
     sent: u64,
+    /// Bytes sent when the address's budget is next charged.
+    charge_at: u64,
     conn: Arc<Conn>,
 }
 
@@ -257,20 +270,21 @@ impl Large {
         if self.left == 0 {
             return None;
         }
-        let n = self.left.min(CHUNK as u64);
-        // Once per MiB: the budget is charged for the MiB ahead (one lock per 16 chunks; an
-        // address may be charged up to 1 MiB per connection it did not take), the unsent limit
-        // follows the rate, and the server's view of the path is noted.
-        if self.sent % LOWAT_EVERY < n {
-            if self.conn.web.budgets.charge(self.conn.ip, self.left.min(LOWAT_EVERY), Instant::now()).is_err() {
+        // Each chunk: the kernel's unsent limit follows the connection's current rate (5 ms of
+        // it), and the chunk, all HTTP/2 holds of this stream, is as large (so is TLS's buffer,
+        // both within sendbuf's bounds).
+        let allowed = self.conn.socket.as_ref().map_or(sendbuf::MIN, |s| self.conn.send_budget.follow(s.as_ref()));
+        let n = self.left.min(allowed as u64);
+        // Once per MiB: the address's byte budget is charged for the MiB ahead (an address may be charged up
+        // to 1 MiB per connection it did not take) and the server's view of the path is noted.
+        if self.sent >= self.charge_at {
+            self.charge_at += CHARGE_EVERY;
+            if self.conn.web.budgets.charge(self.conn.ip, self.left.min(CHARGE_EVERY), Instant::now()).is_err() {
                 self.left = 0;
                 return Some(Err(std::io::Error::other("this address's byte budget is used up")));
             }
-            if let Some(s) = &self.conn.socket {
-                let _ = bloatlab_netio::keep_unsent_small(s.as_ref());
-                if let Ok(info) = bloatlab_netio::tcp_info(s.as_ref()) {
-                    self.conn.web.load_views.record(self.conn.ip, views::Way::Down, info.rtt_us, Instant::now());
-                }
+            if let Some(info) = self.conn.socket.as_ref().and_then(|s| bloatlab_netio::tcp_info(s.as_ref()).ok()) {
+                self.conn.web.load_views.record(self.conn.ip, views::Way::Down, info.rtt_us, Instant::now());
             }
         }
         (self.left, self.sent) = (self.left - n, self.sent + n);
@@ -318,7 +332,7 @@ async fn route(req: Request<Incoming>, conn: &Arc<Conn>) -> Response<Reply> {
         Route::Large => match conn.web.budgets.charge(conn.ip, 0, Instant::now()) {
             Err(retry) => budget_refusal(conn, retry),
             Ok(()) => {
-                let mut r = Response::new(Reply::Large(Large { left: LARGE_BYTES, sent: 0, conn: conn.clone() }));
+                let mut r = Response::new(Reply::Large(Large { left: LARGE_BYTES, sent: 0, charge_at: 0, conn: conn.clone() }));
                 r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
                 r
             }
@@ -361,7 +375,7 @@ async fn slurp(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
                 conn.web.load_views.count_upload(conn.ip, std::mem::take(&mut uncounted), Instant::now());
             }
             // The receiver's view of the upload's path, for the browser test's probes.
-            if got % LOWAT_EVERY + d.len() as u64 >= LOWAT_EVERY {
+            if got % CHARGE_EVERY + d.len() as u64 >= CHARGE_EVERY {
                 if let Some(info) = conn.socket.as_ref().and_then(|s| bloatlab_netio::tcp_info(s.as_ref()).ok()) {
                     conn.web.load_views.record(conn.ip, views::Way::Up, info.rcv_rtt_us, Instant::now());
                 }
