@@ -58,7 +58,8 @@ for c in "${configs[@]}"; do
     ip netns exec ${P}rtr tc qdisc add dev $1 parent 1:1 handle 10: pfifo limit "$limit"
   done
   rm -f "$work/kept"/web-*.json.gz
-  ip netns exec ${P}cli chromium --headless=new --no-sandbox --disable-gpu --no-first-run --user-data-dir="$work/profile" \
+  # TMPDIR: Chromium's own temporary directories outlive the killed browser; they go with $work.
+  TMPDIR="$work" ip netns exec ${P}cli chromium --headless=new --no-sandbox --disable-gpu --no-first-run --user-data-dir="$work/profile" \
     "http://10.99.3.1:8080/?autostart=1&length=$length" > "$work/browser.log" 2>&1 &
   for _ in $(seq $((length * 3 + 90))); do ls "$work/kept"/web-*.json.gz > /dev/null 2>&1 && break; sleep 1; done
   pkill -f "user-data-dir=$work" || true

@@ -30,6 +30,9 @@ impl Browser {
         let mut cmd = Command::new(&prefix[0]);
         cmd.args(&prefix[1..]).args([bin, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions"]);
         cmd.arg(format!("--user-data-dir={}", profile.display())).arg(url);
+        // Chromium's own temporary directories (org.chromium.Chromium.*) outlive a killed browser:
+        // beside the profile they go with the test's directory.
+        cmd.env("TMPDIR", profile.parent().expect("the profile is in the test's directory"));
         cmd.stdout(Stdio::null()).stderr(Stdio::null()).process_group(0);
         Browser(cmd.spawn().expect("start the browser"))
     }
