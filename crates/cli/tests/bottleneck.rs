@@ -215,32 +215,3 @@ fn voip_under_load_is_worse_through_deep_fifos_than_through_short_ones() {
     // The deep case's worse direction is the one whose FIFO drains slowest: up (2.4 s).
     assert!(f(&deep, "voip.mouth_to_ear_up_ms") > f(&short, "voip.mouth_to_ear_up_ms") + 200.0, "{} vs {}", deep["voip"], short["voip"]);
 }
-
-/// The HTTPS face adds no queue of its own in front of self probes (the draft: TCP_NOTSENT_LOWAT;
-/// netio's sendbuf: HTTP/2 and TLS hold no more than the kernel's 5 ms of the connection's
-/// rate). Through a 30-packet FIFO (18 ms at 20 Mbit/s) 12 download connections share about
-/// 1.5 Mbit/s each, so every 64 KiB a server keeps per connection is 350 ms of wait for the self
-/// probe behind it. With hyper's 400 KiB per stream and rustls's 64 KiB, self probes took
-/// 522-548 ms against foreign ones' 123-139 (bench-rpm-peers.sh, cubic), 406-510 here; with
-/// the budgets, 102-135 against 80-210, 205 here. Foreign probes pay for lost SYNs (a second
-/// each), so they are no fixed yardstick; the path is: a probe's answer crosses the 18 ms FIFO
-/// and, behind a lost segment of its connection, waits for the retransmission (Linux's least
-/// RTO is 200 ms). Anything beyond 300 ms on average is buffering at an end.
-#[test]
-fn the_https_face_keeps_no_queue_of_its_own_in_front_of_self_probes() {
-    let _g = serial();
-    let Some(t) = topo("rq", 30) else { return };
-    let tls = tmp_path("rq-tls");
-    let mut srv = ServerProc::start(&t.exec(&t.srv), "0.0.0.0:9461", &["-q", "--https", "4043", "--self-signed", "--name", SRV_ADDR, "--tls-dir", tls.to_str().unwrap()]);
-    let out = tmp_path("rq-rpm.json");
-    let url = format!("https://{SRV_ADDR}:4043/.well-known/nq");
-    let o = run(&t.exec(&t.cli), &["test", "rpm", &url, "-k", "--sequential", "-l", "10", "--idle", "1", "--json", "-q", "-o", out.to_str().unwrap()]);
-    srv.kill();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let s = json(&o);
-    let ms = |path: &str| 60000.0 / s.pointer(path).and_then(|v| v.as_f64()).unwrap_or_else(|| panic!("{path} in {s}"));
-    let (own, foreign) = (ms("/rpm_by_direction/down/loaded"), ms("/rpm_by_direction/down/foreign"));
-    eprintln!("download: self probes {own:.0} ms, foreign {foreign:.0} ms, {} Mbit/s over {} connections; upload: self {:.0}, foreign {:.0} ms", s["throughput_mbps"]["down"], s["rpm_by_direction"]["down"]["load_connections"], ms("/rpm_by_direction/up/loaded"), ms("/rpm_by_direction/up/foreign"));
-    assert!(s["throughput_mbps"]["down"].as_f64().unwrap() > DOWN_MBPS * 0.7, "the load did not fill the line: {}", s["throughput_mbps"]);
-    assert!(own < 300.0, "self probes {own:.0} ms (foreign {foreign:.0} ms): the server's buffers hold a queue");
-}
