@@ -265,15 +265,19 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
     // HTB's burst of 5 ms of rate rather than sqm's 1 ms: the emulated guest's timers fire late,
     // and a 1 ms burst then loses rate that real hardware would not (measured: 49 instead of
     // 52.7 Mbit/s at 57 Mbit/s).
-    let kernel = KernelRouter::start(
-        "agree",
-        &["--down", "fq_codel 20mbit", "--up", "fq_codel 20mbit", "--delay-down", "delay 2ms", "--delay-up", "delay 2ms", "--burst-us", "5000"],
-    );
-    let srv = ServerProc::start(&kernel.exec(&kernel.srv).iter().map(String::as_str).collect::<Vec<_>>(), "0.0.0.0:9461", &["-q"]);
-    let k: Vec<serde_json::Value> = tests.iter().map(|t| run_in(&kernel.exec(&kernel.cli), t)).collect();
-    drop(srv);
-    let stats = kernel.stop();
-    assert!(stats["rtr"].as_array().is_some_and(|q| q.iter().any(|q| q["kind"] == "fq_codel")), "fq_codel was the kernel's qdisc: {stats}");
+    let kernel_pass = || -> Vec<serde_json::Value> {
+        let kernel = KernelRouter::start(
+            "agree",
+            &["--down", "fq_codel 20mbit", "--up", "fq_codel 20mbit", "--delay-down", "delay 2ms", "--delay-up", "delay 2ms", "--burst-us", "5000"],
+        );
+        let srv = ServerProc::start(&kernel.exec(&kernel.srv).iter().map(String::as_str).collect::<Vec<_>>(), "0.0.0.0:9461", &["-q"]);
+        let k: Vec<serde_json::Value> = tests.iter().map(|t| run_in(&kernel.exec(&kernel.cli), t)).collect();
+        drop(srv);
+        let stats = kernel.stop();
+        assert!(stats["rtr"].as_array().is_some_and(|q| q.iter().any(|q| q["kind"] == "fq_codel")), "fq_codel was the kernel's qdisc: {stats}");
+        k
+    };
+    let mut k = kernel_pass();
 
     let topo = "name='agree'\n[[link]]\nname='wan'\na='client'\nb='server'\n\
                 both={rate='20mbit', delay='2ms', overhead=14, qdisc='fq_codel'}\n";
@@ -281,6 +285,28 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
     let srv = lab.server("server");
     let l: Vec<serde_json::Value> = tests.iter().map(|t| run_in(&lab.exec("client"), t)).collect();
     drop(srv);
+    drop(lab);
+
+    // max(1 ms, 10%), widened by the reference's own noise measured in the same run: the
+    // emulated guest's idle round trips spread by 1.5-3 ms (p90 - p50), and its loaded p50
+    // moved by 1.3 ms between two otherwise identical runs.
+    let bound = |k: &serde_json::Value| {
+        let s = &k["latency_ms"]["per_stream"][0];
+        (0.1 * be_added(k).abs()).max(1.0) + f(s, "idle.p90") - f(s, "idle.p50")
+    };
+    // The guest's fq_codel added -0.1 to 0.5 ms in these tests, but once in CI 12.4 ms
+    // (tcp-down; the lab 0.3): an emulated guest starved of CPU holds packets outside its
+    // qdisc, which only ever adds delay. So a guest far above the lab is measured once more
+    // and the lower of its two runs is the reference; a lab model that queues too little
+    // still fails, as the guest is above it both times.
+    if k.iter().zip(&l).any(|(k, l)| be_added(k) - be_added(l) > bound(k)) {
+        eprintln!("the guest added more delay than the lab beyond the bound: measuring the guest again");
+        for (k, again) in k.iter_mut().zip(kernel_pass()) {
+            if be_added(&again) < be_added(k) {
+                *k = again;
+            }
+        }
+    }
 
     for ((t, k), l) in tests.iter().zip(&k).zip(&l) {
         let dir = if t[0] == "tcp-down" { "throughput_mbps.down" } else { "throughput_mbps.up" };
@@ -298,13 +324,7 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
         // never falls short of the reference.
         let reference_short = kg < lg && lg <= ceiling * 1.005;
         assert!(agrees || reference_short, "{}: lab {lg} vs kernel {kg} Mbit/s (ceiling {ceiling:.2})", t[0]);
-        // max(1 ms, 10%), widened by the reference's own noise measured in the same run: the
-        // emulated guest's idle round trips spread by 1.5-3 ms (p90 - p50), and its loaded p50
-        // moved by 1.3 ms between two otherwise identical runs.
-        let (ka, la) = (be_added(k), be_added(l));
-        let s = &k["latency_ms"]["per_stream"][0];
-        let noise = f(s, "idle.p90") - f(s, "idle.p50");
-        let bound = (0.1 * ka.abs()).max(1.0) + noise;
-        assert!((la - ka).abs() <= bound, "{}: added p50 lab {la} vs kernel {ka} ms (bound {bound} ms with the guest's idle spread {noise} ms)", t[0]);
+        let (ka, la, bound) = (be_added(k), be_added(l), bound(k));
+        assert!((la - ka).abs() <= bound, "{}: added p50 lab {la} vs kernel {ka} ms (bound {bound} ms)", t[0]);
     }
 }
