@@ -13,7 +13,11 @@
 #
 # Scenarios (name: line; the lab adds 14 B per packet as the kernel counts Ethernet headers;
 # cake shapes by itself at the rate, tc's defaults: diffserv3, triple-isolate, raw; cake+OPT
-# adds tc's option OPT, e.g. cake+besteffort):
+# adds tc's option OPT, e.g. cake+besteffort; sqm-docsis: sqm counting 18 B per IP packet).
+# A sixth column DOWN/UP puts a modem behind the shaper, as `lab compare cable` does: the
+# router shapes on the client's link, and a second hop carries the line's own rate with a
+# 1000-packet FIFO, 18 B per IP packet and the delay (the kernel's modem is HTB + pfifo in its
+# own namespace); CAKE there runs in ingress mode downstream, as compare sets it.
 SCENARIOS="
 unshaped      1gbit   1gbit     0    none
 delay-only    1gbit   1gbit     2    none
@@ -38,6 +42,9 @@ cake-asym-d   57mbit  3800kbit  7.5  cake
 cake-be-d     57mbit  3800kbit  7.5  cake+besteffort
 cake-ack-d    57mbit  3800kbit  7.5  cake+ack-filter
 cake-docsis-d 57mbit  3800kbit  7.5  cake+docsis
+cable-fifo    -       -         7.5  none         60mbit/4mbit
+cable-sqm     57mbit  3800kbit  7.5  sqm-docsis   60mbit/4mbit
+cable-cake    57mbit  3800kbit  7.5  cake+docsis  60mbit/4mbit
 "
 # Tests per scenario: tcp-down, tcp-up, rrul (voip with --voip).
 set -euo pipefail
@@ -83,7 +90,7 @@ lab_qdisc() { # kind -> lab key=value settings per direction (same for both)
     none) echo 'qdisc = "fifo", limit = 1000' ;;
     codel) echo 'qdisc = "codel", limit = 1000' ;;
     fq_codel) echo 'qdisc = "fq_codel"' ;;
-    sqm) echo 'qdisc = "fq_codel", limit = 1001, quantum = 300' ;;
+    sqm|sqm-docsis) echo 'qdisc = "fq_codel", limit = 1001, quantum = 300' ;;
     jitter) echo 'qdisc = "fifo", limit = 1000, jitter = "2ms", reorder = true' ;;
     loss) echo 'qdisc = "fifo", limit = 1000, loss = "1%"' ;;
     ge) echo 'qdisc = "fifo", limit = 1000, ge = "1%,30%,50%,0%"' ;;
@@ -96,7 +103,7 @@ kernel_shaper() { # kind rate
     none) echo "none" ;;
     codel) echo "codel $2 limit 1000 noecn" ;;
     fq_codel) echo "fq_codel $2" ;;
-    sqm) echo "fq_codel $2 limit 1001 quantum 300" ;;
+    sqm|sqm-docsis) echo "fq_codel $2 limit 1001 quantum 300" ;;
     jitter|loss|ge) echo "pfifo $2 1000" ;;
     cake*) echo "cake $2 $(cake_opts "$1")" ;;
   esac
@@ -122,13 +129,23 @@ run_test() { # prefix-ns host test file
     echo "  $t failed: $(tail -n1 "$file.err")" >&2; return 1; }
 }
 
-kernel_run() { # scen down up delay kind test file
-  local down=$2 up=$3 delay=$4 kind=$5 t=$6 file=$7
+lab_overhead() { # kind -> bytes the lab counts on top of the IP packet
+  case "$1" in *docsis) echo 18 ;; *) echo 14 ;; esac
+}
+
+kernel_run() { # scen down up delay kind modem test file
+  local down=$2 up=$3 delay=$4 kind=$5 modem=$6 t=$7 file=$8
   local dir; dir=$(mktemp -d /tmp/bloatlab-kref-bench.XXXXXX)
   local cli=kb-cli srv=kb-srv
   ip netns del $cli 2>/dev/null || true; ip netns del $srv 2>/dev/null || true
   ip netns add $cli; ip netns add $srv
-  local args=(${KREF_TOPO_ARGS:---burst-us 5000} --down "$(kernel_shaper "$kind" "$down")" --up "$(kernel_shaper "$kind" "$up")")
+  local sdown; sdown=$(kernel_shaper "$kind" "$down")
+  # compare's CAKE behind a modem runs in ingress mode downstream.
+  [ -n "$modem" ] && [ "${kind%%+*}" = cake ] && sdown+=" ingress"
+  local args=(${KREF_TOPO_ARGS:---burst-us 5000} --down "$sdown" --up "$(kernel_shaper "$kind" "$up")")
+  # HTB counts the Ethernet header (14 B): stab adds the rest of 18.
+  [ "$kind" = sqm-docsis ] && args+=(--overhead 4)
+  [ -n "$modem" ] && args+=(--modem-down "pfifo ${modem%/*} 1000" --modem-up "pfifo ${modem#*/} 1000" --modem-overhead 4)
   local nm; nm=$(kernel_netem "$kind" "$delay")
   [ -n "$nm" ] && args+=(--delay-down "$nm" --delay-up "$nm")
   scripts/kernel-ref.sh --out "$dir" --timeout $((length * 3 + 120)) --tap kbc@$cli --tap kbs@$srv -- \
@@ -160,25 +177,53 @@ dir_rate() { # kind rate -> the lab's per-direction settings: the link's rate, o
   esac
 }
 
-lab_run() { # scen down up delay kind test file
-  local down=$2 up=$3 delay=$4 kind=$5 t=$6 file=$7
+lab_run() { # scen down up delay kind modem test file
+  local down=$2 up=$3 delay=$4 kind=$5 modem=$6 t=$7 file=$8
   local q; q=$(lab_qdisc "$kind")
-  local topo="$file.toml"
-  cat > "$topo" <<EOF
+  local topo="$file.toml" host=10.77.0.2
+  if [ -z "$modem" ]; then
+    cat > "$topo" <<EOF
 name = "kbench"
 [[link]]
 name = "wan"
 a = "client"
 b = "server"
-both = { delay = "${delay}ms", overhead = 14, $q }
+both = { delay = "${delay}ms", overhead = $(lab_overhead "$kind"), $q }
 up = { $(dir_rate "$kind" "$up") }
 down = { $(dir_rate "$kind" "$down") }
 EOF
+  else
+    # The shaper on the router's client link, the modem behind it (the server: the b end of link 1, counting from 0).
+    host=10.77.1.2
+    local lan=''
+    if [ "$kind" != none ]; then
+      local sdown; sdown=$(dir_rate "$kind" "$down")
+      [ "${kind%%+*}" = cake ] && sdown="${sdown%\"} ingress\""
+      lan="both = { overhead = $(lab_overhead "$kind"), $q }
+up = { $(dir_rate "$kind" "$up") }
+down = { $sdown }"
+    fi
+    cat > "$topo" <<EOF
+name = "kbench"
+[[link]]
+name = "lan"
+a = "client"
+b = "router"
+$lan
+[[link]]
+name = "wan"
+a = "router"
+b = "server"
+both = { delay = "${delay}ms", overhead = 18, qdisc = "fifo", limit = 1000 }
+up = { rate = "${modem#*/}" }
+down = { rate = "${modem%/*}" }
+EOF
+  fi
   "$BIN" lab run "$topo" --name kbench -- bash -c "
     '$BIN' lab exec --lab kbench server -- '$BIN' server -q > /dev/null 2>&1 &
     s=\$!; sleep 0.5
     $(declare -f run_test); $(declare -p test_args); BIN='$BIN' length='$length' cc='$cc'
-    run_test bl-kbench-client 10.77.0.2 '$t' '$file'
+    run_test bl-kbench-client $host '$t' '$file'
     '$BIN' lab stats --lab kbench --json > '$file.labstats.json'
     kill \$s; wait \$s 2>/dev/null; true" || echo "  lab run failed" >&2
 }
@@ -201,16 +246,17 @@ def marks(v):
 def kernel_counters(tc):
     # Shaper roots on rtr (rc: towards the client = down, rd: up) and the delay box (dr: down, ds: up).
     res = {}
-    for d, devs in (("down", ("rc", "dr")), ("up", ("rd", "ds"))):
-        qs = [q for side in ("rtr", "dly") for q in tc.get(side, []) if q.get("dev") in devs]
+    # With a modem (mdm): dr towards the router = down, md = up.
+    for d, devs in (("down", ("rc", "dr")), ("up", ("rd", "ds", "md"))):
+        qs = [q for side in ("rtr", "mdm", "dly") for q in tc.get(side, []) if q.get("dev") in devs]
         roots = [q for q in qs if q.get("root")]
         res[d] = (sum(q["drops"] for q in roots), marks(qs))
     return res
 def lab_counters(ls):
     res = {}
     for d in ("down", "up"):
-        v = ls["links"]["wan"][d]
-        res[d] = (sum(v["drops"].values()), v["ecn_marks"])
+        vs = [l[d] for l in ls["links"].values()]
+        res[d] = (sum(sum(v["drops"].values()) for v in vs), sum(v["ecn_marks"] for v in vs))
     return res
 def fmt(v, w=7): return f"{'-':>{w}}" if v is None else f"{v:>{w}.2f}"
 def ratio(a, b): return f"{'-':>7}" if a is None or b is None or b == 0 else f"{a / b:>7.2f}"
@@ -250,16 +296,16 @@ PY
 }
 
 keys=()
-while read -r name down up delay kind; do
+while read -r name down up delay kind modem; do
   [ -z "$name" ] && continue
   if [ ${#pick[@]} -gt 0 ] && ! printf '%s\n' "${pick[@]}" | grep -qx "$name"; then continue; fi
   for t in $tests; do
     for r in $(seq "$repeat"); do
       [ $report_only = 1 ] && break
       echo "== $name $t run $r: kernel" >&2
-      kernel_run "$name" "$down" "$up" "$delay" "$kind" "$t" "$out/$name.$t.kernel.$r"
+      kernel_run "$name" "$down" "$up" "$delay" "$kind" "$modem" "$t" "$out/$name.$t.kernel.$r"
       echo "== $name $t run $r: lab" >&2
-      lab_run "$name" "$down" "$up" "$delay" "$kind" "$t" "$out/$name.$t.lab.$r"
+      lab_run "$name" "$down" "$up" "$delay" "$kind" "$modem" "$t" "$out/$name.$t.lab.$r"
     done
     keys+=("$name.$t")
   done

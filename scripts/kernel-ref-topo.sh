@@ -4,6 +4,12 @@
 #   client --- rtr (shapers) --- dly (netem delay box) --- server
 #   10.99.2.1  .2.254 | .4.1     .4.2 | .3.254               10.99.3.1
 #
+# With a modem (--modem-down/--modem-up), a second store-and-forward hop at the line's own rate
+# behind the router, as on a home line where the router shapes in front of the modem:
+#
+#   client --- rtr (shapers) --- mdm (line rate, its buffer) --- dly --- server
+#   10.99.2.1  .2.254 | .4.1     .4.2 | .5.1                     .5.2 | .3.254   10.99.3.1
+#
 # The shapers sit on rtr's egress (towards the client: download; towards dly: upload), the delay
 # in its own forwarding namespace, never on an endpoint (where TCP Small Queues would see delayed
 # packets as still queued). GRO is off on the NICs and GSO capped everywhere: one skb, one wire packet.
@@ -22,6 +28,9 @@
 #   --burst-us N                 HTB burst and quantum in microseconds of rate (default 1000)
 #   --overhead N                 HTB shapers: tc stab overhead N (bytes on top of the Ethernet
 #                                frame the kernel already counts)
+#   --modem-down SHAPER, --modem-up SHAPER   the modem hop's line and buffer, as --down/--up
+#                                (e.g. "pfifo 60mbit 1000"); either one adds the hop
+#   --modem-overhead N           the modem's HTB: tc stab overhead N (as --overhead)
 #   --delay-down ARGS, --delay-up ARGS   netem ARGS on the delay box ("delay 7.5ms", "loss 1%")
 #   --sample-ms N                (with --nics) every N ms, the router's qdiscs (tc -s -j, one
 #                                JSON array per line: rc then rd) to $KREF_OUT/qdisc-samples.jsonl
@@ -32,12 +41,16 @@
 set -eu
 
 nics=0; down=none; up=none; overhead=; ddown=; dup=; burst_us=1000; sample_ms=; timer_probe=0
+mdown=none; mup=none; moverhead=
 while [ $# -gt 0 ]; do
   case "$1" in
     --nics) nics=1; shift ;;
     --down) down=$2; shift 2 ;;
     --up) up=$2; shift 2 ;;
     --overhead) overhead=$2; shift 2 ;;
+    --modem-down) mdown=$2; shift 2 ;;
+    --modem-up) mup=$2; shift 2 ;;
+    --modem-overhead) moverhead=$2; shift 2 ;;
     --burst-us) burst_us=$2; shift 2 ;;
     --delay-down) ddown=$2; shift 2 ;;
     --delay-up) dup=$2; shift 2 ;;
@@ -49,10 +62,14 @@ while [ $# -gt 0 ]; do
 done
 out=${KREF_OUT:?run inside scripts/kernel-ref.sh}
 job="$*"
+modem=0; [ "$mdown" != none ] || [ "$mup" != none ] && modem=1
+# The hop behind the router: the modem's namespace, or the delay box itself.
+next=kr-dly; [ $modem = 1 ] && next=kr-mdm
 
 in_ns() { ns=$1; shift; ip netns exec "$ns" "$@"; }
 
 # Every command costs ~0.2 s in the emulated guest: batch them.
+if [ $modem = 1 ]; then ip netns add kr-mdm; fi
 if [ $nics = 1 ]; then
   # GRO would hand the qdiscs merged super-packets: off on the NICs (veths have none).
   ethtool -K eth0 gro off tso off gso off >/dev/null 2>&1 || true
@@ -62,7 +79,7 @@ netns add kr-rtr
 netns add kr-dly
 link set eth0 netns kr-rtr
 link set eth1 netns kr-dly
-link add rd netns kr-rtr type veth peer name dr netns kr-dly
+link add rd netns kr-rtr type veth peer name dr netns $next
 EOF_
   ip -n kr-rtr link set eth0 name rc
   ip -n kr-dly link set eth1 name ds
@@ -72,7 +89,7 @@ netns add kr-cli
 netns add kr-rtr
 netns add kr-dly
 netns add kr-srv
-link add rd netns kr-rtr type veth peer name dr netns kr-dly
+link add rd netns kr-rtr type veth peer name dr netns $next
 link add c0 netns kr-cli type veth peer name rc netns kr-rtr
 link add s0 netns kr-srv type veth peer name ds netns kr-dly
 EOF_
@@ -95,7 +112,29 @@ link set dev rc gso_max_size 1514 gso_max_segs 1 up
 link set dev rd gso_max_size 1514 gso_max_segs 1 up
 route add 10.99.3.0/24 via 10.99.4.2
 EOF_
-ip -n kr-dly -b - <<EOF_
+if [ $modem = 1 ]; then
+  # The modem: dr faces the router (its egress: the download), md the delay box (the upload).
+  ip link add md netns kr-mdm type veth peer name dm netns kr-dly
+  ip -n kr-mdm -b - <<EOF_
+link set lo up
+addr add 10.99.4.2/24 dev dr
+addr add 10.99.5.1/24 dev md
+link set dev dr gso_max_size 1514 gso_max_segs 1 up
+link set dev md gso_max_size 1514 gso_max_segs 1 up
+route add 10.99.3.0/24 via 10.99.5.2
+route add 10.99.2.0/24 via 10.99.4.1
+EOF_
+  ip -n kr-dly -b - <<EOF_
+link set lo up
+link set dm name dr
+addr add 10.99.5.2/24 dev dr
+addr add 10.99.3.254/24 dev ds
+link set dev dr gso_max_size 1514 gso_max_segs 1 up
+link set dev ds gso_max_size 1514 gso_max_segs 1 up
+route add 10.99.2.0/24 via 10.99.5.1
+EOF_
+else
+  ip -n kr-dly -b - <<EOF_
 link set lo up
 addr add 10.99.4.2/24 dev dr
 addr add 10.99.3.254/24 dev ds
@@ -103,8 +142,9 @@ link set dev dr gso_max_size 1514 gso_max_segs 1 up
 link set dev ds gso_max_size 1514 gso_max_segs 1 up
 route add 10.99.2.0/24 via 10.99.4.1
 EOF_
-# Forwarding on in both routers (sysctl -w in one namespace each).
-for n in rtr dly; do in_ns kr-$n sh -c 'echo 1 > /proc/sys/net/ipv4/ip_forward'; done
+fi
+# Forwarding on in every router (sysctl -w in one namespace each).
+for n in rtr dly $([ $modem = 1 ] && echo mdm); do in_ns kr-$n sh -c 'echo 1 > /proc/sys/net/ipv4/ip_forward'; done
 
 # sqm's HTB burst and quantum: 1000 us of rate in bytes (--burst-us), at least one ATM-expanded 1500 B packet.
 htb_bytes() {
@@ -122,32 +162,36 @@ tc_kbit() { # 57mbit, 3800kbit, 1gbit -> kbit
   esac
 }
 
-shape() { # dev spec
-  dev=$1; set -- $2
+shape() { # namespace dev spec overhead
+  ns=$1; dev=$2; ov=$4; set -- $3
   kind=$1; [ "$kind" = none ] && return 0
   rate=$2; shift 2
   case "$kind" in
-    cake) in_ns kr-rtr tc qdisc add dev "$dev" root cake bandwidth "$rate" "$@"; return ;;
-    netem) in_ns kr-rtr tc qdisc add dev "$dev" root netem rate "$rate" "$@"; return ;;
+    cake) in_ns "$ns" tc qdisc add dev "$dev" root cake bandwidth "$rate" "$@"; return ;;
+    netem) in_ns "$ns" tc qdisc add dev "$dev" root netem rate "$rate" "$@"; return ;;
   esac
   bytes=$(htb_bytes "$rate")
-  stab=; [ -n "$overhead" ] && stab="stab overhead $overhead linklayer ethernet"
-  in_ns kr-rtr tc qdisc add dev "$dev" root handle 1: $stab htb default 1
-  in_ns kr-rtr tc class add dev "$dev" parent 1: classid 1:1 htb rate "$rate" ceil "$rate" burst $bytes cburst $bytes quantum $bytes
+  stab=; [ -n "$ov" ] && stab="stab overhead $ov linklayer ethernet"
+  in_ns "$ns" tc qdisc add dev "$dev" root handle 1: $stab htb default 1
+  in_ns "$ns" tc class add dev "$dev" parent 1: classid 1:1 htb rate "$rate" ceil "$rate" burst $bytes cburst $bytes quantum $bytes
   case "$kind" in
-    pfifo) in_ns kr-rtr tc qdisc add dev "$dev" parent 1:1 handle 10: pfifo limit "$1" ;;
-    codel|fq_codel) in_ns kr-rtr tc qdisc add dev "$dev" parent 1:1 handle 10: "$kind" "$@" ;;
+    pfifo) in_ns "$ns" tc qdisc add dev "$dev" parent 1:1 handle 10: pfifo limit "$1" ;;
+    codel|fq_codel) in_ns "$ns" tc qdisc add dev "$dev" parent 1:1 handle 10: "$kind" "$@" ;;
     *) echo "kernel-ref-topo: shaper $kind: want none, pfifo, codel, fq_codel, cake or netem" >&2; exit 2 ;;
   esac
 }
-shape rc "$down"
-shape rd "$up"
+shape kr-rtr rc "$down" "$overhead"
+shape kr-rtr rd "$up" "$overhead"
+shape kr-mdm dr "$mdown" "$moverhead"
+shape kr-mdm md "$mup" "$moverhead"
 # The delay box: netem with room for any bandwidth-delay product, so it never drops by itself.
 [ -n "$ddown" ] && in_ns kr-dly tc qdisc add dev dr root netem limit 100000 $ddown
 [ -n "$dup" ] && in_ns kr-dly tc qdisc add dev ds root netem limit 100000 $dup
 
 counters() {
-  { echo '{"rtr":'; in_ns kr-rtr tc -s -j qdisc show; echo ',"dly":'; in_ns kr-dly tc -s -j qdisc show; echo '}'; } > "$out/tc-stats.json"
+  { echo '{"rtr":'; in_ns kr-rtr tc -s -j qdisc show; echo ',"dly":'; in_ns kr-dly tc -s -j qdisc show
+    [ $modem = 1 ] && { echo ',"mdm":'; in_ns kr-mdm tc -s -j qdisc show; }
+    echo '}'; } > "$out/tc-stats.json"
 }
 
 if [ $nics = 1 ]; then

@@ -115,6 +115,43 @@ fn rrul_through_the_kernels_pfifo_is_bloated_and_through_its_cake_is_not() {
     assert!(down < 19.0 * 1448.0 / 1514.0 * 1.03 && down > 19.0 * 0.6, "cake download {down} Mbit/s");
 }
 
+/// The reference's modem hop (`--modem-up`, as the cable scenarios of bench-kernel-ref.sh use
+/// it): behind an unshaped router, the modem's HTB sets the upload's rate and its pfifo the
+/// queue an upload builds.
+#[test]
+fn the_kernels_modem_hop_sets_the_rate_and_holds_the_queue() {
+    let _s = serial();
+    if !guest_ready() {
+        return;
+    }
+    let dir = TempDir::new("modem");
+    let o = dir.0.display();
+    let job = format!(
+        "{topo} --modem-down 'pfifo 20mbit 50' --modem-up 'pfifo 4mbit 50' --modem-overhead 4 \
+         --delay-down 'delay 5ms' --delay-up 'delay 5ms' -- \"\
+         ip netns exec kr-srv {BIN} server -q & sleep 1; \
+         ip netns exec kr-cli {BIN} test tcp-up 10.99.3.1 --flows 2 -l 8 --idle 2 --cc cubic -q --json -o {o}/up.json.gz > {o}/up.json; \
+         ip netns exec kr-mdm tc -s -j qdisc show dev md > {o}/md-tc.json\"",
+        topo = script("kernel-ref-topo.sh").display()
+    );
+    let out = guest_run(&job, &dir.0, 300);
+    assert!(out.status.success(), "guest job failed: {}", String::from_utf8_lossy(&out.stderr));
+    let read = |f: &str| -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(dir.0.join(f)).unwrap()).unwrap() };
+    let (up, tc) = (read("up.json"), read("md-tc.json"));
+    let pf = tc.as_array().unwrap().iter().find(|q| q["kind"] == "pfifo").expect("the modem's pfifo");
+    assert!(f(pf, "packets") > 1000.0 && f(pf, "drops") > 0.0, "the upload crossed the modem's FIFO and overflowed it: {pf}");
+    // The modem counts 14 + 4 bytes per IP packet: 1448 of every 1518 are payload.
+    let ceiling = 4.0 * 1448.0 / 1518.0;
+    let g = f(&up, "throughput_mbps.up");
+    // 50 full-size frames drain in 50 * 1518 * 8 / 4 Mbit/s = 152 ms; cubic keeps the FIFO
+    // between about 70% full (after a loss, the path itself holds 3 packets) and full.
+    let drain_ms = 50.0 * 1518.0 * 8.0 / 4e6 * 1e3;
+    let added = f(&up, "added_latency_ms");
+    eprintln!("modem hop: upload {g:.2} of {ceiling:.2} Mbit/s, adds {added:.1} ms (FIFO drains in {drain_ms:.0} ms)");
+    assert!(g > 0.9 * ceiling && g < 1.01 * ceiling, "upload {g} Mbit/s through a 4 Mbit/s modem (payload ceiling {ceiling:.2})");
+    assert!(added > 0.5 * drain_ms && added < drain_ms + 15.0, "the modem's FIFO adds {added} ms; full, it drains in {drain_ms:.0} ms");
+}
+
 /// `test udp --pacing auto` where the egress qdisc is Linux's fq (this machine's kernel has
 /// none): the sender picks kernel pacing, hands fq 10 ms of packets at a time, and fq spaces
 /// them, so the server sees a smooth stream the sender never wrote. On loopback fq's quantum
