@@ -104,44 +104,21 @@ EOF_
   endpoint kr-cli c0 10.99.2.1 10.99.2.254
   endpoint kr-srv s0 10.99.3.1 10.99.3.254
 fi
-ip -n kr-rtr -b - <<EOF_
-link set lo up
-addr add 10.99.2.254/24 dev rc
-addr add 10.99.4.1/24 dev rd
-link set dev rc gso_max_size 1514 gso_max_segs 1 up
-link set dev rd gso_max_size 1514 gso_max_segs 1 up
-route add 10.99.3.0/24 via 10.99.4.2
-EOF_
+forwarder() { # namespace dev-a addr-a dev-b addr-b "NET via GW"...: addresses, GSO cap, routes
+  ns=$1; a=$2; aa=$3; b=$4; ba=$5; shift 5
+  { echo "link set lo up"; echo "addr add $aa/24 dev $a"; echo "addr add $ba/24 dev $b"
+    for d in "$a" "$b"; do echo "link set dev $d gso_max_size 1514 gso_max_segs 1 up"; done
+    for r in "$@"; do echo "route add $r"; done
+  } | ip -n "$ns" -b -
+}
+forwarder kr-rtr rc 10.99.2.254 rd 10.99.4.1 "10.99.3.0/24 via 10.99.4.2"
 if [ $modem = 1 ]; then
   # The modem: dr faces the router (its egress: the download), md the delay box (the upload).
-  ip link add md netns kr-mdm type veth peer name dm netns kr-dly
-  ip -n kr-mdm -b - <<EOF_
-link set lo up
-addr add 10.99.4.2/24 dev dr
-addr add 10.99.5.1/24 dev md
-link set dev dr gso_max_size 1514 gso_max_segs 1 up
-link set dev md gso_max_size 1514 gso_max_segs 1 up
-route add 10.99.3.0/24 via 10.99.5.2
-route add 10.99.2.0/24 via 10.99.4.1
-EOF_
-  ip -n kr-dly -b - <<EOF_
-link set lo up
-link set dm name dr
-addr add 10.99.5.2/24 dev dr
-addr add 10.99.3.254/24 dev ds
-link set dev dr gso_max_size 1514 gso_max_segs 1 up
-link set dev ds gso_max_size 1514 gso_max_segs 1 up
-route add 10.99.2.0/24 via 10.99.5.1
-EOF_
+  ip link add md netns kr-mdm type veth peer name dr netns kr-dly
+  forwarder kr-mdm dr 10.99.4.2 md 10.99.5.1 "10.99.3.0/24 via 10.99.5.2" "10.99.2.0/24 via 10.99.4.1"
+  forwarder kr-dly dr 10.99.5.2 ds 10.99.3.254 "10.99.2.0/24 via 10.99.5.1"
 else
-  ip -n kr-dly -b - <<EOF_
-link set lo up
-addr add 10.99.4.2/24 dev dr
-addr add 10.99.3.254/24 dev ds
-link set dev dr gso_max_size 1514 gso_max_segs 1 up
-link set dev ds gso_max_size 1514 gso_max_segs 1 up
-route add 10.99.2.0/24 via 10.99.4.1
-EOF_
+  forwarder kr-dly dr 10.99.4.2 ds 10.99.3.254 "10.99.2.0/24 via 10.99.4.1"
 fi
 # Forwarding on in every router (sysctl -w in one namespace each).
 for n in rtr dly $([ $modem = 1 ] && echo mdm); do in_ns kr-$n sh -c 'echo 1 > /proc/sys/net/ipv4/ip_forward'; done
