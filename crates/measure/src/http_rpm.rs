@@ -310,8 +310,17 @@ impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
 
 pub fn run(params: &Params, config_url: &str, opts: &Options, http: &HttpOptions) -> Result<Outcome, MeasureError> {
     let fail = |why: String| MeasureError::Resolve { host: config_url.into(), why };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| fail(e.to_string()))?;
-    rt.block_on(run_async(params, config_url, opts, http)).map_err(fail)
+    // A server that closes a connection mid-write costs that connection, not the process: every
+    // thread that writes to a socket, the runtime's and the one running the test, blocks SIGPIPE.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().on_thread_start(bloatlab_netio::block_sigpipe).build().map_err(|e| fail(e.to_string()))?;
+    let outcome = std::thread::scope(|s| {
+        s.spawn(|| {
+            bloatlab_netio::block_sigpipe();
+            rt.block_on(run_async(params, config_url, opts, http))
+        })
+        .join()
+    });
+    outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic)).map_err(fail)
 }
 
 /// A load stage: both directions at once (the default, as networkQuality), or one direction of

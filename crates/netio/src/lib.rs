@@ -261,6 +261,21 @@ pub fn ack_now(stream: &impl AsFd) -> io::Result<()> {
     SockRef::from(stream).set_tcp_quickack(true)
 }
 
+/// Blocks SIGPIPE in the calling thread (for a client's network threads, e.g. a tokio runtime's
+/// `on_thread_start`). A vectored write (`writev`, no MSG_NOSIGNAL; hyper's and rustls's way)
+/// to a connection the peer has closed raises SIGPIPE in the writing thread: blocked there, it
+/// stays pending and the write fails with EPIPE on that connection alone, while the main thread
+/// keeps the default that ends output piped into `head` quietly.
+pub fn block_sigpipe() {
+    // SAFETY: a sigset on the stack, initialised by sigemptyset; changes this thread's mask only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 /// Waits until `fd` is readable (for a listener: a connection is waiting) or `timeout` passed.
 pub fn wait_readable(fd: &impl AsRawFd, timeout: std::time::Duration) -> bool {
     let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
@@ -404,5 +419,38 @@ mod tests {
         assert_eq!(cc(&c).as_deref(), Some("reno"));
         let e = set_cc(&c, "no-such-cc").unwrap_err().to_string();
         assert!(e.contains("this host has"), "{e}");
+    }
+
+    /// In a child process with SIGPIPE at its default (Rust binaries start with it ignored): a
+    /// writev to a closed peer kills the process, unless the thread blocked SIGPIPE first.
+    #[test]
+    fn a_thread_that_blocks_sigpipe_gets_epipe_instead_of_dying() {
+        let writev_to_closed_peer = |block: bool| -> i32 {
+            // SAFETY: the child only makes system calls and leaves with _exit.
+            unsafe {
+                let pid = libc::fork();
+                if pid == 0 {
+                    libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                    if block {
+                        super::block_sigpipe();
+                    }
+                    let mut fds = [0; 2];
+                    libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, fds.as_mut_ptr());
+                    libc::close(fds[1]);
+                    let byte = 1u8;
+                    let iov = libc::iovec { iov_base: &byte as *const u8 as *mut libc::c_void, iov_len: 1 };
+                    let n = libc::writev(fds[0], &iov, 1);
+                    let epipe = n == -1 && *libc::__errno_location() == libc::EPIPE;
+                    libc::_exit(if epipe { 0 } else { 1 });
+                }
+                let mut status = 0;
+                libc::waitpid(pid, &mut status, 0);
+                status
+            }
+        };
+        let died = writev_to_closed_peer(false);
+        assert!(libc::WIFSIGNALED(died) && libc::WTERMSIG(died) == libc::SIGPIPE, "without the mask SIGPIPE ends the process: {died}");
+        let lived = writev_to_closed_peer(true);
+        assert!(libc::WIFEXITED(lived) && libc::WEXITSTATUS(lived) == 0, "with SIGPIPE blocked the write fails with EPIPE: {lived}");
     }
 }
