@@ -142,19 +142,26 @@ fn closed_within(mut s: TcpStream, limit: Duration) -> Duration {
 fn slow_clients_full_slots_and_greedy_addresses_are_bounded() {
     let _g = serial();
     let Some(w) = start("limits", &["--max-connections-per-ip", "2", "--web-max-gb", "0.05"]) else { return };
-    // Slowloris on both faces: half a request line, a TLS handshake that never comes. Both
-    // hold this address's two slots, until the 5 s deadline frees them.
-    let mut slow = TcpStream::connect(&w.http).unwrap();
-    slow.write_all(b"GET /small HTTP/1.1\r\nHost: x\r\n").unwrap();
-    let mute = TcpStream::connect(&w.https).unwrap();
+    // TLS handshakes that never come hold this address's two slots until the 5 s deadline.
+    let mute = [TcpStream::connect(&w.https).unwrap(), TcpStream::connect(&w.https).unwrap()];
     std::thread::sleep(Duration::from_millis(300));
     // A third connection from the same address is told why and when to come back.
     let o = curl(&["-D", "-", &format!("http://{}/small", w.http)]);
     let out = text(&o).to_ascii_lowercase();
     assert!(out.starts_with("http/1.1 429"), "{out}");
     assert!(out.contains("retry-after: 60") && out.contains("per address"), "{out}");
-    let (a, b) = (closed_within(slow, Duration::from_secs(10)), closed_within(mute, Duration::from_secs(10)));
-    assert!(a < Duration::from_secs(7) && b < Duration::from_secs(7), "slow clients held on for {a:?} and {b:?}");
+    for m in mute {
+        let t = closed_within(m, Duration::from_secs(10));
+        assert!(t < Duration::from_secs(7), "a mute TLS client held on for {t:?}");
+    }
+    // Slowloris on plain HTTP, half a request line, beside a mute TLS client: the address holds
+    // its cap, so the connection that has sent no whole request goes after 0.2 s and four round
+    // trips (web::idle), not at the 5 s deadline.
+    let mut slow = TcpStream::connect(&w.http).unwrap();
+    slow.write_all(b"GET /small HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let _mute = TcpStream::connect(&w.https).unwrap();
+    let t = closed_within(slow, Duration::from_secs(10));
+    assert!(t < Duration::from_secs(2), "a slow client held a crowded address's slot for {t:?}");
     // With the slots free again: 50 MB per address, then 429 until the window ends.
     let base = format!("https://{}", w.https);
     let o = curl(&["-k", "--http2", "-o", "/dev/null", "-w", "%{size_download}", &format!("{base}/large")]);
@@ -168,6 +175,23 @@ fn slow_clients_full_slots_and_greedy_addresses_are_bounded() {
     // The uploads count against the same budget.
     let o = curl(&["-k", "--http2", "--data-binary", "x", "-w", "%{http_code}", &format!("{base}/slurp")]);
     assert!(text(&o).ends_with("429"), "{}", text(&o));
+}
+
+/// goresponsiveness opens connections it never sends a request on (60 at once, each left
+/// open): a full address's idle connections give their slots back, so its next one is served.
+#[test]
+fn connections_that_send_no_request_give_their_slots_back_to_their_address() {
+    let _g = serial();
+    let Some(w) = start("idle", &[]) else { return };
+    // The default cap per address: 64.
+    let idle: Vec<TcpStream> = (0..64).map(|_| TcpStream::connect(&w.http).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(600));
+    let o = curl(&["-s", "-o", "/dev/null", "-w", "%{http_code}", &format!("http://{}/small", w.http)]);
+    assert_eq!(text(&o), "200", "the address's 65th connection, its 64 idle ones crowding it");
+    // The server closed idle ones (in 0.2 s and four round trips: web::idle) until the address
+    // held under half its cap; the others keep the handshake's 5 s.
+    let closed = idle.into_iter().filter(|s| closed_within(s.try_clone().unwrap(), Duration::from_millis(20)) < Duration::from_millis(20)).count();
+    assert!((32..=40).contains(&closed), "{closed} of 64 idle connections closed; half of the cap should go");
 }
 
 fn rss_kb(pid: u32) -> u64 {

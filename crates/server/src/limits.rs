@@ -61,8 +61,13 @@ impl Slots {
         Ok(Slot { slots: self.clone(), ip })
     }
 
+    /// Whether half the slots, in all or of `ip`'s, are held: time for idle holders to go.
+    pub fn crowded(&self, ip: IpAddr) -> bool {
+        let (total, mine) = self.held(ip);
+        total * 2 >= self.max || mine * 2 >= self.max_per_ip
+    }
+
     /// Slots held now: (in all, by `ip`).
-    #[cfg(test)]
     pub fn held(&self, ip: IpAddr) -> (usize, usize) {
         let h = self.held.lock().unwrap_or_else(|e| e.into_inner());
         (h.total, h.per_ip.get(&ip).copied().unwrap_or(0))
@@ -101,6 +106,18 @@ mod tests {
         drop(a1);
         assert_eq!(s.held(ip(1)), (2, 1));
         assert!(s.take(ip(3)).is_ok(), "a dropped slot is free again");
+    }
+
+    #[test]
+    fn crowded_from_half_the_slots_in_all_or_of_one_address() {
+        let s = Slots::new("connections", 10, 4);
+        let _a = s.take(ip(1)).unwrap();
+        assert!(!s.crowded(ip(1)));
+        let _b = s.take(ip(1)).unwrap();
+        assert!(s.crowded(ip(1)), "2 of this address's 4");
+        assert!(!s.crowded(ip(2)), "2 of 10 in all, none of this address's");
+        let _more: Vec<Slot> = (3..6).map(|i| s.take(ip(i)).unwrap()).collect();
+        assert!(s.crowded(ip(9)), "5 of 10 in all");
     }
 
     #[test]

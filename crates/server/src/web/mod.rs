@@ -8,7 +8,8 @@
 //! What one client address can take: `max_connections_per_ip` connections (64 by default, as
 //! for the bloatlab protocol), each for at most `max_conn_time` (120 s), with at most
 //! `max_streams` HTTP/2 streams each, and `max_bytes_per_ip` bytes through `/large` and
-//! `/slurp` together per `budget_window` (20 GB per 10 minutes by default); then 429.
+//! `/slurp` together per `budget_window` (20 GB per 10 minutes by default); then 429. Idle
+//! connections give their slots back early (`idle`).
 //!
 //! The same face serves the browser test (`GET /`): a page whose load runs on `/large` and
 //! `/slurp`, whose latency probes run on a WebSocket port of their own (`ws`), and whose
@@ -16,6 +17,7 @@
 
 mod ack;
 mod budget;
+mod idle;
 /// Public for the fuzzer (fuzz/fuzz_targets/web_request.rs).
 pub mod endpoints;
 pub mod results;
@@ -187,6 +189,7 @@ async fn serve_conn(stream: TcpStream, ip: IpAddr, admit: Admit, tls: Option<Arc
         web,
     });
     let handshake = shared.config.hello_timeout;
+    let crowded = move || shared.connections.crowded(ip);
     let stream = ack::AckNow(stream);
     let _ = timeout(limit, async move {
         match tls {
@@ -194,25 +197,35 @@ async fn serve_conn(stream: TcpStream, ip: IpAddr, admit: Admit, tls: Option<Arc
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
                 if let Ok(Ok(tls)) = timeout(handshake, acceptor.accept(stream)).await {
                     let budget = conn.send_budget.clone();
-                    serve_http(TokioIo::new(BudgetedTls { tls, budget }), conn, handshake).await;
+                    serve_http(TokioIo::new(BudgetedTls { tls, budget }), conn, handshake, crowded).await;
                 }
             }
-            None => serve_http(TokioIo::new(stream), conn, handshake).await,
+            None => serve_http(TokioIo::new(stream), conn, handshake, crowded).await,
         }
     })
     .await;
     drop(admit);
 }
 
-async fn serve_http<I>(io: I, conn: Arc<Conn>, header_time: Duration)
+/// Serves one connection until it ends, or until it is idle (`idle`; `crowded`: half the
+/// connection slots are held, in all or by this address).
+async fn serve_http<I>(io: I, conn: Arc<Conn>, header_time: Duration, crowded: impl Fn() -> bool)
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let max_streams = conn.web.cfg.max_streams;
-    let svc = hyper::service::service_fn(move |req| {
-        let conn = conn.clone();
-        async move { Ok::<_, Infallible>(answer(req, conn).await) }
-    });
+    let rtt = {
+        let socket = conn.socket.clone();
+        move || socket.as_ref().and_then(|s| bloatlab_netio::tcp_info(s.as_ref()).ok()).map_or(Duration::ZERO, |i| Duration::from_micros(i.rtt_us.into()))
+    };
+    let activity = idle::Activity::new(tokio::time::Instant::now());
+    let svc = {
+        let activity = activity.clone();
+        hyper::service::service_fn(move |req| {
+            let (conn, busy) = (conn.clone(), activity.begin(tokio::time::Instant::now()));
+            async move { Ok::<_, Infallible>(answer(req, conn).await.map(|body| idle::Tracked { body, _busy: busy })) }
+        })
+    };
     let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     // Headers within the handshake's deadline (no slowloris), and bounded.
     b.http1().timer(TokioTimer::new()).header_read_timeout(header_time).max_buf_size(64 * 1024);
@@ -220,7 +233,19 @@ where
     // buffer size: 1 makes that one chunk at a time, sized by `/large` to the connection's rate
     // (netio's sendbuf).
     b.http2().timer(TokioTimer::new()).max_concurrent_streams(max_streams).max_header_list_size(16 * 1024).adaptive_window(true).max_send_buf_size(1);
-    let _ = b.serve_connection(io, svc).await;
+    let served = b.serve_connection(io, svc);
+    tokio::pin!(served);
+    tokio::select! {
+        _ = served.as_mut() => return,
+        _ = idle::until_idle(&activity, header_time, crowded, rtt) => {
+            // Mid-header (slowloris) hyper's graceful shutdown would wait for the rest.
+            if !activity.answered() {
+                return;
+            }
+            served.as_mut().graceful_shutdown();
+        }
+    }
+    let _ = served.await;
 }
 
 /// The body of a reply: a few bytes, or `/large`'s stream.
