@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # RPM agreement on one kernel bottleneck, same run: bloatlab's client against bloatlab's server
 # (its own protocol and its HTTPS face) and against nginx as a third-party responsiveness server,
-# and Cloudflare's mach (a third-party client) against both servers.
+# and Cloudflare's mach and goresponsiveness (third-party clients) against both servers.
 #   client - router - server network namespaces, HTB 20 Mbit/s down / 5 Mbit/s up with a pfifo
 #   of LIMIT packets on the router's egress, cubic in both end namespaces.
 # nginx (Debian's, one worker) serves the config, /small and an 8 GiB sparse /large itself and
 # proxies /slurp to bloatlab's plain-HTTP sink, with the same self-signed certificate.
-# mach measures download, then upload (its only mode), so bloatlab runs both ways: at once (its
-# default, as networkQuality) and --sequential (as mach and networkQuality -s).
+# mach and goresponsiveness measure download, then upload, so bloatlab runs both ways: at once
+# (its default, as networkQuality) and --sequential (as they and networkQuality -s do).
+# goresponsiveness's row is its single-sided 5% trimmed mean RPM (the draft's), per direction.
 #
 #   scripts/bench-rpm-peers.sh [--out DIR] [--runs N] [--limits "1000 30"] [--mach PATH]
+#                              [--goresp PATH]
 #
-# Needs root, nginx, python3 and mach built from cloudflare/networkquality-rs (BENCHMARKS.md
-# says how); without mach the bloatlab rows still run.
+# Needs root, nginx, python3; mach built from cloudflare/networkquality-rs and goresponsiveness
+# from network-quality/goresponsiveness (BENCHMARKS.md says how); without them the bloatlab
+# rows still run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BLOATLAB:-$PWD/target/release/bloatlab}
@@ -20,13 +23,15 @@ out=bench-rpm-peers-out
 runs=2
 limits="1000 30"
 mach=${MACH:-$(command -v mach || true)}
+goresp=${GORESP:-$(command -v goresponsiveness || true)}
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     --limits) limits=$2; shift 2 ;;
     --mach) mach=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --goresp) goresp=$2; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "bench-rpm-peers: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -35,7 +40,8 @@ done
 for tool in nginx python3 tc; do
   command -v $tool >/dev/null || { echo "bench-rpm-peers: $tool not found" >&2; exit 1; }
 done
-[ -n "$mach" ] && [ -x "$mach" ] || { echo "bench-rpm-peers: no mach (--mach PATH): bloatlab rows only" >&2; mach=; }
+[ -n "$mach" ] && [ -x "$mach" ] || { echo "bench-rpm-peers: no mach (--mach PATH): no mach rows" >&2; mach=; }
+[ -n "$goresp" ] && [ -x "$goresp" ] || { echo "bench-rpm-peers: no goresponsiveness (--goresp PATH): no goresp rows" >&2; goresp=; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd -P)
 www=$(mktemp -d)
@@ -89,16 +95,29 @@ sleep 1
 # shaped rate; sampled every 0.1 s).
 rows="$out/rows.tsv"
 : >"$rows"
-row() { # KIND NAME FILE (KIND: bloatlab or mach)
+row() { # KIND NAME FILE (KIND: bloatlab, mach or goresp)
   python3 - "$1" "$3" "$LIMIT" "$2" >>"$rows" <<'PY'
-import json, sys
+import json, re, sys
 kind, f, limit, name = sys.argv[1:5]
-v = json.load(open(f))
-if kind == "mach":
+if kind == "goresp":
+    # Its text: per direction "Throughput: X Mbps" and "RPM: Y (Single-Sided 5% Trimmed Mean)".
+    t = open(f).read()
+    # A direction without samples prints NaN or +Inf: "-" in the row.
+    def num(pat, text):
+        m = re.search(pat, text)
+        v = float(m.group(1)) if m else float("nan")
+        return v if v == v and v != float("inf") else None
+    part = lambda d: t.split(d + ":\n", 1)[1].split("=====", 1)[0] if d + ":\n" in t else ""
+    dl, ul = (num(r"RPM:\s+(\S+) \(Single-Sided", part(d)) for d in ("Download", "Upload"))
+    gd, gu = (num(r"Throughput:\s+(\S+) Mbps", part(d)) or 0 for d in ("Download", "Upload"))
+    rpm = num(r"Final RPM:\s+(\S+) \(Single-Sided", t)
+elif kind == "mach":
+    v = json.load(open(f))
     d, u = v["download"], v["upload"]
     rpm, dl, ul = min(d["rpm"], u["rpm"]), d["rpm"], u["rpm"]
     gd, gu = d["throughput"] / 1e6, u["throughput"] / 1e6
 else:
+    v = json.load(open(f))
     rpm, dl, ul = v.get("responsiveness"), v.get("dl_responsiveness"), v.get("ul_responsiveness")
     gd, gu = v["throughput_mbps"].get("down") or 0, v["throughput_mbps"].get("up") or 0
 def size(x):  # tc prints a backlog near a multiple of 1024 as "30K" (the sampler cut the "b")
@@ -121,6 +140,12 @@ mach_row() { # NAME CONFIG_URL
   with_queues "$f.queues" in_ns $CLI "$mach" rpm -c "$url" --insecure --disable-aim-scores >"$f" 2>"$f.err"
   row mach "$name" "$f" || echo "  $name failed: $(tail -n1 "$f.err")" >&2
 }
+goresp_row() { # NAME CONFIG_URL
+  local name=$1 url=$2
+  local f="$out/$LIMIT.$name.$run.txt"
+  with_queues "$f.queues" in_ns $CLI "$goresp" -url "$url" >"$f" 2>"$f.err"
+  row goresp "$name" "$f" || echo "  $name failed: $(tail -n1 "$f.err")" >&2
+}
 
 BL_URL=https://$SRV_ADDR:4043/.well-known/nq
 NGX_URL=https://$SRV_ADDR:4443/.well-known/nq
@@ -136,6 +161,10 @@ for LIMIT in $limits; do
     if [ -n "$mach" ]; then
       mach_row "mach>bloatlab" "$BL_URL"
       mach_row "mach>nginx" "$NGX_URL"
+    fi
+    if [ -n "$goresp" ]; then
+      goresp_row "goresp>bloatlab" "$BL_URL"
+      goresp_row "goresp>nginx" "$NGX_URL"
     fi
   done
 done

@@ -101,10 +101,13 @@ impl<B: Body + Unpin> Body for Tracked<B> {
 
 /// The least idle time a connection keeps, crowded or not.
 const FIRST_GRACE: Duration = Duration::from_millis(200);
+/// What a connection that has sent no request keeps while crowded, besides four round trips: a
+/// lost first request waits out a retransmission timeout (200 ms to 1 s) on a lossy path.
+const REQUEST_GRACE: Duration = Duration::from_secs(1);
 
 /// Waits until the connection should give its slot back. Answered: idle for `IDLE`, or for
 /// `FIRST_GRACE` while `crowded()` (half the slots held). Never answered: idle for `first` (the
-/// handshake's deadline), or while crowded for `FIRST_GRACE` plus four round trips (`rtt()`, the
+/// handshake's deadline), or while crowded for `REQUEST_GRACE` plus four round trips (`rtt()`, the
 /// kernel's smoothed RTT: a request is due one round trip after the handshake, later on a
 /// bloated path).
 pub async fn until_idle(activity: &Activity, first: Duration, crowded: impl Fn() -> bool, rtt: impl Fn() -> Duration) {
@@ -115,7 +118,7 @@ pub async fn until_idle(activity: &Activity, first: Duration, crowded: impl Fn()
             if idle >= limit {
                 return;
             }
-            if idle >= FIRST_GRACE.min(limit) && crowded() && (answered || idle >= FIRST_GRACE + 4 * rtt()) {
+            if idle >= FIRST_GRACE.min(limit) && crowded() && (answered || idle >= REQUEST_GRACE + 4 * rtt()) {
                 return;
             }
         }
@@ -176,7 +179,7 @@ mod tests {
         let t0 = Instant::now();
         until_idle(&a, first, || true, || rtt).await;
         let waited = t0.elapsed();
-        assert!(waited >= FIRST_GRACE + 4 * rtt && waited <= FIRST_GRACE + 4 * rtt + LOOK_EVERY, "{waited:?}");
+        assert!(waited >= REQUEST_GRACE + 4 * rtt && waited <= REQUEST_GRACE + 4 * rtt + LOOK_EVERY, "{waited:?}");
         // Never answered, not crowded: the handshake's deadline.
         let a = Activity::new(Instant::now());
         let t0 = Instant::now();
