@@ -236,6 +236,29 @@ fn h2_read(s: &mut TcpStream) -> std::io::Result<(u8, u32, Vec<u8>)> {
     Ok((head[3], u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff, payload))
 }
 
+/// An HTTP/2 connection by prior knowledge on the plain port (RFC 9113 section 3.3): the
+/// preface and SETTINGS sent, the server's SETTINGS read and acknowledged before any stream
+/// opens. Returns the connection and the server's settings.
+fn h2_connect(addr: &str, read_timeout: Duration) -> (TcpStream, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(read_timeout)).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    s.write_all(&h2_frame(4, 0, 0, &[])).unwrap();
+    let (kind, _, settings) = h2_read(&mut s).unwrap();
+    assert_eq!(kind, 4, "the server's first frame is SETTINGS");
+    s.write_all(&h2_frame(4, 1, 0, &[])).unwrap();
+    (s, settings)
+}
+
+/// A GET's header block. HPACK (RFC 7541): :method GET and :scheme http from the static
+/// table, :path and :authority as literals with indexed names.
+fn h2_get(path: &str) -> Vec<u8> {
+    let mut block = vec![0x82, 0x86, 0x04, path.len() as u8];
+    block.extend(path.as_bytes());
+    block.extend([0x01, 1, b'x']);
+    block
+}
+
 /// The stream cap is enforced on what a client does, not on what it promised: a client that
 /// opens more concurrent streams than the server's SETTINGS allow (100) gets the extra ones
 /// refused (RST_STREAM, REFUSED_STREAM: RFC 9113 section 5.1.2) while the first 100 are
@@ -246,21 +269,10 @@ fn h2_read(s: &mut TcpStream) -> std::io::Result<(u8, u32, Vec<u8>)> {
 fn streams_beyond_the_http2_cap_are_refused() {
     let _g = serial();
     let Some(w) = start("streams", &[]) else { return };
-    let mut s = TcpStream::connect(&w.http).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
-    s.write_all(&h2_frame(4, 0, 0, &[])).unwrap();
-    // The server's SETTINGS first: what it promises, acknowledged before any stream opens.
-    let (kind, _, settings) = h2_read(&mut s).unwrap();
-    assert_eq!(kind, 4, "the server's first frame is SETTINGS");
+    let (mut s, settings) = h2_connect(&w.http, Duration::from_secs(10));
     let cap = settings.chunks(6).find(|p| p[..2] == [0, 3]).map(|p| u32::from_be_bytes([p[2], p[3], p[4], p[5]]));
     assert_eq!(cap, Some(100), "SETTINGS_MAX_CONCURRENT_STREAMS");
-    s.write_all(&h2_frame(4, 1, 0, &[])).unwrap();
-    // HPACK (RFC 7541): :method GET and :scheme http from the static table, :path and
-    // :authority as literals with indexed names.
-    let mut block = vec![0x82, 0x86, 0x04, 6];
-    block.extend(b"/large");
-    block.extend([0x01, 1, b'x']);
+    let block = h2_get("/large");
     let streams: Vec<u32> = (0..101).map(|i| 1 + 2 * i).collect();
     let mut all = Vec::new();
     for id in &streams {
@@ -283,6 +295,28 @@ fn streams_beyond_the_http2_cap_are_refused() {
     assert_eq!(refused, [(201, 7)], "the 101st stream refused (REFUSED_STREAM = 7), no other reset");
     assert_eq!(answered.len(), 100, "the first 100 answered");
     assert!(!answered.contains(&201));
+}
+
+/// An idle HTTP/2 connection is closed gracefully (GOAWAY, then a PING whose acknowledgement
+/// tells the server the client saw it: RFC 9113 section 6.8), but a client that never
+/// acknowledges must not keep its slot until the connection's deadline (120 s): the goodbye
+/// has the idle period (2 s, web::idle) too.
+#[test]
+fn an_idle_http2_client_that_ignores_the_goodbye_is_closed() {
+    let _g = serial();
+    let Some(w) = start("goodbye", &[]) else { return };
+    let (mut s, _) = h2_connect(&w.http, Duration::from_secs(15));
+    s.write_all(&h2_frame(1, 0x5, 1, &h2_get("/small"))).unwrap();
+    let answered = Instant::now();
+    // Every frame the server sends, until it closes; none is answered.
+    let mut kinds = Vec::new();
+    while let Ok((kind, _, _)) = h2_read(&mut s) {
+        kinds.push(kind);
+    }
+    let t = answered.elapsed();
+    assert!(kinds.contains(&0) && kinds.contains(&7), "the answer's DATA and a GOAWAY: frames {kinds:?}");
+    assert!(t < Duration::from_secs(6), "a client that ignored the goodbye kept its connection {t:?} (idle 2 s, goodbye 2 s)");
+    assert!(t >= Duration::from_millis(1900), "closed {t:?} after its answer: an idle connection has 2 s");
 }
 
 /// One address opens /large 200 times at once, over 200 HTTP/1.1 connections: it gets its 64

@@ -245,7 +245,9 @@ where
             served.as_mut().graceful_shutdown();
         }
     }
-    let _ = served.await;
+    // HTTP/2's goodbye (GOAWAY, PING, GOAWAY) waits for the client's PING acknowledgement: a
+    // client that never answers would hold its slot until the connection's deadline.
+    let _ = timeout(idle::IDLE, served).await;
 }
 
 /// The body of a reply: a few bytes, or `/large`'s stream.
