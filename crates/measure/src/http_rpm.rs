@@ -97,7 +97,8 @@ impl Body for ReqBody {
             ReqBody::Upload { stop, .. } if stop.load(Ordering::Relaxed) => None,
             ReqBody::Upload { socket, budget, .. } => {
                 let chunk = upload_chunk();
-                Some(Ok(Frame::data(chunk.slice(..budget.follow(socket.as_ref()).min(chunk.len())))))
+                let allowed = budget.follow(socket.as_ref(), bloatlab_netio::tcp_info(socket.as_ref()).ok().as_ref());
+                Some(Ok(Frame::data(chunk.slice(..allowed.min(chunk.len())))))
             }
         })
     }

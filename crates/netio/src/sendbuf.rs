@@ -14,7 +14,7 @@
 use std::io;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -28,11 +28,17 @@ pub const MAX: usize = 256 * 1024;
 /// A connection's current allowance per layer, bytes: set before each chunk of the load from
 /// the kernel's delivery rate, read by the TLS layer before each write.
 #[derive(Clone)]
-pub struct SendBudget(Arc<AtomicUsize>);
+pub struct SendBudget(Arc<Budget>);
+
+struct Budget {
+    allowance: AtomicUsize,
+    /// The unsent limit last set on the socket (0: none yet): set again only when it changes.
+    lowat: AtomicU32,
+}
 
 impl Default for SendBudget {
     fn default() -> SendBudget {
-        SendBudget(Arc::new(AtomicUsize::new(16 * 1024)))
+        SendBudget(Arc::new(Budget { allowance: AtomicUsize::new(16 * 1024), lowat: AtomicU32::new(0) }))
     }
 }
 
@@ -40,18 +46,21 @@ impl SendBudget {
     /// Before the next chunk: the socket's unsent limit set to 5 ms of its current delivery
     /// rate (at least MIN: at 1.5 Mbit/s a connection's 5 ms are 940 B, less than a segment,
     /// and downloads through a 1000-packet FIFO lost 4% of their goodput), and the allowance of
-    /// the layers above as much, within MIN..=MAX. Returns the allowance (MIN without TCP_INFO).
-    pub fn follow(&self, socket: &impl AsRawFd) -> usize {
-        let Ok(info) = crate::tcp_info(socket) else { return MIN };
+    /// the layers above as much, within MIN..=MAX. `info` is the socket's TCP_INFO, read by
+    /// the caller (who may want it for more). Returns the allowance (MIN without TCP_INFO).
+    pub fn follow(&self, socket: &impl AsRawFd, info: Option<&crate::TcpInfo>) -> usize {
+        let Some(info) = info else { return MIN };
         let lowat = crate::unsent_budget(info.delivery_rate).max(MIN as u32);
-        let _ = crate::set_unsent_limit(socket, lowat);
+        if self.0.lowat.swap(lowat, Ordering::Relaxed) != lowat && crate::set_unsent_limit(socket, lowat).is_err() {
+            self.0.lowat.store(0, Ordering::Relaxed);
+        }
         let b = (lowat as usize).min(MAX);
-        self.0.store(b, Ordering::Relaxed);
+        self.0.allowance.store(b, Ordering::Relaxed);
         b
     }
 
     fn get(&self) -> usize {
-        self.0.load(Ordering::Relaxed)
+        self.0.allowance.load(Ordering::Relaxed)
     }
 }
 
@@ -141,13 +150,22 @@ mod tests {
         for _ in 0..64 {
             tx.write_all(&chunk).unwrap();
         }
-        let rate = crate::tcp_info(&tx).unwrap().delivery_rate;
-        let b = budget.follow(&tx);
+        let info = crate::tcp_info(&tx).unwrap();
+        let rate = info.delivery_rate;
+        let b = budget.follow(&tx, Some(&info));
         let lowat = unsent_limit(&tx);
         assert!(lowat >= MIN as u32 && lowat as u64 >= rate / 200 / 2, "limit {lowat} B at {rate} B/s");
         assert_eq!(b, (lowat as usize).min(MAX));
         assert_eq!(budget.get(), b);
         assert_eq!(b, MAX, "loopback at {rate} B/s");
+        // The limit is set again only when the rate moves it (one system call less per chunk).
+        crate::set_unsent_limit(&tx, 12345).unwrap();
+        budget.follow(&tx, Some(&info));
+        assert_eq!(unsent_limit(&tx), 12345, "the same rate: not set again");
+        let slower = crate::TcpInfo { delivery_rate: 1_000_000, ..info };
+        assert_eq!(budget.follow(&tx, Some(&slower)), 5000, "5 ms of 8 Mbit/s");
+        assert_eq!(unsent_limit(&tx), 5000);
+        assert_eq!(budget.follow(&tx, None), MIN, "no TCP_INFO: the least");
         drop(tx);
         assert_eq!(sink.join().unwrap(), 64 << 20);
     }

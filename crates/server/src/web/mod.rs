@@ -300,7 +300,9 @@ impl Large {
         // Each chunk: the kernel's unsent limit follows the connection's current rate (5 ms of
         // it), and the chunk, all HTTP/2 holds of this stream, is as large (so is TLS's buffer,
         // both within sendbuf's bounds).
-        let allowed = self.conn.socket.as_ref().map_or(sendbuf::MIN, |s| self.conn.send_budget.follow(s.as_ref()));
+        let socket = self.conn.socket.as_ref();
+        let info = socket.and_then(|s| bloatlab_netio::tcp_info(s.as_ref()).ok());
+        let allowed = socket.map_or(sendbuf::MIN, |s| self.conn.send_budget.follow(s.as_ref(), info.as_ref()));
         let n = self.left.min(allowed as u64);
         // Once per MiB: the address's byte budget is charged for the MiB ahead (an address may be charged up
         // to 1 MiB per connection it did not take) and the server's view of the path is noted.
@@ -310,7 +312,7 @@ impl Large {
                 self.left = 0;
                 return Some(Err(std::io::Error::other("this address's byte budget is used up")));
             }
-            if let Some(info) = self.conn.socket.as_ref().and_then(|s| bloatlab_netio::tcp_info(s.as_ref()).ok()) {
+            if let Some(info) = info {
                 self.conn.web.load_views.record(self.conn.ip, views::Way::Down, info.rtt_us, Instant::now());
             }
         }
