@@ -265,7 +265,8 @@ pub fn ack_now(stream: &impl AsFd) -> io::Result<()> {
 /// `on_thread_start`). A vectored write (`writev`, no MSG_NOSIGNAL; hyper's and rustls's way)
 /// to a connection the peer has closed raises SIGPIPE in the writing thread: blocked there, it
 /// stays pending and the write fails with EPIPE on that connection alone, while the main thread
-/// keeps the default that ends output piped into `head` quietly.
+/// keeps the default that ends output piped into `head` quietly. (The server and the lab print
+/// little and ignore SIGPIPE in the whole process instead: the CLI's `ignore_sigpipe`.)
 pub fn block_sigpipe() {
     // SAFETY: a sigset on the stack, initialised by sigemptyset; changes this thread's mask only.
     unsafe {

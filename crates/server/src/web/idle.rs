@@ -5,10 +5,11 @@
 //! `FIRST_GRACE` while half the connection slots are held, in all or by its address. The
 //! shutdown is graceful (HTTP/2 GOAWAY, HTTP/1.1 close after the last response): a client that
 //! wanted the connection again opens a new one. A connection that never began a request (a
-//! half-sent header, a preface that never came) is closed outright. Before its first request a connection has its handshake's deadline, or
-//! while crowded four of its round trips (the same client opens connections it never sends a
-//! request on: 60 at once from one address, each idle for up to 5 s). A busy connection (a `/large` or `/slurp` stream, whose self probes share it) is
-//! never idle.
+//! half-sent header, a preface that never came) is closed outright; until then it has its
+//! handshake's deadline, or while crowded `REQUEST_GRACE` and four of its round trips (the same
+//! client opens connections it never sends a request on: 60 at once from one address, each
+//! idle for up to 5 s). A busy connection (a `/large` or `/slurp` stream, whose self probes
+//! share it) is never idle.
 
 use hyper::body::{Body, Frame, SizeHint};
 use std::pin::Pin;
