@@ -3,14 +3,19 @@
 //! server` in the server namespace, its result kept by `--keep-web-results`. Through a deep FIFO
 //! the page must grade the line D or worse and through a short one A or better, never claim
 //! more delay than the FIFOs can hold, and agree with the CLI's tcp-down / tcp-up on the same
-//! line where the physics is the same for both (see the asserts).
+//! line where the physics is the same for both (see the asserts), and show the user the
+//! server's grades and numbers (read from the page through Chromium's DevTools protocol).
 
 mod common;
 use common::kernel_ref::TempDir;
 use common::*;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const LINE: &str = "name='web'\n[[link]]\nname='l'\na='c'\nb='s'\nboth={delay='10ms'}\n";
@@ -21,28 +26,121 @@ fn chromium() -> Option<&'static str> {
     ["chromium", "chromium-browser", "google-chrome"].into_iter().find(|b| Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success()))
 }
 
-/// A headless browser on the page, killed with all its processes on drop.
-struct Browser(Child);
+/// A headless browser on the page, killed with all its processes on drop, and its DevTools
+/// protocol over `--remote-debugging-pipe` (NUL-terminated JSON: commands on the browser's fd 3,
+/// answers and events on its fd 4) to read what the page shows.
+struct Browser {
+    child: Child,
+    commands: File,
+    answers: mpsc::Receiver<serde_json::Value>,
+    next_id: u64,
+    session: Option<String>,
+}
+
+/// A pipe's (read, write) ends, close-on-exec and numbered above 100, so that moving them to
+/// fds 3 and 4 in the child cannot overwrite one with the other.
+fn high_pipe() -> (RawFd, RawFd) {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two fds into the array; each is duplicated above 100 and closed.
+    unsafe {
+        assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC), 0, "pipe2");
+        let high = fds.map(|fd| {
+            let h = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100);
+            libc::close(fd);
+            assert!(h >= 100, "F_DUPFD_CLOEXEC");
+            h
+        });
+        (high[0], high[1])
+    }
+}
 
 impl Browser {
     fn open(lab: &LabUp, bin: &str, profile: &Path, url: &str) -> Browser {
         let prefix = lab.exec("c");
         let mut cmd = Command::new(&prefix[0]);
-        cmd.args(&prefix[1..]).args([bin, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions"]);
+        cmd.args(&prefix[1..]).args([bin, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions", "--remote-debugging-pipe"]);
         cmd.arg(format!("--user-data-dir={}", profile.display())).arg(url);
         // Chromium's own temporary directories (org.chromium.Chromium.*) outlive a killed browser:
         // beside the profile they go with the test's directory.
         cmd.env("TMPDIR", profile.parent().expect("the profile is in the test's directory"));
         cmd.stdout(Stdio::null()).stderr(Stdio::null()).process_group(0);
-        Browser(cmd.spawn().expect("start the browser"))
+        let (cmd_read, cmd_write) = high_pipe();
+        let (ans_read, ans_write) = high_pipe();
+        // SAFETY: dup2 is async-signal-safe; the copies on 3 and 4 are not close-on-exec, so
+        // `lab exec`, `ip netns exec` and the browser inherit them.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(cmd_read, 3) < 0 || libc::dup2(ans_write, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("start the browser");
+        // SAFETY: the fds are this process's own, each owned by exactly one File from here on.
+        let (commands, answers_file) = unsafe {
+            libc::close(cmd_read);
+            libc::close(ans_write);
+            (File::from_raw_fd(cmd_write), File::from_raw_fd(ans_read))
+        };
+        // A thread reads the answers so that every wait has a deadline; it ends at the pipe's
+        // end, when the browser is killed.
+        let (tx, answers) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(answers_file);
+            let mut message = Vec::new();
+            while reader.read_until(0, &mut message).is_ok_and(|n| n > 0) {
+                message.pop();
+                if let Ok(v) = serde_json::from_slice(&message) {
+                    if tx.send(v).is_err() {
+                        break;
+                    }
+                }
+                message.clear();
+            }
+        });
+        Browser { child, commands, answers, next_id: 0, session: None }
+    }
+
+    /// One DevTools command (in the page's session once attached), its answer's `result`.
+    fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut m = serde_json::json!({ "id": id, "method": method, "params": params });
+        if let Some(s) = &self.session {
+            m["sessionId"] = s.clone().into();
+        }
+        let mut bytes = serde_json::to_vec(&m).unwrap();
+        bytes.push(0);
+        self.commands.write_all(&bytes).expect("send a DevTools command");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let answer = self.answers.recv_timeout(left).unwrap_or_else(|_| panic!("no answer to {method} within 10 s"));
+            if answer["id"] == id {
+                assert!(answer.get("error").is_none(), "{method}: {answer}");
+                return answer["result"].clone();
+            }
+        }
+    }
+
+    /// The value of a JavaScript expression in the page.
+    fn eval(&mut self, expression: &str) -> serde_json::Value {
+        if self.session.is_none() {
+            let targets = self.call("Target.getTargets", serde_json::json!({}));
+            let page = targets["targetInfos"].as_array().into_iter().flatten().find(|t| t["type"] == "page").expect("the browser has a page");
+            let attached = self.call("Target.attachToTarget", serde_json::json!({ "targetId": page["targetId"], "flatten": true }));
+            self.session = Some(attached["sessionId"].as_str().expect("a session").to_string());
+        }
+        self.call("Runtime.evaluate", serde_json::json!({ "expression": expression, "returnByValue": true }))["result"]["value"].clone()
     }
 }
 
 impl Drop for Browser {
     fn drop(&mut self) {
         // SAFETY: signals the process group the browser leads (its renderers and helpers).
-        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
-        let _ = self.0.wait();
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        let _ = self.child.wait();
     }
 }
 
@@ -71,12 +169,13 @@ fn run_both(lab: &LabUp, limit: u32, down: u32, up_kbit: u32, load_s: u32, bin: 
     let p = lab.exec("s");
     let _srv = ServerProc::start(&p.iter().map(String::as_str).collect::<Vec<_>>(), "[::]:9461", &["-q", "--http", "8080", "--ws", "8081", "--keep-web-results", &kept_s]);
     let url = format!("http://{SERVER}:8080/?autostart=1&idle={IDLE_S}&length={load_s}");
-    let browser = Browser::open(lab, bin, &dir.0.join("profile"), &url);
+    let mut browser = Browser::open(lab, bin, &dir.0.join("profile"), &url);
     let file = wait_result(&kept, Duration::from_secs((IDLE_S + 3 * load_s + 60) as u64));
-    drop(browser);
     let file = file.unwrap_or_else(|| panic!("the page stored no result through a {limit}-packet FIFO within its time"));
     let r = bloatlab_result::read(&file).unwrap();
     assert_eq!(r.metadata.test, "web");
+    shows_the_result(&mut browser, &r);
+    drop(browser);
     let page = serde_json::to_value(r.summary.unwrap()).unwrap();
     let (len, idle) = (load_s.to_string(), IDLE_S.to_string());
     let cli = |test: &str| f(&lab.test("c", &[test, SERVER, "-l", &len, "--idle", &idle]), "added_latency_ms");
@@ -87,6 +186,35 @@ fn run_both(lab: &LabUp, limit: u32, down: u32, up_kbit: u32, load_s: u32, bin: 
         page["phase_added_latency_ms"]["both"], page["throughput_mbps"]["down"], page["throughput_mbps"]["up"], page["saturated"]
     );
     (page, down, up)
+}
+
+/// The page, once done, tells the user the grades the server gave each direction and how many
+/// probes TCP had to resend (counted as the page counts them: its phases without their first
+/// 2 s, or fifth).
+fn shows_the_result(browser: &mut Browser, r: &bloatlab_result::ResultFile) {
+    let start = Instant::now();
+    while browser.eval("window.bloatlab.status") != "done" {
+        assert!(start.elapsed() < Duration::from_secs(10), "the page is not done: {}", browser.eval("JSON.stringify({ status: window.bloatlab.status, error: window.bloatlab.error })"));
+        wait_ms(250);
+    }
+    let words = browser.eval("document.getElementById('words').innerText").as_str().unwrap_or_default().to_string();
+    let table = browser.eval("document.getElementById('phases').innerText").as_str().unwrap_or_default().to_string();
+    eprintln!("the page says: {}", words.replace("\n\n", " / "));
+    let summary = r.summary.as_ref().unwrap();
+    for (word, grade) in [("downloading", &summary.grade_by_direction.down), ("uploading", &summary.grade_by_direction.up)] {
+        let line = words.lines().find(|l| l.starts_with(&format!("While {word}"))).unwrap_or_else(|| panic!("no line on {word}: {words}"));
+        assert!(line.contains(&format!("(grade {})", grade.as_deref().unwrap())), "{line}");
+    }
+    let rows: Vec<&str> = table.lines().map(|l| l.split('\t').next().unwrap()).collect();
+    assert_eq!(rows, ["idle", "download", "upload", "both"], "{table}");
+    let under_load = |name: &str| {
+        let series = r.series.iter().find(|s| s.name == name).unwrap();
+        let loaded = r.metadata.phases.iter().filter(|p| p.name != "idle");
+        loaded.map(|p| series.samples.iter().filter(|s| s.0 >= p.start + (0.2 * (p.end - p.start)).min(2.0) && s.0 <= p.end).count()).sum::<usize>()
+    };
+    let recovered = under_load("recovered ws");
+    let said = format!("{recovered} of {} probes under load", recovered + under_load("rtt ws"));
+    assert_eq!(words.contains(&said), recovered > 0, "wanted {said:?} (or nothing for none): {words}");
 }
 
 /// Within `rel` of the CLI's figure, or `abs` ms (small figures are mostly noise).

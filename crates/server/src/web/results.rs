@@ -25,6 +25,11 @@ const MAX_SECONDS: f64 = 3600.0;
 const PHASES: [&str; 4] = ["idle", "download", "upload", "both"];
 /// Longest browser name kept.
 const MAX_BROWSER: usize = 160;
+/// How much later than a probe sent after it a probe's answer may come and still count as
+/// measured (see `split_recovered`): far above the few ms by which the server's threads or the
+/// browser may swap two answers, far below what a TCP retransmission costs (Linux's tail-loss
+/// probe for one segment in flight waits two round trips plus 200 ms, RFC 8985's WCDelAckT).
+const OVERTAKEN_MS: f64 = 10.0;
 
 type Samples = Vec<(f64, Option<f64>)>;
 
@@ -106,6 +111,37 @@ pub fn safe_browser(ua: &str) -> String {
     ua.chars().filter(|c| c.is_ascii_alphanumeric() || " ./;,()_:-".contains(*c)).take(MAX_BROWSER).collect()
 }
 
+/// Splits the page's probes into those that measured the path and those TCP had to recover.
+///
+/// A WebSocket probe is TCP: when its request or answer is dropped (a full FIFO drops whatever
+/// arrives), TCP resends it hundreds of ms later, and a later probe on the same connection
+/// waits behind the hole. A UDP probe (the CLI's) is then simply lost, so the page would grade
+/// loss as delay where the CLI does not: through a 20-packet FIFO filled by BBR senders a
+/// fifth to a third of the probes waited so, enough to move the median by 40 ms in some runs.
+/// They are recognised by order, with no clock shared with the page: the probes take turns
+/// over several connections through the same path, a FIFO delivers in the order it received
+/// and the server answers at once, so on a path that only queues a probe sent later is never
+/// answered earlier. One that is (by more than `OVERTAKEN_MS`) was lost or held behind a loss.
+/// Returns (measured, recovered): never-answered probes (`None`) stay with the measured ones,
+/// where they count as lost.
+pub fn split_recovered(rtt: Samples) -> (Samples, Samples) {
+    // The earliest answer among the probes sent after each one (`rtt` is in sending order).
+    let answered_ms: Vec<f64> = rtt.iter().map(|(t, v)| v.map_or(f64::INFINITY, |v| t * 1e3 + v)).collect();
+    let mut earliest_later = vec![f64::INFINITY; rtt.len()];
+    for i in (0..rtt.len().saturating_sub(1)).rev() {
+        earliest_later[i] = earliest_later[i + 1].min(answered_ms[i + 1]);
+    }
+    let (mut measured, mut recovered) = (Vec::with_capacity(rtt.len()), Vec::new());
+    for (i, sample) in rtt.into_iter().enumerate() {
+        if sample.1.is_some() && answered_ms[i] > earliest_later[i] + OVERTAKEN_MS {
+            recovered.push(sample);
+        } else {
+            measured.push(sample);
+        }
+    }
+    (measured, recovered)
+}
+
 /// The result file of a validated upload from `client`, summarized.
 pub fn result_file(u: Upload, client: IpAddr, server: Host, start_time: String) -> ResultFile {
     let params = serde_json::json!({
@@ -141,9 +177,12 @@ pub fn result_file(u: Upload, client: IpAddr, server: Host, start_time: String) 
     let mut r = ResultFile::new(metadata);
     let latency = |name: &str, samples| Series { name: name.into(), kind: SeriesKind::Latency, direction: None, dscp: Some(0), unit: "ms".into(), samples };
     let goodput = |name: &str, dir: &str, samples| Series { name: name.into(), kind: SeriesKind::Throughput, direction: Some(dir.into()), dscp: Some(0), unit: "Mbit/s".into(), samples };
-    // "rtt " series are the probes the summary grades; the server's views are named apart.
+    // "rtt " series are the probes the summary grades; those TCP recovered and the server's
+    // views are named apart.
+    let (measured, recovered) = split_recovered(u.rtt);
     r.series = vec![
-        latency("rtt ws", u.rtt),
+        latency("rtt ws", measured),
+        latency("recovered ws", recovered),
         latency("kernel-rtt ws", u.kernel_rtt),
         latency("kernel-rtt large", u.down_rtt),
         latency("kernel-rtt slurp", u.up_rtt),
@@ -241,6 +280,53 @@ mod tests {
         // What is stored reads back as any result file does.
         let back = bloatlab_result::parse(serde_json::to_string(&r).unwrap().as_bytes()).unwrap();
         assert_eq!(back.metadata.test, "web");
+    }
+
+    /// Probes every 50 ms; `rtt(i)` is probe i's round trip.
+    fn probes(n: usize, rtt: impl Fn(usize) -> Option<f64>) -> Samples {
+        (0..n).map(|i| (i as f64 * 0.05, rtt(i))).collect()
+    }
+
+    #[test]
+    fn probes_overtaken_by_later_ones_are_kept_apart_as_recovered() {
+        // Probe 10's request was dropped and resent 300 ms later; probe 14 (next on its
+        // connection of four) waited behind it: both answered after probes sent later.
+        let lossy = probes(40, |i| Some(match i {
+            10 => 340.0,
+            14 => 140.0,
+            _ => 40.0,
+        }));
+        let (measured, recovered) = split_recovered(lossy);
+        assert_eq!(recovered, vec![(0.5, Some(340.0)), (14.0 * 0.05, Some(140.0))]);
+        assert_eq!(measured.len(), 38);
+        // A queue that grows by 300 ms in a burst and drains at the line's pace (a FIFO empties
+        // by at most 50 ms of delay in 50 ms) keeps its order: every probe measured it.
+        let queue = |i: usize| Some(if i < 10 { 40.0 } else { (340.0 - 45.0 * (i - 10) as f64).max(40.0) });
+        let (measured, recovered) = split_recovered(probes(40, queue));
+        assert_eq!((measured.len(), recovered.len()), (40, 0));
+        // Answers swapped by a few ms (two server threads) are not a recovery; a lost probe
+        // stays a lost one.
+        let (measured, recovered) = split_recovered(probes(4, |i| [Some(95.0), Some(40.0), None, Some(40.0)][i]));
+        assert_eq!((measured.len(), recovered.len(), measured[2].1), (4, 0, None));
+    }
+
+    #[test]
+    fn a_run_with_recovered_probes_grades_the_ones_that_measured_the_path() {
+        let mut u = upload();
+        // Two of every three probes of the upload phase held 500 ms by retransmissions (a loss
+        // and the probe behind it): loss, not delay, though most of the phase's probes.
+        for (i, s) in u.rtt.iter_mut().enumerate().filter(|(_, s)| (15.0..25.0).contains(&s.0)) {
+            if i % 3 != 0 {
+                s.1 = Some(530.0);
+            }
+        }
+        let r = result_file(u, "192.0.2.7".parse().unwrap(), Host::default(), String::new());
+        assert_eq!(r.summary.as_ref().unwrap().phase_added_latency_ms.upload, Some(10.0));
+        // (The fixture's download queue vanishes at once when its phase ends, faster than a
+        // FIFO drains, so its last probes are overtaken too: not this phase's.)
+        let recovered = r.series.iter().find(|s| s.name == "recovered ws").unwrap();
+        let upload: Vec<_> = recovered.samples.iter().filter(|s| (15.0..25.0).contains(&s.0)).collect();
+        assert!(upload.len() >= 120 && upload.iter().all(|s| s.1 == Some(530.0)), "{upload:?}");
     }
 
     #[test]

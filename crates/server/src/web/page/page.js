@@ -223,7 +223,9 @@
     tbody.textContent = '';
     for (const p of state.phases) {
       const tr = document.createElement('tr');
-      const cells = [p.name, fmt(median(inPhase(state.rtt, p))), p.name === 'idle' ? '' : fmt(added[p.name]),
+      // The server's medians: it leaves out the probes TCP had to resend (results.rs).
+      const p50 = p.name === 'idle' ? idleP50 : added[p.name] === null || added[p.name] === undefined || idleP50 === null ? null : idleP50 + added[p.name];
+      const cells = [p.name, fmt(p50), p.name === 'idle' ? '' : fmt(added[p.name]),
         fmt(median(inPhase(state.kernel, p))), p.name === 'upload' || p.name === 'idle' ? '' : fmt(mean(inPhase(state.down, p))),
         p.name === 'download' || p.name === 'idle' ? '' : fmt(mean(inPhase(state.up, p)))];
       for (const c of cells) { const td = document.createElement('td'); td.textContent = c; tr.appendChild(td); }
@@ -241,6 +243,12 @@
       const grew = added[phase] < 1 ? 'it stayed within 1 ms of that' : 'it grew by ' + fmt(added[phase]) + ' ms';
       para('While ' + word + ' at ' + fmt(rate) + ' Mbit/s ' + grew + ' (grade ' + g + '): ' + effect(g) + '.');
       if (s.saturated && s.saturated[dir] === false) para('The ' + phase + ' was still speeding up when its phase ended, so it may not have filled your connection: the real delay can be worse.');
+    }
+    const loaded = state.phases.filter((p) => p.name !== 'idle');
+    const countIn = (name) => { const x = result.series.find((v) => v.name === name); return x ? loaded.reduce((n, p) => n + inPhase(x.samples, p).length, 0) : 0; };
+    const recovered = countIn('recovered ws'), probes = recovered + countIn('rtt ws');
+    if (recovered > 0 && probes > 0) {
+      para(recovered + ' of ' + probes + ' probes under load (' + fmt(100 * recovered / probes, 0) + '%) were lost on the line and resent by TCP, or waited behind one that was: like the command line\'s lost probes, they are left out of the delays above (loss is not a queue).');
     }
     if (state.refused) para('Note: ' + state.refused + '; the load was smaller than asked for.');
     const pageBoth = median(inPhase(state.rtt, state.phases[3])), kernBoth = median(inPhase(state.kernel, state.phases[3]));
