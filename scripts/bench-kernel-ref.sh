@@ -17,7 +17,11 @@
 # A sixth column DOWN/UP puts a modem behind the shaper, as `lab compare cable` does: the
 # router shapes on the client's link, and a second hop carries the line's own rate with a
 # 1000-packet FIFO, 18 B per IP packet and the delay (the kernel's modem is HTB + pfifo in its
-# own namespace); CAKE there runs in ingress mode downstream, as compare sets it.
+# own namespace); CAKE there runs in ingress mode downstream, as compare sets it. DOWN/UP
+# "wifi" is the lab's preset `wifi` instead: the download in 4 ms aggregates at 40 Mbit/s that
+# drops to 10 Mbit/s for 10 s of every 20 (the lab's trace; the kernel's netem slot line,
+# stepped by the guest from the test's start), 8 Mbit/s up, 1000 packets each way. Those
+# scenarios also get a table per phase of the step (read from the download goodput).
 SCENARIOS="
 unshaped      1gbit   1gbit     0    none
 delay-only    1gbit   1gbit     2    none
@@ -45,6 +49,8 @@ cake-docsis-d 57mbit  3800kbit  7.5  cake+docsis
 cable-fifo    -       -         7.5  none         60mbit/4mbit
 cable-sqm     57mbit  3800kbit  7.5  sqm-docsis   60mbit/4mbit
 cable-cake    57mbit  3800kbit  7.5  cake+docsis  60mbit/4mbit
+wifi-fixed    38mbit  1gbit     10   cake+besteffort                   wifi
+wifi-autorate 38mbit  1gbit     10   cake+besteffort+autorate-ingress  wifi
 "
 # Tests per scenario: tcp-down, tcp-up, rrul (voip with --voip).
 set -euo pipefail
@@ -76,6 +82,8 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd -P)
 # Whatever stops the bench, leave no namespace, lab or guest behind.
 cleanup() {
+  # Nothing left to remove is fine: without this, errexit made a complete run exit 1 here.
+  set +e
   ip netns del kb-cli 2>/dev/null; ip netns del kb-srv 2>/dev/null
   "$BIN" lab down kbench >/dev/null 2>&1
   rm -rf /tmp/bloatlab-kref-bench.*
@@ -145,7 +153,12 @@ kernel_run() { # scen down up delay kind modem test file
   local args=(${KREF_TOPO_ARGS:---burst-us 5000} --down "$sdown" --up "$(kernel_shaper "$kind" "$up")")
   # HTB counts the Ethernet header (14 B): stab adds the rest of 18.
   [ "$kind" = sqm-docsis ] && args+=(--overhead 4)
-  [ -n "$modem" ] && args+=(--modem-down "pfifo ${modem%/*} 1000" --modem-up "pfifo ${modem#*/} 1000" --modem-overhead 4)
+  if [ "$modem" = wifi ]; then
+    args+=(--modem-down "netem 40mbit slot 4ms 4ms limit 1000" --modem-up "pfifo 8mbit 1000"
+      --modem-down-cycle "10 netem 10mbit slot 4ms 4ms limit 1000")
+  elif [ -n "$modem" ]; then
+    args+=(--modem-down "pfifo ${modem%/*} 1000" --modem-up "pfifo ${modem#*/} 1000" --modem-overhead 4)
+  fi
   local nm; nm=$(kernel_netem "$kind" "$delay")
   [ -n "$nm" ] && args+=(--delay-down "$nm" --delay-up "$nm")
   scripts/kernel-ref.sh --out "$dir" --timeout $((length * 3 + 120)) --tap kbc@$cli --tap kbs@$srv -- \
@@ -158,10 +171,13 @@ kernel_run() { # scen down up delay kind modem test file
   ip netns exec $srv ${ENDPOINT_PIN:-} "$BIN" server -q > /dev/null 2>&1 &
   local s=$!
   sleep 0.5
+  # A stepping line starts its first 10 s with the test, as the lab's trace starts with the lab.
+  touch "$dir/go"
   run_test $cli 10.99.3.1 "$t" "$file" || true
   kill $s; wait $s 2>/dev/null || true
   touch "$dir/stop"; wait $g || true
   cp "$dir/tc-stats.json" "$file.tc.json" 2>/dev/null || true
+  [ -e "$dir/modem-steps.txt" ] && cp "$dir/modem-steps.txt" "$file.steps.txt"
   [ -e "$dir/timer-hist.txt" ] && cp "$dir/timer-hist.txt" "$file.timer.txt"
   [ -e "$dir/qdisc-samples.jsonl" ] && paste -d" " "$dir/qdisc-stamps.txt" <(paste -d" " - - < "$dir/qdisc-samples.jsonl") > "$file.qdisc.txt"
   ip netns del $cli; ip netns del $srv; rm -rf "$dir"
@@ -175,6 +191,19 @@ dir_rate() { # kind rate -> the lab's per-direction settings: the link's rate, o
     cake*) echo "qdisc = \"cake bandwidth $2 $(cake_opts "$1")\"" ;;
     *) echo "rate = \"$2\"" ;;
   esac
+}
+
+wan_link() { # modem delay -> the lab's modem link settings
+  if [ "$1" = wifi ]; then
+    # The kernel's netem counts the Ethernet header (14 B) at its rate.
+    echo "both = { delay = \"${2}ms\", overhead = 14, qdisc = \"fifo\", limit = 1000 }
+up = { rate = \"8mbit\" }
+down = { rate = \"trace:builtin:wifi\" }"
+  else
+    echo "both = { delay = \"${2}ms\", overhead = 18, qdisc = \"fifo\", limit = 1000 }
+up = { rate = \"${1#*/}\" }
+down = { rate = \"${1%/*}\" }"
+  fi
 }
 
 lab_run() { # scen down up delay kind modem test file
@@ -214,9 +243,7 @@ $lan
 name = "wan"
 a = "router"
 b = "server"
-both = { delay = "${delay}ms", overhead = 18, qdisc = "fifo", limit = 1000 }
-up = { rate = "${modem#*/}" }
-down = { rate = "${modem%/*}" }
+$(wan_link "$modem" "$delay")
 EOF
   fi
   "$BIN" lab run "$topo" --name kbench -- bash -c "
@@ -295,7 +322,46 @@ for key in sys.argv[2:]:
 PY
 }
 
+steps_report() { python3 - "$out" "$@" <<'PY'
+# Per phase of the line's rate step, from each run's own goodput: the download summed over its
+# flows, over 0.5 s, falls under 20 Mbit/s when the line drops to 10 and rises over it when the
+# line is back at 40 (until it drops again). Probe RTT p50 (best effort) per phase, ms.
+import gzip, json, os, statistics, sys
+out = sys.argv[1]
+def phases(r):
+    load = next(p for p in r["metadata"]["phases"] if p["name"] != "idle")
+    down = [s for s in r["series"] if s["kind"] == "throughput" and s.get("direction") == "down"]
+    total = {}
+    for s in down:
+        for t, v in s["samples"]:
+            if v is not None: total[round(t, 3)] = total.get(round(t, 3), 0.0) + v
+    ts = sorted(total)
+    smooth = [(t, statistics.mean(total[u] for u in ts if t - 0.5 < u <= t)) for t in ts if t >= load["start"] + 2]
+    slow = next((t for t, g in smooth if g < 20), None)
+    if slow is None: return None
+    fast = next((t for t, g in smooth if t > slow + 2 and g > 20), load["end"])
+    again = next((t for t, g in smooth if t > fast + 2 and g < 20), load["end"])
+    return [("40 Mbit/s", load["start"] + 2, slow), ("first 3 s at 10", slow, slow + 3), ("rest at 10", slow + 3, fast), ("back at 40", fast, again)]
+def p50(r, lo, hi):
+    v = [x for s in r["series"] if s["name"].startswith("rtt ") and (s.get("dscp") or 0) == 0 for t, x in s["samples"] if lo <= t < hi and x is not None]
+    return statistics.median(v) if v else None
+print("probe RTT p50 per phase of the rate step, ms (best effort; phases from the run's goodput)")
+print(f"{'scenario.test':24} {'side':6} {'idle':>7} {'40 Mbit/s':>10} {'first 3 s at 10':>16} {'rest at 10':>11} {'back at 40':>11}")
+for key in sys.argv[2:]:
+    for side in ("kernel", "lab"):
+        for f in sorted(os.listdir(out)):
+            if not (f.startswith(f"{key}.{side}.") and f.endswith(".json.gz")): continue
+            r = json.load(gzip.open(os.path.join(out, f)))
+            ph = phases(r)
+            idle = r["summary"]["latency_ms"]["idle"]["p50"] if r.get("summary") and r["summary"]["latency_ms"].get("idle") else None
+            cells = [p50(r, lo, hi) for _, lo, hi in ph] if ph else []
+            fmt = lambda v, w: f"{'-':>{w}}" if v is None else f"{v:>{w}.1f}"
+            print(f"{key:24} {side:6} {fmt(idle, 7)} " + " ".join(fmt(v, w) for v, w in zip(cells, (10, 16, 11, 11))) + ("" if ph else "  (no step found)"))
+PY
+}
+
 keys=()
+steps=()
 while read -r name down up delay kind modem; do
   [ -z "$name" ] && continue
   if [ ${#pick[@]} -gt 0 ] && ! printf '%s\n' "${pick[@]}" | grep -qx "$name"; then continue; fi
@@ -308,6 +374,8 @@ while read -r name down up delay kind modem; do
       lab_run "$name" "$down" "$up" "$delay" "$kind" "$modem" "$t" "$out/$name.$t.lab.$r"
     done
     keys+=("$name.$t")
+    [ "$modem" = wifi ] && steps+=("$name.$t")
   done
 done <<< "$SCENARIOS"
 report "${keys[@]}" | tee "$out/report.txt"
+[ ${#steps[@]} -eq 0 ] || steps_report "${steps[@]}" | tee -a "$out/report.txt"

@@ -31,6 +31,11 @@
 #   --modem-down SHAPER, --modem-up SHAPER   the modem hop's line and buffer, as --down/--up
 #                                (e.g. "pfifo 60mbit 1000"); either one adds the hop
 #   --modem-overhead N           the modem's HTB: tc stab overhead N (as --overhead)
+#   --modem-down-cycle "SECS netem RATE [ARGS]"   (with --nics) a line whose rate steps, as a
+#                                Wi-Fi station's does: from when $KREF_OUT/go appears, the
+#                                modem's download (a netem --modem-down) alternates SECS s as
+#                                --modem-down and SECS s as this netem line; each change's guest
+#                                uptime goes to $KREF_OUT/modem-steps.txt
 #   --delay-down ARGS, --delay-up ARGS   netem ARGS on the delay box ("delay 7.5ms", "loss 1%")
 #   --sample-ms N                (with --nics) every N ms, the router's qdiscs (tc -s -j, one
 #                                JSON array per line: rc then rd) to $KREF_OUT/qdisc-samples.jsonl
@@ -41,7 +46,7 @@
 set -eu
 
 nics=0; down=none; up=none; overhead=; ddown=; dup=; burst_us=1000; sample_ms=; timer_probe=0
-mdown=none; mup=none; moverhead=
+mdown=none; mup=none; moverhead=; mcycle=
 while [ $# -gt 0 ]; do
   case "$1" in
     --nics) nics=1; shift ;;
@@ -51,6 +56,7 @@ while [ $# -gt 0 ]; do
     --modem-down) mdown=$2; shift 2 ;;
     --modem-up) mup=$2; shift 2 ;;
     --modem-overhead) moverhead=$2; shift 2 ;;
+    --modem-down-cycle) mcycle=$2; shift 2 ;;
     --burst-us) burst_us=$2; shift 2 ;;
     --delay-down) ddown=$2; shift 2 ;;
     --delay-up) dup=$2; shift 2 ;;
@@ -171,7 +177,29 @@ counters() {
     echo '}'; } > "$out/tc-stats.json"
 }
 
+# Centiseconds of guest uptime (/proc/uptime has two decimals): shell arithmetic, no awk (each
+# process costs ~0.2 s here).
+uptime_cs() { read -r u _ < /proc/uptime; echo "${u%.*}${u#*.}"; }
+cycle_modem() { # alternate the modem's download between $mdown and the cycle's line
+  secs=${mcycle%% *}; alt=${mcycle#* }
+  while [ ! -e "$out/go" ]; do [ -e "$out/stop" ] && return 0; sleep 0.05; done
+  t0=$(uptime_cs); slow=0
+  echo "$t0 go" >> "$out/modem-steps.txt"
+  while [ ! -e "$out/stop" ]; do
+    now=$(uptime_cs)
+    want=$(( (now - t0) / (secs * 100) % 2 ))
+    if [ $want != $slow ]; then
+      slow=$want; spec=$mdown; [ $slow = 1 ] && spec=$alt
+      set -- $spec; rate=$2; shift 2
+      in_ns kr-mdm tc qdisc change dev dr root netem rate "$rate" "$@"
+      echo "$now $rate" >> "$out/modem-steps.txt"
+    fi
+    sleep 0.05
+  done
+}
+
 if [ $nics = 1 ]; then
+  [ -n "$mcycle" ] && cycle_modem &
   if [ -n "$sample_ms" ]; then
     # One tc process reads commands from a pipe: spawning tc per sample costs ~0.2 s here.
     # Each pair of lines has its stamp (guest uptime) on the same line of qdisc-stamps.txt.
