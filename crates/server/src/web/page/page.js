@@ -251,7 +251,9 @@
       para(recovered + ' of ' + probes + ' probes under load (' + fmt(100 * recovered / probes, 0) + '%) were lost on the line and resent by TCP, or waited behind one that was: like the command line\'s lost probes, they are left out of the delays above (loss is not a queue).');
     }
     if (state.refused) para('Note: ' + state.refused + '; the load was smaller than asked for.');
-    const pageBoth = median(inPhase(state.rtt, state.phases[3])), kernBoth = median(inPhase(state.kernel, state.phases[3]));
+    // The server's median (without the probes TCP resent: their delay is loss, not the device).
+    const pageBoth = idleP50 === null || added.both === null || added.both === undefined ? null : idleP50 + added.both;
+    const kernBoth = median(inPhase(state.kernel, state.phases[3]));
     if (pageBoth !== null && kernBoth !== null && pageBoth > kernBoth * 1.5 + 10) {
       para('This page saw ' + fmt(pageBoth) + ' ms while the server\'s kernel saw ' + fmt(kernBoth) + ' ms on the same connection: the extra delay is on your side of the network (the device, its Wi-Fi or the browser), not in the path.');
     }
