@@ -22,6 +22,11 @@
 # drops to 10 Mbit/s for 10 s of every 20 (the lab's trace; the kernel's netem slot line,
 # stepped by the guest from the test's start), 8 Mbit/s up, 1000 packets each way. Those
 # scenarios also get a table per phase of the step (read from the download goodput).
+#
+# KREF_TOPO_ARGS replaces the guest topology's options (default "--burst-us 5000"): with
+# "--sample-ms 250 --capture" a wifi-autorate run keeps the router's qdisc samples and its
+# arrivals, and the report adds Linux's capacity estimate per step beside the lab's CAKE model
+# fed those very arrivals (crates/lab-model/examples/autorate_replay.rs; built here if missing).
 SCENARIOS="
 unshaped      1gbit   1gbit     0    none
 delay-only    1gbit   1gbit     2    none
@@ -73,7 +78,7 @@ while [ $# -gt 0 ]; do
     --tests) tests=$2; shift 2 ;;
     --test-args) read -r -a test_args <<< "$2"; shift 2 ;;
     --report-only) report_only=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) pick+=("$1"); shift ;;
   esac
 done
@@ -178,6 +183,7 @@ kernel_run() { # scen down up delay kind modem test file
   touch "$dir/stop"; wait $g || true
   cp "$dir/tc-stats.json" "$file.tc.json" 2>/dev/null || true
   [ -e "$dir/modem-steps.txt" ] && cp "$dir/modem-steps.txt" "$file.steps.txt"
+  [ -e "$dir/rtr-rd-in.pcap" ] && cp "$dir/rtr-rd-in.pcap" "$file.rtr-rd-in.pcap" && cp "$dir/clocks.txt" "$file.clocks.txt"
   [ -e "$dir/timer-hist.txt" ] && cp "$dir/timer-hist.txt" "$file.timer.txt"
   [ -e "$dir/qdisc-samples.jsonl" ] && paste -d" " "$dir/qdisc-stamps.txt" <(paste -d" " - - < "$dir/qdisc-samples.jsonl") > "$file.qdisc.txt"
   ip netns del $cli; ip netns del $srv; rm -rf "$dir"
@@ -360,6 +366,48 @@ for key in sys.argv[2:]:
 PY
 }
 
+estimate_report() { # kernel run files with a capture: Linux's estimate against the model's
+  local replay=target/release/examples/autorate_replay
+  [ -x "$replay" ] || cargo build --release --quiet -p bloatlab-lab-model --example autorate_replay
+  echo "autorate-ingress capacity estimate per step of the line, Mbit/s p50: Linux's (tc -s samples) and"
+  echo "the lab's model fed the arrivals captured at Linux's router (|diff| is the median gap, same instants;"
+  echo "steps with traffic only)"
+  local f
+  for f in "$@"; do
+    "$replay" "$f.rtr-rd-in.pcap" "bandwidth 38mbit besteffort autorate-ingress ingress" 250 > "$f.replay.txt"
+    python3 - "$f" <<'PY'
+import bisect, json, statistics, sys
+f = sys.argv[1]
+boot, real = map(float, open(f + ".clocks.txt").read().split())
+to_real = lambda up: up - boot + real
+steps = [l.split() for l in open(f + ".steps.txt")]
+edges = [(to_real(int(cs) / 100), rate) for cs, rate in steps]
+edges[0] = (edges[0][0], "40mbit")
+dec = json.JSONDecoder()
+linux = []
+for line in open(f + ".qdisc.txt"):
+    stamp, rest = line.split(" ", 1)
+    cake = [q for q in dec.raw_decode(rest.strip())[0] if q.get("kind") == "cake"]
+    if cake: linux.append((to_real(float(stamp)), cake[0]["capacity_estimate"] * 8 / 1e6))
+# (capture clock, Mbit/s arrived in the step, estimate): idle steps (the test's idle phase) left out.
+model = [tuple(map(float, l.split()[1:4])) for l in open(f + ".replay.txt") if not l.startswith("t_s")]
+clock = [m[0] for m in model]
+print(f"  {f.rsplit('/', 1)[-1]}")
+for i, (lo, rate) in enumerate(edges):
+    hi = edges[i + 1][0] if i + 1 < len(edges) else float("inf")
+    pairs = []
+    for t, est in linux:
+        j = bisect.bisect_left(clock, t)
+        if lo <= t < hi and j < len(model) and abs(clock[j] - t) < 0.3 and model[j][1] > 1:
+            pairs.append((est, model[j][2]))
+    if not pairs: continue
+    lx, md = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+    gap = statistics.median(abs(a - b) for a, b in pairs)
+    print(f"    line {rate:>7} from {lo - edges[0][0]:5.1f} s: Linux {lx:5.1f}  model {md:5.1f}  |diff| {gap:4.1f}  ({len(pairs)} samples)")
+PY
+  done
+}
+
 keys=()
 steps=()
 while read -r name down up delay kind modem; do
@@ -379,3 +427,8 @@ while read -r name down up delay kind modem; do
 done <<< "$SCENARIOS"
 report "${keys[@]}" | tee "$out/report.txt"
 [ ${#steps[@]} -eq 0 ] || steps_report "${steps[@]}" | tee -a "$out/report.txt"
+captured=()
+for k in "${steps[@]}"; do
+  for f in "$out/$k".kernel.*.rtr-rd-in.pcap; do [ -e "$f" ] && captured+=("${f%.rtr-rd-in.pcap}"); done
+done
+[ ${#captured[@]} -eq 0 ] || estimate_report "${captured[@]}" | tee -a "$out/report.txt"

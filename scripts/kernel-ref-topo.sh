@@ -40,12 +40,16 @@
 #   --sample-ms N                (with --nics) every N ms, the router's qdiscs (tc -s -j, one
 #                                JSON array per line: rc then rd) to $KREF_OUT/qdisc-samples.jsonl
 #                                with the guest's uptime before each pair (one tc process: cheap)
+#   --capture                    (with --nics) tcpdump (this machine's) records the headers of what
+#                                reaches the router from the line (rd, inbound) with the guest
+#                                kernel's arrival times: $KREF_OUT/rtr-rd-in.pcap, and
+#                                $KREF_OUT/clocks.txt: uptime and wall clock at one instant
 #   --timer-probe                (with --nics) cyclictest (rt-tests on this machine) measures the
 #                                guest's timer lateness while it routes: $KREF_OUT/timer-hist.txt
 # Counters (tc -s -j qdisc of rtr and dly) go to $KREF_OUT/tc-stats.json at the end.
 set -eu
 
-nics=0; down=none; up=none; overhead=; ddown=; dup=; burst_us=1000; sample_ms=; timer_probe=0
+nics=0; down=none; up=none; overhead=; ddown=; dup=; burst_us=1000; sample_ms=; timer_probe=0; capture=0
 mdown=none; mup=none; moverhead=; mcycle=
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -62,6 +66,7 @@ while [ $# -gt 0 ]; do
     --delay-up) dup=$2; shift 2 ;;
     --sample-ms) sample_ms=$2; shift 2 ;;
     --timer-probe) timer_probe=1; shift ;;
+    --capture) capture=1; shift ;;
     --) shift; break ;;
     *) echo "kernel-ref-topo: unknown option $1" >&2; exit 2 ;;
   esac
@@ -177,24 +182,24 @@ counters() {
     echo '}'; } > "$out/tc-stats.json"
 }
 
-# Centiseconds of guest uptime (/proc/uptime has two decimals): shell arithmetic, no awk (each
-# process costs ~0.2 s here).
-uptime_cs() { read -r u _ < /proc/uptime; echo "${u%.*}${u#*.}"; }
+# Centiseconds of guest uptime into $cs (/proc/uptime has two decimals): a builtin read and
+# shell arithmetic, no fork (each process costs ~0.2 s of the guest's CPU here).
+uptime_cs() { read -r u _ < /proc/uptime; cs=${u%.*}${u#*.}; }
 cycle_modem() { # alternate the modem's download between $mdown and the cycle's line
   secs=${mcycle%% *}; alt=${mcycle#* }
   while [ ! -e "$out/go" ]; do [ -e "$out/stop" ] && return 0; sleep 0.05; done
-  t0=$(uptime_cs); slow=0
+  uptime_cs; t0=$cs; step=0
   echo "$t0 go" >> "$out/modem-steps.txt"
   while [ ! -e "$out/stop" ]; do
-    now=$(uptime_cs)
-    want=$(( (now - t0) / (secs * 100) % 2 ))
-    if [ $want != $slow ]; then
-      slow=$want; spec=$mdown; [ $slow = 1 ] && spec=$alt
-      set -- $spec; rate=$2; shift 2
-      in_ns kr-mdm tc qdisc change dev dr root netem rate "$rate" "$@"
-      echo "$now $rate" >> "$out/modem-steps.txt"
-    fi
-    sleep 0.05
+    # Sleep to the next step in one process where it is near, else for 1 s and look for stop:
+    # polling every 50 ms kept the guest's CPU forking and delayed the packets it routes.
+    uptime_cs; left=$(( t0 + (step + 1) * secs * 100 - cs ))
+    if [ $left -gt 100 ]; then sleep 1; continue; fi
+    [ $left -gt 0 ] && sleep "$((left / 100)).$((left / 10 % 10))$((left % 10))"
+    step=$((step + 1)); spec=$mdown; [ $((step % 2)) = 1 ] && spec=$alt
+    set -- $spec; rate=$2; shift 2
+    in_ns kr-mdm tc qdisc change dev dr root netem rate "$rate" "$@"
+    uptime_cs; echo "$cs $rate" >> "$out/modem-steps.txt"
   done
 }
 
@@ -209,14 +214,25 @@ if [ $nics = 1 ]; then
         echo "qdisc show dev rc"; echo "qdisc show dev rd"; sleep "$sleep_s"
       done ) | in_ns kr-rtr tc -s -j -batch - > "$out/qdisc-samples.jsonl" 2>/dev/null &
   fi
+  if [ $capture = 1 ]; then
+    # Started directly (not through the in_ns function, whose subshell would ignore the
+    # signal as any background job of a script does): $cap is tcpdump itself.
+    ip netns exec kr-rtr tcpdump -q -n -i rd -Q in -s 96 -B 16384 -w "$out/rtr-rd-in.pcap" 2>/dev/null &
+    cap=$!
+    # The capture's stamps are wall-clock time, the samples' and steps' the uptime: both clocks
+    # read within microseconds of each other (this machine's python3), once.
+    python3 -c 'import time; print(time.clock_gettime(time.CLOCK_BOOTTIME), time.time())' > "$out/clocks.txt"
+  fi
   if [ $timer_probe = 1 ]; then
     # A 1 ms periodic timer, like a shaper's watchdog: how late does the guest wake it?
     cyclictest -m -t1 -p 80 -i 1000 -h 50000 -q --histfile="$out/timer-hist.txt" > "$out/timer-summary.txt" 2>&1 &
     ct=$!
   fi
   touch "$out/ready"
-  while [ ! -e "$out/stop" ]; do sleep 0.2; done
+  # 1 s polls: the host waits for the counters anyway, and every sleep is a process here.
+  while [ ! -e "$out/stop" ]; do sleep 1; done
   [ $timer_probe = 1 ] && kill -INT $ct
+  [ $capture = 1 ] && kill -TERM $cap
   wait
   counters
 else
