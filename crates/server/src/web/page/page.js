@@ -219,13 +219,14 @@
     setGrade('g-up', s.grade_by_direction.up);
     const added = s.phase_added_latency_ms;
     const idleP50 = s.latency_ms.idle ? s.latency_ms.idle.p50 : null;
+    // A phase's median as the server computed it: it leaves out the probes TCP had to resend,
+    // whose delay is loss, not a queue (results.rs).
+    const serverP50 = (name) => (name === 'idle' ? idleP50 : added[name] === null || added[name] === undefined || idleP50 === null ? null : idleP50 + added[name]);
     const tbody = $('phases');
     tbody.textContent = '';
     for (const p of state.phases) {
       const tr = document.createElement('tr');
-      // The server's medians: it leaves out the probes TCP had to resend (results.rs).
-      const p50 = p.name === 'idle' ? idleP50 : added[p.name] === null || added[p.name] === undefined || idleP50 === null ? null : idleP50 + added[p.name];
-      const cells = [p.name, fmt(p50), p.name === 'idle' ? '' : fmt(added[p.name]),
+      const cells = [p.name, fmt(serverP50(p.name)), p.name === 'idle' ? '' : fmt(added[p.name]),
         fmt(median(inPhase(state.kernel, p))), p.name === 'upload' || p.name === 'idle' ? '' : fmt(mean(inPhase(state.down, p))),
         p.name === 'download' || p.name === 'idle' ? '' : fmt(mean(inPhase(state.up, p)))];
       for (const c of cells) { const td = document.createElement('td'); td.textContent = c; tr.appendChild(td); }
@@ -251,8 +252,7 @@
       para(recovered + ' of ' + probes + ' probes under load (' + fmt(100 * recovered / probes, 0) + '%) were lost on the line and resent by TCP, or waited behind one that was: like the command line\'s lost probes, they are left out of the delays above (loss is not a queue).');
     }
     if (state.refused) para('Note: ' + state.refused + '; the load was smaller than asked for.');
-    // The server's median (without the probes TCP resent: their delay is loss, not the device).
-    const pageBoth = idleP50 === null || added.both === null || added.both === undefined ? null : idleP50 + added.both;
+    const pageBoth = serverP50('both');
     const kernBoth = median(inPhase(state.kernel, state.phases[3]));
     if (pageBoth !== null && kernBoth !== null && pageBoth > kernBoth * 1.5 + 10) {
       para('This page saw ' + fmt(pageBoth) + ' ms while the server\'s kernel saw ' + fmt(kernBoth) + ' ms on the same connection: the extra delay is on your side of the network (the device, its Wi-Fi or the browser), not in the path.');
