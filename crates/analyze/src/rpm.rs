@@ -81,9 +81,10 @@ impl Saturation {
 
     /// Ends the interval that finished at `t` (seconds into the test) with its goodput per
     /// direction (Mbit/s; `None` for a direction without load) and the responsiveness of the
-    /// probes of the last MAD intervals. True once goodput and then responsiveness are both
-    /// saturated: the test has its answer.
-    pub fn interval(&mut self, t: f64, down: Option<f64>, up: Option<f64>, responsiveness: Option<f64>) -> bool {
+    /// probes of the last MAD intervals, with the load connections per direction it had (for
+    /// the record). True once goodput and then responsiveness are both saturated: the test has
+    /// its answer.
+    pub fn interval(&mut self, t: f64, down: Option<f64>, up: Option<f64>, responsiveness: Option<f64>, load_connections: Option<u32>) -> bool {
         let n = self.run.intervals.len() + 1;
         for (i, g) in [down, up].into_iter().enumerate() {
             if let Some(g) = g {
@@ -105,7 +106,7 @@ impl Saturation {
                 self.run.responsiveness_saturated_at = Some(t);
             }
         }
-        self.run.intervals.push(RpmInterval { t, down_mbps: down, up_mbps: up, responsiveness });
+        self.run.intervals.push(RpmInterval { t, down_mbps: down, up_mbps: up, responsiveness, load_connections });
         debug_assert_eq!(self.run.intervals.len(), n);
         self.run.responsiveness_saturated_at.is_some()
     }
@@ -177,7 +178,7 @@ mod tests {
         for k in 1..=30 {
             // Responsiveness settles only from interval 16 on.
             let r = if k < 16 { 100.0 * k as f64 } else { 2000.0 };
-            if s.interval(k as f64, Some(goodput(k)), Some(goodput(k) / 10.0), Some(r)) {
+            if s.interval(k as f64, Some(goodput(k)), Some(goodput(k) / 10.0), Some(r), None) {
                 ended = Some(k);
                 break;
             }
@@ -195,11 +196,11 @@ mod tests {
     #[test]
     fn confidence_is_low_before_mad_intervals_and_medium_without_stability() {
         let mut s = Saturation::new(1.0);
-        s.interval(1.0, Some(1.0), None, None);
+        s.interval(1.0, Some(1.0), None, None, None);
         assert_eq!(confidence(s.run()), Confidence::Low);
         for k in 2..=10 {
             // Goodput doubling every interval never settles.
-            assert!(!s.interval(k as f64, Some(2f64.powi(k)), None, Some(100.0)));
+            assert!(!s.interval(k as f64, Some(2f64.powi(k)), None, Some(100.0), None));
         }
         assert_eq!(confidence(s.run()), Confidence::Medium);
         assert_eq!(s.run().goodput_saturated_at, None);

@@ -176,7 +176,11 @@ fn rpm_through_deep_fifos_is_far_below_idle_and_through_short_ones_near_their_bo
     assert!(idle_rpm > 30_000.0, "idle RPM {idle_rpm}");
     // Deep FIFOs: every probe waits hundreds of ms; 60000 / 200 ms = 300 RPM ("poor").
     assert!(rpm_deep < 300.0 && rpm_deep * 50.0 < idle_rpm, "deep FIFOs: {} RPM, idle {idle_rpm}", rpm_deep);
-    assert!(deep_file.metadata.rpm.as_ref().is_some_and(|r| r.intervals.len() >= 10), "the draft's intervals are recorded");
+    let deep_run = deep_file.metadata.rpm.as_ref().expect("the draft's run is recorded");
+    assert!(deep_run.intervals.len() >= 10, "the draft's intervals are recorded");
+    // With the connections each had: the ramp opens one more per direction each interval.
+    let counts: Vec<u32> = deep_run.intervals.iter().map(|i| i.load_connections.expect("load connections recorded")).collect();
+    assert!(counts.windows(2).all(|w| w[1] >= w[0]) && counts[counts.len() - 1] >= counts[0] + 5, "load connections per interval {counts:?}");
 
     t.reshape(30, "20mbit", "5mbit").unwrap();
     let (short, short_file) = measure_file(&t, &["rpm", "--cc", "cubic", "-l", "15", "--idle", "2"]);

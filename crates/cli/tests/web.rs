@@ -499,6 +499,12 @@ fn rpm_sequential_measures_each_direction_under_its_own_load() {
     let runs = r.metadata.rpm_by_direction.expect("each direction's run of the algorithm");
     assert!(!runs.down.intervals.is_empty() && !runs.up.intervals.is_empty());
     assert!(runs.down.intervals.iter().all(|i| i.up_mbps.is_none()) && runs.up.intervals.iter().all(|i| i.down_mbps.is_none()));
+    // The draft's ramp, as recorded: one more connection each interval, up to 16.
+    for run in [&runs.down, &runs.up] {
+        let counts: Vec<Option<u32>> = run.intervals.iter().map(|i| i.load_connections).collect();
+        let want: Vec<Option<u32>> = (1..=counts.len() as u32).map(|n| Some(n.min(16))).collect();
+        assert_eq!(counts, want, "load connections per interval");
+    }
 }
 
 /// A WebSocket client by hand (RFC 6455): the upgrade on `/ws` from `local` (another loopback

@@ -488,19 +488,19 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
         if let Some(stage) = stage.filter(|_| t >= next_interval) {
             let cur = st.stages.last().expect("a stage under way");
             let (start, first) = (cur.start, next_interval <= cur.start);
+            let directions = [true, false].into_iter().filter(|d| stage.loads(*d)).collect::<Vec<_>>();
+            let per_dir = cur.flows / directions.len();
             if !first {
                 let rate = |down: bool| stage.loads(down).then(|| st.mbps_since(down, &interval_bytes) / id);
                 let (down, up) = (rate(true), rate(false));
                 let resp = st.responsiveness((t - id * rpm::MAD as f64).max(start));
                 let cur = st.stages.last_mut().expect("a stage under way");
-                if cur.saturation.interval(t, down, up, resp) {
+                if cur.saturation.interval(t, down, up, resp, Some(per_dir as u32)) {
                     cur.end = Some(t);
                 }
             }
             next_interval += id;
             let cur = st.stages.last_mut().expect("a stage under way");
-            let directions = [true, false].into_iter().filter(|d| stage.loads(*d)).collect::<Vec<_>>();
-            let per_dir = cur.flows / directions.len();
             if cur.end.is_none() && per_dir < MAX_CONNECTIONS {
                 cur.flows += directions.len();
                 for down in directions {

@@ -270,7 +270,10 @@ impl Test<'_> {
         }
         let loaded: Vec<f64> = self.pings.done.lock().unwrap().iter().filter(|p| p.0 >= since).map(|p| p.1).collect();
         let responsiveness = rpm::rpm(&[connect.as_slice(), request.as_slice()], Some(&loaded)).map(|x| x.0);
-        if r.saturation.interval(t, down, up, responsiveness) {
+        let directions = down.is_some() as usize + up.is_some() as usize;
+        let open = self.load.flows.iter().filter(|f| !f.failed).count();
+        let per_dir = (directions > 0).then(|| (open / directions) as u32);
+        if r.saturation.interval(t, down, up, responsiveness, per_dir) {
             self.load_end = t;
         }
     }

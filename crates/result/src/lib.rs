@@ -212,6 +212,11 @@ pub struct RpmInterval {
     pub up_mbps: Option<f64>,
     /// RPM of the probes of the last MAD intervals, as it stood at the end of this one.
     pub responsiveness: Option<f64>,
+    /// Load connections per loaded direction during the interval (the ramp adds one each
+    /// interval): RPMs of clients that ramp differently compare at equal counts. Absent in
+    /// files written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_connections: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
