@@ -9,6 +9,8 @@
 # mach and goresponsiveness measure download, then upload, so bloatlab runs both ways: at once
 # (its default, as networkQuality) and --sequential (as they and networkQuality -s do).
 # goresponsiveness's row is its single-sided 5% trimmed mean RPM (the draft's), per direction.
+# With mach, a last table puts the download RPM of bloatlab's --sequential run and mach's side by
+# side per count of load connections (mach ramps at half the draft's pace: compare at equal load).
 #
 #   scripts/bench-rpm-peers.sh [--out DIR] [--runs N] [--limits "1000 30"] [--mach PATH]
 #                              [--goresp PATH]
@@ -31,7 +33,7 @@ while [ $# -gt 0 ]; do
     --limits) limits=$2; shift 2 ;;
     --mach) mach=$2; shift 2 ;;
     --goresp) goresp=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "bench-rpm-peers: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -137,7 +139,8 @@ bl() { # NAME TARGET [ARGS...]
 mach_row() { # NAME CONFIG_URL
   local name=$1 url=$2
   local f="$out/$LIMIT.$name.$run.json"
-  with_queues "$f.queues" in_ns $CLI "$mach" rpm -c "$url" --insecure --disable-aim-scores >"$f" 2>"$f.err"
+  # -vv logs each interval (its connections and RPM) to $f.err, for the ramp table below.
+  with_queues "$f.queues" in_ns $CLI "$mach" rpm -c "$url" --insecure --disable-aim-scores -vv >"$f" 2>"$f.err"
   row mach "$name" "$f" || echo "  $name failed: $(tail -n1 "$f.err")" >&2
 }
 goresp_row() { # NAME CONFIG_URL
@@ -175,4 +178,31 @@ sort -s -k1,1nr -k2,2 "$rows" | while IFS=$'\t' read -r l n r d u gd gu qd qu; d
   printf "%-6s %-28s %6s %6s %6s %9s %8s %9s %9s\n" "$l" "$n" "$r" "$d" "$u" "$gd" "$gu" "$qd" "$qu"
 done
 echo "q_down90 / q_up90: p90 of the delay (ms) the router's download / upload FIFO held while the client ran"
+if [ -n "$mach" ]; then
+  echo
+  echo "download RPM by load connections (each over its last 4 intervals): bloatlab's client --sequential"
+  echo "(one more connection each interval, as the draft says) and mach (one more every second interval)"
+  python3 - "$out" $limits <<'PY'
+import glob, json, re, sys
+out, limits = sys.argv[1], sys.argv[2:]
+for limit in limits:
+    for res in sorted(glob.glob(f"{out}/{limit}.bloatlab>bloatlab-seq.*.result.json")):
+        run = res.split(".")[-3]
+        ours = {}
+        for i in json.load(open(res))["metadata"]["rpm_by_direction"]["down"]["intervals"]:
+            if i.get("load_connections") and i.get("responsiveness"):
+                ours[i["load_connections"]] = i["responsiveness"]
+        theirs = {}
+        try:
+            log = re.sub(r"\x1b\[[0-9;]*m", "", open(f"{out}/{limit}.mach>bloatlab.{run}.json.err").read())
+            # The first leg is the download; its intervals come before the second test starts.
+            leg = log.split("running responsiveness test: ")[1]
+            for loads, rpm in re.findall(r"interval finished interval=\d+ loads=(\d+) .*? rpm=([0-9.]+)", leg):
+                if float(rpm) > 0: theirs[int(loads)] = float(rpm)
+        except (OSError, IndexError):
+            pass
+        cells = " ".join(f"{n}:{ours.get(n, float('nan')):.0f}/{theirs.get(n, float('nan')):.0f}" for n in sorted(set(ours) | set(theirs)))
+        print(f"  limit {limit}, run {run}, connections:bloatlab/mach  {cells}")
+PY
+fi
 echo "rows: $rows; result files and peers' output: $out"
