@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
     --limits) limits=$2; shift 2 ;;
     --mach) mach=$2; shift 2 ;;
     --goresp) goresp=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "bench-rpm-peers: unknown option $1" >&2; exit 2 ;;
   esac
 done
