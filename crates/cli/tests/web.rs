@@ -142,7 +142,8 @@ fn closed_within(mut s: TcpStream, limit: Duration) -> Duration {
 fn slow_clients_full_slots_and_greedy_addresses_are_bounded() {
     let _g = serial();
     let Some(w) = start("limits", &["--max-connections-per-ip", "2", "--web-max-gb", "0.05"]) else { return };
-    // TLS handshakes that never come hold this address's two slots until the 5 s deadline.
+    // TLS handshakes that never come hold this address's two slots until the 5 s deadline: both
+    // slots held is crowded (a lone slow handshake would have 15 s, web::idle).
     let mute = [TcpStream::connect(&w.https).unwrap(), TcpStream::connect(&w.https).unwrap()];
     std::thread::sleep(Duration::from_millis(300));
     // A third connection from the same address is told why and when to come back.

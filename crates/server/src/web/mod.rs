@@ -195,7 +195,7 @@ async fn serve_conn(stream: TcpStream, ip: IpAddr, admit: Admit, tls: Option<Arc
         match tls {
             Some(tls) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
-                if let Ok(Ok(tls)) = timeout(handshake, acceptor.accept(stream)).await {
+                if let Some(Ok(tls)) = idle::handshake_within(acceptor.accept(stream), handshake, &crowded).await {
                     let budget = conn.send_budget.clone();
                     serve_http(TokioIo::new(BudgetedTls { tls, budget }), conn, handshake, crowded).await;
                 }
