@@ -73,8 +73,12 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let words = args.get(1).map_or("bandwidth 38mbit besteffort autorate-ingress ingress", |s| s.as_str());
-    let step_ns = args.get(2).map_or(Ok(250), |s| s.parse::<u64>()).unwrap_or(250) * 1_000_000;
     let run = || -> Result<(), String> {
+        let step_ms = match args.get(2) {
+            None => 250,
+            Some(s) => s.parse::<u64>().ok().filter(|ms| (1..=60_000).contains(ms)).ok_or(format!("STEP_MS `{s}`: want whole milliseconds, 1 to 60000"))?,
+        };
+        let step_ns = step_ms * 1_000_000;
         let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
         let frames = read_pcap(&bytes).map_err(|e| format!("{path}: {e}"))?;
         let first = frames.first().ok_or("no packets")?.at_ns;

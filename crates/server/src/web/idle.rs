@@ -9,7 +9,8 @@
 //! handshake's deadline, or while crowded `REQUEST_GRACE` and four of its round trips (the same
 //! client opens connections it never sends a request on: 60 at once from one address, each
 //! idle for up to 5 s). A busy connection (a `/large` or `/slurp` stream, whose self probes
-//! share it) is never idle.
+//! share it) is never idle. A TLS handshake keeps its slot for up to `LOSSY_HANDSHAKE` while
+//! nobody else wants it, and for the handshake's deadline while crowded.
 
 use hyper::body::{Body, Frame, SizeHint};
 use std::pin::Pin;
