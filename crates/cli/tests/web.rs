@@ -432,8 +432,10 @@ fn rpm_over_http2_against_the_https_face() {
 /// leaves out probes cut off at the end), and the download direction alone (`--sequential`) sees a
 /// 1000-packet FIFO (1000 x 1514 x 8 / 20e6 = 0.6 s) as far worse than 30 packets (18 ms). Both
 /// ways at once, 1000 packets gave 55-77 against 77-99: the losses' waits hide the queue there.
+/// Through 30 packets neither end's sockets nor buffers add a queue of their own, over either
+/// transport.
 #[test]
-fn rpm_over_http2_agrees_with_the_protocol_and_sees_a_deep_fifo() {
+fn rpm_over_http2_agrees_with_the_protocol_sees_a_deep_fifo_and_neither_end_queues() {
     let _g = serial();
     let Some(lab) = LabUp::up("rpmh", "name = \"rpmh\"\n[[link]]\nname = \"line\"\na = \"c\"\nb = \"s\"\nboth = { rate = \"20mbit\", limit = 1000 }\n") else { return };
     let dir = TempDir::new("rpmh");
@@ -448,16 +450,72 @@ fn rpm_over_http2_agrees_with_the_protocol_and_sees_a_deep_fifo() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let s = json(&o);
         eprintln!("limit {limit}, {target} {extra:?}: RPM {:.0} (loaded {:.0}, foreign {:.0}), dl {}, {:.1}/{:.1} Mbit/s", f(&s, "rpm.rpm"), f(&s, "rpm.loaded"), f(&s, "rpm.foreign"), s["dl_responsiveness"], f(&s, "throughput_mbps.down"), f(&s, "throughput_mbps.up"));
-        s
+        (s, bloatlab_result::read(&out).unwrap())
     };
     let url = "http://10.77.0.2:4080/.well-known/nq";
-    let (short, short_proto) = (f(&rpm("30", url, &[]), "rpm.rpm"), f(&rpm("30", "10.77.0.2", &[]), "rpm.rpm"));
+    let short = f(&rpm("30", url, &[]).0, "rpm.rpm");
+    // Meanwhile, in two runs, each end's unsent bytes per load connection as the kernel counts them.
+    let ((proto, _), proto_unsent) = with_unsent(&lab, 9461, || rpm("30", "10.77.0.2", &[]));
+    let short_proto = f(&proto, "rpm.rpm");
     assert!(short < 4.0 * short_proto && short_proto < 4.0 * short, "RPM over HTTP/2 {short}, over bloatlab's protocol {short_proto}");
-    let (deep_dl, short_dl) = (f(&rpm("1000", url, &["--sequential"]), "dl_responsiveness"), f(&rpm("30", url, &["--sequential"]), "dl_responsiveness"));
-    // A full 0.6 s FIFO allows at most 60000 / 600 = 100 RPM; under 130, the probes waited at
-    // least 3/4 of it on average (one run: 104, against 167 through 30 packets).
-    assert!(deep_dl < 130.0 && deep_dl * 1.25 < short_dl, "download RPM {deep_dl} through 1000 packets, {short_dl} through 30");
+    let ((short_seq, short_file), http_unsent) = with_unsent(&lab, 4080, || rpm("30", url, &["--sequential"]));
+    let (deep_dl, short_dl) = (f(&rpm("1000", url, &["--sequential"]).0, "dl_responsiveness"), f(&short_seq, "dl_responsiveness"));
+    // A full 0.6 s FIFO allows at most 60000 / 600 = 100 RPM, but the host's default congestion
+    // control (BBR here) keeps it part-empty: 104-123 measured (against 167-225 through 30
+    // packets) once neither end queued data of its own. Under 150, the probes waited at least
+    // 2/3 of it on average.
+    assert!(deep_dl < 150.0 && deep_dl * 1.25 < short_dl, "download RPM {deep_dl} through 1000 packets, {short_dl} through 30");
+    // Neither end adds a queue of its own (the draft's TCP_NOTSENT_LOWAT, netio::sendbuf). Each
+    // socket holds at most half its limit plus one write: the limit 5 ms of the connection's
+    // rate (12.5 kB with the whole 20 Mbit/s), a write at most 16 KiB (the protocol's frames;
+    // HTTP's chunks are 5 ms of the rate, 4 KiB at least): 22.6 kB. Writing on past the kernel's
+    // check into its last buffer, both ends' sockets held 30-65 kB over either transport (p90
+    // 59 kB), now 6.7-14.1 kB.
+    for (run, ends) in [("protocol", &proto_unsent), ("HTTP/2", &http_unsent)] {
+        for (end, unsent) in ["server", "client"].iter().zip(ends) {
+            let p = bloatlab_analyze::stats::percentiles(unsent.iter().map(|&b| b as f64)).unwrap_or_else(|| panic!("{run}: no unsent bytes seen at the {end}"));
+            eprintln!("{run}, {end}'s load connections: unsent p50 {:.0} B, p90 {:.0} B ({} samples)", p.p50, p.p90, p.samples);
+            assert!(p.p90 < 22_634.0, "{run}: the {end}'s sockets hold {:.0} B unsent at p90", p.p90);
+        }
+    }
+    // And HTTP/2 above them holds a chunk of as much (hyper's default buffers, 400 + 64 KiB per
+    // stream, 2.5 s at a connection's 1.5 Mbit/s share, gave self probes 520-550 ms against
+    // foreign requests' 120-140): a self probe's answer waits behind little more than a foreign
+    // probe's, which waits behind nothing of the server's; both wait for the same FIFO, and a
+    // self probe also for its connection's lost segments (47-50 ms against 77-88 in three runs).
+    let p50 = |name: &str| {
+        let v = short_file.series(name).unwrap().samples.iter().filter_map(|s| s.1);
+        bloatlab_analyze::stats::percentiles(v).unwrap().p50
+    };
+    let (own, foreign) = (p50("rpm loaded"), p50("rpm foreign-request"));
+    eprintln!("through 30 packets: self probes p50 {own:.0} ms, foreign requests p50 {foreign:.0} ms");
+    assert!(own < 2.5 * foreign + 20.0, "self probes p50 {own} ms, foreign requests {foreign} ms: an end queues on its load connections");
     srv.kill();
+}
+
+/// `run`'s result, and meanwhile, every 200 ms, the unsent bytes (`ss`'s notsent) of each
+/// connection to or from `port` that holds any, in host s's namespace and in host c's.
+fn with_unsent<R>(lab: &LabUp, port: u16, run: impl FnOnce() -> R) -> (R, [Vec<u64>; 2]) {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let (server, client) = (sc.spawn(|| unsent_samples(lab, "s", port, &stop)), sc.spawn(|| unsent_samples(lab, "c", port, &stop)));
+        let r = run();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (r, [server.join().unwrap(), client.join().unwrap()])
+    })
+}
+
+fn unsent_samples(lab: &LabUp, host: &str, port: u16, stop: &std::sync::atomic::AtomicBool) -> Vec<u64> {
+    let p = lab.exec(host);
+    let filter = format!("( sport = :{port} or dport = :{port} )");
+    let mut seen = vec![];
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let o = Command::new(&p[0]).args(&p[1..]).args(["ss", "-tniH", "state", "established", &filter]).output().unwrap();
+        assert!(o.status.success(), "ss in {host}: {}", String::from_utf8_lossy(&o.stderr));
+        seen.extend(String::from_utf8_lossy(&o.stdout).split_whitespace().filter_map(|w| w.strip_prefix("notsent:")).map(|n| n.parse::<u64>().unwrap()));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    seen
 }
 
 /// `--sequential` (as `networkQuality -s` and mach): the download direction, then the upload

@@ -9,6 +9,7 @@ use bloatlab_proto::{frame, ClientMsg, Direction, ServerMsg, Token};
 use std::collections::HashMap;
 use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
@@ -159,6 +160,9 @@ impl FlowConn {
                         true => frame::responsive_payload(netio::keep_unsent_small(&w).unwrap_or(frame::RESPONSIVE_PAYLOAD as u32)),
                         false => frame::DATA_PAYLOAD,
                     };
+                    // The kernel checks its unsent limit only when a write needs a new buffer
+                    // (netio::sendbuf): asked first, it holds half the limit and a frame.
+                    while responsive && !stop.load(Ordering::Relaxed) && !netio::sendbuf::unsent_room(w.as_fd(), Duration::from_millis(100)) {}
                     chunk[..frame::HEADER_LEN].copy_from_slice(&frame::data_header(payload));
                     if write_until_stopped(&mut w, &chunk[..frame::HEADER_LEN + payload], &stop).is_err() {
                         if !stop.load(Ordering::Relaxed) {

@@ -14,7 +14,7 @@ use crate::plan::Params;
 use crate::run::{Ended, Options, Outcome};
 use crate::MeasureError;
 use bloatlab_analyze::rpm;
-use bloatlab_netio::sendbuf::{self, BudgetedTls, SendBudget};
+use bloatlab_netio::sendbuf::{self, BudgetedTls, SendBudget, UnsentLimited};
 use bloatlab_result::{self as result, Host, Metadata, Phase, ResultFile, Series, SeriesKind};
 use hyper::body::{Body, Bytes, Frame};
 use hyper::body::Incoming;
@@ -175,6 +175,7 @@ async fn open(t: &Target, c: &Connector) -> Result<Opened, String> {
     let _ = bloatlab_netio::keep_unsent_small(&tcp);
     let socket = Arc::new(tcp.as_fd().try_clone_to_owned().map_err(|e| format!("socket of {}: {e}", t.addr))?);
     let budget = SendBudget::default();
+    let tcp = UnsentLimited(tcp);
     let (io, tls_ms): (Box<dyn Io>, Option<f64>) = if t.tls {
         let t1 = Instant::now();
         let s = tls.connect(t.name.clone(), tcp).await.map_err(|e| format!("TLS with {}: {e}", t.addr))?;

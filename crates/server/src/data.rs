@@ -83,8 +83,9 @@ async fn download(mut r: Reader, mut w: OwnedWriteHalf, session: &Session, count
         }
     };
     // An RPM test's flows are responsive, as the draft asks of its servers: unsent data in the
-    // socket kept near 5 ms of the connection's rate, in frames of about that size (at most
-    // HTTP/2's 16 KiB), so a pong waits behind the network's queue, not behind ours.
+    // socket kept near 5 ms of the connection's rate, written in frames of about that size (at
+    // most HTTP/2's 16 KiB) when the kernel has room, so a pong waits behind the network's
+    // queue, not behind ours.
     let responsive = session.request.test == "rpm";
     let writer = async {
         let mut chunk = vec![0u8; frame::HEADER_LEN + frame::DATA_PAYLOAD];
@@ -98,6 +99,11 @@ async fn download(mut r: Reader, mut w: OwnedWriteHalf, session: &Session, count
                 true => frame::responsive_payload(netio::keep_unsent_small(w.as_ref()).unwrap_or(frame::RESPONSIVE_PAYLOAD as u32)),
                 false => frame::DATA_PAYLOAD,
             };
+            // The kernel checks its unsent limit only when a write needs a new buffer
+            // (netio::sendbuf): asked first, it holds half the limit and a frame.
+            if responsive && std::future::poll_fn(|cx| netio::sendbuf::poll_unsent_room(w.as_ref(), cx)).await.is_err() {
+                return;
+            }
             let wait = session.pace(payload);
             if !wait.is_zero() {
                 sleep(wait).await;

@@ -12,9 +12,9 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use bloatlab_netio::sendbuf::UnsentLimited;
 
-pub(crate) struct AckNow(pub(crate) TcpStream);
+pub(crate) struct AckNow(pub(crate) UnsentLimited);
 
 impl AsyncRead for AckNow {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
@@ -78,7 +78,7 @@ mod tests {
             }
         });
         let (stream, _) = listener.accept().await.unwrap();
-        let mut stream: Box<dyn Io> = if ack_now { Box::new(AckNow(stream)) } else { Box::new(stream) };
+        let mut stream: Box<dyn Io> = if ack_now { Box::new(AckNow(bloatlab_netio::sendbuf::UnsentLimited(stream))) } else { Box::new(stream) };
         let mut waits = Vec::new();
         let mut buf = [0u8; 64];
         for _ in 0..30 {

@@ -29,7 +29,7 @@ pub use views::LoadView;
 
 use crate::limits::Slot;
 use crate::Shared;
-use bloatlab_netio::sendbuf::{self, BudgetedTls, SendBudget};
+use bloatlab_netio::sendbuf::{self, BudgetedTls, SendBudget, UnsentLimited};
 use budget::Budgets;
 use endpoints::Route;
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
@@ -190,7 +190,7 @@ async fn serve_conn(stream: TcpStream, ip: IpAddr, admit: Admit, tls: Option<Arc
     });
     let handshake = shared.config.hello_timeout;
     let crowded = move || shared.connections.crowded(ip);
-    let stream = ack::AckNow(stream);
+    let stream = ack::AckNow(UnsentLimited(stream));
     let _ = timeout(limit, async move {
         match tls {
             Some(tls) => {
