@@ -125,6 +125,14 @@ fn responsiveness_endpoints_over_http2_tls_and_plain_http() {
     assert!(text(&Command::new("openssl").args(["x509", "-noout", "-text", "-in"]).arg(&cert).output().unwrap()).contains("id-ecPublicKey"));
 }
 
+/// Whether the server has not closed `s` (nothing to read yet, no end, no error).
+fn still_open(s: &TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let open = matches!(s.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    s.set_nonblocking(false).unwrap();
+    open
+}
+
 /// Reads until the server closes the connection; how long that took.
 fn closed_within(mut s: TcpStream, limit: Duration) -> Duration {
     let t = Instant::now();
@@ -619,16 +627,22 @@ fn the_browser_tests_probes_and_result_uploads_are_bounded() {
     assert!(page.to_ascii_lowercase().contains("content-security-policy: default-src 'self'") && page.contains("<script src=\"/page.js\">"), "{page}");
     let cfg: serde_json::Value = serde_json::from_str(&text(&curl(&[&format!("http://{}/web/config", w.http)]))).unwrap();
     assert_eq!(cfg["ws_port"], port);
-    // 1000 idle WebSockets from 127.0.0.1: at most its 64 slots are held, and only until the
-    // handshake deadline; a client from 127.0.0.2 is served meanwhile.
+    // 1000 idle WebSockets from 127.0.0.1: at most its 64 slots are held, each until the
+    // handshake deadline (5 s) while the address holds half of them, and up to 15 s
+    // (LOSSY_HANDSHAKE, as a slow TLS handshake on the HTTPS face) once it holds fewer; a client
+    // from 127.0.0.2 is served meanwhile.
+    let t = Instant::now();
     let idle: Vec<TcpStream> = (0..1000).filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok()).collect();
     let mut real = ws_connect("127.0.0.2", port).expect("a real client gets in");
     let answer = ws_probe(&mut real, 41);
     assert_eq!(answer["seq"], 41);
     assert!(answer["rtt_ms"].as_f64().is_some_and(|ms| ms < 1000.0), "{answer}");
-    let t = Instant::now();
-    let open_after = idle.into_iter().map(|s| closed_within(s, Duration::from_secs(8))).filter(|d| *d >= Duration::from_secs(7)).count();
-    assert_eq!(open_after, 0, "idle WebSockets still open after {:?}", t.elapsed());
+    std::thread::sleep(Duration::from_secs(7).saturating_sub(t.elapsed()));
+    let open: Vec<TcpStream> = idle.into_iter().filter(still_open).collect();
+    eprintln!("idle WebSockets still open after {:?}: {}", t.elapsed(), open.len());
+    assert!(open.len() <= 32, "{} idle WebSockets still open after {:?}", open.len(), t.elapsed());
+    let late = open.into_iter().map(|s| closed_within(s, Duration::from_secs(10))).filter(|_| t.elapsed() > Duration::from_secs(16)).count();
+    assert_eq!(late, 0, "idle WebSockets still open after {:?}", t.elapsed());
     // A probe that is not a number ends its connection.
     let mut s = ws_connect("127.0.0.2", port).unwrap();
     s.write_all(&[0x81, 0x88, 0, 0, 0, 0, b'<', b's', b'c', b'r', b'i', b'p', b't', b'>']).unwrap();

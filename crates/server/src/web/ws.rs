@@ -10,11 +10,13 @@
 //! (`TCP_INFO`), so the page can show both views and where they differ, and the upload bytes
 //! that arrived (the page's upload goodput).
 //!
-//! Limits: a slot from the same pools as every other connection, the handshake within the
-//! header deadline, the connection within the HTTP face's total deadline, a probe at least every
-//! `IDLE` (1000 idle sockets cost 1000 slots for 5 s at most), messages of at most 64 bytes.
+//! Limits: a slot from the same pools as every other connection, the opening (TLS and upgrade)
+//! within the header deadline (up to `idle::LOSSY_HANDSHAKE` while neither the address nor the
+//! server holds half its slots, as on the HTTPS face), the connection within the HTTP face's
+//! total deadline, a probe at least every `IDLE` (1000 idle sockets from one address cost its
+//! slots for 5 s at most), messages of at most 64 bytes.
 
-use super::{tls, Web};
+use super::{idle, tls, Web};
 use crate::limits::Slot;
 use crate::Shared;
 use futures_util::{SinkExt, StreamExt};
@@ -28,6 +30,7 @@ use tokio::time::timeout;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
 
 /// A probe socket that sends nothing for this long is closed.
 const IDLE: Duration = Duration::from_secs(5);
@@ -51,26 +54,34 @@ async fn serve(stream: TcpStream, ip: IpAddr, slot: Slot, tls: Option<Arc<tls::T
     let _ = stream.set_nodelay(true);
     let Ok(socket) = stream.as_fd().try_clone_to_owned() else { return };
     let handshake = shared.config.hello_timeout;
+    let crowded = move || shared.connections.crowded(ip);
     let _ = timeout(web.cfg.max_conn_time, async move {
-        // Nothing within the handshake's time: closed (the WebSocket handshake would get as
-        // long again otherwise).
-        let mut first = [0u8; 1];
-        let started = tokio::time::Instant::now();
-        let Ok(Ok(1)) = timeout(handshake, stream.peek(&mut first)).await else { return };
-        let handshake = handshake.saturating_sub(started.elapsed());
-        let is_tls = first[0] == 0x16;
-        match (is_tls, tls) {
-            (true, Some(tls)) => {
-                let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
-                if let Ok(Ok(s)) = timeout(handshake, acceptor.accept(stream)).await {
-                    probes(s, ip, &socket, &web, handshake).await;
-                }
-            }
-            (false, _) => probes(stream, ip, &socket, &web, handshake).await,
-            (true, None) => {}
+        // The whole opening (first byte, TLS, upgrade) within the handshake's time, longer only
+        // while nobody else wants the slot, as on the HTTPS face (a lossy uplink's handshake).
+        if let Some(Some(ws)) = idle::handshake_within(open(stream, tls), handshake, crowded).await {
+            probes(ws, ip, &socket, &web).await;
         }
     })
     .await;
+}
+
+/// A probe socket, plain or TLS.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+type Io = Box<dyn Stream>;
+
+/// The WebSocket, over TLS when the first byte starts a TLS handshake and the server has a
+/// certificate; `None` when the client gives up, or asks for another path.
+async fn open(stream: TcpStream, tls: Option<Arc<tls::Tls>>) -> Option<WebSocketStream<Io>> {
+    let mut first = [0u8; 1];
+    let Ok(1) = stream.peek(&mut first).await else { return None };
+    let io: Io = match (first[0] == 0x16, tls) {
+        (true, Some(tls)) => Box::new(tokio_rustls::TlsAcceptor::from(tls.current()).accept(stream).await.ok()?),
+        (false, _) => Box::new(stream),
+        (true, None) => return None,
+    };
+    let config = WebSocketConfig::default().max_message_size(Some(MAX_MESSAGE)).max_frame_size(Some(MAX_MESSAGE));
+    tokio_tungstenite::accept_hdr_async_with_config(io, only_probe_path, Some(config)).await.ok()
 }
 
 /// Refuses upgrades on any path but `PATH`.
@@ -84,9 +95,8 @@ fn only_probe_path(req: &Request, resp: Response) -> Result<Response, ErrorRespo
     Err(r)
 }
 
-async fn probes<S: AsyncRead + AsyncWrite + Unpin>(stream: S, ip: IpAddr, socket: &OwnedFd, web: &Web, handshake: Duration) {
-    let config = WebSocketConfig::default().max_message_size(Some(MAX_MESSAGE)).max_frame_size(Some(MAX_MESSAGE));
-    let Ok(Ok(mut ws)) = timeout(handshake, tokio_tungstenite::accept_hdr_async_with_config(stream, only_probe_path, Some(config))).await else { return };
+/// Answers probes until the page closes, sends something else, or nothing for `IDLE`.
+async fn probes(mut ws: WebSocketStream<Io>, ip: IpAddr, socket: &OwnedFd, web: &Web) {
     while let Ok(Some(Ok(msg))) = timeout(IDLE, ws.next()).await {
         let seq = match &msg {
             Message::Text(t) => match parse_seq(t.as_str()) {
