@@ -11,8 +11,8 @@
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use bloatlab_netio::sendbuf::UnsentLimited;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 pub(crate) struct AckNow(pub(crate) UnsentLimited);
 
@@ -51,7 +51,7 @@ impl AsyncWrite for AckNow {
 
 #[cfg(test)]
 mod tests {
-    use super::AckNow;
+    use super::{AckNow, UnsentLimited};
     use std::io::{Read, Write};
     use std::time::{Duration, Instant};
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -78,7 +78,7 @@ mod tests {
             }
         });
         let (stream, _) = listener.accept().await.unwrap();
-        let mut stream: Box<dyn Io> = if ack_now { Box::new(AckNow(bloatlab_netio::sendbuf::UnsentLimited(stream))) } else { Box::new(stream) };
+        let mut stream: Box<dyn Io> = if ack_now { Box::new(AckNow(UnsentLimited(stream))) } else { Box::new(stream) };
         let mut waits = Vec::new();
         let mut buf = [0u8; 64];
         for _ in 0..30 {

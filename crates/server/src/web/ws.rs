@@ -13,8 +13,9 @@
 //! Limits: a slot from the same pools as every other connection, the opening (TLS and upgrade)
 //! within the header deadline (up to `idle::LOSSY_HANDSHAKE` while neither the address nor the
 //! server holds half its slots, as on the HTTPS face), the connection within the HTTP face's
-//! total deadline, a probe at least every `IDLE` (1000 idle sockets from one address cost its
-//! slots for 5 s at most), messages of at most 64 bytes.
+//! total deadline, a probe at least every `IDLE`, messages of at most 64 bytes. 1000 mute
+//! sockets from one address hold its slots 5 s, and the last ones (under half of them) up to
+//! 15 s.
 
 use super::{idle, tls, Web};
 use crate::limits::Slot;
