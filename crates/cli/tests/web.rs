@@ -125,14 +125,6 @@ fn responsiveness_endpoints_over_http2_tls_and_plain_http() {
     assert!(text(&Command::new("openssl").args(["x509", "-noout", "-text", "-in"]).arg(&cert).output().unwrap()).contains("id-ecPublicKey"));
 }
 
-/// Whether the server has not closed `s` (nothing to read yet, no end, no error).
-fn still_open(s: &TcpStream) -> bool {
-    s.set_nonblocking(true).unwrap();
-    let open = matches!(s.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
-    s.set_nonblocking(false).unwrap();
-    open
-}
-
 /// Reads until the server closes the connection; how long that took.
 fn closed_within(mut s: TcpStream, limit: Duration) -> Duration {
     let t = Instant::now();

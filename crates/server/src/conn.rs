@@ -2,6 +2,7 @@
 //! their first line: a test's control connection, one of its data flows, or a new-connection
 //! probe. Each phase has a total deadline, never a per-read timeout.
 
+use crate::handshake::handshake_within;
 use crate::lines::{read_line, send};
 use crate::session::Session;
 use crate::{data, limits::Slot, random, Shared, GRACE};
@@ -66,16 +67,18 @@ async fn handle(stream: TcpStream, peer: SocketAddr, _slot: Slot, shared: Arc<Sh
     let _ = stream.set_nodelay(true);
     let (r, mut w) = stream.into_split();
     let mut r = BufReader::new(r);
-    let hello_by = Instant::now() + shared.config.hello_timeout;
-    let first = match timeout_at(hello_by, read_line(&mut r, proto::MAX_LINE)).await {
-        Ok(Ok(Some(line))) => line,
-        Ok(Err(e)) => return refuse(&mut w, RefuseReason::Version, format!("not a bloatlab client ({e})")).await,
+    let ip = peer.ip().to_canonical();
+    // A load flow's or a probe's hello crosses the loaded uplink, as a TLS ClientHello does on
+    // the web faces: the same allowance for a lost first flight while the slots are not wanted.
+    let crowded = || shared.connections.crowded(ip);
+    let first = match handshake_within(read_line(&mut r, proto::MAX_LINE), shared.config.hello_timeout, crowded).await {
+        Some(Ok(Some(line))) => line,
+        Some(Err(e)) => return refuse(&mut w, RefuseReason::Version, format!("not a bloatlab client ({e})")).await,
         // Silence or a trickle past the deadline: the slot is needed elsewhere.
         _ => return,
     };
-    let ip = peer.ip().to_canonical();
     match proto::decode_line::<ClientMsg>(&first) {
-        Ok(ClientMsg::Hello { magic, version, .. }) if magic == proto::MAGIC && version == proto::PROTOCOL_VERSION => control(r, w, ip, hello_by, shared).await,
+        Ok(ClientMsg::Hello { magic, version, .. }) if magic == proto::MAGIC && version == proto::PROTOCOL_VERSION => control(r, w, ip, shared).await,
         Ok(ClientMsg::Hello { version, .. }) => {
             let msg = format!("this server speaks protocol version {}, the client {version}: use the same bloatlab release on both ends", proto::PROTOCOL_VERSION);
             refuse(&mut w, RefuseReason::Version, msg).await
@@ -109,7 +112,7 @@ async fn probe(mut r: Reader, mut w: OwnedWriteHalf, ip: IpAddr, token: Token, s
 
 /// A test's control connection: hello, the request (with proof of the key if the server has
 /// one), acceptance within the limits, then waiting for `finish` until the test's deadline.
-async fn control(mut r: Reader, mut w: OwnedWriteHalf, ip: IpAddr, hello_by: Instant, shared: Arc<Shared>) {
+async fn control(mut r: Reader, mut w: OwnedWriteHalf, ip: IpAddr, shared: Arc<Shared>) {
     let cfg = &shared.config;
     let challenge = match &cfg.key {
         Some(_) => match random::<{ auth::CHALLENGE_LEN }>() {
@@ -127,8 +130,8 @@ async fn control(mut r: Reader, mut w: OwnedWriteHalf, ip: IpAddr, hello_by: Ins
     if send(&mut w, &hello).await.is_err() {
         return;
     }
-    // The request must follow within the same hello deadline.
-    let req = match timeout_at(hello_by + cfg.hello_timeout, read_line(&mut r, proto::MAX_LINE)).await {
+    // The request follows the answer within the hello's deadline.
+    let req = match timeout(cfg.hello_timeout, read_line(&mut r, proto::MAX_LINE)).await {
         Ok(Ok(Some(line))) => match proto::decode_line::<ClientMsg>(&line) {
             Ok(ClientMsg::Test(req)) => req,
             _ => return refuse(&mut w, RefuseReason::BadRequest, "expected a test request".into()).await,

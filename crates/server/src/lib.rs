@@ -10,6 +10,7 @@
 //! declared; nothing queues without bound; a refusal names the limit.
 
 mod conn;
+mod handshake;
 mod data;
 mod lines;
 mod limits;

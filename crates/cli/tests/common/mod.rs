@@ -223,6 +223,14 @@ pub fn wait_ms(ms: u64) {
     std::thread::sleep(Duration::from_millis(ms));
 }
 
+/// Whether the server has not closed `s` (nothing to read yet, no end, no error).
+pub fn still_open(s: &std::net::TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let open = matches!(s.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    s.set_nonblocking(false).unwrap();
+    open
+}
+
 /// A lab brought up with `bloatlab lab up`, brought down on drop (also when a test fails).
 pub struct LabUp {
     pub name: String,

@@ -27,6 +27,7 @@ pub mod ws;
 
 pub use views::LoadView;
 
+use crate::handshake::handshake_within;
 use crate::limits::Slot;
 use crate::Shared;
 use bloatlab_netio::sendbuf::{self, BudgetedTls, SendBudget, UnsentLimited};
@@ -195,7 +196,7 @@ async fn serve_conn(stream: TcpStream, ip: IpAddr, admit: Admit, tls: Option<Arc
         match tls {
             Some(tls) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
-                if let Some(Ok(tls)) = idle::handshake_within(acceptor.accept(stream), handshake, &crowded).await {
+                if let Some(Ok(tls)) = handshake_within(acceptor.accept(stream), handshake, &crowded).await {
                     let budget = conn.send_budget.clone();
                     serve_http(TokioIo::new(BudgetedTls { tls, budget }), conn, handshake, crowded).await;
                 }

@@ -11,13 +11,14 @@
 //! that arrived (the page's upload goodput).
 //!
 //! Limits: a slot from the same pools as every other connection, the opening (TLS and upgrade)
-//! within the header deadline (up to `idle::LOSSY_HANDSHAKE` while neither the address nor the
+//! within the header deadline (up to `crate::handshake::LOSSY_HANDSHAKE` while neither the address nor the
 //! server holds half its slots, as on the HTTPS face), the connection within the HTTP face's
 //! total deadline, a probe at least every `IDLE`, messages of at most 64 bytes. 1000 mute
 //! sockets from one address hold its slots 5 s, and the last ones (under half of them) up to
 //! 15 s.
 
-use super::{idle, tls, Web};
+use super::{tls, Web};
+use crate::handshake::handshake_within;
 use crate::limits::Slot;
 use crate::Shared;
 use futures_util::{SinkExt, StreamExt};
@@ -59,7 +60,7 @@ async fn serve(stream: TcpStream, ip: IpAddr, slot: Slot, tls: Option<Arc<tls::T
     let _ = timeout(web.cfg.max_conn_time, async move {
         // The whole opening (first byte, TLS, upgrade) within the handshake's time, longer only
         // while nobody else wants the slot, as on the HTTPS face (a lossy uplink's handshake).
-        if let Some(Some(ws)) = idle::handshake_within(open(stream, tls), handshake, crowded).await {
+        if let Some(Some(ws)) = handshake_within(open(stream, tls), handshake, crowded).await {
             probes(ws, ip, &socket, &web).await;
         }
     })
