@@ -379,7 +379,7 @@ struct TestArgs {
     /// udp: UDP payload rate, as iperf3's -b counts it (100mbit, 1gbit, 500kbit; Mibit and
     /// Gibit are binary; default 10mbit). writeback: write at this rate, as a network would
     /// deliver the data (default: as fast as the cache takes it).
-    #[arg(long, value_parser = bloatlab_tune::units::parse_rate)]
+    #[arg(long, value_parser = bloatlab_units::parse_rate)]
     rate: Option<u64>,
     /// writeback: `end` syncs once after the last write (dd conv=fdatasync); `every:SIZE`
     /// (every:64M) also after each SIZE written.
@@ -398,8 +398,8 @@ struct TestArgs {
     #[arg(long, default_value = "auto")]
     pacing: bloatlab_measure::pacing::Pacing,
     /// udp: width of the burst-profile buckets (bytes per bucket at the sender and at the
-    /// server): 1ms, 500us, 0.01 (seconds).
-    #[arg(long, default_value = "1ms", value_parser = bloatlab_measure::pacing::parse_duration)]
+    /// server): 1ms, 500us, 0.01s.
+    #[arg(long, default_value = "1ms", value_parser = bloatlab_units::parse_duration)]
     bucket: Duration,
     /// The server's shared key, when it requires one (a file; or the key itself in
     /// BLOATLAB_KEY).

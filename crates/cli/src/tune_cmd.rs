@@ -4,10 +4,11 @@
 use bloatlab_tune::advise::{self, Qdisc, Target};
 use bloatlab_tune::config::{self, Leaf, Shaping};
 use bloatlab_tune::link::LinkType;
-use bloatlab_tune::units;
 use bloatlab_tune::writeback::Feed;
+use bloatlab_units as units;
 use clap::ValueEnum;
 use std::path::PathBuf;
+use std::time::Duration;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -104,10 +105,10 @@ pub struct ConfigArgs {
     rate: Option<u64>,
     /// sysctl-writeback: how much of the link's time may be dirty before writeback starts.
     #[arg(long, default_value = "250ms", value_parser = units::parse_duration)]
-    background_delay: u64,
+    background_delay: Duration,
     /// sysctl-writeback: how much before writers are throttled.
     #[arg(long, default_value = "1.5s", value_parser = units::parse_duration)]
-    delay: u64,
+    delay: Duration,
 }
 
 fn fail(m: impl std::fmt::Display) -> ExitCode {
@@ -222,7 +223,7 @@ pub fn config_cmd(a: ConfigArgs) -> ExitCode {
         Kind::Fireqos => config::fireqos(&s),
         Kind::NftDscp => config::nft_dscp(&s),
         Kind::SysctlWriteback => match a.rate {
-            Some(r) => config::sysctl_writeback(r, a.background_delay, a.delay),
+            Some(r) => config::sysctl_writeback(r, a.background_delay.as_nanos() as u64, a.delay.as_nanos() as u64),
             None => return usage("sysctl-writeback needs --rate (the link the writes go to: 1Gibit, 100Mbit, ...)"),
         },
         Kind::WifiOpenwrt => config::wifi_openwrt(),

@@ -49,30 +49,12 @@ fn duration_text(d: Duration) -> String {
     }
 }
 
-/// A duration as `100ms`, `500us`, `1s` or plain seconds (`0.001`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim().to_ascii_lowercase();
-    let (num, scale) = if let Some(n) = t.strip_suffix("us") {
-        (n, 1e-6)
-    } else if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else {
-        (t.as_str(), 1.0)
-    };
-    match num.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v * scale <= 3600.0 => Ok(Duration::from_secs_f64(v * scale)),
-        _ => Err(format!("`{s}`: want a positive duration such as 1ms, 500us or 0.1s")),
-    }
-}
-
 impl std::str::FromStr for Pacing {
     type Err = String;
     fn from_str(s: &str) -> Result<Pacing, String> {
         let t = s.trim().to_ascii_lowercase();
         let period = |d: &str| -> Result<Duration, String> {
-            let d = parse_duration(d)?;
+            let d = bloatlab_units::parse_duration(d)?;
             if d < Duration::from_micros(10) || d > Duration::from_secs(1) {
                 return Err(format!("`{s}`: the period must be between 10us and 1s"));
             }
@@ -209,8 +191,8 @@ mod tests {
         assert_eq!(Pacing::Tick(Duration::from_micros(250)).to_string(), "timer:250us");
         assert!("burst:5s".parse::<Pacing>().is_err());
         assert!("jitter".parse::<Pacing>().is_err());
-        assert_eq!(parse_duration("500us"), Ok(Duration::from_micros(500)));
-        assert_eq!(parse_duration("0.001"), Ok(Duration::from_millis(1)));
+        assert_eq!("timer:500us".parse::<Pacing>(), Ok(Pacing::Tick(Duration::from_micros(500))));
+        assert!("timer:0".parse::<Pacing>().is_err() && "timer:0.001".parse::<Pacing>().is_err());
     }
 
     /// 1 KB at 100 Mbit/s: a packet every 81.92 us (the reference's 819 us is at 10 Mbit/s).

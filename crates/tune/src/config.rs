@@ -638,7 +638,7 @@ mod tests {
     #[test]
     fn writeback_numbers_of_the_issue() {
         // bloatlab config sysctl-writeback --rate 1Gibit --background-delay 250ms --delay 1.5s
-        let rate = crate::units::parse_rate("1Gibit").unwrap();
+        let rate = bloatlab_units::parse_rate("1Gibit").unwrap();
         assert_eq!(writeback_bytes(rate, 250_000_000), 33_554_432);
         assert_eq!(writeback_bytes(rate, 1_500_000_000), 201_326_592);
         let t = sysctl_writeback(rate, 250_000_000, 1_500_000_000);

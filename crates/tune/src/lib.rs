@@ -8,5 +8,4 @@ pub mod batch;
 pub mod config;
 pub mod link;
 pub mod sysctl;
-pub mod units;
 pub mod writeback;
