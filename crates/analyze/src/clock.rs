@@ -44,13 +44,7 @@ fn estimate_fastest(echoes: &[Echo], part: usize) -> Option<ClockOffset> {
     offsets.sort();
     let worst_rtt = fastest.iter().map(Echo::rtt_ns).max().unwrap_or(0).max(0);
     let mean_t1 = fastest.iter().map(|e| e.t1 as f64).sum::<f64>() / n as f64;
-    Some(ClockOffset {
-        offset_ms: offsets[offsets.len() / 2] as f64 / 1e6,
-        uncertainty_ms: worst_rtt as f64 / 2e6,
-        samples: n,
-        reference_s: mean_t1 / 1e9,
-        drift_ppm: None,
-    })
+    Some(ClockOffset { offset_ms: offsets[offsets.len() / 2] as f64 / 1e6, uncertainty_ms: worst_rtt as f64 / 2e6, samples: n, reference_s: mean_t1 / 1e9, drift_ppm: None })
 }
 
 /// The offset from the echoes `before` the load, with linear drift from a second estimate from

@@ -46,7 +46,11 @@ pub fn burst_r(lost: &[bool]) -> f64 {
         return 1.0;
     }
     let (p, q) = (ok_to_lost as f64 / from_ok as f64, lost_to_ok as f64 / from_lost as f64);
-    if p + q > 0.0 { 1.0 / (p + q) } else { 1.0 }
+    if p + q > 0.0 {
+        1.0 / (p + q)
+    } else {
+        1.0
+    }
 }
 
 /// G.107 Annex B mapping from R to MOS (conversational quality, 1..4.5).

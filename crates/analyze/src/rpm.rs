@@ -71,12 +71,7 @@ pub struct Saturation {
 
 impl Saturation {
     pub fn new(interval_s: f64) -> Saturation {
-        Saturation {
-            run: RpmRun { interval_s, mad: MAD as u32, sdt: SDT, ..RpmRun::default() },
-            goodput: [Vec::new(), Vec::new()],
-            goodput_ma: [Vec::new(), Vec::new()],
-            responsiveness: Vec::new(),
-        }
+        Saturation { run: RpmRun { interval_s, mad: MAD as u32, sdt: SDT, ..RpmRun::default() }, goodput: [Vec::new(), Vec::new()], goodput_ma: [Vec::new(), Vec::new()], responsiveness: Vec::new() }
     }
 
     /// Ends the interval that finished at `t` (seconds into the test) with its goodput per

@@ -162,13 +162,7 @@ pub fn summarize(result: &ResultFile) -> Summary {
 
     // Jitter and VoIP quality come from the call stream when there is one, else the first probe
     // stream.
-    let primary = result
-        .metadata
-        .streams
-        .iter()
-        .find(|c| c.name == "voip")
-        .or_else(|| result.metadata.streams.first())
-        .map(|c| c.name.clone());
+    let primary = result.metadata.streams.iter().find(|c| c.name == "voip").or_else(|| result.metadata.streams.first()).map(|c| c.name.clone());
     if let (Some(name), Some(w)) = (primary, main) {
         let owd = |dir: &str| result.series(&format!("owd {dir} {name}"));
         let jitter = |dir: &str| owd(dir).and_then(|x| stats::rfc3550_jitter(values(x, w)));
@@ -180,7 +174,13 @@ pub fn summarize(result: &ResultFile) -> Summary {
             // Each direction's share of the call's network loss, from the server's counts.
             let share = |dir_loss: Option<f64>| match (up_loss, down_loss) {
                 (Some(u), Some(d)) if u + d > 0.0 => dir_loss.unwrap_or(0.0) / (u + d),
-                _ => if total_loss > 0.0 { 1.0 } else { 0.0 },
+                _ => {
+                    if total_loss > 0.0 {
+                        1.0
+                    } else {
+                        0.0
+                    }
+                }
             };
             // The network delay is the jitter buffer's depth, the one-way p99, when the offset is
             // known; else half the idle round trip plus that direction's added one-way p99 (the
@@ -271,7 +271,11 @@ fn throughput(result: &ResultFile, window_of: impl Fn(&str) -> Option<Window>) -
         let w = Window { end: sampled_until.map_or(w.end, |t| t.clamp(w.start, w.end)), ..w };
         let start = result.metadata.flows.iter().find(|f| f.name == series.name).and_then(|f| f.start);
         let mbps = mean_rate(series, w, start, result.metadata.step);
-        if dir == "up" { up.push(mbps) } else { down.push(mbps) }
+        if dir == "up" {
+            up.push(mbps)
+        } else {
+            down.push(mbps)
+        }
         t.per_flow.push(FlowThroughput { name: series.name.clone(), direction: dir, dscp: series.dscp.unwrap_or(0), mbps });
     }
     let sum = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>());
@@ -429,7 +433,8 @@ fn rpm_summary(result: &ResultFile, phase_name: &str, run: Option<&RpmRun>, idle
     let loaded = result.series("rpm loaded").map(|_| get("rpm loaded", w));
     // Over TLS (the HTTP transport) the handshake is a third foreign term.
     let tls = get("rpm foreign-tls", w);
-    let foreign_terms: Vec<&[f64]> = if result.series("rpm foreign-tls").is_some() { vec![connect.as_slice(), tls.as_slice(), request.as_slice()] } else { vec![connect.as_slice(), request.as_slice()] };
+    let foreign_terms: Vec<&[f64]> =
+        if result.series("rpm foreign-tls").is_some() { vec![connect.as_slice(), tls.as_slice(), request.as_slice()] } else { vec![connect.as_slice(), request.as_slice()] };
     let (value, foreign, loaded_rpm) = rpm::rpm(&foreign_terms, loaded.as_deref())?;
     let idle_rpm = idle.and_then(|iw| {
         let both: Vec<f64> = get("rpm foreign-connect", iw).into_iter().chain(get("rpm foreign-request", iw)).collect();
@@ -455,11 +460,17 @@ fn rpm_summary(result: &ResultFile, phase_name: &str, run: Option<&RpmRun>, idle
         probes: request.len() + loaded.as_ref().map_or(0, Vec::len),
         probe_timeouts: foreign_failed + unanswered("rpm loaded"),
         // A one-way phase: its own direction's connections.
-        failed_connections: result.metadata.flows.iter().filter(|f| f.error.is_some()).filter(|f| match phase_name {
-            "download" => f.name.starts_with("down"),
-            "upload" => f.name.starts_with("up"),
-            _ => true,
-        }).count(),
+        failed_connections: result
+            .metadata
+            .flows
+            .iter()
+            .filter(|f| f.error.is_some())
+            .filter(|f| match phase_name {
+                "download" => f.name.starts_with("down"),
+                "upload" => f.name.starts_with("up"),
+                _ => true,
+            })
+            .count(),
         confidence: run.map_or("medium", |r| rpm::confidence(r).name()).to_string(),
         window_s: w.end - w.start,
     })

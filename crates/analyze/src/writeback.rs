@@ -89,16 +89,24 @@ mod tests {
     /// 2 s. The kernel starts writing at 32 MB written (dirty_background_bytes): pages under
     /// writeback appear at the sample where 33 MB have been written.
     fn run(background_mb: Option<f64>) -> ResultFile {
-        let phases = vec![
-            Phase { name: "idle".into(), start: 0.0, end: 1.0 },
-            Phase { name: "write".into(), start: 1.0, end: 2.0 },
-            Phase { name: "fsync".into(), start: 2.0, end: 4.0 },
-        ];
+        let phases = vec![Phase { name: "idle".into(), start: 0.0, end: 1.0 }, Phase { name: "write".into(), start: 1.0, end: 2.0 }, Phase { name: "fsync".into(), start: 2.0, end: 4.0 }];
         let mut r = ResultFile::new(Metadata { test: "writeback".into(), phases, ..Default::default() });
         let t = |i: usize| i as f64 * 0.01;
         let n = 401;
         let written: Vec<_> = (0..n).map(|i| (t(i), Some(((t(i) - 1.0).max(0.0) * 100.0).min(100.0).round()))).collect();
-        let wb: Vec<_> = written.iter().map(|&(tt, w)| (tt, Some(match background_mb { Some(b) if w.unwrap() > b && tt < 4.0 => 2.0, _ if (2.0..4.0).contains(&tt) => 5.0, _ => 0.0 }))).collect();
+        let wb: Vec<_> = written
+            .iter()
+            .map(|&(tt, w)| {
+                (
+                    tt,
+                    Some(match background_mb {
+                        Some(b) if w.unwrap() > b && tt < 4.0 => 2.0,
+                        _ if (2.0..4.0).contains(&tt) => 5.0,
+                        _ => 0.0,
+                    }),
+                )
+            })
+            .collect();
         r.series.push(series("test written", SeriesKind::Bytes, written.clone()));
         r.series.push(series("writeback", SeriesKind::Bytes, wb));
         r.series.push(series("dirty", SeriesKind::Bytes, written.iter().map(|&(tt, w)| (tt, Some(if tt < 4.0 { w.unwrap() } else { 0.0 }))).collect()));

@@ -1,10 +1,10 @@
 //! `bloatlab lab ...`: wiring between the command line and `bloatlab-lab`.
 
+use bloatlab_experiment::table::table;
+use bloatlab_experiment::{Comparison, Fix, Options};
 use bloatlab_lab::control::{self, Request};
 use bloatlab_lab::lab::{self, LabInfo};
 use bloatlab_lab::{presets, Lab, Topology, SOCKET_ENV};
-use bloatlab_experiment::table::table;
-use bloatlab_experiment::{Comparison, Fix, Options};
 use bloatlab_result::Summary;
 use clap::Subcommand;
 use std::os::unix::process::CommandExt;
@@ -298,14 +298,7 @@ fn up(topology: &str, name: Option<String>) -> ExitCode {
         Err(e) => return fail(format!("{}: {e}", log.display())),
     };
     let exe = std::env::current_exe().expect("own path");
-    let mut child = match Command::new(exe)
-        .args(["lab", "serve", topology, &name])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log_file)
-        .process_group(0)
-        .spawn()
-    {
+    let mut child = match Command::new(exe).args(["lab", "serve", topology, &name]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log_file).process_group(0).spawn() {
         Ok(c) => c,
         Err(e) => return fail(format!("cannot start the lab process: {e}")),
     };

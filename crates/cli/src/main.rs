@@ -4,8 +4,8 @@ use bloatlab_measure::display::{events_text, summary_text, ProgressMode};
 use bloatlab_measure::{Ended, Options, Params, TestKind, UdpParams};
 mod lab_cmd;
 mod locate_cmd;
-mod tune_cmd;
 mod report_cmd;
+mod tune_cmd;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::IsTerminal;

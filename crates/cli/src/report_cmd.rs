@@ -31,10 +31,7 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 }
 
 pub fn load(paths: &[PathBuf]) -> Result<Vec<RunView>, String> {
-    paths
-        .iter()
-        .map(|p| bloatlab_result::read(p).map(|r| RunView::new(&r, &label_for(p))).map_err(|e| e.to_string()))
-        .collect()
+    paths.iter().map(|p| bloatlab_result::read(p).map(|r| RunView::new(&r, &label_for(p))).map_err(|e| e.to_string())).collect()
 }
 
 /// A locate file's chart data, `None` for anything else (result files go to `load`).

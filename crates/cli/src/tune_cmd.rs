@@ -8,8 +8,8 @@ use bloatlab_tune::writeback::Feed;
 use bloatlab_units as units;
 use clap::ValueEnum;
 use std::path::PathBuf;
-use std::time::Duration;
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct AdviseArgs {
@@ -419,7 +419,17 @@ fn said(r: Result<String, String>) -> ExitCode {
 /// (recorded first), and with `--verify DIR` measured before and after and kept only if they
 /// helped.
 #[allow(clippy::too_many_arguments)]
-fn apply_sysctl(vm: &std::path::Path, state: &std::path::Path, file: Option<PathBuf>, from: &[PathBuf], rate: Option<u64>, verify: Option<String>, size: u64, out_dir: PathBuf, json: bool) -> ExitCode {
+fn apply_sysctl(
+    vm: &std::path::Path,
+    state: &std::path::Path,
+    file: Option<PathBuf>,
+    from: &[PathBuf],
+    rate: Option<u64>,
+    verify: Option<String>,
+    size: u64,
+    out_dir: PathBuf,
+    json: bool,
+) -> ExitCode {
     let (bg, fg) = match (file, from.is_empty()) {
         (Some(f), _) => match std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display())).and_then(|t| bloatlab_tune::sysctl::parse_config(&t)) {
             Ok(v) => v,
@@ -439,7 +449,10 @@ fn apply_sysctl(vm: &std::path::Path, state: &std::path::Path, file: Option<Path
         (None, true) => return usage("give --config FILE (bloatlab config sysctl-writeback) or --from WRITEBACK-RESULT..."),
     };
     let Some(dir) = verify else {
-        return said(bloatlab_tune::sysctl::apply(vm, state, bg, fg).map(|r| format!("applied vm.dirty_background_bytes = {bg}, vm.dirty_bytes = {fg} over {} (tune rollback --sysctl restores it)", r.before.describe())));
+        return said(
+            bloatlab_tune::sysctl::apply(vm, state, bg, fg)
+                .map(|r| format!("applied vm.dirty_background_bytes = {bg}, vm.dirty_bytes = {fg} over {} (tune rollback --sysctl restores it)", r.before.describe())),
+        );
     };
     let exe = match std::env::current_exe() {
         Ok(e) => e,

@@ -182,8 +182,15 @@ fn run_both(lab: &LabUp, limit: u32, down: u32, up_kbit: u32, load_s: u32, bin: 
     let (down, up) = (cli("tcp-down"), cli("tcp-up"));
     eprintln!(
         "{limit}-packet FIFO: page grades down {} up {} overall {}, added download {} upload {} both {} ms, goodput {} / {} Mbit/s, saturated {}; CLI tcp-down {down:.1} tcp-up {up:.1} ms",
-        page["grade_by_direction"]["down"], page["grade_by_direction"]["up"], page["grade"], page["phase_added_latency_ms"]["download"], page["phase_added_latency_ms"]["upload"],
-        page["phase_added_latency_ms"]["both"], page["throughput_mbps"]["down"], page["throughput_mbps"]["up"], page["saturated"]
+        page["grade_by_direction"]["down"],
+        page["grade_by_direction"]["up"],
+        page["grade"],
+        page["phase_added_latency_ms"]["download"],
+        page["phase_added_latency_ms"]["upload"],
+        page["phase_added_latency_ms"]["both"],
+        page["throughput_mbps"]["down"],
+        page["throughput_mbps"]["up"],
+        page["saturated"]
     );
     (page, down, up)
 }

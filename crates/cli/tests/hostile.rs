@@ -210,7 +210,17 @@ fn with_a_key_only_key_holders_test_and_unsigned_probes_get_no_answer() {
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     sock.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
     let mut buf = vec![0u8; 80];
-    let p = proto::probe::Probe { kind: proto::probe::Kind::Request, stream: 0, token: tok, seq: 0, client_send_ns: 1, server_recv_ns: 0, server_send_ns: 0, server_rx_count: 0, flags: proto::probe::FLAG_MAC };
+    let p = proto::probe::Probe {
+        kind: proto::probe::Kind::Request,
+        stream: 0,
+        token: tok,
+        seq: 0,
+        client_send_ns: 1,
+        server_recv_ns: 0,
+        server_send_ns: 0,
+        server_rx_count: 0,
+        flags: proto::probe::FLAG_MAC,
+    };
     p.encode(&mut buf).unwrap();
     sock.send_to(&buf, &srv.addr).unwrap();
     assert!(sock.recv_from(&mut [0u8; 2048]).is_err(), "an unsigned probe was answered");

@@ -205,10 +205,7 @@ fn lab_cake_agrees_with_the_kernels_cake_per_probe_class() {
         json(&out)
     };
     // The tag names TAP devices (15 characters with the pid): keep it short.
-    let kernel = KernelRouter::start(
-        "ck",
-        &["--down", "cake 20mbit diffserv3", "--up", "cake 20mbit diffserv3", "--delay-down", "delay 2ms", "--delay-up", "delay 2ms"],
-    );
+    let kernel = KernelRouter::start("ck", &["--down", "cake 20mbit diffserv3", "--up", "cake 20mbit diffserv3", "--delay-down", "delay 2ms", "--delay-up", "delay 2ms"]);
     let srv = ServerProc::start(&kernel.exec(&kernel.srv).iter().map(String::as_str).collect::<Vec<_>>(), "0.0.0.0:9461", &["-q"]);
     let k = rrul(&kernel.exec(&kernel.cli), ROUTER_SRV_ADDR);
     drop(srv);
@@ -303,10 +300,7 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
     // and a 1 ms burst then loses rate that real hardware would not (measured: 49 instead of
     // 52.7 Mbit/s at 57 Mbit/s).
     let kernel_pass = || -> Vec<serde_json::Value> {
-        let kernel = KernelRouter::start(
-            "agree",
-            &["--down", "fq_codel 20mbit", "--up", "fq_codel 20mbit", "--delay-down", "delay 2ms", "--delay-up", "delay 2ms", "--burst-us", "5000"],
-        );
+        let kernel = KernelRouter::start("agree", &["--down", "fq_codel 20mbit", "--up", "fq_codel 20mbit", "--delay-down", "delay 2ms", "--delay-up", "delay 2ms", "--burst-us", "5000"]);
         let srv = ServerProc::start(&kernel.exec(&kernel.srv).iter().map(String::as_str).collect::<Vec<_>>(), "0.0.0.0:9461", &["-q"]);
         let k: Vec<serde_json::Value> = tests.iter().map(|t| run_in(&kernel.exec(&kernel.cli), t)).collect();
         drop(srv);

@@ -80,10 +80,15 @@ fn a_saturated_link_keeps_its_standing_queue_in_the_model_not_in_the_tun_device(
     let sojourn_us: Vec<(f64, f64)> = down["sojourn"]["us"].as_array().unwrap().iter().map(|b| (b[0].as_f64().unwrap(), b[1].as_f64().unwrap())).collect();
     let total: f64 = sojourn_us.iter().map(|b| b.1).sum();
     let mut seen = 0.0;
-    let p90_ms = sojourn_us.iter().find(|b| {
-        seen += b.1;
-        seen >= 0.9 * total
-    }).unwrap().0 / 1000.0;
+    let p90_ms = sojourn_us
+        .iter()
+        .find(|b| {
+            seen += b.1;
+            seen >= 0.9 * total
+        })
+        .unwrap()
+        .0
+        / 1000.0;
     assert!(p90_ms >= added - 2.0 && p90_ms <= 121.0, "model sojourn p90 {p90_ms} ms, probes added {added} ms");
     // What waited in the TUN device: the sender's bursts, read within tens of microseconds (a
     // packet takes 0.6 ms on this link), never a queue, and nothing dropped there. Measured p99
@@ -153,7 +158,12 @@ fn unpaced_bursts_overflow_a_shallow_switch_and_a_paced_sender_loses_nothing() {
         let overflow = st["links"]["uplink"]["up"]["drops"]["overflow"].as_u64().unwrap() - before;
         eprintln!(
             "{pacing}: loss {:.1}% of {}, goodput {:.2} Mbit/s, switch overflow {overflow}, burst send {} recv {}, lan TUN {}",
-            f(&s, "loss.percent"), s["loss"]["sent"], f(&s, "throughput_mbps.up"), s["burst"]["send"], s["burst"]["recv"], st["links"]["lan"]["up"]["tun"]
+            f(&s, "loss.percent"),
+            s["loss"]["sent"],
+            f(&s, "throughput_mbps.up"),
+            s["burst"]["send"],
+            s["burst"]["recv"],
+            st["links"]["lan"]["up"]["tun"]
         );
         assert_eq!(st["links"]["lan"]["up"]["tun"]["dropped"], 0, "the host's own TUN queue must not be where packets go");
         (s, overflow)
@@ -208,10 +218,13 @@ fn quantile(pairs: &serde_json::Value, q: f64) -> f64 {
     let pairs: Vec<(f64, f64)> = pairs.as_array().unwrap().iter().map(|p| (p[0].as_f64().unwrap(), p[1].as_f64().unwrap())).collect();
     let total: f64 = pairs.iter().map(|p| p.1).sum();
     let mut seen = 0.0;
-    pairs.iter().find(|p| {
-        seen += p.1;
-        seen >= q * total
-    }).map_or(0.0, |p| p.0)
+    pairs
+        .iter()
+        .find(|p| {
+            seen += p.1;
+            seen >= q * total
+        })
+        .map_or(0.0, |p| p.0)
 }
 
 /// Super-packets (offload, the default) change how hosts hand packets to the lab, not the link:
@@ -291,11 +304,7 @@ both = { delay = "10ms" }
         assert!(n > 5000, "{link} forwarded {n} packets");
     }
     // The result file holds the emulator's counters (ground truth beside the measurement).
-    let files: Vec<_> = std::fs::read_dir(tmp_path(""))
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("chain-tcp-down"))
-        .collect();
+    let files: Vec<_> = std::fs::read_dir(tmp_path("")).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("chain-tcp-down")).collect();
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(files[0].path()).unwrap()).unwrap();
     let lab = &r["metadata"]["lab"];
     let sent = |at: &str| lab[at]["links"]["wan"]["down"]["tx_packets"].as_u64().unwrap();

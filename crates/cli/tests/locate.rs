@@ -39,9 +39,7 @@ fn shape(lab: &LabUp, bloated: Option<(&str, &str)>) {
 }
 
 fn seed() -> u64 {
-    std::env::var("BLOATLAB_LOCATE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64
-    })
+    std::env::var("BLOATLAB_LOCATE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64)
 }
 
 #[test]
@@ -161,11 +159,9 @@ fn a_queue_on_the_measuring_host_itself_is_hop_zero() {
     let Some(lab) = LabUp::preset("lochost", "cable") else { return };
     let _srv = lab.server("server");
     let ns = "bl-lochost-client";
-    for cmd in [
-        "tc qdisc add dev lan root handle 1: htb default 1",
-        "tc class add dev lan parent 1: classid 1:1 htb rate 3mbit ceil 3mbit",
-        "tc qdisc add dev lan parent 1:1 handle 10: pfifo limit 1000",
-    ] {
+    for cmd in
+        ["tc qdisc add dev lan root handle 1: htb default 1", "tc class add dev lan parent 1: classid 1:1 htb rate 3mbit ceil 3mbit", "tc qdisc add dev lan parent 1:1 handle 10: pfifo limit 1000"]
+    {
         let args: Vec<&str> = ["netns", "exec", ns].into_iter().chain(cmd.split(' ')).collect();
         assert!(std::process::Command::new("ip").args(&args).status().unwrap().success(), "{cmd}");
     }

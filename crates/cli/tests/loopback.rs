@@ -74,12 +74,7 @@ fn bloatlab_result_read(path: &std::path::Path) -> serde_json::Value {
 
 fn flate2_read(gz: &[u8], out: &mut Vec<u8>) {
     // gzip -dc keeps this test free of a compression dependency.
-    let mut child = std::process::Command::new("gzip")
-        .arg("-dc")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = std::process::Command::new("gzip").arg("-dc").stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
     use std::io::Write;
     child.stdin.take().unwrap().write_all(gz).unwrap();
     *out = child.wait_with_output().unwrap().stdout;
@@ -124,10 +119,7 @@ fn busy_and_over_long_tests_are_refused_on_the_control_channel() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("refused") && err.contains("limit of 20 s"), "{err}");
 
-    let mut first = command(&[], &["test", "ping", &srv.addr, "-l", "4", "-q", "-o", tmp_path("busy1.json").to_str().unwrap()])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut first = command(&[], &["test", "ping", &srv.addr, "-l", "4", "-q", "-o", tmp_path("busy1.json").to_str().unwrap()]).stdout(std::process::Stdio::null()).spawn().unwrap();
     wait_ms(700);
     let out = run(&[], &["test", "ping", &srv.addr, "-l", "1", "-q"]);
     let _ = first.wait();

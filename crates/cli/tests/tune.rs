@@ -289,7 +289,26 @@ fn advise_then_apply_with_verify_on_a_lab_router_keeps_or_rolls_back_by_the_numb
         }
     }
     let _undo = Undo(router);
-    let mut args = vec!["tune", "apply", "--dev", "wan", "--netns", router, "--link", "docsis", "--verify", "10.77.1.2", "--verify-netns", client, "-l", "10", "--json", "--out-dir", dir.to_str().unwrap(), "--from"];
+    let mut args = vec![
+        "tune",
+        "apply",
+        "--dev",
+        "wan",
+        "--netns",
+        router,
+        "--link",
+        "docsis",
+        "--verify",
+        "10.77.1.2",
+        "--verify-netns",
+        client,
+        "-l",
+        "10",
+        "--json",
+        "--out-dir",
+        dir.to_str().unwrap(),
+        "--from",
+    ];
     args.extend(files.iter().map(String::as_str));
     let out = run(&[], &args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

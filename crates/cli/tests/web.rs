@@ -37,7 +37,23 @@ fn start(tag: &str, extra: &[&str]) -> Option<Web> {
     }
     let dir = TempDir::new(tag);
     let tls_dir = dir.0.join("tls");
-    let mut args = vec!["server", "--listen", "127.0.0.1:0", "--https", "127.0.0.1:0", "--http", "127.0.0.1:0", "--self-signed", "--name", "localhost", "--name", "127.0.0.1", "--tls-dir", tls_dir.to_str().unwrap(), "-q"];
+    let mut args = vec![
+        "server",
+        "--listen",
+        "127.0.0.1:0",
+        "--https",
+        "127.0.0.1:0",
+        "--http",
+        "127.0.0.1:0",
+        "--self-signed",
+        "--name",
+        "localhost",
+        "--name",
+        "127.0.0.1",
+        "--tls-dir",
+        tls_dir.to_str().unwrap(),
+        "-q",
+    ];
     args.extend_from_slice(extra);
     let mut child = Command::new(BIN).args(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
@@ -90,7 +106,14 @@ fn responsiveness_endpoints_over_http2_tls_and_plain_http() {
     assert_eq!(version, "2", "HTTP/2 negotiated by ALPN");
     let c: serde_json::Value = serde_json::from_str(json).unwrap();
     assert_eq!(c["version"], 1);
-    for (k, p) in [("small_download_url", "small"), ("small_https_download_url", "small"), ("large_download_url", "large"), ("large_https_download_url", "large"), ("upload_url", "slurp"), ("https_upload_url", "slurp")] {
+    for (k, p) in [
+        ("small_download_url", "small"),
+        ("small_https_download_url", "small"),
+        ("large_download_url", "large"),
+        ("large_https_download_url", "large"),
+        ("upload_url", "slurp"),
+        ("https_upload_url", "slurp"),
+    ] {
         assert_eq!(c["urls"][k], format!("{base}/{p}"), "{k}");
     }
     // /small: exactly one byte, never cached.
@@ -449,7 +472,15 @@ fn rpm_over_http2_agrees_with_the_protocol_sees_a_deep_fifo_and_neither_end_queu
         let o = cmd.output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let s = json(&o);
-        eprintln!("limit {limit}, {target} {extra:?}: RPM {:.0} (loaded {:.0}, foreign {:.0}), dl {}, {:.1}/{:.1} Mbit/s", f(&s, "rpm.rpm"), f(&s, "rpm.loaded"), f(&s, "rpm.foreign"), s["dl_responsiveness"], f(&s, "throughput_mbps.down"), f(&s, "throughput_mbps.up"));
+        eprintln!(
+            "limit {limit}, {target} {extra:?}: RPM {:.0} (loaded {:.0}, foreign {:.0}), dl {}, {:.1}/{:.1} Mbit/s",
+            f(&s, "rpm.rpm"),
+            f(&s, "rpm.loaded"),
+            f(&s, "rpm.foreign"),
+            s["dl_responsiveness"],
+            f(&s, "throughput_mbps.down"),
+            f(&s, "throughput_mbps.up")
+        );
         (s, bloatlab_result::read(&out).unwrap())
     };
     let url = "http://10.77.0.2:4080/.well-known/nq";
@@ -538,7 +569,12 @@ fn rpm_sequential_measures_each_direction_under_its_own_load() {
     let mut srv = ServerProc::start(&lab.exec("s").iter().map(String::as_str).collect::<Vec<_>>(), "[::]:9461", &["-q", "--http", "4080"]);
     let out = dir.0.join("rpm-seq.json");
     let p = lab.exec("c");
-    let o = Command::new(&p[0]).args(&p[1..]).arg(BIN).args(["test", "rpm", "http://10.77.0.2:4080/.well-known/nq", "--sequential", "-l", "8", "--idle", "1", "--json", "-q", "-o", out.to_str().unwrap()]).output().unwrap();
+    let o = Command::new(&p[0])
+        .args(&p[1..])
+        .arg(BIN)
+        .args(["test", "rpm", "http://10.77.0.2:4080/.well-known/nq", "--sequential", "-l", "8", "--idle", "1", "--json", "-q", "-o", out.to_str().unwrap()])
+        .output()
+        .unwrap();
     srv.kill();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let s = json(&o);
@@ -646,7 +682,9 @@ fn the_browser_tests_probes_and_result_uploads_are_bounded() {
     s.write_all(&[0x81, 0x88, 0, 0, 0, 0, b'<', b's', b'c', b'r', b'i', b'p', b't', b'>']).unwrap();
     assert!(closed_within(s, Duration::from_secs(3)) < Duration::from_secs(3));
     // Result uploads: too big (counted as it arrives), malformed, or with a script tag.
-    let post = |body: &std::path::Path| text(&curl(&["--data-binary", &format!("@{}", body.display()), "-H", "Content-Type: application/json", "-w", "\n%{http_code}", &format!("http://{}/web/result", w.http)]));
+    let post = |body: &std::path::Path| {
+        text(&curl(&["--data-binary", &format!("@{}", body.display()), "-H", "Content-Type: application/json", "-w", "\n%{http_code}", &format!("http://{}/web/result", w.http)]))
+    };
     let big = dir.0.join("big.json");
     std::fs::write(&big, vec![b' '; 5 << 20]).unwrap();
     assert!(post(&big).ends_with("\n413"));

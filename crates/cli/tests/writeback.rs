@@ -142,7 +142,8 @@ fn tune_apply_sysctl_records_verifies_and_rolls_back() {
     ok(&["tune", "rollback", "--sysctl"]);
     assert_eq!((read_vm("dirty_background_ratio"), read_vm("dirty_ratio"), read_vm("dirty_bytes")), (ratios.0, ratios.1, 0), "restored as they were");
 
-    let out = ok(&["tune", "apply", "--sysctl", "--config", conf.to_str().unwrap(), "--verify", dir.to_str().unwrap(), "--size", "128M", "--rate", "800mbit", "--out-dir", dir.to_str().unwrap(), "--json"]);
+    let out =
+        ok(&["tune", "apply", "--sysctl", "--config", conf.to_str().unwrap(), "--verify", dir.to_str().unwrap(), "--size", "128M", "--rate", "800mbit", "--out-dir", dir.to_str().unwrap(), "--json"]);
     let v = json(&out);
     eprintln!("kept {} ({}): before {} after {}", v["kept"], v["reason"], v["before"]["writeback"]["dirty_peak_mb"], v["after"]["writeback"]["dirty_peak_mb"]);
     assert!(f(&v, "after.writeback.dirty_peak_mb") < 80.0 && f(&v, "after.writeback.dirty_peak_mb") < f(&v, "before.writeback.dirty_peak_mb"));

@@ -104,7 +104,15 @@ pub fn place_at(topo: &Topology, fix: Fix, rates: Rates) -> Result<Vec<Setting>,
         .links
         .iter()
         .filter(|l| l.name != spec.name)
-        .find_map(|l| if &l.b == router { Some((l, "up")) } else if &l.a == router { Some((l, "down")) } else { None })
+        .find_map(|l| {
+            if &l.b == router {
+                Some((l, "up"))
+            } else if &l.a == router {
+                Some((l, "down"))
+            } else {
+                None
+            }
+        })
         .ok_or_else(|| format!("the slowest link `{}` starts at `{router}`, which has no other link: add a router hop in front of it to hold the shaper", spec.name))?;
     let away_from_router = if toward_router == "up" { "down" } else { "up" };
     let mut out = Vec::new();

@@ -71,7 +71,15 @@ pub fn judge(before: &Summary, after: &Summary) -> (bool, String) {
             }
         }
     }
-    (true, format!("latency under load +{a:.1} ms after, +{b:.1} ms before ({:.1}x less); goodput {:.1} Mbit/s after, {:.1} before", if a > 0.0 { b / a } else { f64::INFINITY }, total(after), total(before)))
+    (
+        true,
+        format!(
+            "latency under load +{a:.1} ms after, +{b:.1} ms before ({:.1}x less); goodput {:.1} Mbit/s after, {:.1} before",
+            if a > 0.0 { b / a } else { f64::INFINITY },
+            total(after),
+            total(before)
+        ),
+    )
 }
 
 /// Measures, applies `script` to `iface`, measures again; rolls back unless `judge` keeps it.

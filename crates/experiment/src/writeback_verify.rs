@@ -73,7 +73,14 @@ pub fn judge(before: &Summary, after: &Summary) -> (bool, String) {
         }
     }
     let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.1}"));
-    (true, format!("the cache held {pa:.0} MB dirty at most (before {pb:.0}); stable storage {sa:.0} Mbit/s (before {sb:.0}); synced writes waited {} ms at most (before {})", ms(sync_wait(after)), ms(sync_wait(before))))
+    (
+        true,
+        format!(
+            "the cache held {pa:.0} MB dirty at most (before {pb:.0}); stable storage {sa:.0} Mbit/s (before {sb:.0}); synced writes waited {} ms at most (before {})",
+            ms(sync_wait(after)),
+            ms(sync_wait(before))
+        ),
+    )
 }
 
 /// Restores the recorded thresholds when dropped, unless disarmed: the change is undone on

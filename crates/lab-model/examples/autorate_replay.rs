@@ -33,7 +33,11 @@ fn read_pcap(bytes: &[u8]) -> Result<Vec<Frame>, String> {
     };
     let word = |b: &[u8]| {
         let a: [u8; 4] = b.try_into().unwrap();
-        if big { u32::from_be_bytes(a) } else { u32::from_le_bytes(a) }
+        if big {
+            u32::from_be_bytes(a)
+        } else {
+            u32::from_le_bytes(a)
+        }
     };
     if word(&head[20..24]) != 1 {
         return Err("link type is not Ethernet".into());

@@ -287,12 +287,12 @@ mod tests {
     #[test]
     fn persistent_overload_holds_sojourn_near_target_by_the_control_law() {
         let mut q = Codel::new(Limit::packets(100_000), CodelParams::default());
-                // 100 ms: the round trip CoDel's interval is designed for.
+        // 100 ms: the round trip CoDel's interval is designed for.
         let (mut sojourns, drops) = reno_through(&mut q, 8, 100 * MS, 60);
         sojourns.sort();
         let median = sojourns[sojourns.len() / 2];
         let target = CodelParams::default().target_ns;
-                assert!(median >= target && median <= 2 * target, "median sojourn {} ms", median as f64 / 1e6);
+        assert!(median >= target && median <= 2 * target, "median sojourn {} ms", median as f64 / 1e6);
         // Signal k comes the sum of the first k gaps of `control_law_spacing_follows_linux_newton_steps`
         // after the first; the
         // schedule runs from the due times, dequeues (every 1.2 ms here) can only be late.

@@ -22,7 +22,12 @@ pub enum Loss {
     None,
     Random(f64),
     /// Gilbert-Elliott: P(good->bad), P(bad->good), loss in bad (1-h), loss in good (1-k).
-    GilbertElliott { p: f64, r: f64, bad_loss: f64, good_loss: f64 },
+    GilbertElliott {
+        p: f64,
+        r: f64,
+        bad_loss: f64,
+        good_loss: f64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,12 +191,7 @@ impl DirConfig {
                 // p[,r[,1-h[,1-k]]] as netem's gemodel, with its defaults.
                 let parts: Vec<f64> = v.split(',').map(parse_fraction).collect::<Result<_, _>>()?;
                 let p = *parts.first().ok_or_else(|| ConfigError::Value("ge needs p".into()))?;
-                self.loss = Loss::GilbertElliott {
-                    p,
-                    r: parts.get(1).copied().unwrap_or(1.0 - p),
-                    bad_loss: parts.get(2).copied().unwrap_or(1.0),
-                    good_loss: parts.get(3).copied().unwrap_or(0.0),
-                };
+                self.loss = Loss::GilbertElliott { p, r: parts.get(1).copied().unwrap_or(1.0 - p), bad_loss: parts.get(2).copied().unwrap_or(1.0), good_loss: parts.get(3).copied().unwrap_or(0.0) };
             }
             "mtu" => {
                 let m = parse_usize(v, "mtu")?;

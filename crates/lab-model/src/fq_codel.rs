@@ -22,15 +22,7 @@ pub struct FqCodelParams {
 
 impl Default for FqCodelParams {
     fn default() -> Self {
-        FqCodelParams {
-            flows: 1024,
-            quantum: 1514,
-            limit: 10_240,
-            memory_limit: 32 << 20,
-            drop_batch: 64,
-            codel: CodelParams { ecn: true, ..Default::default() },
-            seed: 0,
-        }
+        FqCodelParams { flows: 1024, quantum: 1514, limit: 10_240, memory_limit: 32 << 20, drop_batch: 64, codel: CodelParams { ecn: true, ..Default::default() }, seed: 0 }
     }
 }
 
@@ -60,9 +52,7 @@ pub struct FqCodel {
 
 impl FqCodel {
     pub fn new(params: FqCodelParams) -> FqCodel {
-        let flows = (0..params.flows.max(1))
-            .map(|_| Flow { queue: VecDeque::new(), bytes: 0, deficit: 0, codel: CodelState::default(), list: List::None })
-            .collect();
+        let flows = (0..params.flows.max(1)).map(|_| Flow { queue: VecDeque::new(), bytes: 0, deficit: 0, codel: CodelState::default(), list: List::None }).collect();
         FqCodel { params, flows, new_flows: VecDeque::new(), old_flows: VecDeque::new(), packets: 0, bytes: 0 }
     }
 

@@ -146,7 +146,11 @@ impl Layout {
 
     /// The IP addresses, for the pseudo-header.
     fn addresses<'a>(&self, h: &'a [u8]) -> (&'a [u8], &'a [u8]) {
-        if self.v4 { (&h[12..16], &h[16..20]) } else { (&h[8..24], &h[24..40]) }
+        if self.v4 {
+            (&h[12..16], &h[16..20])
+        } else {
+            (&h[8..24], &h[24..40])
+        }
     }
 
     /// Sets the lengths and checksums of headers `h` carrying `payload` bytes.

@@ -467,7 +467,11 @@ mod tests {
         while bulk < 150 {
             let t = d.next_wakeup().unwrap();
             while let Some(p) = d.poll(t) {
-                if p.len() == 1500 { bulk += 1 } else { acks += 1 }
+                if p.len() == 1500 {
+                    bulk += 1
+                } else {
+                    acks += 1
+                }
             }
         }
         let per_round = acks as f64 / bulk as f64;

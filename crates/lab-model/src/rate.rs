@@ -14,7 +14,10 @@ pub enum Rate {
     BitsPerSecond(u64),
     /// mahimahi: one millisecond timestamp per line, each an opportunity to send 1504 bytes;
     /// loops after the last timestamp.
-    Trace { opportunities_ms: Vec<u64>, period_ms: u64 },
+    Trace {
+        opportunities_ms: Vec<u64>,
+        period_ms: u64,
+    },
     /// `SECONDS RATE` per line: from that time on, that rate; the last one holds.
     Schedule(Vec<(u64, u64)>),
 }
@@ -66,9 +69,7 @@ impl Rate {
         match self {
             Rate::Unlimited => None,
             Rate::BitsPerSecond(b) => Some(*b),
-            Rate::Trace { opportunities_ms, period_ms } => {
-                Some(opportunities_ms.len() as u64 * TRACE_OPPORTUNITY_BYTES as u64 * 8 * 1000 / period_ms)
-            }
+            Rate::Trace { opportunities_ms, period_ms } => Some(opportunities_ms.len() as u64 * TRACE_OPPORTUNITY_BYTES as u64 * 8 * 1000 / period_ms),
             Rate::Schedule(steps) => Some(steps.iter().map(|s| s.1).sum::<u64>() / steps.len() as u64),
         }
     }

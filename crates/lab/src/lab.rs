@@ -2,11 +2,11 @@
 //! down, also on error paths and panics.
 
 use crate::forward::{self, TunQueue};
-use bloatlab_lab_model::slow_icmp::SlowIcmp;
 use crate::ns::{self, ip};
 use crate::topology::Topology;
 use crate::tun::Tun;
 use crate::{NS_PREFIX, STATE_DIR};
+use bloatlab_lab_model::slow_icmp::SlowIcmp;
 use bloatlab_lab_model::Direction;
 use bloatlab_netio::mono_ns;
 use serde::{Deserialize, Serialize};
@@ -138,14 +138,7 @@ impl Lab {
             })
             .collect();
         let info = LabInfo { name: name.into(), topology: topo.name.clone(), pid: std::process::id(), socket: dir.join("control.sock"), hosts: BTreeMap::new() };
-        let mut lab = Lab {
-            shared: Arc::new(Shared { topo, info, links }),
-            stop: Arc::new(AtomicBool::new(false)),
-            threads: Vec::new(),
-            tuns: Vec::new(),
-            namespaces: Vec::new(),
-            state_dir: dir,
-        };
+        let mut lab = Lab { shared: Arc::new(Shared { topo, info, links }), stop: Arc::new(AtomicBool::new(false)), threads: Vec::new(), tuns: Vec::new(), namespaces: Vec::new(), state_dir: dir };
         // On any error below, dropping `lab` removes what was built so far.
         lab.build().map_err(setup)?;
         Ok(lab)

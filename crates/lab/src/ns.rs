@@ -38,11 +38,7 @@ pub fn tx_dropped(ns: &str, dev: &str) -> Option<u64> {
 /// deletes it: a deleted namespace would otherwise live on around its processes.
 pub fn delete(ns: &str) -> Result<(), String> {
     let pids = || -> Vec<i32> {
-        Command::new("ip")
-            .args(["netns", "pids", ns])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().filter_map(|p| p.parse().ok()).collect())
-            .unwrap_or_default()
+        Command::new("ip").args(["netns", "pids", ns]).output().map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().filter_map(|p| p.parse().ok()).collect()).unwrap_or_default()
     };
     for sig in [libc::SIGTERM, libc::SIGKILL] {
         let live = pids();

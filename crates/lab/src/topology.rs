@@ -119,7 +119,10 @@ fn host_settings(doc: &toml::Table, hosts: &[String]) -> Result<BTreeMap<String,
         for (k, v) in kv {
             match k.as_str() {
                 "icmp_ratelimit" => {
-                    let ms = v.as_integer().filter(|m| (0..=60_000).contains(m)).ok_or_else(|| TopologyError::Shape(format!("[host.{h}] icmp_ratelimit: want milliseconds 0..60000 (0: no limit), got {v}")))?;
+                    let ms = v
+                        .as_integer()
+                        .filter(|m| (0..=60_000).contains(m))
+                        .ok_or_else(|| TopologyError::Shape(format!("[host.{h}] icmp_ratelimit: want milliseconds 0..60000 (0: no limit), got {v}")))?;
                     st.icmp_ratelimit_ms = Some(ms as u32);
                 }
                 "icmp_delay" => {
@@ -218,7 +221,13 @@ impl Topology {
             let mut q = VecDeque::from([h.as_str()]);
             while let Some(cur) = q.pop_front() {
                 for (i, l) in self.links.iter().enumerate() {
-                    let next = if l.a == cur { &l.b } else if l.b == cur { &l.a } else { continue };
+                    let next = if l.a == cur {
+                        &l.b
+                    } else if l.b == cur {
+                        &l.a
+                    } else {
+                        continue;
+                    };
                     if !first.contains_key(next.as_str()) {
                         let via = first[cur].unwrap_or(i);
                         first.insert(next, Some(via));

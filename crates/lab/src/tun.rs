@@ -67,10 +67,7 @@ pub fn read_packet(fd: RawFd, vnet: bool, buf: &mut Vec<u8>) -> io::Result<Optio
     debug_assert!(buf.capacity() >= READ_BUF);
     let mut hdr = [0u8; VNET_HDR_LEN];
     let skip = if vnet { VNET_HDR_LEN } else { 0 };
-    let iov = [
-        libc::iovec { iov_base: hdr.as_mut_ptr().cast(), iov_len: skip },
-        libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.capacity() },
-    ];
+    let iov = [libc::iovec { iov_base: hdr.as_mut_ptr().cast(), iov_len: skip }, libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.capacity() }];
     loop {
         // SAFETY: both iovecs point at writable memory of their lengths (the second at the
         // vector's spare capacity); readv writes at most that.

@@ -85,7 +85,11 @@ mod tests {
     fn a_backlog_becomes_delay_at_the_upload_rate() {
         // 50 full packets (75 kB) at 4 Mbit/s: 150 ms.
         let w = [Windows { load: Load::Upload, idle: (0.0, 5.0), loaded: (7.0, 20.0), up_mbps: Some(4.0) }];
-        let q = LocalQueue { interface: "wlan0".into(), samples: (0..30).map(|i| QueueSample { t_unix: 6.0 + i as f64 * 0.5, backlog_bytes: 75_000, backlog_packets: 50 }).collect(), ..Default::default() };
+        let q = LocalQueue {
+            interface: "wlan0".into(),
+            samples: (0..30).map(|i| QueueSample { t_unix: 6.0 + i as f64 * 0.5, backlog_bytes: 75_000, backlog_packets: 50 }).collect(),
+            ..Default::default()
+        };
         let l = local(&q, &w);
         assert!((l.delay_ms[Load::Upload as usize].unwrap() - 150.0).abs() < 1e-9);
         assert_eq!(l.delay_ms[Load::Download as usize], None);

@@ -35,15 +35,7 @@ pub fn text(l: &Located) -> String {
         );
     }
     for p in &l.phases {
-        let _ = writeln!(
-            o,
-            "{} load ({}): path adds {} ms; {} / {} Mbit/s down / up",
-            p.load.name(),
-            p.test,
-            ms(p.added_latency_ms),
-            ms(p.throughput_down_mbps),
-            ms(p.throughput_up_mbps)
-        );
+        let _ = writeln!(o, "{} load ({}): path adds {} ms; {} / {} Mbit/s down / up", p.load.name(), p.test, ms(p.added_latency_ms), ms(p.throughput_down_mbps), ms(p.throughput_up_mbps));
     }
     if let Some(q) = &l.local {
         let max = q.samples.iter().map(|s| s.backlog_packets).max().unwrap_or(0);

@@ -35,10 +35,7 @@ fn one(addr: SocketAddr, token: Token) -> (Option<f64>, Option<f64>) {
     if s.write_all(&proto::encode_line(&ClientMsg::ProbeHello { token })).is_err() {
         return (connect, None);
     }
-    let ok = matches!(
-        netio::read_line(&mut r, proto::MAX_LINE).ok().flatten().map(|l| proto::decode_line::<ServerMsg>(&l)),
-        Some(Ok(ServerMsg::ProbeReply))
-    );
+    let ok = matches!(netio::read_line(&mut r, proto::MAX_LINE).ok().flatten().map(|l| proto::decode_line::<ServerMsg>(&l)), Some(Ok(ServerMsg::ProbeReply)));
     (connect, ok.then(|| (netio::mono_ns() - t1) as f64 / 1e6))
 }
 

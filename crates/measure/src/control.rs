@@ -130,11 +130,7 @@ impl Control {
         let mut stream = connect(addrs)?;
         let addr = stream.peer_addr().map_err(MeasureError::io("control connection"))?;
         let mut reader = BufReader::new(stream.try_clone().map_err(MeasureError::io("control connection"))?);
-        let hello_msg = ClientMsg::Hello {
-            magic: proto::MAGIC.into(),
-            version: proto::PROTOCOL_VERSION,
-            client_version: env!("CARGO_PKG_VERSION").into(),
-        };
+        let hello_msg = ClientMsg::Hello { magic: proto::MAGIC.into(), version: proto::PROTOCOL_VERSION, client_version: env!("CARGO_PKG_VERSION").into() };
         let (version, challenge) = match hello(&mut stream, &mut reader, addr, &hello_msg, deadline)? {
             ServerMsg::HelloOk { version, server_version, challenge, .. } if version == proto::PROTOCOL_VERSION => (server_version, challenge),
             ServerMsg::HelloOk { version, .. } => {
@@ -157,11 +153,8 @@ impl Control {
         let (tx, incoming) = mpsc::channel();
         std::thread::spawn(move || {
             // The only line after the handshake is the report, the longest the server sends.
-            let msg = netio::read_line(&mut reader, proto::MAX_REPORT_LINE)
-                .ok()
-                .flatten()
-                .and_then(|l| proto::decode_line_within::<ServerMsg>(&l, proto::MAX_REPORT_LINE).ok())
-                .map(ServerMsg::printable);
+            let msg =
+                netio::read_line(&mut reader, proto::MAX_REPORT_LINE).ok().flatten().and_then(|l| proto::decode_line_within::<ServerMsg>(&l, proto::MAX_REPORT_LINE).ok()).map(ServerMsg::printable);
             let _ = tx.send(msg);
         });
         Ok(Control { addr, token, server, stream, incoming })

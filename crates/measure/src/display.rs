@@ -116,9 +116,7 @@ pub fn ms(v: f64) -> String {
 }
 
 fn pct_line(label: &str, p: &Option<Percentiles>) -> Option<String> {
-    p.as_ref().map(|p| {
-        format!("  {label:<22} p50 {:>9}  p90 {:>9}  p99 {:>9}  ({} samples)", ms(p.p50), ms(p.p90), ms(p.p99), p.samples)
-    })
+    p.as_ref().map(|p| format!("  {label:<22} p50 {:>9}  p90 {:>9}  p99 {:>9}  ({} samples)", ms(p.p50), ms(p.p90), ms(p.p99), p.samples))
 }
 
 /// The human summary printed after a test.
@@ -127,8 +125,13 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
         return writeback_text(s, w, meta);
     }
     if let (Some(mtu), Some(a)) = (s.path_mtu, &s.advice) {
-        let mut out = format!("mtu to {} ({}){}
-", meta.server.name, meta.server.address.as_deref().unwrap_or("?"), if s.partial { "  [PARTIAL]" } else { "" });
+        let mut out = format!(
+            "mtu to {} ({}){}
+",
+            meta.server.name,
+            meta.server.address.as_deref().unwrap_or("?"),
+            if s.partial { "  [PARTIAL]" } else { "" }
+        );
         let hole = if s.blackhole == Some(true) { "; larger packets vanish without an ICMP error (a black hole)" } else { "" };
         let _ = writeln!(out, "Path MTU                {mtu} bytes (route MTU here {}){hole}", meta.params["route_mtu"]);
         for l in &a.lines {
@@ -224,8 +227,18 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
         let _ = writeln!(
             out,
             "VoIP (G.107 E-model)    MOS {:.2}  (up {:.2}, R {:.1}; down {:.2}, R {:.1}; mouth-to-ear {} / {}, {}; loss {:.2}% / {:.2}% with late packets, BurstR {:.2} / {:.2})",
-            v.mos, v.mos_up, v.r_up, v.mos_down, v.r_down, ms(v.mouth_to_ear_up_ms), ms(v.mouth_to_ear_down_ms), v.delay_basis,
-            v.loss_up_percent, v.loss_down_percent, v.burst_r_up, v.burst_r_down
+            v.mos,
+            v.mos_up,
+            v.r_up,
+            v.mos_down,
+            v.r_down,
+            ms(v.mouth_to_ear_up_ms),
+            ms(v.mouth_to_ear_down_ms),
+            v.delay_basis,
+            v.loss_up_percent,
+            v.loss_down_percent,
+            v.burst_r_up,
+            v.burst_r_down
         );
     }
     if let Some(r) = &s.rpm {
@@ -235,7 +248,15 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
         let _ = writeln!(
             out,
             "Responsiveness          {:.0} RPM ({}, confidence {})  foreign {:.0}, loaded {}{idle}; {} load connections, {} probes over the last {:.0} s, {} timed out",
-            r.rpm, r.band, r.confidence, r.foreign, loaded(r.loaded), r.load_connections, r.probes, r.window_s, r.probe_timeouts
+            r.rpm,
+            r.band,
+            r.confidence,
+            r.foreign,
+            loaded(r.loaded),
+            r.load_connections,
+            r.probes,
+            r.window_s,
+            r.probe_timeouts
         );
         if r.failed_connections > 0 {
             let _ = writeln!(out, "  WARNING: {} load connections failed (see the notes): the load was weaker than the draft asks, so this RPM reads too high", r.failed_connections);
@@ -244,7 +265,16 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
         let by_dir = s.rpm_by_direction.as_ref();
         for (name, d) in [("download", by_dir.and_then(|d| d.down.as_ref())), ("upload", by_dir.and_then(|d| d.up.as_ref()))] {
             if let Some(d) = d {
-                let _ = writeln!(out, "  under {name:<8} load   {:.0} RPM ({}, confidence {})  foreign {:.0}, loaded {}; {} connections", d.rpm, d.band, d.confidence, d.foreign, loaded(d.loaded), d.load_connections);
+                let _ = writeln!(
+                    out,
+                    "  under {name:<8} load   {:.0} RPM ({}, confidence {})  foreign {:.0}, loaded {}; {} connections",
+                    d.rpm,
+                    d.band,
+                    d.confidence,
+                    d.foreign,
+                    loaded(d.loaded),
+                    d.load_connections
+                );
             }
         }
     }
@@ -267,7 +297,13 @@ fn writeback_text(s: &Summary, w: &bloatlab_result::WritebackStart, meta: &Metad
         Some(b) if b > 0 => format!("{} MB", b / 1_000_000),
         _ => format!("{}% of available memory", vm[ratio].as_u64().map_or("?".into(), |r| r.to_string())),
     };
-    let _ = writeln!(out, "Thresholds              background {}, foreground {}; expiry {} s", setting("dirty_background_bytes", "dirty_background_ratio"), setting("dirty_bytes", "dirty_ratio"), vm["dirty_expire_centisecs"].as_u64().map_or("?".into(), |c| format!("{}", c as f64 / 100.0)));
+    let _ = writeln!(
+        out,
+        "Thresholds              background {}, foreground {}; expiry {} s",
+        setting("dirty_background_bytes", "dirty_background_ratio"),
+        setting("dirty_bytes", "dirty_ratio"),
+        vm["dirty_expire_centisecs"].as_u64().map_or("?".into(), |c| format!("{}", c as f64 / 100.0))
+    );
     let mb = w.bytes as f64 / 1e6;
     match (w.started_after_bytes, w.started_after_ms) {
         (Some(b), Some(t)) => {
@@ -279,7 +315,14 @@ fn writeback_text(s: &Summary, w: &bloatlab_result::WritebackStart, meta: &Metad
     }
     let _ = writeln!(out, "Page cache peak         {:.1} MB dirty, {:.1} MB under writeback", w.dirty_peak_mb, w.writeback_peak_mb);
     let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
-    let _ = writeln!(out, "Rate                    to the cache {} Mbit/s ({} MB/s), to stable storage {} Mbit/s ({} MB/s)", f(s.cache_mbps), f(s.cache_mbps.map(|m| m / 8.0)), f(s.stable_mbps), f(s.stable_mbps.map(|m| m / 8.0)));
+    let _ = writeln!(
+        out,
+        "Rate                    to the cache {} Mbit/s ({} MB/s), to stable storage {} Mbit/s ({} MB/s)",
+        f(s.cache_mbps),
+        f(s.cache_mbps.map(|m| m / 8.0)),
+        f(s.stable_mbps),
+        f(s.stable_mbps.map(|m| m / 8.0))
+    );
     if let Some(fs) = s.fsync_ms {
         let _ = writeln!(out, "Closing fsync           {}", ms(fs));
     }
@@ -299,7 +342,12 @@ fn udp_text(u: &bloatlab_result::UdpLoad, burst: Option<&bloatlab_result::Burst>
     let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
     let mut out = format!(
         "UDP load                {asked}{:.2} Mbit/s sent ({} pacing): {} sent, {} received, {} reordered, {} duplicated",
-        u.send_mbps, u.pacing, u.sent, opt(u.received), opt(u.reordered), opt(u.duplicates)
+        u.send_mbps,
+        u.pacing,
+        u.sent,
+        opt(u.received),
+        opt(u.reordered),
+        opt(u.duplicates)
     );
     let mut host = Vec::new();
     if u.send_errors > 0 {

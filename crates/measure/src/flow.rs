@@ -176,7 +176,25 @@ impl FlowConn {
         } else {
             PingPath::Direct(Mutex::new(stream.try_clone().map_err(MeasureError::io("flow socket"))?))
         };
-        Ok(FlowConn { flow, cc, dscp_applied, dscp_refused, stream: Some(stream), final_retransmits: None, received, acked_base, ping_path, stop, broken, threads, samples: Vec::new(), last_bytes: 0, started: 0.0, last_sample: 0.0, failed: false })
+        Ok(FlowConn {
+            flow,
+            cc,
+            dscp_applied,
+            dscp_refused,
+            stream: Some(stream),
+            final_retransmits: None,
+            received,
+            acked_base,
+            ping_path,
+            stop,
+            broken,
+            threads,
+            samples: Vec::new(),
+            last_bytes: 0,
+            started: 0.0,
+            last_sample: 0.0,
+            failed: false,
+        })
     }
 
     /// Goodput bytes so far: read by us (download) or delivered to the server (upload):

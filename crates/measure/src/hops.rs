@@ -116,11 +116,8 @@ fn probe_loop(sock: &UdpSocket, cfg: &HopConfig, stop: &AtomicBool) -> io::Resul
             in_flight.remove(&key);
             icmp::set_hop_limit(sock, ttl)?;
             let sent = SystemTime::now();
-            let (dest, datagram) = if cfg.icmp {
-                (SocketAddr::new(cfg.target, 0), icmp::echo_request(cfg.target.is_ipv6(), key, PAYLOAD))
-            } else {
-                (SocketAddr::new(cfg.target, FIRST_PORT + key), vec![0u8; PAYLOAD])
-            };
+            let (dest, datagram) =
+                if cfg.icmp { (SocketAddr::new(cfg.target, 0), icmp::echo_request(cfg.target.is_ipv6(), key, PAYLOAD)) } else { (SocketAddr::new(cfg.target, FIRST_PORT + key), vec![0u8; PAYLOAD]) };
             // An earlier ICMP error is also reported once on the next send; send again then.
             if sock.send_to(&datagram, dest).is_err() {
                 let _ = sock.send_to(&datagram, dest);

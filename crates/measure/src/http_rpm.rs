@@ -16,8 +16,8 @@ use crate::MeasureError;
 use bloatlab_analyze::rpm;
 use bloatlab_netio::sendbuf::{self, BudgetedTls, SendBudget, UnsentLimited};
 use bloatlab_result::{self as result, Host, Metadata, Phase, ResultFile, Series, SeriesKind};
-use hyper::body::{Body, Bytes, Frame};
 use hyper::body::Incoming;
+use hyper::body::{Body, Bytes, Frame};
 use hyper::client::conn::{http1, http2::SendRequest};
 use hyper::{Request, Response, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -84,7 +84,11 @@ impl Target {
 enum ReqBody {
     Empty,
     /// Sent in chunks of the connection's send budget, which follows its rate (`sendbuf`).
-    Upload { stop: Arc<AtomicBool>, socket: Arc<OwnedFd>, budget: SendBudget },
+    Upload {
+        stop: Arc<AtomicBool>,
+        socket: Arc<OwnedFd>,
+        budget: SendBudget,
+    },
 }
 
 impl Body for ReqBody {
@@ -193,7 +197,12 @@ async fn open(t: &Target, c: &Connector) -> Result<Opened, String> {
         tokio::spawn(conn);
         Sender::H1(sender)
     } else {
-        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new()).adaptive_window(true).max_send_buf_size(1).handshake(TokioIo::new(io)).await.map_err(|e| format!("HTTP/2 with {}: {e}", t.addr))?;
+        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .adaptive_window(true)
+            .max_send_buf_size(1)
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| format!("HTTP/2 with {}: {e}", t.addr))?;
         tokio::spawn(conn);
         Sender::H2(sender)
     };
@@ -257,9 +266,7 @@ struct Urls {
 }
 
 fn config_urls(config: &serde_json::Value) -> Result<Urls, String> {
-    let url = |new: &str, old: &str| {
-        config["urls"][new].as_str().or_else(|| config["urls"][old].as_str()).ok_or_else(|| format!("the config has neither `{new}` nor `{old}`"))
-    };
+    let url = |new: &str, old: &str| config["urls"][new].as_str().or_else(|| config["urls"][old].as_str()).ok_or_else(|| format!("the config has neither `{new}` nor `{old}`"));
     if config["version"] != 1 {
         return Err(format!("config version {}: this client speaks version 1", config["version"]));
     }
@@ -296,7 +303,14 @@ fn connector(h: &HttpOptions) -> Result<Connector, String> {
 struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
 
 impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(&self, _: &CertificateDer<'_>, _: &[CertificateDer<'_>], _: &ServerName<'_>, _: &[u8], _: rustls::pki_types::UnixTime) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
         Ok(rustls::client::danger::ServerCertVerified::assertion())
     }
     fn verify_tls12_signature(&self, m: &[u8], c: &CertificateDer<'_>, d: &rustls::DigitallySignedStruct) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
@@ -505,7 +519,15 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
             if cur.end.is_none() && per_dir < MAX_CONNECTIONS {
                 cur.flows += directions.len();
                 for down in directions {
-                    let f = Flow { name: format!("{}-{}", if down { "down" } else { "up" }, per_dir + 1), down, stage: st.stages.len() - 1, bytes: Arc::default(), samples: Vec::new(), last: 0, error: Arc::default() };
+                    let f = Flow {
+                        name: format!("{}-{}", if down { "down" } else { "up" }, per_dir + 1),
+                        down,
+                        stage: st.stages.len() - 1,
+                        bytes: Arc::default(),
+                        samples: Vec::new(),
+                        last: 0,
+                        error: Arc::default(),
+                    };
                     spawn_load(&mut load_tasks, &f, urls.clone(), connector.clone(), senders.clone(), stop.clone(), st.t0);
                     st.flows.push(f);
                 }
@@ -532,7 +554,16 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
             let mbps = |b: u64, a: u64, down: bool| shown.is_some_and(|s| s.loads(down)).then(|| b.saturating_sub(a) as f64 * 8.0 / 1e6 / 0.25);
             let phase = shown.map_or("idle", Stage::phase);
             let total = idle + length * plan.len() as f64;
-            progress.update(&crate::display::Status { test: "rpm", phase, elapsed: t, total, down_mbps: mbps(now_bytes.0, status_bytes.0, true), up_mbps: mbps(now_bytes.1, status_bytes.1, false), rtt_ms: rtt, opening: 0 });
+            progress.update(&crate::display::Status {
+                test: "rpm",
+                phase,
+                elapsed: t,
+                total,
+                down_mbps: mbps(now_bytes.0, status_bytes.0, true),
+                up_mbps: mbps(now_bytes.1, status_bytes.1, false),
+                rtt_ms: rtt,
+                opening: 0,
+            });
             status_bytes = now_bytes;
         }
         if t >= next_snapshot {
@@ -638,7 +669,13 @@ fn metadata(params: &Params, config_url: &str, target: &Target, http1: bool) -> 
     }
     .into();
     p["config_url"] = config_url.into();
-    let server = Host { name: target.uri.host().unwrap_or_default().into(), address: Some(target.addr.to_string()), software: "a responsiveness server (HTTP)".into(), kernel: "unknown".into(), default_cc: "unknown".into() };
+    let server = Host {
+        name: target.uri.host().unwrap_or_default().into(),
+        address: Some(target.addr.to_string()),
+        software: "a responsiveness server (HTTP)".into(),
+        kernel: "unknown".into(),
+        default_cc: "unknown".into(),
+    };
     crate::run::new_metadata(params, p, server)
 }
 
@@ -665,7 +702,14 @@ fn build(meta: &Metadata, st: &State, idle: f64, t: f64, finished: bool) -> Resu
     }
     r.metadata.params["load_connections"] = st.flows.len().into();
     for f in &st.flows {
-        r.series.push(Series { name: f.name.clone(), kind: SeriesKind::Throughput, direction: Some(if f.down { "down" } else { "up" }.into()), dscp: None, unit: "Mbit/s".into(), samples: f.samples.clone() });
+        r.series.push(Series {
+            name: f.name.clone(),
+            kind: SeriesKind::Throughput,
+            direction: Some(if f.down { "down" } else { "up" }.into()),
+            dscp: None,
+            unit: "Mbit/s".into(),
+            samples: f.samples.clone(),
+        });
         let error = f.error.lock().unwrap().clone();
         if let Some((at, why)) = &error {
             r.events.push(result::Event { t: *at, what: format!("load connection {} failed: {why}", f.name) });

@@ -40,18 +40,7 @@ impl Load {
     pub fn new(addr: SocketAddr, token: Token, mut flows: Vec<plan::Flow>, pings: Arc<PingLog>) -> Load {
         flows.sort_by(|a, b| a.start_after.total_cmp(&b.start_after));
         let (opened_tx, opened_rx) = mpsc::channel();
-        Load {
-            addr,
-            token,
-            pings,
-            pending: flows,
-            opening: 0,
-            opened_tx,
-            opened_rx,
-            flows: Vec::new(),
-            failures: Vec::new(),
-            stopped: false,
-        }
+        Load { addr, token, pings, pending: flows, opening: 0, opened_tx, opened_rx, flows: Vec::new(), failures: Vec::new(), stopped: false }
     }
 
     /// Seconds into the load phase at which the next planned flow is due, if any.

@@ -150,10 +150,7 @@ pub const SETTLE_S: f64 = 2.0;
 
 pub fn plan(p: &Params) -> Plan {
     let step_us = (p.step * 1e6).round() as u32;
-    let probe = |id: u16, name: &str, dscp: u8| Stream {
-        name: name.into(),
-        spec: StreamSpec { id, interval_us: step_us, size: p.probe_size, dscp },
-    };
+    let probe = |id: u16, name: &str, dscp: u8| Stream { name: name.into(), spec: StreamSpec { id, interval_us: step_us, size: p.probe_size, dscp } };
     let mut flows = Vec::new();
     let responsive = p.test == TestKind::Rpm;
     let mut add = |direction: Direction, dscp: u8, start_after: f64| {
@@ -193,10 +190,7 @@ pub fn plan(p: &Params) -> Plan {
             }
         }
         TestKind::Voip => {
-            streams = vec![Stream {
-                name: "voip".into(),
-                spec: StreamSpec { id: 0, interval_us: VOIP_INTERVAL_US, size: VOIP_SIZE, dscp: p.dscp },
-            }];
+            streams = vec![Stream { name: "voip".into(), spec: StreamSpec { id: 0, interval_us: VOIP_INTERVAL_US, size: VOIP_SIZE, dscp: p.dscp } }];
             if p.under_load {
                 for dir in [Direction::Down, Direction::Up] {
                     for _ in 0..4 {

@@ -1,12 +1,12 @@
 //! Turns the live state of a test into a result file (snapshot or final).
 
 use crate::connprobe::ConnRec;
+use crate::control::Report;
 use crate::flow::{FlowConn, PingLog};
 use crate::load::Failure;
 use crate::probe::{ProbeStream, Rec};
-use bloatlab_analyze::clock::{self, Echo};
-use crate::control::Report;
 use crate::udp_load::UdpLoad;
+use bloatlab_analyze::clock::{self, Echo};
 use bloatlab_result::*;
 
 /// A probe not answered within this long is counted lost in a snapshot (the final file counts
@@ -48,11 +48,7 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
     // drift from a second estimate over the settling after the load.
     let logs: Vec<_> = live.probes.iter().map(|p| p.log.lock().unwrap()).collect();
     let echoes = |keep: &dyn Fn(f64) -> bool| -> Vec<Echo> {
-        logs.iter()
-            .flat_map(|l| l.recs.iter())
-            .filter(|r| keep(secs(live.t0, r.t1)))
-            .filter_map(|r| r.reply.map(|(t2, t3, t4)| Echo { t1: r.t1, t2, t3, t4 }))
-            .collect()
+        logs.iter().flat_map(|l| l.recs.iter()).filter(|r| keep(secs(live.t0, r.t1))).filter_map(|r| r.reply.map(|(t2, t3, t4)| Echo { t1: r.t1, t2, t3, t4 })).collect()
     };
     let mut before = echoes(&|t| t <= live.idle_end);
     if before.len() < 10 {
@@ -100,14 +96,7 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
                 }
             }
         }
-        let series = |kind, prefix: &str, dir: Option<&str>, samples| Series {
-            name: format!("{prefix} {name}"),
-            kind,
-            direction: dir.map(Into::into),
-            dscp,
-            unit: "ms".into(),
-            samples,
-        };
+        let series = |kind, prefix: &str, dir: Option<&str>, samples| Series { name: format!("{prefix} {name}"), kind, direction: dir.map(Into::into), dscp, unit: "ms".into(), samples };
         result.series.push(series(SeriesKind::Latency, "rtt", None, rtt));
         result.series.push(series(SeriesKind::Owd, "owd up", Some("up"), up));
         result.series.push(series(SeriesKind::Owd, "owd down", Some("down"), down));

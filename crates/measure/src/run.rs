@@ -2,17 +2,17 @@
 
 use crate::connprobe::ConnProber;
 use crate::control::Control;
+use crate::control::Report;
 use crate::display::{ProgressMode, Status};
 use crate::flow::PingLog;
 use crate::load::Load;
 use crate::plan::{self, Params, TestKind};
 use crate::probe::ProbeStream;
 use crate::record::{self, Live};
+use crate::udp_load::UdpLoad;
 use crate::{target, MeasureError};
 use bloatlab_analyze::rpm;
 use bloatlab_netio as netio;
-use crate::control::Report;
-use crate::udp_load::UdpLoad;
 use bloatlab_proto::{Direction, TestRequest};
 use bloatlab_result::{self as result, Host, Metadata, Phase, ResultFile};
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -53,12 +53,8 @@ const HIDDEN: &str = "not disclosed by the server";
 const SNAPSHOT_EVERY: f64 = 2.0;
 
 fn resolve(host_port: &str) -> Result<Vec<SocketAddr>, MeasureError> {
-    let (host, port) = target::split_host_port(host_port, bloatlab_proto::DEFAULT_PORT)
-        .map_err(|why| MeasureError::Resolve { host: host_port.into(), why })?;
-    let addrs: Vec<SocketAddr> = (host.as_str(), port)
-        .to_socket_addrs()
-        .map_err(|e| MeasureError::Resolve { host: host.clone(), why: e.to_string() })?
-        .collect();
+    let (host, port) = target::split_host_port(host_port, bloatlab_proto::DEFAULT_PORT).map_err(|why| MeasureError::Resolve { host: host_port.into(), why })?;
+    let addrs: Vec<SocketAddr> = (host.as_str(), port).to_socket_addrs().map_err(|e| MeasureError::Resolve { host: host.clone(), why: e.to_string() })?.collect();
     if addrs.is_empty() {
         return Err(MeasureError::Resolve { host, why: "no addresses".into() });
     }

@@ -77,7 +77,8 @@ impl UdpLoad {
             }
         }
         let span = end_ns.saturating_sub(start_ns) + 1_000_000_000;
-        let log = Arc::new(Mutex::new(SendLog { sent: 0, send_errors: 0, skipped: 0, buckets: Buckets::new(u64::from(spec.bucket_us) * 1000, (span / (u64::from(spec.bucket_us) * 1000)) as usize + 1) }));
+        let log =
+            Arc::new(Mutex::new(SendLog { sent: 0, send_errors: 0, skipped: 0, buckets: Buckets::new(u64::from(spec.bucket_us) * 1000, (span / (u64::from(spec.bucket_us) * 1000)) as usize + 1) }));
         let stop = Arc::new(AtomicBool::new(false));
         let schedule = Schedule::new(start_ns, spec.rate_bps, spec.size, tick);
         let thread = {
@@ -132,7 +133,8 @@ fn send_loop(sock: &UdpSocket, token: Token, spec: &UdpLoadSpec, mut schedule: S
         sends.clear();
         for _ in 0..due {
             let t = netio::mono_ns();
-            let p = Probe { kind: Kind::Load, stream: spec.id, token, seq: schedule.total_sent() as u32 + sent as u32, client_send_ns: t, server_recv_ns: 0, server_send_ns: 0, server_rx_count: 0, flags };
+            let p =
+                Probe { kind: Kind::Load, stream: spec.id, token, seq: schedule.total_sent() as u32 + sent as u32, client_send_ns: t, server_recv_ns: 0, server_send_ns: 0, server_rx_count: 0, flags };
             if p.encode(&mut buf).is_err() {
                 break;
             }

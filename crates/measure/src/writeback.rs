@@ -369,7 +369,14 @@ fn build(meta: &Metadata, phases: &[Phase], samples: &[Sample], small: &[(u64, f
             r.series.push(mb("file on disk", &|s| ((s.test_written as f64 / page).floor() - (file(s).dirty + file(s).writeback) as f64).max(0.0) * page / 1e6));
         }
     }
-    let ms = |name: &str, v: &[(u64, f64)]| Series { name: name.into(), kind: SeriesKind::Latency, direction: None, dscp: None, unit: "ms".into(), samples: v.iter().map(|&(t, m)| (secs(t), Some(m))).collect() };
+    let ms = |name: &str, v: &[(u64, f64)]| Series {
+        name: name.into(),
+        kind: SeriesKind::Latency,
+        direction: None,
+        dscp: None,
+        unit: "ms".into(),
+        samples: v.iter().map(|&(t, m)| (secs(t), Some(m))).collect(),
+    };
     r.series.push(ms("write", &logs.writes));
     r.series.push(ms("fsync", &logs.fsyncs));
     r.series.push(ms("small sync", small));

@@ -94,7 +94,10 @@ pub fn ping_socket(v6: bool) -> io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let (domain, proto) = if v6 { (Domain::IPV6, Protocol::ICMPV6) } else { (Domain::IPV4, Protocol::ICMPV4) };
     let s = Socket::new(domain, Type::DGRAM, Some(proto)).map_err(|e| {
-        io::Error::new(e.kind(), format!("no ICMP echo socket ({e}): this host allows them only to the groups in sysctl net.ipv4.ping_group_range (sysctl -w net.ipv4.ping_group_range='0 2147483647' admits all)"))
+        io::Error::new(
+            e.kind(),
+            format!("no ICMP echo socket ({e}): this host allows them only to the groups in sysctl net.ipv4.ping_group_range (sysctl -w net.ipv4.ping_group_range='0 2147483647' admits all)"),
+        )
     })?;
     Ok(s.into())
 }

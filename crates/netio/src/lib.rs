@@ -87,12 +87,7 @@ pub fn dscp_refusal(requested: u8, applied: &io::Result<u8>) -> Option<String> {
 
 /// Sets the TCP congestion control of one socket; the error names the algorithms available.
 pub fn set_cc(stream: &impl AsFd, name: &str) -> io::Result<()> {
-    SockRef::from(stream).set_tcp_congestion(name.as_bytes()).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("congestion control {name:?} not available ({e}); this host has: {}", available_cc()),
-        )
-    })
+    SockRef::from(stream).set_tcp_congestion(name.as_bytes()).map_err(|e| io::Error::new(e.kind(), format!("congestion control {name:?} not available ({e}); this host has: {}", available_cc())))
 }
 
 /// The congestion control in effect on a socket.
@@ -188,15 +183,7 @@ pub fn tcp_info(stream: &impl AsRawFd) -> io::Result<TcpInfo> {
     let mut raw = RawTcpInfo::default();
     let mut len = std::mem::size_of::<RawTcpInfo>() as libc::socklen_t;
     // SAFETY: raw is a plain repr(C) struct of `len` bytes that the kernel fills at most.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            &mut raw as *mut RawTcpInfo as *mut libc::c_void,
-            &mut len,
-        )
-    };
+    let rc = unsafe { libc::getsockopt(stream.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, &mut raw as *mut RawTcpInfo as *mut libc::c_void, &mut len) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -238,15 +225,7 @@ pub fn keep_unsent_small(stream: &impl AsRawFd) -> io::Result<u32> {
 /// TCP_NOTSENT_LOWAT: the socket takes more data only while it holds fewer than `bytes` unsent.
 pub fn set_unsent_limit(stream: &impl AsRawFd, bytes: u32) -> io::Result<()> {
     // SAFETY: a u32 option value of the right size for TCP_NOTSENT_LOWAT.
-    let rc = unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NOTSENT_LOWAT,
-            &bytes as *const u32 as *const libc::c_void,
-            std::mem::size_of::<u32>() as libc::socklen_t,
-        )
-    };
+    let rc = unsafe { libc::setsockopt(stream.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, &bytes as *const u32 as *const libc::c_void, std::mem::size_of::<u32>() as libc::socklen_t) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -299,11 +278,7 @@ pub fn read_line(r: &mut impl BufRead, max: usize) -> io::Result<Option<Vec<u8>>
             Err(e) => return Err(e),
         };
         if buf.is_empty() {
-            return if line.is_empty() {
-                Ok(None)
-            } else {
-                Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed mid-line"))
-            };
+            return if line.is_empty() { Ok(None) } else { Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed mid-line")) };
         }
         let (chunk, end) = match buf.iter().position(|&b| b == b'\n') {
             Some(i) => (&buf[..i], Some(i + 1)),

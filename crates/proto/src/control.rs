@@ -126,12 +126,21 @@ pub struct TestRequest {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ClientMsg {
-    Hello { magic: String, version: u32, client_version: String },
+    Hello {
+        magic: String,
+        version: u32,
+        client_version: String,
+    },
     Test(TestRequest),
     /// First line of a bulk data connection; frames follow in both directions.
-    DataHello { token: Token, flow: u16 },
+    DataHello {
+        token: Token,
+        flow: u16,
+    },
     /// First line of a new-connection probe; the server answers `probe_reply` at once.
-    ProbeHello { token: Token },
+    ProbeHello {
+        token: Token,
+    },
     /// The client is done; the server answers with a `report` and closes.
     Finish,
 }
@@ -236,7 +245,10 @@ pub enum ServerMsg {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         dscp: Option<u8>,
     },
-    Refused { reason: RefuseReason, message: String },
+    Refused {
+        reason: RefuseReason,
+        message: String,
+    },
     ProbeReply,
     Report {
         streams: Vec<StreamReport>,
@@ -277,16 +289,12 @@ impl ServerMsg {
             ServerMsg::HelloOk { version, server_version, max_duration_ms, challenge } => {
                 ServerMsg::HelloOk { version, server_version: printable(&server_version), max_duration_ms, challenge: opt(challenge) }
             }
-            ServerMsg::Accepted { token, max_duration_ms, host } => ServerMsg::Accepted {
-                token,
-                max_duration_ms,
-                host: host.map(|h| HostInfo { kernel: printable(&h.kernel), default_cc: printable(&h.default_cc) }),
-            },
+            ServerMsg::Accepted { token, max_duration_ms, host } => {
+                ServerMsg::Accepted { token, max_duration_ms, host: host.map(|h| HostInfo { kernel: printable(&h.kernel), default_cc: printable(&h.default_cc) }) }
+            }
             ServerMsg::DataOk { cc, dscp } => ServerMsg::DataOk { cc: opt(cc), dscp },
             ServerMsg::Refused { reason, message } => ServerMsg::Refused { reason, message: printable(&message) },
-            ServerMsg::Report { streams, flows, udp } => {
-                ServerMsg::Report { streams, flows: flows.into_iter().map(|f| FlowReport { cc: opt(f.cc), ..f }).collect(), udp }
-            }
+            ServerMsg::Report { streams, flows, udp } => ServerMsg::Report { streams, flows: flows.into_iter().map(|f| FlowReport { cc: opt(f.cc), ..f }).collect(), udp },
             ServerMsg::ProbeReply => ServerMsg::ProbeReply,
         }
     }

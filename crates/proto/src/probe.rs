@@ -114,17 +114,7 @@ mod tests {
 
     #[test]
     fn round_trips_and_keeps_length() {
-        let p = Probe {
-            kind: Kind::Reply,
-            stream: 3,
-            token: Token([7; 16]),
-            seq: 99,
-            client_send_ns: 1,
-            server_recv_ns: u64::MAX,
-            server_send_ns: 5,
-            server_rx_count: 42,
-            flags: FLAG_MAC,
-        };
+        let p = Probe { kind: Kind::Reply, stream: 3, token: Token([7; 16]), seq: 99, client_send_ns: 1, server_recv_ns: u64::MAX, server_send_ns: 5, server_rx_count: 42, flags: FLAG_MAC };
         let mut buf = vec![0xee; 172];
         p.encode(&mut buf).unwrap();
         assert_eq!(Probe::decode(&buf).unwrap(), p);

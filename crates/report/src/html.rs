@@ -92,7 +92,14 @@ pub fn render_with(runs: &[RunView], sections: &[Section]) -> String {
     let rows: String = runs.iter().map(|r| summary_row(&r.label, &r.summary)).collect();
     let meta: String = runs
         .iter()
-        .map(|r| format!("<details><summary>{}{}</summary><pre>{}</pre></details>", esc(&r.label), if r.partial { " (partial)" } else { "" }, esc(&serde_json::to_string_pretty(&r.metadata).unwrap_or_default())))
+        .map(|r| {
+            format!(
+                "<details><summary>{}{}</summary><pre>{}</pre></details>",
+                esc(&r.label),
+                if r.partial { " (partial)" } else { "" },
+                esc(&serde_json::to_string_pretty(&r.metadata).unwrap_or_default())
+            )
+        })
         .collect();
     format!(
         r#"{head}<body>

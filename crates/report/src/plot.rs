@@ -101,8 +101,7 @@ where
             chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(d)?;
         }
         Kind::Box => {
-            let boxes: Vec<(String, [f64; 5], usize)> =
-                runs.iter().enumerate().flat_map(|(i, r)| r.boxes.iter().map(move |b| (format!("{}: {}", r.label, b.label), b.five, i))).collect();
+            let boxes: Vec<(String, [f64; 5], usize)> = runs.iter().enumerate().flat_map(|(i, r)| r.boxes.iter().map(move |b| (format!("{}: {}", r.label, b.label), b.five, i))).collect();
             if boxes.is_empty() {
                 return Err(PlotError::Empty("no round trips".into()));
             }
@@ -144,13 +143,7 @@ where
 {
     let xmax = run.phases.iter().map(|p| p.end).fold(0.0, f64::max).max(1e-3);
     let ymax = lines.iter().flat_map(|l| l.points.iter().filter_map(|p| p.1)).fold(0.0, f64::max).max(1e-3) * 1.1;
-    let mut chart = ChartBuilder::on(area)
-        .caption(title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(35)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..xmax, 0.0..ymax)
-        .map_err(d)?;
+    let mut chart = ChartBuilder::on(area).caption(title, ("sans-serif", 20)).margin(12).x_label_area_size(35).y_label_area_size(60).build_cartesian_2d(0.0..xmax, 0.0..ymax).map_err(d)?;
     chart.configure_mesh().x_desc("s").y_desc(unit).draw().map_err(d)?;
     for p in run.phases.iter().filter(|p| p.name != "load") {
         chart.draw_series([Rectangle::new([(p.start, 0.0), (p.end, ymax)], BLACK.mix(0.05).filled())]).map_err(d)?;

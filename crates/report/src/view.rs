@@ -172,12 +172,7 @@ fn burst_lines(r: &ResultFile) -> Vec<Line> {
     let (from, to) = (send_start + BURST_WINDOW.0, send_start + BURST_WINDOW.1);
     let line = |name: &str, start: f64, bytes: &[u32]| Line {
         name: name.into(),
-        points: bytes
-            .iter()
-            .enumerate()
-            .map(|(i, &b)| (start + i as f64 * bucket, Some(f64::from(b) * 8.0 / bucket / 1e6)))
-            .filter(|(t, _)| (from..to).contains(t))
-            .collect(),
+        points: bytes.iter().enumerate().map(|(i, &b)| (start + i as f64 * bucket, Some(f64::from(b) * 8.0 / bucket / 1e6))).filter(|(t, _)| (from..to).contains(t)).collect(),
     };
     let mut lines = vec![line("sent", send_start, &u.send_bytes)];
     if let Some((start, bytes)) = u.server.as_ref().and_then(|s| Some((s.recv_start?, &s.recv_bytes))) {

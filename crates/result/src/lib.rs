@@ -28,15 +28,7 @@ pub struct ResultFile {
 
 impl ResultFile {
     pub fn new(metadata: Metadata) -> Self {
-        ResultFile {
-            format: FORMAT.into(),
-            version: VERSION,
-            metadata,
-            series: Vec::new(),
-            events: Vec::new(),
-            summary: None,
-            partial: true,
-        }
+        ResultFile { format: FORMAT.into(), version: VERSION, metadata, series: Vec::new(), events: Vec::new(), summary: None, partial: true }
     }
 
     pub fn series(&self, name: &str) -> Option<&Series> {
@@ -329,9 +321,7 @@ fn write_to(file: std::fs::File, gz: bool, result: &ResultFile) -> std::io::Resu
 /// Reads a result file, gzipped or not (told apart by content, not name).
 pub fn read(path: &Path) -> Result<ResultFile, ResultError> {
     let mut raw = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut raw))
-        .map_err(|source| ResultError::Read { path: path.to_path_buf(), source })?;
+    std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut raw)).map_err(|source| ResultError::Read { path: path.to_path_buf(), source })?;
     parse(&raw).map_err(|why| ResultError::Format { path: path.to_path_buf(), why })
 }
 
@@ -434,14 +424,7 @@ mod tests {
             rpm_by_direction: None,
             udp: None,
         });
-        r.series.push(Series {
-            name: "rtt udp-be".into(),
-            kind: SeriesKind::Latency,
-            direction: None,
-            dscp: Some(0),
-            unit: "ms".into(),
-            samples: vec![(0.0, Some(0.1)), (0.01, None)],
-        });
+        r.series.push(Series { name: "rtt udp-be".into(), kind: SeriesKind::Latency, direction: None, dscp: Some(0), unit: "ms".into(), samples: vec![(0.0, Some(0.1)), (0.01, None)] });
         r
     }
 

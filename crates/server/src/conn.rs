@@ -213,11 +213,9 @@ pub fn validate(req: &TestRequest, cfg: &crate::Config) -> Result<(), String> {
             return Err(format!("DSCP {d} out of range 0..63"));
         }
         match &cfg.allow_dscp {
-            Some(allowed) if !allowed.contains(&d) => Err(format!(
-                "DSCP {d} ({}) is not allowed by this server (allowed: {})",
-                proto::dscp_name(d),
-                allowed.iter().map(|&a| proto::dscp_name(a)).collect::<Vec<_>>().join(", ")
-            )),
+            Some(allowed) if !allowed.contains(&d) => {
+                Err(format!("DSCP {d} ({}) is not allowed by this server (allowed: {})", proto::dscp_name(d), allowed.iter().map(|&a| proto::dscp_name(a)).collect::<Vec<_>>().join(", ")))
+            }
             _ => Ok(()),
         }
     };

@@ -10,10 +10,10 @@
 //! declared; nothing queues without bound; a refusal names the limit.
 
 mod conn;
-mod handshake;
 mod data;
-mod lines;
+mod handshake;
 mod limits;
+mod lines;
 pub mod session;
 mod udp;
 mod udpload;
@@ -277,11 +277,12 @@ fn listen_tcp(addr: SocketAddr) -> Result<std::net::TcpListener, ServerError> {
         t.set_nonblocking(true)?;
         Ok(t.into())
     };
-    make(addr).or_else(|e| match addr.ip() {
-        IpAddr::V6(v6) if v6.is_unspecified() => make(SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), addr.port())).map_err(|_| e),
-        _ => Err(e),
-    })
-    .map_err(|source| ServerError::Bind { addr, source })
+    make(addr)
+        .or_else(|e| match addr.ip() {
+            IpAddr::V6(v6) if v6.is_unspecified() => make(SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), addr.port())).map_err(|_| e),
+            _ => Err(e),
+        })
+        .map_err(|source| ServerError::Bind { addr, source })
 }
 
 /// Binds dual-stack when given `[::]`, falling back to IPv4 where IPv6 is disabled.

@@ -110,11 +110,7 @@ const CONN_PROBES_PER_S: f64 = 20.0;
 impl Session {
     pub fn new(client_ip: IpAddr, deadline: Instant, request: TestRequest, max_rate_bytes: Option<f64>) -> Self {
         let now = Instant::now();
-        let streams = request
-            .streams
-            .iter()
-            .map(|s| (s.id, StreamState { dscp: s.dscp, dscp_applied: None, received: 0, limited: 0, bucket: Bucket::for_stream(s.interval_us, now) }))
-            .collect();
+        let streams = request.streams.iter().map(|s| (s.id, StreamState { dscp: s.dscp, dscp_applied: None, received: 0, limited: 0, bucket: Bucket::for_stream(s.interval_us, now) })).collect();
         // A load may still arrive through a bloated queue after the announced end.
         let load_span = Duration::from_millis(request.duration_ms) + crate::GRACE;
         let udp_loads = request.udp_loads.iter().map(|l| (l.id, UdpSink::new(l, load_span, now))).collect();

@@ -129,16 +129,15 @@ fn direction(name: &str, goodputs: &[f64], bloat_ms: Option<f64>, t: &Target) ->
         Qdisc::Cake | Qdisc::HtbFqCodel => (None, 5.0 + packet_ms, "CoDel keeps each flow's queue near its 5 ms target".to_string()),
         Qdisc::HtbFifo => {
             let n = bucket_packets(rate_kbit);
-            let how = format!("small packets (calls, ACKs, DNS) first and the rest hashed onto {FIFO_BUCKETS} FIFOs of {n} packets served in turn, a call waits a packet or two (a bulk flow up to its own {n})");
+            let how = format!(
+                "small packets (calls, ACKs, DNS) first and the rest hashed onto {FIFO_BUCKETS} FIFOs of {n} packets served in turn, a call waits a packet or two (a bulk flow up to its own {n})"
+            );
             (Some(n), CALL_WAIT_PACKETS * packet_ms, how)
         }
     };
     let runs = if goodputs.len() == 1 { "the run measured" } else { "runs measured" };
-    let mut reason = format!(
-        "{name}: {runs} {} Mbit/s of goodput; {:.0}% of the lowest ({lowest:.1}) keeps the queue in your shaper, not in the line: {rate_kbit} kbit/s.",
-        list(goodputs),
-        SHARE * 100.0
-    );
+    let mut reason =
+        format!("{name}: {runs} {} Mbit/s of goodput; {:.0}% of the lowest ({lowest:.1}) keeps the queue in your shaper, not in the line: {rate_kbit} kbit/s.", list(goodputs), SHARE * 100.0);
     if let (Some(ms), Some(b), Some(p)) = (bloat_ms, buffer_bytes, buffer_packets) {
         if ms >= BLOAT_MS {
             reason += &format!(" The +{ms:.0} ms measured under load means a buffer of about {} kB ({p} full packets) in front of the bottleneck.", b / 1000);

@@ -25,11 +25,19 @@ impl Shaping {
 
     fn describe(&self) -> String {
         let r = |k: Option<u64>| k.map_or("not shaped".to_string(), |k| format!("{k} kbit/s"));
-        format!("upload {}, download {}; link {} (overhead {} B, mpu {}{})", r(self.up_kbit), r(self.down_kbit), self.link.cake_keyword(), self.link.overhead(), self.link.mpu(), match self.link.framing() {
-            Framing::Atm => ", ATM cells",
-            Framing::Ptm => ", PTM 64/65",
-            Framing::None => "",
-        })
+        format!(
+            "upload {}, download {}; link {} (overhead {} B, mpu {}{})",
+            r(self.up_kbit),
+            r(self.down_kbit),
+            self.link.cake_keyword(),
+            self.link.overhead(),
+            self.link.mpu(),
+            match self.link.framing() {
+                Framing::Atm => ", ATM cells",
+                Framing::Ptm => ", PTM 64/65",
+                Framing::None => "",
+            }
+        )
     }
 
     /// tc's size table for HTB: the link layer it cannot know (PTM has no stab form: its
@@ -68,7 +76,13 @@ pub fn for_kernel(s: &Shaping, has: impl Fn(&str) -> bool) -> (String, Option<St
     } else if has("fq_codel") {
         (tc_htb(s, Leaf::FqCodel), Some("this kernel has no CAKE (sch_cake): HTB with fq_codel instead".into()))
     } else {
-        (tc_htb(s, Leaf::Fifo), Some(format!("this kernel has neither CAKE nor fq_codel: HTB with FIFOs hashed by port instead ({} per direction: they move the queue and roughly isolate flows, with no AQM)", crate::advise::FIFO_BUCKETS)))
+        (
+            tc_htb(s, Leaf::Fifo),
+            Some(format!(
+                "this kernel has neither CAKE nor fq_codel: HTB with FIFOs hashed by port instead ({} per direction: they move the queue and roughly isolate flows, with no AQM)",
+                crate::advise::FIFO_BUCKETS
+            )),
+        )
     }
 }
 

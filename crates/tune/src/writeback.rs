@@ -130,9 +130,19 @@ mod tests {
     /// 201326592 bytes. NFS at 1 Mbit/s with 8 kB blocks on a 5600 RPM disk: 0.92.
     #[test]
     fn gigabit_gives_the_seeds_thresholds_and_the_efficiency_follows_the_formula() {
-        let mut r = ResultFile::new(Metadata { test: "writeback".into(), params: serde_json::json!({"vm": {"dirty_background_ratio": 10, "dirty_ratio": 20, "dirty_background_bytes": 0, "dirty_bytes": 0}, "mem_total_kb": 33_554_432}), ..Default::default() });
+        let mut r = ResultFile::new(Metadata {
+            test: "writeback".into(),
+            params: serde_json::json!({"vm": {"dirty_background_ratio": 10, "dirty_ratio": 20, "dirty_background_bytes": 0, "dirty_bytes": 0}, "mem_total_kb": 33_554_432}),
+            ..Default::default()
+        });
         let idle = Percentiles { p50: 5.0, p99: 8.0, ..Default::default() };
-        r.summary = Some(Summary { writeback: Some(WritebackStart { bytes: 1 << 30, small_sync_idle_ms: Some(idle), ..Default::default() }), stable_mbps: Some(352.0), cache_mbps: Some(8000.0), fsync_ms: Some(15_000.0), ..Default::default() });
+        r.summary = Some(Summary {
+            writeback: Some(WritebackStart { bytes: 1 << 30, small_sync_idle_ms: Some(idle), ..Default::default() }),
+            stable_mbps: Some(352.0),
+            cache_mbps: Some(8000.0),
+            fsync_ms: Some(15_000.0),
+            ..Default::default()
+        });
         let gige = Feed { bps: 1 << 30, from: "given".into() };
         let a = advise(&r, Some(gige), 1 << 20, Some(5600)).unwrap();
         assert_eq!((a.dirty_background_bytes, a.dirty_bytes), (33_554_432, 201_326_592));

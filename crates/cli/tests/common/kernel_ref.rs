@@ -40,10 +40,7 @@ pub fn unavailable() -> Option<String> {
 
 /// Runs `cmd` in the guest with `out` as its writable directory.
 pub fn guest_run(cmd: &str, out: &Path, timeout_s: u64) -> Output {
-    Command::new(script("kernel-ref.sh"))
-        .args(["--out", out.to_str().unwrap(), "--timeout", &timeout_s.to_string(), "--", cmd])
-        .output()
-        .expect("run kernel-ref.sh")
+    Command::new(script("kernel-ref.sh")).args(["--out", out.to_str().unwrap(), "--timeout", &timeout_s.to_string(), "--", cmd]).output().expect("run kernel-ref.sh")
 }
 
 fn ip(args: &[&str]) {

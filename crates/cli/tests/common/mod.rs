@@ -107,14 +107,8 @@ pub fn run(prefix: &[&str], args: &[&str]) -> Output {
 }
 
 pub fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "no JSON on stdout ({e}); exit {:?}\nstdout: {}\nstderr: {}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no JSON on stdout ({e}); exit {:?}\nstdout: {}\nstderr: {}", out.status.code(), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
 pub fn f(v: &serde_json::Value, path: &str) -> f64 {
@@ -182,8 +176,7 @@ impl Topo {
     pub fn reshape(&self, limit: u32, down: &str, up: &str) -> Result<(), String> {
         for (dev, rate) in [("rc", down), ("rs", up)] {
             let _ = sh(&["ip", "netns", "exec", &self.rtr, "tc", "qdisc", "del", "dev", dev, "root"]);
-            sh(&["ip", "netns", "exec", &self.rtr, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1"])
-                .map_err(|e| format!("kernel htb unavailable: {e}"))?;
+            sh(&["ip", "netns", "exec", &self.rtr, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1"]).map_err(|e| format!("kernel htb unavailable: {e}"))?;
             sh(&["ip", "netns", "exec", &self.rtr, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate])?;
             sh(&["ip", "netns", "exec", &self.rtr, "tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "pfifo", "limit", &limit.to_string()])
                 .map_err(|e| format!("kernel pfifo unavailable: {e}"))?;

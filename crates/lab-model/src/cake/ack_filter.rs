@@ -52,16 +52,7 @@ fn segment(d: &[u8]) -> Option<Segment<'_>> {
     if hdr < 20 || t.len() < hdr {
         return None;
     }
-    Some(Segment {
-        version,
-        src,
-        dst,
-        ports: &t[0..4],
-        flag_word: be32(&t[12..16]),
-        ack_seq: be32(&t[8..12]),
-        options: &t[20..hdr],
-        payload: ip_payload.checked_sub(hdr)?,
-    })
+    Some(Segment { version, src, dst, ports: &t[0..4], flag_word: be32(&t[12..16]), ack_seq: be32(&t[8..12]), options: &t[20..hdr], payload: ip_payload.checked_sub(hdr)? })
 }
 
 /// Walks TCP options: (kind, body) pairs until EOL or a malformed length.

@@ -11,8 +11,8 @@ use crate::packet::Packet;
 use crate::qdisc::Qdisc;
 use crate::stats::DirStats;
 use cobalt::{CobaltParams, CobaltVars, Signal};
-pub use params::{AckFilter, CakeParams, FlowMode, Framing, TinMode};
 use params::{buffer_limit, duration_ns, tune_tin, TinTuning};
+pub use params::{AckFilter, CakeParams, FlowMode, Framing, TinMode};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -97,9 +97,7 @@ struct TinCounters {
 
 impl Tin {
     fn new() -> Tin {
-        let flows = (0..QUEUES)
-            .map(|_| Flow { queue: VecDeque::new(), backlog: 0, deficit: 0, cvars: CobaltVars::default(), srchost: 0, dsthost: 0, set: Set::None, list: None })
-            .collect();
+        let flows = (0..QUEUES).map(|_| Flow { queue: VecDeque::new(), backlog: 0, deficit: 0, cvars: CobaltVars::default(), srchost: 0, dsthost: 0, set: Set::None, list: None }).collect();
         Tin {
             flows,
             tags: vec![0; QUEUES],

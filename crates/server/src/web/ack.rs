@@ -8,10 +8,10 @@
 //! with both ends mostly idle, against 6.9 with Nagle off. An immediate ACK after each read
 //! takes the server's timer out of the client's latency; pure ACKs cost little beside TLS.
 
+use bloatlab_netio::sendbuf::UnsentLimited;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use bloatlab_netio::sendbuf::UnsentLimited;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 pub(crate) struct AckNow(pub(crate) UnsentLimited);

@@ -93,7 +93,14 @@ mod tests {
     fn the_config_has_both_key_sets_on_the_asked_host_and_nothing_hostile() {
         let c: serde_json::Value = serde_json::from_str(&config_json("https", authority(Some("rpm.example:4043"), "192.0.2.1:4043"), None)).unwrap();
         assert_eq!(c["version"], 1);
-        for (k, path) in [("small_download_url", "small"), ("small_https_download_url", "small"), ("large_download_url", "large"), ("large_https_download_url", "large"), ("upload_url", "slurp"), ("https_upload_url", "slurp")] {
+        for (k, path) in [
+            ("small_download_url", "small"),
+            ("small_https_download_url", "small"),
+            ("large_download_url", "large"),
+            ("large_https_download_url", "large"),
+            ("upload_url", "slurp"),
+            ("https_upload_url", "slurp"),
+        ] {
             assert_eq!(c["urls"][k], format!("https://rpm.example:4043/{path}"), "{k}");
         }
         assert!(c.get("test_endpoint").is_none());

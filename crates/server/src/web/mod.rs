@@ -17,9 +17,9 @@
 
 mod ack;
 mod budget;
-mod idle;
 /// Public for the fuzzer (fuzz/fuzz_targets/web_request.rs).
 pub mod endpoints;
+mod idle;
 pub mod results;
 pub mod tls;
 mod views;
@@ -386,7 +386,10 @@ async fn route(req: Request<Incoming>, conn: &Arc<Conn>) -> Response<Reply> {
 /// reached from them.
 fn page(mut r: Response<Reply>) -> Response<Reply> {
     let h = r.headers_mut();
-    h.insert("content-security-policy", HeaderValue::from_static("default-src 'self'; connect-src 'self' ws: wss:; style-src 'self' 'unsafe-inline'; img-src 'self' data:; worker-src 'self'; frame-ancestors 'none'"));
+    h.insert(
+        "content-security-policy",
+        HeaderValue::from_static("default-src 'self'; connect-src 'self' ws: wss:; style-src 'self' 'unsafe-inline'; img-src 'self' data:; worker-src 'self'; frame-ancestors 'none'"),
+    );
     h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
     r
 }
@@ -448,7 +451,13 @@ async fn page_result(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
     let ip = conn.ip;
     let done = tokio::task::spawn_blocking(move || {
         let now = std::time::SystemTime::now();
-        let server = bloatlab_result::Host { name: bloatlab_netio::hostname(), address: None, software: format!("bloatlab {}", env!("CARGO_PKG_VERSION")), kernel: bloatlab_netio::kernel(), default_cc: bloatlab_netio::default_cc() };
+        let server = bloatlab_result::Host {
+            name: bloatlab_netio::hostname(),
+            address: None,
+            software: format!("bloatlab {}", env!("CARGO_PKG_VERSION")),
+            kernel: bloatlab_netio::kernel(),
+            default_cc: bloatlab_netio::default_cc(),
+        };
         let r = results::result_file(upload, ip, server, humantime::format_rfc3339_millis(now).to_string());
         if let Some(k) = &web.keeper {
             let ms = now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());

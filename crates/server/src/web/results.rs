@@ -291,11 +291,13 @@ mod tests {
     fn probes_overtaken_by_later_ones_are_kept_apart_as_recovered() {
         // Probe 10's request was dropped and resent 300 ms later; probe 14 (next on its
         // connection of four) waited behind it: both answered after probes sent later.
-        let lossy = probes(40, |i| Some(match i {
-            10 => 340.0,
-            14 => 140.0,
-            _ => 40.0,
-        }));
+        let lossy = probes(40, |i| {
+            Some(match i {
+                10 => 340.0,
+                14 => 140.0,
+                _ => 40.0,
+            })
+        });
         let (measured, recovered) = split_recovered(lossy);
         assert_eq!(recovered, vec![(0.5, Some(340.0)), (14.0 * 0.05, Some(140.0))]);
         assert_eq!(measured.len(), 38);

@@ -42,10 +42,8 @@ impl Tls {
 }
 
 fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| format!("{}: {e}", cert.display()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{}: {e}", cert.display()))?;
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(cert).map_err(|e| format!("{}: {e}", cert.display()))?.collect::<Result<_, _>>().map_err(|e| format!("{}: {e}", cert.display()))?;
     if certs.is_empty() {
         return Err(format!("{}: no certificate in it", cert.display()));
     }
