@@ -166,7 +166,7 @@ fn find_lab(name: Option<&str>) -> Result<LabInfo, String> {
 
 fn print_hosts(info: &LabInfo) {
     for (h, hi) in &info.hosts {
-        eprintln!("  {h:<10} {}  {}", hi.ipv4.join(" "), hi.ipv6.join(" "));
+        eprintln!("  {h:<10} {}  {}  tcp {}", hi.ipv4.join(" "), hi.ipv6.join(" "), hi.cc);
     }
 }
 

@@ -22,6 +22,11 @@ b = "s"
 both = { rate = "10mbit", limit = 1000 }
 "#;
 
+/// The congestion control each bulk flow's sending socket had.
+fn flows_cc(result: &serde_json::Value) -> Vec<&str> {
+    result["metadata"]["flows"].as_array().unwrap().iter().map(|f| f["cc"].as_str().unwrap_or("?")).collect()
+}
+
 #[test]
 fn goodput_follows_the_set_rate_and_lab_set_changes_it_live() {
     let _g = serial();
@@ -31,8 +36,10 @@ fn goodput_follows_the_set_rate_and_lab_set_changes_it_live() {
         let _srv = lab.server("s");
         for mbps in [10.0, 50.0, 200.0] {
             lab.set("l", &[&format!("rate={mbps}mbit"), "--dir", "down"]);
-            let s = lab.test("c", &["tcp-down", "10.77.0.2", "--flows", "4", "-l", "6", "--idle", "0.5"]);
+            let (s, result) = lab.test_and_result("c", &["tcp-down", "10.77.0.2", "--flows", "4", "-l", "6", "--idle", "0.5"]);
             let got = f(&s, "throughput_mbps.down");
+            // cubic unless a host's settings say otherwise, whatever this machine's default.
+            assert_eq!(flows_cc(&result), ["cubic"; 4]);
             // The rate is of IP packets; TCP carries 1448 payload bytes in each 1500.
             let want = mbps * 1448.0 / 1500.0;
             assert!((got - want).abs() <= 0.02 * want, "at {mbps} Mbit/s: goodput {got}, want {want} +/- 2%");
@@ -47,8 +54,11 @@ fn goodput_follows_the_set_rate_and_lab_set_changes_it_live() {
 #[test]
 fn idle_rtt_adds_the_configured_delay() {
     let _g = serial();
-    let Some(lab) = LabUp::up("delay", "name='d'\n[[link]]\nname='l'\na='c'\nb='s'\nboth={delay='10ms'}\n") else { return };
+    let Some(lab) = LabUp::up("delay", "name='d'\n[[link]]\nname='l'\na='c'\nb='s'\nboth={delay='10ms'}\n[host.s]\ncc='reno'\n") else { return };
     let _srv = lab.server("s");
+    // A host's congestion control is what its settings say (the server's, sending here).
+    let (_, result) = lab.test_and_result("c", &["tcp-down", "10.77.0.2", "--flows", "2", "-l", "1", "--idle", "0"]);
+    assert_eq!(flows_cc(&result), ["reno", "reno"]);
     let s = lab.test("c", &["ping", "10.77.0.2", "-l", "3", "--idle", "0"]);
     // Never below the configured 2 x 10 ms; above it only by the emulator's own forwarding
     // (two TUN hops each way through a user process: 0.17-0.35 ms measured on this machine,

@@ -3,7 +3,7 @@
 
 use crate::forward::{self, TunQueue};
 use crate::ns::{self, ip};
-use crate::topology::Topology;
+use crate::topology::{Topology, DEFAULT_CC};
 use crate::tun::Tun;
 use crate::{NS_PREFIX, STATE_DIR};
 use bloatlab_lab_model::slow_icmp::SlowIcmp;
@@ -40,6 +40,9 @@ pub struct HostInfo {
     pub namespace: String,
     pub ipv4: Vec<String>,
     pub ipv6: Vec<String>,
+    /// Its TCP senders' congestion control (the namespace's default).
+    #[serde(default)]
+    pub cc: String,
 }
 
 pub struct LinkRuntime {
@@ -162,7 +165,8 @@ impl Lab {
                 ns::sysctl(&n, "net.ipv4.icmp_ratelimit", &ms.to_string())?;
                 ns::sysctl(&n, "net.ipv6.icmp.ratelimit", &ms.to_string())?;
             }
-            hosts.insert(h.clone(), HostInfo { namespace: n, ipv4: Vec::new(), ipv6: Vec::new() });
+            let cc = topo.host_settings.get(h).and_then(|s| s.cc.clone()).unwrap_or_else(|| DEFAULT_CC.to_string());
+            hosts.insert(h.clone(), HostInfo { namespace: n, ipv4: Vec::new(), ipv6: Vec::new(), cc });
         }
         let tag = std::process::id() % 100_000;
         for (i, l) in topo.links.iter().enumerate() {
@@ -178,19 +182,28 @@ impl Lab {
                 let mtu = if side == "a" { l.up.mtu } else { l.down.mtu };
                 ip(&["-n", &n, "link", "set", "dev", &l.name, "mtu", &mtu.to_string(), "txqueuelen", &TUN_TXQUEUELEN.to_string(), "up"])?;
                 let (v4, v6) = topo.addrs(i, host);
-                ip(&["-n", &n, "addr", "add", &format!("{v4}/24"), "dev", &l.name])?;
-                ip(&["-n", &n, "-6", "addr", "add", &format!("{v6}/64"), "dev", &l.name, "nodad"])?;
                 let hi = hosts.get_mut(host.as_str()).expect("host listed");
+                // The link's own subnet is routed by us, not by the kernel, to carry the host's
+                // congestion control (`congctl`, below).
+                ip(&["-n", &n, "addr", "add", &format!("{v4}/24"), "dev", &l.name, "noprefixroute"])?;
+                ip(&["-n", &n, "-6", "addr", "add", &format!("{v6}/64"), "dev", &l.name, "nodad", "noprefixroute"])?;
+                ip(&["-n", &n, "route", "add", &format!("10.77.{i}.0/24"), "dev", &l.name, "src", &v4, "congctl", &hi.cc])?;
+                ip(&["-n", &n, "-6", "route", "add", &format!("fd77:0:0:{i:x}::/64"), "dev", &l.name, "congctl", &hi.cc])?;
                 hi.ipv4.push(v4);
                 hi.ipv6.push(v6);
             }
         }
+        // Every route a host has carries its congestion control: a namespace's default would
+        // be the machine's (net.ipv4.tcp_congestion_control is inherited, and outside the first
+        // namespace it may be set only to what tcp_allowed_congestion_control lists), a route's
+        // `congctl` is any loaded one. A socket's own TCP_CONGESTION (a test's --cc) still wins.
         for (host, routes) in topo.routes() {
             let n = namespace(&name, &host);
+            let cc = &hosts[&host].cc;
             for (subnet, via) in routes {
                 let dev = &topo.links[via].name;
-                ip(&["-n", &n, "route", "add", &format!("10.77.{subnet}.0/24"), "dev", dev])?;
-                ip(&["-n", &n, "-6", "route", "add", &format!("fd77:0:0:{subnet:x}::/64"), "dev", dev])?;
+                ip(&["-n", &n, "route", "add", &format!("10.77.{subnet}.0/24"), "dev", dev, "congctl", cc])?;
+                ip(&["-n", &n, "-6", "route", "add", &format!("fd77:0:0:{subnet:x}::/64"), "dev", dev, "congctl", cc])?;
             }
         }
         // A host slow to send its own ICMP errors holds them on every link it sends into.

@@ -51,7 +51,15 @@ pub struct HostSettings {
     pub icmp_ratelimit_ms: Option<u32>,
     /// Its own ICMP errors leave this late while it is busy forwarding (`slow_icmp`).
     pub icmp_delay_ns: Option<u64>,
+    /// net.ipv4.tcp_congestion_control: its TCP senders' default; `None` gives `DEFAULT_CC`.
+    pub cc: Option<String>,
 }
+
+/// Every lab host's TCP congestion control unless its `[host.NAME]` says `cc`: Linux's default,
+/// and what Windows, macOS and Android send with. Not the machine's own default (a namespace
+/// inherits it: BBR here, which keeps a FIFO part-empty), so that a lab gives the same answer on
+/// every machine.
+pub const DEFAULT_CC: &str = "cubic";
 
 #[derive(Clone, Debug)]
 pub struct Topology {
@@ -130,7 +138,13 @@ fn host_settings(doc: &toml::Table, hosts: &[String]) -> Result<BTreeMap<String,
                     let ns = bloatlab_lab_model::config::parse_time_ns(&text).map_err(|e| TopologyError::Shape(format!("[host.{h}] icmp_delay: {e}")))?;
                     st.icmp_delay_ns = Some(ns);
                 }
-                other => return Err(TopologyError::Shape(format!("[host.{h}]: unknown setting `{other}` (known: icmp_ratelimit, icmp_delay)"))),
+                "cc" => {
+                    // TCP_CA_NAME_MAX is 16 with its NUL.
+                    let name = v.as_str().filter(|s| !s.is_empty() && s.len() < 16 && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+                    let name = name.ok_or_else(|| TopologyError::Shape(format!("[host.{h}] cc: want a congestion control's name (cubic, bbr, reno), got {v}")))?;
+                    st.cc = Some(name.to_string());
+                }
+                other => return Err(TopologyError::Shape(format!("[host.{h}]: unknown setting `{other}` (known: icmp_ratelimit, icmp_delay, cc)"))),
             }
         }
         out.insert(h.clone(), st);
@@ -297,6 +311,9 @@ mod tests {
         let t = Topology::from_toml(&format!("{links}[host.r]\nicmp_ratelimit = 0\nicmp_delay = '300ms'\n"), &nofile).unwrap();
         assert_eq!(t.host_settings["r"].icmp_ratelimit_ms, Some(0));
         assert_eq!(t.host_settings["r"].icmp_delay_ns, Some(300_000_000));
+        let t = Topology::from_toml(&format!("{links}[host.c]\ncc = 'bbr'\n"), &nofile).unwrap();
+        assert_eq!(t.host_settings["c"].cc.as_deref(), Some("bbr"));
+        assert!(Topology::from_toml(&format!("{links}[host.c]\ncc = 'bbr; reboot'\n"), &nofile).is_err());
         let e = |extra: &str| Topology::from_toml(&format!("{links}{extra}"), &nofile).unwrap_err().to_string();
         assert!(e("[host.x]\nicmp_ratelimit = 0\n").contains("no link has a host named `x`"));
         assert!(e("[host.r]\nicmp_rate = 0\n").contains("unknown setting `icmp_rate`"));

@@ -165,8 +165,10 @@ impl Topo {
             sh(&["ip", "-n", ns, "link", "set", "dev", dev, "gso_max_size", "1514", "gso_max_segs", "1", "up"])?;
             let _ = sh(&["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso", "off", "gro", "off"]);
         }
-        sh(&["ip", "-n", &t.cli, "route", "add", "default", "via", "10.99.2.254"])?;
-        sh(&["ip", "-n", &t.srv, "route", "add", "default", "via", "10.99.3.254"])?;
+        // Cubic, as the lab's hosts (`DEFAULT_CC`), not whatever this machine defaults to; by
+        // route, as the lab does it (a namespace's default may only be an allowed one).
+        sh(&["ip", "-n", &t.cli, "route", "add", "default", "via", "10.99.2.254", "congctl", "cubic"])?;
+        sh(&["ip", "-n", &t.srv, "route", "add", "default", "via", "10.99.3.254", "congctl", "cubic"])?;
         sh(&["ip", "netns", "exec", &t.rtr, "sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
         t.reshape(limit, down, up)?;
         Ok(t)
@@ -266,6 +268,11 @@ impl LabUp {
     }
 
     pub fn test(&self, host: &str, args: &[&str]) -> serde_json::Value {
+        self.test_and_result(host, args).0
+    }
+
+    /// The test's JSON summary and its result file (read).
+    pub fn test_and_result(&self, host: &str, args: &[&str]) -> (serde_json::Value, serde_json::Value) {
         let p = self.exec(host);
         let out_file = tmp_path(&format!("{}-{}.json", self.name, args.join("_").replace(['/', ' ', ':'], "")));
         let mut all = vec!["test"];
@@ -273,7 +280,7 @@ impl LabUp {
         all.extend_from_slice(&["--json", "-q", "-o", out_file.to_str().unwrap()]);
         let out = run(&p.iter().map(String::as_str).collect::<Vec<_>>(), &all);
         assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        json(&out)
+        (json(&out), serde_json::from_slice(&std::fs::read(&out_file).unwrap()).unwrap())
     }
 
     pub fn set(&self, link: &str, kv: &[&str]) {
