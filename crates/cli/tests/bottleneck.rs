@@ -56,8 +56,8 @@ fn goodput_matches_the_htb_rate_in_each_direction() {
     let mbps = f(&down, "throughput_mbps.down");
     // Goodput is the TCP payload: 1448 of every 1514 bytes on the wire, 95.6% of the rate.
     assert!((mbps - DOWN_MBPS).abs() <= 0.1 * DOWN_MBPS, "tcp-down {mbps} Mbit/s vs HTB 20");
-    // No fairness bound: BBR flows (this machine's default) sharing a deep FIFO are known to
-    // split it very unevenly; every flow must still have moved data.
+    // No fairness bound: flows sharing a deep FIFO split it unevenly (BBR very much so, cubic
+    // too over 12 s); every flow must still have moved data.
     for flow in down["throughput_mbps"]["per_flow"].as_array().unwrap() {
         assert!(flow["mbps"].as_f64().unwrap() > 0.1, "{flow}");
     }
@@ -67,7 +67,7 @@ fn goodput_matches_the_htb_rate_in_each_direction() {
     assert!((mbps - UP_MBPS).abs() <= 0.1 * UP_MBPS, "tcp-up {mbps} Mbit/s vs HTB 5");
 
     // The loaded direction's queue is the whole added round trip: its added one-way delay
-    // matches the added RTT (measured 23.4 vs 23.4 ms down, 265.1 vs 265.0 up with BBR), is no
+    // matches the added RTT (measured 23.4 vs 23.4 ms down, 265.1 vs 265.0 up with BBR; cubic fills them further), is no
     // more than its FIFO can hold (0.6 s down, 2.4 s up), and the other direction, carrying only
     // ACKs, adds nothing. No clock offset is involved.
     for (s, dir, other, limit_s) in [(&down, "down", "up", fifo_delay_s(1000, DOWN_MBPS)), (&up, "up", "down", fifo_delay_s(1000, UP_MBPS))] {
@@ -80,14 +80,19 @@ fn goodput_matches_the_htb_rate_in_each_direction() {
     }
     // Client and server read this machine's one monotonic clock (from different origins): the
     // drift between them is 0, and the veths' round trips bound the offset to well under 1 ms.
-    for file in [&down_file, &up_file] {
+    // A drift is estimated only from probes that found the queues drained while settling. The
+    // flows close with a reset, so the download's FIFO (0.6 s) drains within the settling time
+    // (a graceful close kept the socket buffers sending into it). The upload's holds 2.4 s,
+    // more than the settling: filled by cubic, it may still hold probes at the end.
+    for (file, limit_s) in [(&down_file, fifo_delay_s(1000, DOWN_MBPS)), (&up_file, fifo_delay_s(1000, UP_MBPS))] {
         let o = file.metadata.clock_offset.expect("a clock offset");
         assert!(o.uncertainty_ms < 1.0, "{o:?}");
-        // The flows close with a reset, so the queues drain within the settling time (a graceful
-        // close left 150 ms round trips in the upload FIFO for all of it: the upload socket
-        // buffers kept sending after the load had ended).
-        let drift = o.drift_ppm.expect("the queues drained while settling: a drift estimate");
-        assert!(drift.abs() < 5.0, "one clock, yet a drift of {drift} ppm");
+        if limit_s < bloatlab_measure::plan::SETTLE_S {
+            assert!(o.drift_ppm.is_some(), "the queues drained while settling: a drift estimate");
+        }
+        if let Some(drift) = o.drift_ppm {
+            assert!(drift.abs() < 5.0, "one clock, yet a drift of {drift} ppm");
+        }
     }
 }
 

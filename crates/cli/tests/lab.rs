@@ -259,11 +259,13 @@ fn super_packets_queue_and_drop_per_wire_segment() {
     let Some((on_mbps, on_ms, on)) = run(true) else { return };
     let Some((off_mbps, off_ms, off)) = run(false) else { return };
     // The server's kernel handed over super-packets only with offload: fewer reads for the
-    // same data (measured 4132 against 11 003). They leave one segment per write all the same:
-    // at 20 Mbit/s segments are 0.6 ms apart, more than the 100 us a delivery may wait.
+    // same data. Cubic sizes them to about 1 ms of its rate, at least 2 segments (Linux's
+    // tcp_tso_autosize): 6246 reads against 10 959 measured (BBR gave 4132 against 11 003).
+    // They leave one segment per write all the same: at 20 Mbit/s segments are 0.6 ms apart,
+    // more than the 100 us a delivery may wait.
     let reads = |d: &serde_json::Value| d["tun"]["reads"].as_u64().unwrap();
     assert!(on["tun"]["super_packets_in"].as_u64().unwrap() > 100, "{}", on["tun"]);
-    assert!(reads(&on) * 2 < reads(&off), "{} reads with super-packets, {} without", reads(&on), reads(&off));
+    assert!(reads(&on) * 4 < reads(&off) * 3, "{} reads with super-packets, {} without", reads(&on), reads(&off));
     assert_eq!(off["tun"]["super_packets_in"].as_u64(), Some(0));
     for (d, mbps, ms) in [(&on, on_mbps, on_ms), (&off, off_mbps, off_ms)] {
         // The FIFO's limit is in wire packets: never more than 50, and full enough to drop.
@@ -370,15 +372,16 @@ fn demo_measures_locates_advises_applies_and_verifies() {
     eprintln!("demo: +{fifo_added:.1} -> +{cake_added:.1} ms; before {} after {}; {}", v["before"]["throughput_mbps"], v["after"]["throughput_mbps"], v["reason"]);
     // A 1000-packet FIFO at 4 Mbit/s holds 3 s; the upload alone keeps hundreds of ms in it.
     assert!(fifo_added > 100.0, "modem FIFO added only {fifo_added} ms");
-    // The locate step names the modem's upstream: the link into hop 2 (the server), upload.
+    // The locate step names the modem: the link into hop 2 (the server), both ways, as cubic
+    // (the lab hosts' congestion control) fills the downstream 0.2 s as well as the upstream 3 s.
     let verdict = &v["located"]["verdict"];
-    assert_eq!((verdict["hop"].as_u64(), verdict["direction"].as_str()), (Some(2), Some("up")), "{verdict}");
+    assert_eq!((verdict["hop"].as_u64(), verdict["direction"].as_str()), (Some(2), Some("both")), "{verdict}");
     // Advice: 95% of what the download and upload alone measured (57 and 3.7 Mbit/s through
     // the 60/4 Mbit/s line with its DOCSIS framing), not of rrul's starved download.
     let (down_kbit, up_kbit) = (f(&v, "advice.down.rate_kbit"), f(&v, "advice.up.rate_kbit"));
     assert!((50_000.0..57_000.0).contains(&down_kbit) && (3_300.0..3_800.0).contains(&up_kbit), "{down_kbit} / {up_kbit}");
     assert!(v["applied"].as_str().unwrap().contains(&format!("cake bandwidth {up_kbit}kbit docsis")), "{}", v["applied"]);
-    // Shaped below the line, the standing queue is gone: measured +2.0 ms against +118 (58x).
+    // Shaped below the line, the standing queue is gone: measured +6.0 ms against +680 (113x).
     assert!(cake_added * 10.0 < fifo_added, "CAKE at the advised rates added {cake_added} ms");
     assert_eq!(v["kept"], true, "{}", v["reason"]);
     // The shaper's ceiling for payload is 1448/1518 of its rate (DOCSIS-framed full packets):
