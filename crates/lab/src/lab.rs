@@ -40,7 +40,7 @@ pub struct HostInfo {
     pub namespace: String,
     pub ipv4: Vec<String>,
     pub ipv6: Vec<String>,
-    /// Its TCP senders' congestion control (the namespace's default).
+    /// Its TCP senders' congestion control (on every route it has).
     #[serde(default)]
     pub cc: String,
 }
@@ -80,6 +80,13 @@ pub fn state_dir(name: &str) -> PathBuf {
 
 pub fn namespace(lab: &str, host: &str) -> String {
     format!("{NS_PREFIX}{lab}-{host}")
+}
+
+/// Routes link `subnet`'s IPv4 and IPv6 prefixes (`Topology::addrs`) out of `dev` in namespace
+/// `ns`, its TCP senders using congestion control `cc` (`congctl`).
+fn route_to_subnet(ns: &str, subnet: usize, dev: &str, cc: &str) -> Result<(), String> {
+    ip(&["-n", ns, "route", "add", &format!("10.77.{subnet}.0/24"), "dev", dev, "congctl", cc])?;
+    ip(&["-n", ns, "-6", "route", "add", &format!("fd77:0:0:{subnet:x}::/64"), "dev", dev, "congctl", cc])
 }
 
 fn pid_alive(pid: u32) -> bool {
@@ -187,8 +194,7 @@ impl Lab {
                 // congestion control (`congctl`, below).
                 ip(&["-n", &n, "addr", "add", &format!("{v4}/24"), "dev", &l.name, "noprefixroute"])?;
                 ip(&["-n", &n, "-6", "addr", "add", &format!("{v6}/64"), "dev", &l.name, "nodad", "noprefixroute"])?;
-                ip(&["-n", &n, "route", "add", &format!("10.77.{i}.0/24"), "dev", &l.name, "src", &v4, "congctl", &hi.cc])?;
-                ip(&["-n", &n, "-6", "route", "add", &format!("fd77:0:0:{i:x}::/64"), "dev", &l.name, "congctl", &hi.cc])?;
+                route_to_subnet(&n, i, &l.name, &hi.cc)?;
                 hi.ipv4.push(v4);
                 hi.ipv6.push(v6);
             }
@@ -201,9 +207,7 @@ impl Lab {
             let n = namespace(&name, &host);
             let cc = &hosts[&host].cc;
             for (subnet, via) in routes {
-                let dev = &topo.links[via].name;
-                ip(&["-n", &n, "route", "add", &format!("10.77.{subnet}.0/24"), "dev", dev, "congctl", cc])?;
-                ip(&["-n", &n, "-6", "route", "add", &format!("fd77:0:0:{subnet:x}::/64"), "dev", dev, "congctl", cc])?;
+                route_to_subnet(&n, subnet, &topo.links[via].name, cc)?;
             }
         }
         // A host slow to send its own ICMP errors holds them on every link it sends into.

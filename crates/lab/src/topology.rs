@@ -51,7 +51,7 @@ pub struct HostSettings {
     pub icmp_ratelimit_ms: Option<u32>,
     /// Its own ICMP errors leave this late while it is busy forwarding (`slow_icmp`).
     pub icmp_delay_ns: Option<u64>,
-    /// net.ipv4.tcp_congestion_control: its TCP senders' default; `None` gives `DEFAULT_CC`.
+    /// Its TCP senders' congestion control (`congctl` on its routes); `None` gives `DEFAULT_CC`.
     pub cc: Option<String>,
 }
 

@@ -18,20 +18,20 @@ pub const MAX_RATE_BPS: f64 = 1e13;
 /// The longest duration read: one hour (CAKE's `interplanetary` round trip).
 pub const MAX_DURATION: Duration = Duration::from_secs(3600);
 
-/// Splits `12.5mbit` into its number and its (lower-case) suffix.
-fn number_and_suffix(s: &str) -> (&str, String) {
-    let t = s.trim();
+/// Splits `12.5mbit` into its number and its (lower-case) suffix; `what` and `example` name the
+/// quantity when there is no number.
+fn number_and_suffix<'a>(t: &'a str, what: &str, example: &str) -> Result<(&'a str, String), String> {
     let at = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    (&t[..at], t[at..].trim().to_ascii_lowercase())
+    match &t[..at] {
+        "" => Err(format!("{what} `{t}`: want a number and a unit, e.g. {example}")),
+        num => Ok((num, t[at..].trim().to_ascii_lowercase())),
+    }
 }
 
 /// Bits per second, e.g. `57mbit`, `57000kbit`, `1.5Gbit`, `512kibit`.
 pub fn parse_rate(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let (num, suffix) = number_and_suffix(t);
-    if num.is_empty() {
-        return Err(format!("rate `{t}`: want a number and a unit, e.g. 57mbit"));
-    }
+    let (num, suffix) = number_and_suffix(t, "rate", "57mbit")?;
     let mult = match suffix.as_str() {
         "bit" => 1.0,
         "kbit" => 1e3,
@@ -61,10 +61,7 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 /// A duration, e.g. `250ms`, `1.5s`, `100us`, `0`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
-    let (num, suffix) = number_and_suffix(t);
-    if num.is_empty() {
-        return Err(format!("duration `{t}`: want a number and a unit, e.g. 250ms"));
-    }
+    let (num, suffix) = number_and_suffix(t, "duration", "250ms")?;
     let scale = match suffix.as_str() {
         "s" | "sec" | "secs" => 1.0,
         "ms" | "msec" | "msecs" => 1e-3,
