@@ -493,6 +493,9 @@ fn demo(length: f64, json: bool, out_dir: &std::path::Path, quiet: bool, fix: &s
     if json {
         println!("{}", serde_json::to_string_pretty(&d).expect("json"));
     } else {
+        if let Some(l) = &d.located {
+            println!("{}", bloatlab_experiment::demo::verdict_text(&l.verdict));
+        }
         let mut cols = vec![("modem FIFO", &d.before)];
         if let Some(a) = &d.after {
             cols.push((if d.kept { "advised fix" } else { "advised fix (rolled back)" }, a));

@@ -118,7 +118,7 @@ fn locate(s: &Session, o: &Options, length: f64) -> Result<Located, String> {
 }
 
 /// The verdict in words, with its caveats.
-fn verdict_text(v: &serde_json::Value) -> String {
+pub fn verdict_text(v: &serde_json::Value) -> String {
     let mut t = v["text"].as_str().unwrap_or("no verdict").to_string();
     for c in v["caveats"].as_array().into_iter().flatten().filter_map(|c| c.as_str()) {
         t += &format!("\nnote: {c}");
@@ -168,7 +168,9 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
     let loc_len = (o.length / 2.0).clamp(6.0, 20.0);
     o.say(&format!("2/5 locate: download, then upload, {loc_len} s each, while probing every hop"));
     let located = locate(&session, o, loc_len)?;
-    sections.push(Section { title: "Where the queue is (bloatlab locate)".into(), text: verdict_text(&located.verdict) });
+    let where_text = verdict_text(&located.verdict);
+    o.say(&where_text);
+    sections.push(Section { title: "Where the queue is (bloatlab locate)".into(), text: where_text });
     d.files.push(located.file.clone());
     d.files.extend(located.phase_files.iter().cloned());
     let mut runs = vec![d.before.clone()];

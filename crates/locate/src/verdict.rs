@@ -180,6 +180,17 @@ fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
+/// What a place adds beside what the path adds. The two come from different probes (the
+/// hop's ICMP answers, about one a second; the test's own, a hundred), so while a queue is
+/// still filling the hop's median can exceed the path's: then the place holds all of it.
+fn share_words(f: &Finding) -> String {
+    if f.added_ms >= f.path_added_ms {
+        format!("it holds all of the {:.0} ms the path adds, its own answers +{:.0} ms", f.path_added_ms, f.added_ms)
+    } else {
+        format!("it adds {:.0} ms of the path's {:.0} ms", f.added_ms, f.path_added_ms)
+    }
+}
+
 fn hop_words(f: &Finding, hops: &[HopObs]) -> String {
     if f.hop == 0 {
         return "this host's own interface queue".into();
@@ -209,9 +220,12 @@ pub fn verdict(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd) -> Ver
     let down = locate(hops, local, e2e, Load::Download);
     let up = locate(hops, local, e2e, Load::Upload);
     let mut found: Vec<Finding> = Vec::new();
+    // What one place adds in each direction, when it bloats both.
+    let mut both = None;
     match (down, up) {
         (Some(d), Some(u)) if d.hop == u.hop => {
             let confidence = d.confidence.max(u.confidence);
+            both = Some((share_words(&d), share_words(&u)));
             let mut f = if d.added_ms >= u.added_ms { d } else { u };
             f.direction = Direction::Both;
             f.confidence = confidence;
@@ -269,14 +283,11 @@ pub fn verdict(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd) -> Ver
         Direction::Both => "both directions",
         Direction::None => "direction unknown",
     };
-    let mut text = format!(
-        "The bloat is on {}, {}: it adds {:.0} ms of the path's {:.0} ms under load (confidence {:.2}).",
-        hop_words(&first, hops),
-        dir_words(first.direction),
-        first.added_ms,
-        first.path_added_ms,
-        first.confidence
-    );
+    let adds = match &both {
+        Some((d, u)) => format!("under download load {d}; under upload load {u}"),
+        None => format!("{} under load", share_words(&first)),
+    };
+    let mut text = format!("The bloat is on {}, {}: {adds} (confidence {:.2}).", hop_words(&first, hops), dir_words(first.direction), first.confidence);
     for f in &found[1..] {
         text += &format!(" Also {}, {}: +{:.0} ms.", hop_words(f, hops), dir_words(f.direction), f.added_ms);
     }
@@ -327,6 +338,18 @@ mod tests {
         let v = verdict(&path([(1.0, 1.0), (200.0, 300.0), (201.0, 301.0)]), None, &EndToEnd::default());
         assert_eq!((v.hop, v.direction), (Some(2), Direction::Both), "{}", v.text);
         assert!((v.added_ms - 299.0).abs() < 1.0, "the worse direction's share: {}", v.added_ms);
+        // Each direction's share in words; the last hop's answers are the path's here.
+        assert!(v.text.contains("both directions: under download load it adds 199 ms of the path's 201 ms; under upload load it adds 299 ms of the path's 301 ms (confidence"), "{}", v.text);
+    }
+
+    #[test]
+    fn a_hop_above_the_paths_own_probes_holds_all_of_it() {
+        // A filling queue: the hop's few answers came later, when it was fuller, than the median
+        // of the test's own probes.
+        let e2e = EndToEnd { added_ms: [None, Some(1009.0), None], owd_added_ms: None };
+        let v = verdict(&path([(0.5, 1.0), (1.0, 1150.0), (1.5, 1151.0)]), None, &e2e);
+        assert_eq!((v.hop, v.direction), (Some(2), Direction::Up), "{}", v.text);
+        assert!(v.text.contains("upload direction: it holds all of the 1009 ms the path adds, its own answers +1149 ms under load (confidence"), "{}", v.text);
     }
 
     #[test]
