@@ -96,6 +96,11 @@ pub struct ConfigArgs {
     /// openwrt-sqm: cake (layer_cake.qos) or fq_codel (simple.qos).
     #[arg(long, default_value = "cake", value_parser = ["cake", "fq_codel"])]
     qdisc: String,
+    /// tc-cake, openwrt-sqm with cake: filter the upload's redundant ACKs (CAKE's ack-filter),
+    /// for asymmetric lines. With --from it is on where the advice says so: where the
+    /// download's ACKs would take 10% or more of the upload.
+    #[arg(long)]
+    ack_filter: bool,
     /// openvpn, wireguard-mtu: the path MTU (bloatlab test mtu reports it).
     #[arg(long)]
     mtu: Option<u32>,
@@ -197,6 +202,7 @@ pub fn advise_cmd(a: AdviseArgs) -> ExitCode {
 pub fn config_cmd(a: ConfigArgs) -> ExitCode {
     let kbit = |bps: u64| bps / 1000;
     let (mut down, mut up) = (a.down.map(kbit), a.up.map(kbit));
+    let mut ack_filter = a.ack_filter;
     if !a.from.is_empty() {
         let (runs, _) = match read_inputs(&a.from) {
             Ok(x) => x,
@@ -205,11 +211,12 @@ pub fn config_cmd(a: ConfigArgs) -> ExitCode {
         let adv = advise::advise(&runs, &Target { link: a.link, qdisc: Qdisc::Cake, queue_on_host: false });
         down = down.or(adv.down.as_ref().map(|d| d.rate_kbit));
         up = up.or(adv.up.as_ref().map(|d| d.rate_kbit));
+        ack_filter |= adv.up.as_ref().is_some_and(|d| d.ack_filter);
     }
     if a.dev.is_empty() || a.dev.len() > 15 || !a.dev.chars().all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c)) {
         return usage(format!("--dev `{}`: an interface name (at most 15 letters, digits, '-', '_', '.')", a.dev));
     }
-    let s = Shaping { dev: a.dev.clone(), down_kbit: down, up_kbit: up, link: a.link };
+    let s = Shaping { dev: a.dev.clone(), down_kbit: down, up_kbit: up, link: a.link, ack_filter };
     let needs_rates = !matches!(a.kind, Kind::NftDscp | Kind::SysctlWriteback | Kind::WifiOpenwrt | Kind::Openvpn | Kind::OpenvpnUp | Kind::WireguardMtu);
     if needs_rates && down.is_none() && up.is_none() {
         return usage("give --down and/or --up (e.g. --down 57Mbit --up 3610kbit), or --from RESULT...");
@@ -350,7 +357,8 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
                         Err(e) => return fail(e),
                     };
                     let adv = advise::advise(&runs, &Target { link, qdisc: Qdisc::Cake, queue_on_host: false });
-                    let s = Shaping { dev, down_kbit: adv.down.map(|d| d.rate_kbit), up_kbit: adv.up.map(|d| d.rate_kbit), link };
+                    let ack_filter = adv.up.as_ref().is_some_and(|d| d.ack_filter);
+                    let s = Shaping { dev, down_kbit: adv.down.map(|d| d.rate_kbit), up_kbit: adv.up.map(|d| d.rate_kbit), link, ack_filter };
                     let (script, said) = config::for_kernel(&s, bloatlab_tune::apply::kernel_has);
                     if let Some(said) = said {
                         eprintln!("{said}");

@@ -3,7 +3,7 @@
 //! the change only if it helped (`verify::judge`), and write one before/after report with the
 //! verdict, the advice and the applied configuration in it.
 
-use crate::placement::{self, Fix, Rates};
+use crate::placement::{self, Fix, Shaper};
 use crate::{stamp, write_report, Options, Session};
 use bloatlab_lab::Topology;
 use bloatlab_report::html::Section;
@@ -196,7 +196,7 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
     let advice = advise::advise(&runs, &Target { link, qdisc, queue_on_host: on_host });
     o.say(&format!("3/5 advise:\n{}", advice.text().trim_end()));
     sections.push(Section { title: "Advice (bloatlab advise)".into(), text: advice.text() });
-    let rates = Rates { up_kbit: advice.up.as_ref().map(|a| a.rate_kbit), down_kbit: advice.down.as_ref().map(|a| a.rate_kbit) };
+    let shaper = Shaper { up_kbit: advice.up.as_ref().map(|a| a.rate_kbit), down_kbit: advice.down.as_ref().map(|a| a.rate_kbit), ack_filter: advice.up.as_ref().is_some_and(|a| a.ack_filter) };
     d.advice = Some(advice);
 
     // 4. Apply on the router.
@@ -204,14 +204,14 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
     let mut emulated = Vec::new();
     let applied = match how {
         Apply::Emulated(fix) => {
-            emulated = placement::place_at(&topo, fix, rates)?;
+            emulated = placement::place_at(&topo, fix, shaper)?;
             for s in &emulated {
                 session.lab.shared.set(&s.link, s.dir, &s.kv)?;
             }
             emulated.iter().map(|s| s.command()).collect::<Vec<_>>().join("\n")
         }
         Apply::Kernel => {
-            let shaping = Shaping { dev: router_dev.clone(), down_kbit: rates.down_kbit, up_kbit: rates.up_kbit, link };
+            let shaping = Shaping { dev: router_dev.clone(), down_kbit: shaper.down_kbit, up_kbit: shaper.up_kbit, link, ack_filter: shaper.ack_filter };
             let (script, said) = config::for_kernel(&shaping, apply::kernel_has);
             if let Some(said) = said {
                 o.say(&said);

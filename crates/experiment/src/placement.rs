@@ -56,11 +56,13 @@ pub struct Setting {
     pub kv: Vec<(String, String)>,
 }
 
-/// Shaper rates for the slowest link, kbit/s each way; a direction without one is left alone.
+/// The shaper for the slowest link: kbit/s each way (a direction without a rate is left
+/// alone), and whether CAKE filters the upload's redundant ACKs.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Rates {
+pub struct Shaper {
     pub up_kbit: Option<u64>,
     pub down_kbit: Option<u64>,
+    pub ack_filter: bool,
 }
 
 impl Setting {
@@ -87,12 +89,12 @@ pub fn slowest(topo: &Topology) -> Result<&LinkSpec, String> {
 pub fn place(topo: &Topology, fix: Fix) -> Result<Vec<Setting>, String> {
     let spec = slowest(topo)?;
     let kbit = |r: &Rate| r.mean_bps().map(|bps| (bps as f64 * SHAPER_SHARE / 1000.0).round() as u64);
-    place_at(topo, fix, Rates { up_kbit: kbit(&spec.up.rate), down_kbit: kbit(&spec.down.rate) })
+    place_at(topo, fix, Shaper { up_kbit: kbit(&spec.up.rate), down_kbit: kbit(&spec.down.rate), ack_filter: false })
 }
 
-/// The settings that put `fix` in front of the slowest link at the given rates, counting that
+/// The settings that put `fix` in front of the slowest link as `shaper` says, counting that
 /// link's per-packet overhead.
-pub fn place_at(topo: &Topology, fix: Fix, rates: Rates) -> Result<Vec<Setting>, String> {
+pub fn place_at(topo: &Topology, fix: Fix, shaper: Shaper) -> Result<Vec<Setting>, String> {
     let spec = slowest(topo)?;
     if fix == Fix::Fifo {
         return Ok(Vec::new());
@@ -116,7 +118,7 @@ pub fn place_at(topo: &Topology, fix: Fix, rates: Rates) -> Result<Vec<Setting>,
         .ok_or_else(|| format!("the slowest link `{}` starts at `{router}`, which has no other link: add a router hop in front of it to hold the shaper", spec.name))?;
     let away_from_router = if toward_router == "up" { "down" } else { "up" };
     let mut out = Vec::new();
-    for (dir, kbit, ingress, line) in [(toward_router, rates.up_kbit, false, &spec.up), (away_from_router, rates.down_kbit, true, &spec.down)] {
+    for (dir, kbit, ingress, line) in [(toward_router, shaper.up_kbit, false, &spec.up), (away_from_router, shaper.down_kbit, true, &spec.down)] {
         let Some(kbit) = kbit else { continue };
         let kv: Vec<(&str, String)> = match fix {
             Fix::HtbFqCodel => {
@@ -139,6 +141,8 @@ pub fn place_at(topo: &Topology, fix: Fix, rates: Rates) -> Result<Vec<Setting>,
                 }
                 if ingress {
                     words += " ingress";
+                } else if shaper.ack_filter {
+                    words += " ack-filter";
                 }
                 vec![("qdisc", words)]
             }
@@ -174,9 +178,13 @@ mod tests {
         assert_eq!(kv(&htb[1]), [("rate", "57000kbit"), ("qdisc", "fq_codel"), ("quantum", "300"), ("overhead", "18")]);
         assert!(place(&t, Fix::Fifo).unwrap().is_empty());
         // Advised rates instead of the line's, one direction only.
-        let adv = place_at(&t, Fix::Cake, Rates { up_kbit: Some(3325), down_kbit: None }).unwrap();
+        let adv = place_at(&t, Fix::Cake, Shaper { up_kbit: Some(3325), down_kbit: None, ack_filter: false }).unwrap();
         assert_eq!(adv.len(), 1);
         assert_eq!(adv[0].command(), "bloatlab lab set lan --dir up qdisc='cake bandwidth 3325kbit docsis'");
+        // The ACK filter goes on the upload only.
+        let acks = place_at(&t, Fix::Cake, Shaper { up_kbit: Some(3325), down_kbit: Some(54_000), ack_filter: true }).unwrap();
+        assert_eq!(kv(&acks[0]), [("qdisc", "cake bandwidth 3325kbit docsis ack-filter")]);
+        assert_eq!(kv(&acks[1]), [("qdisc", "cake bandwidth 54000kbit docsis ingress")]);
     }
 
     #[test]

@@ -51,7 +51,7 @@ mod tests {
 
     #[test]
     fn a_generated_script_becomes_ip_steps_and_a_tc_batch() {
-        let sh = crate::config::tc_cake(&crate::config::Shaping { dev: "wan0".into(), down_kbit: Some(50_000), up_kbit: Some(10_000), link: crate::link::LinkType::Raw });
+        let sh = crate::config::tc_cake(&crate::config::Shaping { dev: "wan0".into(), down_kbit: Some(50_000), up_kbit: Some(10_000), link: crate::link::LinkType::Raw, ack_filter: false });
         let st = steps(&sh).unwrap();
         assert_eq!(st.ip, vec![vec!["link", "add", "name", "ifb4wan0", "type", "ifb"], vec!["link", "set", "dev", "ifb4wan0", "up"]]);
         assert_eq!(st.creates, vec!["ifb4wan0"]);

@@ -13,6 +13,8 @@ pub struct Shaping {
     pub down_kbit: Option<u64>,
     pub up_kbit: Option<u64>,
     pub link: LinkType,
+    /// CAKE's `ack-filter` on the upload (`advise` says when; HTB leaves have none).
+    pub ack_filter: bool,
 }
 
 impl Shaping {
@@ -93,7 +95,13 @@ pub fn tc_cake(s: &Shaping) -> String {
     let kw = s.link.cake_keyword();
     if let Some(up) = s.up_kbit {
         let _ = writeln!(o, "# Upload: diffserv3 honours EF and CS1 marks; dual-srchost shares by LAN host (nat reads\n# the addresses behind this router's NAT).");
-        let _ = writeln!(o, "tc qdisc replace dev {} root cake bandwidth {up}kbit {kw} nat dual-srchost diffserv3", s.dev);
+        let ack = if s.ack_filter {
+            let _ = writeln!(o, "# ack-filter: of a flow's queued pure ACKs, those a later one makes redundant are dropped, so\n# the download's ACKs take less of this slow upload (tc-cake(8)).");
+            " ack-filter"
+        } else {
+            ""
+        };
+        let _ = writeln!(o, "tc qdisc replace dev {} root cake bandwidth {up}kbit {kw} nat dual-srchost diffserv3{ack}", s.dev);
     }
     if let Some(down) = s.down_kbit {
         ingress_redirect(&mut o, s);
@@ -333,6 +341,14 @@ pub fn openwrt_sqm(s: &Shaping, cake: bool) -> String {
     let _ = writeln!(o, "\t# kbit/s; 0 leaves a direction unshaped\n\toption download '{}'\n\toption upload '{}'", s.down_kbit.unwrap_or(0), s.up_kbit.unwrap_or(0));
     if cake {
         let _ = writeln!(o, "\t# layer_cake: CAKE with diffserv3 tins, so voice marked EF goes first\n\toption qdisc 'cake'\n\toption script 'layer_cake.qos'");
+        if s.ack_filter {
+            // sqm appends eqdisc_opts to the upload's CAKE only with both advanced switches on;
+            // its other defaults stay as they were.
+            let _ = writeln!(
+                o,
+                "\t# ack-filter on the upload: fewer redundant ACKs on a slow upstream\n\toption qdisc_advanced '1'\n\toption qdisc_really_really_advanced '1'\n\toption eqdisc_opts 'ack-filter'"
+            );
+        }
     } else {
         let _ = writeln!(o, "\t# simple.qos: HTB with three priority classes and fq_codel leaves\n\toption qdisc 'fq_codel'\n\toption script 'simple.qos'");
     }
@@ -577,7 +593,7 @@ mod tests {
     use super::*;
 
     fn cable() -> Shaping {
-        Shaping { dev: "eth0".into(), down_kbit: Some(57_000), up_kbit: Some(3_610), link: LinkType::Docsis }
+        Shaping { dev: "eth0".into(), down_kbit: Some(57_000), up_kbit: Some(3_610), link: LinkType::Docsis, ack_filter: false }
     }
 
     /// The reference's OpenVPN numbers: 15000 x 9000 B at 930 Mbit/s is over a second of
@@ -622,7 +638,7 @@ mod tests {
     #[test]
     fn every_generator_matches_its_golden_file() {
         let s = cable();
-        let adsl = Shaping { dev: "pppoe-wan".into(), down_kbit: Some(15_000), up_kbit: Some(900), link: LinkType::PppoeLlcsnap };
+        let adsl = Shaping { dev: "pppoe-wan".into(), down_kbit: Some(15_000), up_kbit: Some(900), link: LinkType::PppoeLlcsnap, ack_filter: false };
         let cases = [
             ("tc-cake", tc_cake(&s)),
             ("tc-htb-fqcodel", tc_htb(&s, Leaf::FqCodel)),
@@ -681,6 +697,9 @@ tc qdisc replace dev ifb4eth0 root cake bandwidth 57000kbit docsis nat dual-dsth
 #   tc qdisc del dev eth0 root; tc qdisc del dev eth0 ingress; ip link del ifb4eth0
 ";
         assert_eq!(tc_cake(&cable()), want);
+        let acks = tc_cake(&Shaping { ack_filter: true, ..cable() });
+        assert!(acks.contains("tc qdisc replace dev eth0 root cake bandwidth 3610kbit docsis nat dual-srchost diffserv3 ack-filter\n"), "{acks}");
+        assert_eq!(acks.matches("ack-filter").count(), 2, "the upload's line and its comment: {acks}");
     }
 
     #[test]
@@ -704,6 +723,9 @@ tc qdisc replace dev ifb4eth0 root cake bandwidth 57000kbit docsis nat dual-dsth
         for line in ["\toption download '57000'", "\toption upload '3610'", "\toption script 'layer_cake.qos'", "\toption linklayer 'ethernet'", "\toption overhead '18'", "\toption tcMPU '64'"] {
             assert!(t.contains(line), "{line} in {t}");
         }
+        assert!(!t.contains("ack-filter"), "{t}");
+        let acks = openwrt_sqm(&Shaping { ack_filter: true, ..cable() }, true);
+        assert!(acks.contains("\toption qdisc_really_really_advanced '1'\n\toption eqdisc_opts 'ack-filter'\n"), "{acks}");
         let adsl = Shaping { link: LinkType::PppoeLlcsnap, ..cable() };
         assert!(openwrt_sqm(&adsl, false).contains("\toption linklayer 'atm'\n\toption overhead '40'\n"));
         let f = fireqos(&cable());
