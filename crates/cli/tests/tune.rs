@@ -183,7 +183,7 @@ fn cake_and_fq_codel_scripts_apply_in_debians_kernel() {
     }
     let dir = TempDir::new("tune");
     let d = dir.0.display();
-    std::fs::write(dir.0.join("cake.sh"), config("tc-cake", &LINE)).unwrap();
+    std::fs::write(dir.0.join("cake.sh"), config("tc-cake", &[&LINE[..], &["--ack-filter"]].concat())).unwrap();
     std::fs::write(dir.0.join("fqc.sh"), config("tc-htb-fqcodel", &LINE)).unwrap();
     let job = format!(
         "ip link add wan0 type veth peer name wan0p && ip link set wan0 up && sh -e {d}/cake.sh && tc -j qdisc show dev wan0 > {d}/cake-wan0.json \
@@ -198,6 +198,8 @@ fn cake_and_fq_codel_scripts_apply_in_debians_kernel() {
     let up = cake("cake-wan0.json");
     assert_eq!((up["options"]["bandwidth"].as_u64(), up["options"]["overhead"].as_u64(), up["options"]["mpu"].as_u64()), (Some(451_250), Some(18), Some(64)));
     assert_eq!((up["options"]["flowmode"].as_str(), up["options"]["nat"].as_bool()), (Some("dual-srchost"), Some(true)));
+    // iproute2's q_cake prints the filter's mode under "ack-filter".
+    assert_eq!(up["options"]["ack-filter"].as_str(), Some("enabled"), "{up}");
     let down = cake("cake-ifb.json");
     assert_eq!((down["options"]["bandwidth"].as_u64(), down["options"]["ingress"].as_bool(), down["options"]["diffserv"].as_str()), (Some(7_125_000), Some(true), Some("besteffort")));
     let fq: Vec<serde_json::Value> = read("fqc-wan0.json").into_iter().filter(|q| q["kind"] == "fq_codel").collect();
