@@ -98,11 +98,12 @@ pub enum LabCommand {
         #[arg(short, long)]
         quiet: bool,
         /// Where the advice is applied: `cake` (the emulator's CAKE on the router's LAN link,
-        /// `docsis` framing, ingress mode downstream), `fq_codel` (the emulator's HTB-style
+        /// `docsis` framing, ingress mode downstream, `ack-filter` upstream where the advice
+        /// says so; `cake+ack-filter` always), `fq_codel` (the emulator's HTB-style
         /// shaper with FQ-CoDel, quantum 300, as sqm-scripts' simple.qos), or `kernel` (tc on
         /// the router's WAN interface as `bloatlab tune apply` does it: the best qdisc this
         /// kernel has, HTB with short FIFOs when it has neither cake nor fq_codel).
-        #[arg(long, default_value = "cake", value_parser = ["cake", "fq_codel", "htb-fq_codel", "kernel"])]
+        #[arg(long, default_value = "cake", value_parser = ["cake", "cake+ack-filter", "fq_codel", "htb-fq_codel", "kernel"])]
         fix: String,
     },
     /// The same test through each fix on the same emulated line: `lab compare cable --fix
@@ -112,7 +113,8 @@ pub enum LabCommand {
     Compare {
         /// Preset name or TOML topology file (hosts `client` and `server`).
         topology: String,
-        /// Comma-separated fixes: fifo (the line as is), htb-fq_codel, cake.
+        /// Comma-separated fixes: fifo (the line as is), htb-fq_codel, cake, cake+ack-filter
+        /// (CAKE filtering the upload's redundant ACKs).
         #[arg(long, default_value = "fifo,htb-fq_codel,cake")]
         fix: String,
         /// The test each run makes, with its options: rrul, tcp-bidir, rpm, "voip --under-load".

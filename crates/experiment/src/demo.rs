@@ -187,7 +187,7 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
     // 3. Advice, for what the router can run.
     let iface = Iface { dev: router_dev.clone(), netns: Some(session.namespace(&router).to_string()) };
     let qdisc = match how {
-        Apply::Emulated(Fix::Cake) => Qdisc::Cake,
+        Apply::Emulated(Fix::Cake | Fix::CakeAckFilter) => Qdisc::Cake,
         Apply::Emulated(_) => Qdisc::HtbFqCodel,
         Apply::Kernel if apply::kernel_has("cake") => Qdisc::Cake,
         Apply::Kernel if apply::kernel_has("fq_codel") => Qdisc::HtbFqCodel,

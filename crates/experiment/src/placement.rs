@@ -18,6 +18,8 @@ pub enum Fix {
     HtbFqCodel,
     /// CAKE with its own shaper, ingress mode downstream (sqm's piece_of_cake / layer_cake).
     Cake,
+    /// The same with `ack-filter` on the upload, as tc-cake(8) suggests for asymmetric links.
+    CakeAckFilter,
 }
 
 impl Fix {
@@ -26,7 +28,8 @@ impl Fix {
             "fifo" | "none" => Ok(Fix::Fifo),
             "htb-fq_codel" | "fq_codel" | "htb+fq_codel" => Ok(Fix::HtbFqCodel),
             "cake" => Ok(Fix::Cake),
-            other => Err(format!("fix `{other}`: want fifo, htb-fq_codel or cake")),
+            "cake+ack-filter" | "cake-ack-filter" => Ok(Fix::CakeAckFilter),
+            other => Err(format!("fix `{other}`: want fifo, htb-fq_codel, cake or cake+ack-filter")),
         }
     }
 
@@ -35,6 +38,7 @@ impl Fix {
             Fix::Fifo => "fifo",
             Fix::HtbFqCodel => "htb-fq_codel",
             Fix::Cake => "cake",
+            Fix::CakeAckFilter => "cake+ack-filter",
         }
     }
 
@@ -44,6 +48,7 @@ impl Fix {
             Fix::Fifo => "line as is",
             Fix::HtbFqCodel => "HTB+fq_codel 95%",
             Fix::Cake => "CAKE 95%",
+            Fix::CakeAckFilter => "CAKE+ACK filter 95%",
         }
     }
 }
@@ -89,11 +94,11 @@ pub fn slowest(topo: &Topology) -> Result<&LinkSpec, String> {
 pub fn place(topo: &Topology, fix: Fix) -> Result<Vec<Setting>, String> {
     let spec = slowest(topo)?;
     let kbit = |r: &Rate| r.mean_bps().map(|bps| (bps as f64 * SHAPER_SHARE / 1000.0).round() as u64);
-    place_at(topo, fix, Shaper { up_kbit: kbit(&spec.up.rate), down_kbit: kbit(&spec.down.rate), ack_filter: false })
+    place_at(topo, fix, Shaper { up_kbit: kbit(&spec.up.rate), down_kbit: kbit(&spec.down.rate), ack_filter: fix == Fix::CakeAckFilter })
 }
 
 /// The settings that put `fix` in front of the slowest link as `shaper` says, counting that
-/// link's per-packet overhead.
+/// link's per-packet overhead. CAKE filters the upload's ACKs where either asks for it.
 pub fn place_at(topo: &Topology, fix: Fix, shaper: Shaper) -> Result<Vec<Setting>, String> {
     let spec = slowest(topo)?;
     if fix == Fix::Fifo {
@@ -131,7 +136,7 @@ pub fn place_at(topo: &Topology, fix: Fix, shaper: Shaper) -> Result<Vec<Setting
                 }
                 kv
             }
-            Fix::Cake => {
+            Fix::Cake | Fix::CakeAckFilter => {
                 let mut words = format!("cake bandwidth {kbit}kbit");
                 match (line.overhead, line.atm) {
                     // A cable line: the keyword a cable user sets (18 bytes, mpu 64).
@@ -141,7 +146,7 @@ pub fn place_at(topo: &Topology, fix: Fix, shaper: Shaper) -> Result<Vec<Setting
                 }
                 if ingress {
                     words += " ingress";
-                } else if shaper.ack_filter {
+                } else if shaper.ack_filter || fix == Fix::CakeAckFilter {
                     words += " ack-filter";
                 }
                 vec![("qdisc", words)]
@@ -185,6 +190,9 @@ mod tests {
         let acks = place_at(&t, Fix::Cake, Shaper { up_kbit: Some(3325), down_kbit: Some(54_000), ack_filter: true }).unwrap();
         assert_eq!(kv(&acks[0]), [("qdisc", "cake bandwidth 3325kbit docsis ack-filter")]);
         assert_eq!(kv(&acks[1]), [("qdisc", "cake bandwidth 54000kbit docsis ingress")]);
+        let fix = place(&t, Fix::parse("cake+ack-filter").unwrap()).unwrap();
+        assert_eq!(kv(&fix[0]), [("qdisc", "cake bandwidth 3800kbit docsis ack-filter")]);
+        assert_eq!(kv(&fix[1]), [("qdisc", "cake bandwidth 57000kbit docsis ingress")]);
     }
 
     #[test]

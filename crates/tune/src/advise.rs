@@ -244,7 +244,7 @@ pub fn advise(runs: &[Summary], t: &Target) -> Advice {
         if share >= ACK_FILTER_SHARE {
             u.ack_filter = true;
             u.reason += &format!(
-                " The download's ACKs would take about {:.0}% of it (one {}-byte ACK per two full segments at {} kbit/s): CAKE's ack-filter drops those a later ACK of the same flow makes redundant, which gives most of that back.",
+                " The download's ACKs would take about {:.0}% of it (one {}-byte ACK per two full segments at {} kbit/s): CAKE's ack-filter drops those a later ACK of the same flow makes redundant, which gives most of that back; the download's senders then send in larger bursts on fewer ACKs, a few ms more for its probes.",
                 share * 100.0,
                 t.link.wire_bytes(ACK_IP_BYTES),
                 d.rate_kbit
