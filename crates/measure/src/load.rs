@@ -82,8 +82,7 @@ impl Load {
                 // Dropping it closes it.
                 Ok(_) if self.stopped => {}
                 Ok(mut c) => {
-                    c.started = t;
-                    c.last_sample = t;
+                    c.begin(t);
                     self.flows.push(c);
                 }
                 Err(why) => self.failures.push(Failure { flow: name, t, why: format!("could not be opened: {why}") }),
