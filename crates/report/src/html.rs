@@ -51,7 +51,7 @@ body {{ font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1200p
 h1 {{ font-size: 1.5em; }} h2 {{ font-size: 1.2em; margin-top: 2em; }}
 table {{ border-collapse: collapse; }} td, th {{ padding: .3em .7em; border-bottom: 1px solid #ddd; text-align: right; }}
 td:first-child, th:first-child {{ text-align: left; }} .grade {{ font-weight: bold; text-align: center; }}
-.chart {{ width: 100%; height: 340px; }} pre {{ font-size: .8em; overflow: auto; background: #f6f6f6; padding: .5em; }}
+.chart {{ width: 100%; height: 340px; }} pre {{ font-size: .8em; white-space: pre-wrap; overflow-wrap: anywhere; background: #f6f6f6; padding: .5em; }}
 #errors {{ color: #b00; white-space: pre-wrap; }}
 </style>
 <script>

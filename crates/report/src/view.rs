@@ -7,6 +7,11 @@ use serde::Serialize;
 
 /// Most points a time-series line gets on screen; raw samples are averaged into bins.
 pub const MAX_POINTS: usize = 600;
+/// Throughput is shown over bins of at least this long (s), flent's step: over tens of ms a
+/// TCP receiver's goodput is its in-order delivery, which stalls behind a lost segment and
+/// then hands over a whole window at once (10 ms samples reading 550 Mbit/s on a 60 Mbit/s
+/// line). The result file keeps every sample.
+pub const THROUGHPUT_BIN_S: f64 = 0.2;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Line {
@@ -75,6 +80,29 @@ pub fn bin(samples: &[(f64, Option<f64>)], width: f64) -> Vec<(f64, Option<f64>)
     out
 }
 
+/// Each flow's goodput in bins of `width` s, after a total per direction summed bin by bin
+/// (flows that open later, as an RPM test's do, join the total where they start).
+fn throughput_lines(r: &ResultFile, width: f64) -> Vec<Line> {
+    let mut lines = Vec::new();
+    // Per direction: bin index -> summed Mbit/s.
+    let mut totals: [std::collections::BTreeMap<i64, f64>; 2] = Default::default();
+    for s in r.series.iter().filter(|s| s.kind == SeriesKind::Throughput) {
+        let points = bin(&s.samples, width);
+        let total = &mut totals[(s.direction.as_deref() == Some("up")) as usize];
+        for &(t, v) in &points {
+            *total.entry((t / width).floor() as i64).or_insert(0.0) += v.unwrap_or(0.0);
+        }
+        lines.push(Line { name: s.name.clone(), points });
+    }
+    for (i, name) in ["total down", "total up"].iter().enumerate() {
+        if !totals[i].is_empty() {
+            let points = totals[i].iter().map(|(&b, &v)| ((b as f64 + 0.5) * width, Some(v))).collect();
+            lines.insert(0, Line { name: name.to_string(), points });
+        }
+    }
+    lines
+}
+
 fn values_in(samples: &[(f64, Option<f64>)], start: f64, end: f64) -> Vec<f64> {
     samples.iter().filter(|(t, _)| *t >= start && *t < end).filter_map(|(_, v)| *v).collect()
 }
@@ -91,27 +119,7 @@ impl RunView {
     pub fn new(r: &ResultFile, label: &str) -> RunView {
         let end = r.metadata.phases.iter().map(|p| p.end).fold(0.0, f64::max);
         let width = (end / MAX_POINTS as f64).max(r.metadata.step);
-        let mut throughput: Vec<Line> = Vec::new();
-        let mut totals: [Vec<(f64, Option<f64>)>; 2] = [Vec::new(), Vec::new()];
-        for s in r.series.iter().filter(|s| s.kind == SeriesKind::Throughput) {
-            let points = bin(&s.samples, width);
-            let which = (s.direction.as_deref() == Some("up")) as usize;
-            let tot = &mut totals[which];
-            if tot.is_empty() {
-                *tot = points.iter().map(|&(t, _)| (t, Some(0.0))).collect();
-            }
-            for (slot, &(_, v)) in tot.iter_mut().zip(&points) {
-                if let (Some(acc), Some(v)) = (slot.1.as_mut(), v) {
-                    *acc += v;
-                }
-            }
-            throughput.push(Line { name: s.name.clone(), points });
-        }
-        for (i, name) in ["total down", "total up"].iter().enumerate() {
-            if !totals[i].is_empty() {
-                throughput.insert(0, Line { name: name.to_string(), points: std::mem::take(&mut totals[i]) });
-            }
-        }
+        let throughput = throughput_lines(r, width.max(THROUGHPUT_BIN_S));
         let rtt: Vec<_> = r.series.iter().filter(|s| s.kind == SeriesKind::Latency).collect();
         let latency = rtt.iter().map(|s| Line { name: s.name.clone(), points: bin(&s.samples, width) }).collect();
         let load = r.metadata.phases.iter().find(|p| p.name == "load");
@@ -214,6 +222,28 @@ mod tests {
         assert_eq!(lines[0].points.len(), 1000, "6..7 s at 1 ms");
         assert_eq!(lines[0].points[0], (6.0, Some(1.0)), "125 bytes a millisecond is 1 Mbit/s");
         assert!((lines[1].points[0].0 - 6.0).abs() < 1e-9, "the server's buckets on the client's clock");
+    }
+
+    #[test]
+    fn a_flow_opening_later_joins_the_total_where_it_starts() {
+        let mut r = ResultFile::new(bloatlab_result::Metadata { test: "rpm".into(), ..Default::default() });
+        let flow = |name: &str, from: f64, mbps: f64| bloatlab_result::Series {
+            name: name.into(),
+            kind: SeriesKind::Throughput,
+            direction: Some("down".into()),
+            dscp: None,
+            unit: "Mbit/s".into(),
+            samples: (0..100).map(|i| (from + 0.01 * (i + 1) as f64, Some(mbps))).collect(),
+        };
+        // 10 Mbit/s over 0..1 s; 30 Mbit/s over 0.6..1.6 s.
+        r.series = vec![flow("tcp down 1", 0.0, 10.0), flow("tcp down 2", 0.6, 30.0)];
+        let lines = throughput_lines(&r, 0.2);
+        assert_eq!(lines[0].name, "total down");
+        let at = |t: f64| lines[0].points.iter().find(|p| (p.0 - t).abs() < 1e-9).and_then(|p| p.1);
+        assert_eq!(at(0.1), Some(10.0), "the first flow alone");
+        assert_eq!(at(0.9), Some(40.0), "both");
+        assert_eq!(at(1.3), Some(30.0), "the second alone, where it ran (not shifted to the first's bins)");
+        assert!((lines[2].points[0].0 - 0.7).abs() < 1e-9, "its own line starts at its first bin: {:?}", lines[2].points[0]);
     }
 
     #[test]
