@@ -211,7 +211,7 @@ pub fn config_cmd(a: ConfigArgs) -> ExitCode {
         let adv = advise::advise(&runs, &Target { link: a.link, qdisc: Qdisc::Cake, queue_on_host: false });
         down = down.or(adv.down.as_ref().map(|d| d.rate_kbit));
         up = up.or(adv.up.as_ref().map(|d| d.rate_kbit));
-        ack_filter |= adv.up.as_ref().is_some_and(|d| d.ack_filter);
+        ack_filter |= adv.upload_ack_filter();
     }
     if a.dev.is_empty() || a.dev.len() > 15 || !a.dev.chars().all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c)) {
         return usage(format!("--dev `{}`: an interface name (at most 15 letters, digits, '-', '_', '.')", a.dev));
@@ -357,7 +357,7 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
                         Err(e) => return fail(e),
                     };
                     let adv = advise::advise(&runs, &Target { link, qdisc: Qdisc::Cake, queue_on_host: false });
-                    let ack_filter = adv.up.as_ref().is_some_and(|d| d.ack_filter);
+                    let ack_filter = adv.upload_ack_filter();
                     let s = Shaping { dev, down_kbit: adv.down.map(|d| d.rate_kbit), up_kbit: adv.up.map(|d| d.rate_kbit), link, ack_filter };
                     let (script, said) = config::for_kernel(&s, bloatlab_tune::apply::kernel_has);
                     if let Some(said) = said {

@@ -397,11 +397,11 @@ fn demo_measures_locates_advises_applies_and_verifies() {
         assert!(up > 1.0 && up < 4.0, "{run}: upload {up} Mbit/s on a 4 Mbit/s line");
     }
     // Behind the shaper every download ACK the filter leaves costs 70 bytes of the upload's
-    // rate (DOCSIS: 52 + 18). Unfiltered, at one ACK per two segments, the upload's payload
+    // rate (DOCSIS: 52 + 18; `ack_share`). Unfiltered, at one ACK per two segments, the upload's payload
     // could have at most what they leave; the filter lets it have more (measured 2.5 Mbit/s
     // where that ceiling was 2.2; without the filter 1.6-1.9).
-    let acks_mbit = f(&v, "after.throughput_mbps.down") / (2.0 * 1448.0 * 8.0) * 70.0 * 8.0;
-    let unfiltered = (up_kbit / 1000.0 - acks_mbit) * 1448.0 / 1518.0;
+    let acks = bloatlab_tune::advise::ack_share((f(&v, "after.throughput_mbps.down") * 1000.0) as u64, up_kbit as u64, bloatlab_tune::link::LinkType::Docsis);
+    let unfiltered = up_kbit / 1000.0 * (1.0 - acks) * 1448.0 / 1518.0;
     let up_after = f(&v, "after.throughput_mbps.up");
     assert!(up_after > unfiltered, "upload {up_after:.2} Mbit/s after: no more than unfiltered ACKs would leave it ({unfiltered:.2})");
     let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();

@@ -196,7 +196,7 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
     let advice = advise::advise(&runs, &Target { link, qdisc, queue_on_host: on_host });
     o.say(&format!("3/5 advise:\n{}", advice.text().trim_end()));
     sections.push(Section { title: "Advice (bloatlab advise)".into(), text: advice.text() });
-    let shaper = Shaper { up_kbit: advice.up.as_ref().map(|a| a.rate_kbit), down_kbit: advice.down.as_ref().map(|a| a.rate_kbit), ack_filter: advice.up.as_ref().is_some_and(|a| a.ack_filter) };
+    let shaper = Shaper { up_kbit: advice.up.as_ref().map(|a| a.rate_kbit), down_kbit: advice.down.as_ref().map(|a| a.rate_kbit), ack_filter: advice.upload_ack_filter() };
     d.advice = Some(advice);
 
     // 4. Apply on the router.

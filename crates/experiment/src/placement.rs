@@ -94,7 +94,7 @@ pub fn slowest(topo: &Topology) -> Result<&LinkSpec, String> {
 pub fn place(topo: &Topology, fix: Fix) -> Result<Vec<Setting>, String> {
     let spec = slowest(topo)?;
     let kbit = |r: &Rate| r.mean_bps().map(|bps| (bps as f64 * SHAPER_SHARE / 1000.0).round() as u64);
-    place_at(topo, fix, Shaper { up_kbit: kbit(&spec.up.rate), down_kbit: kbit(&spec.down.rate), ack_filter: fix == Fix::CakeAckFilter })
+    place_at(topo, fix, Shaper { up_kbit: kbit(&spec.up.rate), down_kbit: kbit(&spec.down.rate), ack_filter: false })
 }
 
 /// The settings that put `fix` in front of the slowest link as `shaper` says, counting that

@@ -78,6 +78,11 @@ pub struct Advice {
 }
 
 impl Advice {
+    /// Whether the upload's CAKE should filter ACKs.
+    pub fn upload_ack_filter(&self) -> bool {
+        self.up.as_ref().is_some_and(|u| u.ack_filter)
+    }
+
     /// Each direction's reason, then the notes: what `bloatlab advise` prints.
     pub fn text(&self) -> String {
         let mut o = String::new();
