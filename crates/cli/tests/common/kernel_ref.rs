@@ -55,17 +55,27 @@ pub struct KernelRouter {
     dir: TempDir,
     pub cli: String,
     pub srv: String,
+    /// Further client hosts on the router's LAN (`start_lan`): 10.99.2.2, 10.99.2.3, ...
+    pub more_clients: Vec<String>,
+    srv_dev: String,
 }
 
 pub const ROUTER_SRV_ADDR: &str = "10.99.3.1";
 
 impl KernelRouter {
     pub fn start(tag: &str, topo_args: &[&str]) -> KernelRouter {
+        Self::start_lan(tag, topo_args, 1)
+    }
+
+    /// As `start`, with `clients` hosts on the router's LAN, as behind a home router: `cli`
+    /// bridges the guest's NIC to veths of the others, so each host has an address of its own
+    /// (CAKE's host isolation tells hosts apart by address).
+    pub fn start_lan(tag: &str, topo_args: &[&str], clients: usize) -> KernelRouter {
         let prefix = format!("kr{}{tag}", std::process::id() % 100_000);
         let (cli, srv) = (format!("{prefix}c"), format!("{prefix}s"));
         let dir = TempDir::new(tag);
         ip(&["netns", "add", &cli]);
-        let mut r = KernelRouter { guest: None, dir, cli, srv };
+        let mut r = KernelRouter { guest: None, dir, cli, srv, more_clients: Vec::new(), srv_dev: String::new() };
         ip(&["netns", "add", &r.srv]);
         let quoted: Vec<String> = topo_args.iter().map(|a| format!("'{}'", a.replace('\'', "'\\''"))).collect();
         let job = format!("{} --nics {}", script("kernel-ref-topo.sh").display(), quoted.join(" "));
@@ -90,11 +100,40 @@ impl KernelRouter {
             assert!(t0.elapsed() < Duration::from_secs(90), "kernel router not ready after 90 s");
             std::thread::sleep(Duration::from_millis(100));
         }
-        ip(&["-n", &r.cli, "addr", "add", "10.99.2.1/24", "dev", &tc]);
+        let mut cli_dev = tc.clone();
+        if clients > 1 {
+            ip(&["-n", &r.cli, "link", "add", "name", "br0", "type", "bridge"]);
+            ip(&["-n", &r.cli, "link", "set", &tc, "master", "br0"]);
+            cli_dev = "br0".into();
+        }
+        for i in 2..=clients {
+            let ns = format!("{prefix}c{i}");
+            ip(&["netns", "add", &ns]);
+            r.more_clients.push(ns.clone());
+            let port = format!("v{i}");
+            ip(&["link", "add", "v0", "netns", &ns, "type", "veth", "peer", "name", &port, "netns", &r.cli]);
+            ip(&["-n", &r.cli, "link", "set", &port, "master", "br0", "up"]);
+            // One wire packet per skb, as from the tap: the guest's NICs take no offloads.
+            ip(&["-n", &ns, "link", "set", "v0", "gso_max_size", "1514", "gso_max_segs", "1", "up"]);
+            ip(&["-n", &ns, "link", "set", "lo", "up"]);
+            ip(&["-n", &ns, "addr", "add", &format!("10.99.2.{i}/24"), "dev", "v0"]);
+            ip(&["-n", &ns, "route", "add", "default", "via", "10.99.2.254"]);
+        }
+        if clients > 1 {
+            ip(&["-n", &r.cli, "link", "set", "br0", "gso_max_size", "1514", "gso_max_segs", "1", "up"]);
+        }
+        ip(&["-n", &r.cli, "addr", "add", "10.99.2.1/24", "dev", &cli_dev]);
         ip(&["-n", &r.cli, "route", "add", "default", "via", "10.99.2.254"]);
         ip(&["-n", &r.srv, "addr", "add", "10.99.3.1/24", "dev", &ts]);
         ip(&["-n", &r.srv, "route", "add", "default", "via", "10.99.3.254"]);
+        r.srv_dev = ts;
         r
+    }
+
+    /// One more address (10.99.3.N/24) for the server's namespace: a second server host, as
+    /// the router's qdiscs see it.
+    pub fn add_server_address(&self, addr: &str) {
+        ip(&["-n", &self.srv, "addr", "add", &format!("{addr}/24"), "dev", &self.srv_dev]);
     }
 
     pub fn exec(&self, ns: &str) -> Vec<String> {
@@ -128,7 +167,7 @@ impl KernelRouter {
 impl Drop for KernelRouter {
     fn drop(&mut self) {
         self.halt();
-        for n in [&self.cli, &self.srv] {
+        for n in [&self.cli, &self.srv].into_iter().chain(&self.more_clients) {
             let _ = Command::new("ip").args(["netns", "del", n]).output();
         }
     }
