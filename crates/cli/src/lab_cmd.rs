@@ -388,13 +388,15 @@ fn stats_text(stats: &serde_json::Value) -> String {
             let hist: bloatlab_lab_model::stats::SojournHistogram = serde_json::from_value(d["sojourn"].clone()).unwrap_or_default();
             let q = |p: f64| hist.quantile_us(p).map_or("-".to_string(), |us| format!("{:.2}ms", us as f64 / 1000.0));
             out += &format!(
-                "{name} {dir:<4} {}\n  {} pkts in, {} out ({:.1} MB); drops: queue {}, aqm {}, loss {}, mtu {}, tun {}; ecn marks {}\n  queue now {} pkts (max {}); sojourn p50 {} p90 {} p99 {}\n  before the model, in the TUN device ({} pkts): waited at most {} us (p99 {} us), {} pkts at once (p99 {})\n",
+                "{name} {dir:<4} {}\n  {} pkts in, {} out ({:.1} MB); drops: queue {}, aqm {}, {}loss {}, mtu {}, tun {}; ecn marks {}\n  queue now {} pkts (max {}); sojourn p50 {} p90 {} p99 {}\n  before the model, in the TUN device ({} pkts): waited at most {} us (p99 {} us), {} pkts at once (p99 {})\n",
                 d["config"].as_str().unwrap_or(""),
                 n("rx_packets"),
                 n("tx_packets"),
                 n("tx_bytes") as f64 / 1e6,
                 dn("overflow"),
                 dn("aqm"),
+                // CAKE's filtered ACKs are drops too (tc counts them in "dropped").
+                if dn("ack_filter") > 0 { format!("ack filter {}, ", dn("ack_filter")) } else { String::new() },
                 dn("loss"),
                 dn("mtu"),
                 d["tun"]["dropped"].as_u64().map_or("?".into(), |v| v.to_string()),
@@ -556,5 +558,13 @@ mod tests {
         assert_eq!(header, ["Bulk", "Best Effort", "Voice"], "{text}");
         let thresh = text.lines().find(|l| l.trim_start().starts_with("thresh")).unwrap();
         assert_eq!(thresh.split_whitespace().skip(2).collect::<Vec<_>>(), ["1.25", "20.00", "5.00"], "{text}");
+    }
+
+    #[test]
+    fn a_links_drops_line_counts_filtered_acks_only_where_there_are_some() {
+        let link = |ack: u64| serde_json::json!({"links": {"wan": {"up": {"drops": {"overflow": 1, "aqm": 2, "ack_filter": ack, "loss": 0, "mtu": 0}}}}});
+        let drops = |ack: u64| stats_text(&link(ack)).lines().nth(1).unwrap().to_string();
+        assert!(drops(7486).contains("drops: queue 1, aqm 2, ack filter 7486, loss 0"), "{}", drops(7486));
+        assert!(drops(0).contains("drops: queue 1, aqm 2, loss 0"), "{}", drops(0));
     }
 }
