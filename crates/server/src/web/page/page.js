@@ -93,9 +93,13 @@
     // Goodput over 0.5 s: the server's upload count arrives in steps.
     const smooth = (samples) => samples.map(([t], i) => { const w = samples.slice(Math.max(0, i - 4), i + 1); return [t, w.reduce((a, x) => a + x[1], 0) / w.length]; });
     const down = smooth(state.down), up = smooth(state.up);
-    const maxMbps = Math.max(1, ...down.map((s) => s[1]), ...up.map((s) => s[1])) * 1.1;
+    // Each direction on its own scale, named in its colour: on a 60/4 Mbit/s line one shared
+    // scale draws the upload as a flat line at the bottom.
+    const top = (samples) => Math.max(0.1, ...samples.map((s) => s[1])) * 1.1;
+    const maxDown = top(down), maxUp = top(up);
     const yMs = (v) => h - pad - (h - 2 * pad) * Math.min(v / maxMs, 1);
-    const yMbps = (v) => h - pad - (h - 2 * pad) * Math.min(v / maxMbps, 1);
+    const yScale = (max) => (v) => h - pad - (h - 2 * pad) * Math.min(v / max, 1);
+    const mbps = (v) => (v < 10 ? v.toFixed(1) : v.toFixed(0)) + ' Mbit/s';
     state.phases.forEach((p, i) => {
       g.fillStyle = i % 2 ? 'rgba(255,255,255,0.03)' : 'rgba(255,255,255,0.06)';
       g.fillRect(x(p.start), pad / 2, x(p.end) - x(p.start), h - pad * 1.5);
@@ -104,7 +108,10 @@
     });
     g.fillStyle = '#8a949e';
     g.fillText('latency to ' + Math.round(maxMs) + ' ms', 2, fs);
-    g.fillText(maxMbps.toFixed(0) + ' Mbit/s', w - pad - 4 * fs, h - 4);
+    g.textAlign = 'right';
+    g.fillStyle = '#4fa3ff'; g.fillText('download to ' + mbps(maxDown), w - 2, h - 4 - 1.3 * fs);
+    g.fillStyle = '#ffa94f'; g.fillText('upload to ' + mbps(maxUp), w - 2, h - 4);
+    g.textAlign = 'left';
     const line = (samples, y, color, dots) => {
       g.strokeStyle = g.fillStyle = color; g.lineWidth = 1.5 * devicePixelRatio; g.beginPath();
       let on = false;
@@ -116,8 +123,8 @@
       }
       if (!dots) g.stroke();
     };
-    line(down, yMbps, '#4fa3ff');
-    line(up, yMbps, '#ffa94f');
+    line(down, yScale(maxDown), '#4fa3ff');
+    line(up, yScale(maxUp), '#ffa94f');
     line(state.kernel, yMs, '#b48cff', true);
     line(state.rtt, yMs, '#e8e86a', true);
   }
