@@ -120,6 +120,24 @@ fn pct_line(label: &str, p: &Option<Percentiles>) -> Option<String> {
 }
 
 /// The human summary printed after a test.
+/// The congestion control the flows sent with: the one asked for, or what their sending
+/// sockets read where the test could read them. The hosts' sysctl default alone can mislead: a
+/// route may set another (the lab's hosts send cubic on routes whose namespace default is bbr).
+fn cc_words(meta: &Metadata) -> String {
+    if let Some(cc) = &meta.cc {
+        return cc.clone();
+    }
+    let sysctl = format!("client {}, server {}", meta.client.default_cc, meta.server.default_cc);
+    let mut read: Vec<&str> = meta.flows.iter().filter_map(|f| f.cc.as_deref()).collect();
+    read.sort_unstable();
+    read.dedup();
+    if read.is_empty() {
+        return format!("default ({sysctl})");
+    }
+    let all = meta.flows.iter().all(|f| f.cc.is_some());
+    format!("{}{} (not set by the test; sysctl default: {sysctl})", read.join(" and "), if all { "" } else { " where read" })
+}
+
 pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
     if let Some(w) = &s.writeback {
         return writeback_text(s, w, meta);
@@ -140,7 +158,7 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
         return out;
     }
     let mut out = String::new();
-    let cc = meta.cc.clone().unwrap_or_else(|| format!("default (client {}, server {})", meta.client.default_cc, meta.server.default_cc));
+    let cc = cc_words(meta);
     let _ = writeln!(out, "{} to {} ({}), congestion control {cc}{}", s.test, meta.server.name, meta.server.address.as_deref().unwrap_or("?"), if s.partial { "  [PARTIAL]" } else { "" });
     let t = &s.throughput_mbps;
     if t.down.is_some() || t.up.is_some() {
@@ -382,4 +400,27 @@ pub fn events_text(events: &[Event]) -> String {
         let _ = writeln!(out, "note at {:.1} s: {}", e.t, e.what);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bloatlab_result::{FlowInfo, Host};
+
+    #[test]
+    fn the_congestion_control_named_is_what_the_sockets_read_before_the_sysctl() {
+        let flow = |cc: Option<&str>| FlowInfo { name: "f".into(), cc: cc.map(Into::into), ..Default::default() };
+        let meta = |flows: Vec<FlowInfo>, cc: Option<&str>| Metadata {
+            client: Host { default_cc: "bbr".into(), ..Default::default() },
+            server: Host { default_cc: "unknown".into(), ..Default::default() },
+            flows,
+            cc: cc.map(Into::into),
+            ..Default::default()
+        };
+        assert_eq!(cc_words(&meta(vec![flow(Some("cubic")), flow(Some("cubic"))], None)), "cubic (not set by the test; sysctl default: client bbr, server unknown)");
+        assert_eq!(cc_words(&meta(vec![flow(Some("cubic")), flow(None)], None)), "cubic where read (not set by the test; sysctl default: client bbr, server unknown)");
+        assert_eq!(cc_words(&meta(vec![flow(Some("reno")), flow(Some("cubic"))], None)), "cubic and reno (not set by the test; sysctl default: client bbr, server unknown)");
+        assert_eq!(cc_words(&meta(vec![flow(None)], None)), "default (client bbr, server unknown)");
+        assert_eq!(cc_words(&meta(vec![flow(Some("cubic"))], Some("bbr"))), "bbr");
+    }
 }

@@ -247,6 +247,8 @@ struct Flow {
     last: u64,
     /// Why the connection failed (refused, a non-2xx answer, broken), and when (s).
     error: Arc<Mutex<Option<(f64, String)>>>,
+    /// An upload's congestion control, read from its socket (a download's is the server's).
+    cc: Arc<Mutex<Option<String>>>,
 }
 
 /// A foreign probe: its send time (s), then TCP, TLS and HTTP times (ms), each if it completed.
@@ -527,6 +529,7 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
                         samples: Vec::new(),
                         last: 0,
                         error: Arc::default(),
+                        cc: Arc::default(),
                     };
                     spawn_load(&mut load_tasks, &f, urls.clone(), connector.clone(), senders.clone(), stop.clone(), st.t0);
                     st.flows.push(f);
@@ -618,7 +621,7 @@ fn spawn_self(tasks: &mut tokio::task::JoinSet<()>, sender: SendRequest<ReqBody>
 }
 
 fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, connector: Connector, senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>>, stop: Arc<AtomicBool>, t0: Instant) {
-    let (down, bytes, error) = (f.down, f.bytes.clone(), f.error.clone());
+    let (down, bytes, error, cc) = (f.down, f.bytes.clone(), f.error.clone(), f.cc.clone());
     tasks.spawn(async move {
         let target = if down { &urls.large } else { &urls.upload };
         let outcome = async {
@@ -630,6 +633,7 @@ fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, c
             if down {
                 fetch(&mut s, target, Some(&*bytes), Some(&*stop)).await.map(drop)
             } else {
+                *cc.lock().unwrap() = bloatlab_netio::cc(socket.as_ref());
                 s.ready().await?;
                 // Upload goodput is what the server's TCP acknowledged: bytes handed to HTTP/2
                 // also fill its send buffers and the path's queue (counted so, a 5 Mbit/s line
@@ -714,7 +718,7 @@ fn build(meta: &Metadata, st: &State, idle: f64, t: f64, finished: bool) -> Resu
         if let Some((at, why)) = &error {
             r.events.push(result::Event { t: *at, what: format!("load connection {} failed: {why}", f.name) });
         }
-        r.metadata.flows.push(result::FlowInfo { name: f.name.clone(), error: error.map(|e| e.1), ..Default::default() });
+        r.metadata.flows.push(result::FlowInfo { name: f.name.clone(), cc: f.cc.lock().unwrap().clone(), error: error.map(|e| e.1), ..Default::default() });
     }
     let p = st.probes.lock().unwrap();
     let latency = |name: &str, samples: Vec<(f64, Option<f64>)>| Series { name: name.into(), kind: SeriesKind::Latency, direction: None, dscp: Some(0), unit: "ms".into(), samples };
