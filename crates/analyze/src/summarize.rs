@@ -265,6 +265,7 @@ fn throughput(result: &ResultFile, window_of: impl Fn(&str) -> Option<Window>) -
     let sampled_until = result.series.iter().filter(|x| x.kind == SeriesKind::Throughput).filter_map(|x| x.samples.last()).map(|s| s.0).reduce(f64::max);
     let mut t = Throughput::default();
     let (mut down, mut up) = (Vec::new(), Vec::new());
+    let (mut down_starts, mut up_starts) = (Vec::new(), Vec::new());
     for series in result.series.iter().filter(|x| x.kind == SeriesKind::Throughput) {
         let dir = series.direction.clone().unwrap_or_default();
         let Some(w) = window_of(&dir) else { continue };
@@ -272,9 +273,11 @@ fn throughput(result: &ResultFile, window_of: impl Fn(&str) -> Option<Window>) -
         let start = result.metadata.flows.iter().find(|f| f.name == series.name).and_then(|f| f.start);
         let mbps = mean_rate(series, w, start, result.metadata.step);
         if dir == "up" {
-            up.push(mbps)
+            up.push(mbps);
+            up_starts.extend(start);
         } else {
-            down.push(mbps)
+            down.push(mbps);
+            down_starts.extend(start);
         }
         t.per_flow.push(FlowThroughput { name: series.name.clone(), direction: dir, dscp: series.dscp.unwrap_or(0), mbps });
     }
@@ -282,10 +285,17 @@ fn throughput(result: &ResultFile, window_of: impl Fn(&str) -> Option<Window>) -
     t.down = sum(&down);
     t.up = sum(&up);
     t.total = sum(&[down.clone(), up.clone()].concat());
-    t.fairness_down = stats::jain(&down);
-    t.fairness_up = stats::jain(&up);
+    // Jain's index compares flows that shared the window. Flows opened one a second (RPM's
+    // ramp) did not: the first ran alone, the last for a moment, and the index read 0.39 on a
+    // line that shared fairly.
+    let together = |starts: &[f64]| starts.iter().copied().reduce(f64::max).zip(starts.iter().copied().reduce(f64::min)).is_none_or(|(hi, lo)| hi - lo <= FLOWS_TOGETHER_S);
+    t.fairness_down = stats::jain(&down).filter(|_| together(&down_starts));
+    t.fairness_up = stats::jain(&up).filter(|_| together(&up_starts));
     t
 }
+
+/// Flows whose data began within this many seconds of each other are compared for fairness.
+const FLOWS_TOGETHER_S: f64 = 1.0;
 
 /// A load phase without its ramp-up (as the load phase's statistics leave it out).
 fn steady_phase(result: &ResultFile, name: &str) -> Option<Window> {
@@ -577,6 +587,19 @@ mod tests {
         assert_eq!(s.added_latency_ms_by_class, ByClass { be: Some(4.0), ef: Some(9.0), bk: Some(150.0) });
         assert_eq!(s.grade.as_deref(), Some(grade::grade(4.0)));
         assert_eq!(s.latency_ms.loaded.unwrap().p50, 24.0, "the pooled percentiles stay pooled");
+    }
+
+    #[test]
+    fn fairness_compares_only_flows_that_began_together() {
+        let mut r = bloated();
+        let start = |name: &str, t: f64| FlowInfo { name: name.into(), start: Some(t), ..Default::default() };
+        r.metadata.flows = vec![start("tcp down 1 BE", 5.0), start("tcp down 2 BK", 5.8)];
+        assert!(summarize(&r).throughput_mbps.fairness_down.is_some(), "0.8 s apart: together");
+        // RPM's ramp: the second opened 3 s after the first.
+        r.metadata.flows[1].start = Some(8.0);
+        let s = summarize(&r);
+        assert_eq!(s.throughput_mbps.fairness_down, None);
+        assert!((s.throughput_mbps.down.unwrap() - 20.0).abs() < 1e-9, "the direction's total stands");
     }
 
     #[test]

@@ -120,6 +120,9 @@ fn pct_line(label: &str, p: &Option<Percentiles>) -> Option<String> {
 }
 
 /// The human summary printed after a test.
+/// More flows than this (an RPM test opens up to 32) are summed up in one line.
+const MAX_FLOWS_LISTED: usize = 8;
+
 /// The congestion control the flows sent with: the one asked for, or what their sending
 /// sockets read where the test could read them. The hosts' sysctl default alone can mislead: a
 /// route may set another (the lab's hosts send cubic on routes whose namespace default is bbr).
@@ -173,12 +176,18 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
         if t.fairness_down.is_some() || t.fairness_up.is_some() {
             out.push('\n');
         }
-        for fl in &t.per_flow {
-            let _ = writeln!(out, "    {:<18} {:8.2}", fl.name, fl.mbps);
+        if t.per_flow.len() <= MAX_FLOWS_LISTED {
+            for fl in &t.per_flow {
+                let _ = writeln!(out, "    {:<18} {:8.2}", fl.name, fl.mbps);
+            }
+        } else {
+            let mut v: Vec<f64> = t.per_flow.iter().map(|f| f.mbps).collect();
+            v.sort_by(f64::total_cmp);
+            let _ = writeln!(out, "  {} flows, each: max {:.2}, median {:.2}, min {:.2} (every flow in the result file)", v.len(), v[v.len() - 1], v[v.len() / 2], v[0]);
         }
     }
     let l = &s.latency_ms;
-    let _ = writeln!(out, "Latency (round trip)");
+    let mut latency = String::new();
     for line in [
         pct_line("idle", &l.idle),
         pct_line("loaded", &l.loaded),
@@ -191,17 +200,23 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
     .into_iter()
     .flatten()
     {
-        let _ = writeln!(out, "{line}");
+        let _ = writeln!(latency, "{line}");
     }
     if l.per_stream.len() > 1 {
         for st in &l.per_stream {
             if let Some(line) = pct_line(&format!("loaded {}", st.name), &st.loaded) {
-                let _ = writeln!(out, "{line}");
+                let _ = writeln!(latency, "{line}");
             }
         }
     }
-    if let Some(why) = &l.owd_unavailable {
-        let _ = writeln!(out, "  one-way delays not shown: {why}");
+    // Without probes of its own (RPM over HTTP) there is nothing here, nor a reason to say
+    // why one-way delays are missing.
+    if !latency.is_empty() {
+        let _ = writeln!(out, "Latency (round trip)\n{latency}");
+        out.pop();
+        if let Some(why) = &l.owd_unavailable {
+            let _ = writeln!(out, "  one-way delays not shown: {why}");
+        }
     }
     if let Some(o) = &meta.clock_offset {
         let drift = o.drift_ppm.map_or(String::new(), |d| format!(", drift {d:+.1} ppm"));
@@ -227,17 +242,20 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
     }
     let lo = &s.loss;
     let what = if s.udp.is_some() { "UDP load packets" } else { "probes" };
-    let _ = write!(out, "Loss                    {:.2}% of {} {what}", lo.percent, lo.sent);
-    if let (Some(u), Some(d)) = (lo.up_percent, lo.down_percent) {
-        let _ = write!(out, " (up {u:.2}%, down {d:.2}%)");
+    // RPM over HTTP sends no probes of this kind: no line rather than "0% of 0".
+    if lo.sent > 0 {
+        let _ = write!(out, "Loss                    {:.2}% of {} {what}", lo.percent, lo.sent);
+        if let (Some(u), Some(d)) = (lo.up_percent, lo.down_percent) {
+            let _ = write!(out, " (up {u:.2}%, down {d:.2}%)");
+        }
+        if let (Some(i), Some(l)) = (lo.idle_percent, lo.load_percent) {
+            let _ = write!(out, "; idle {i:.2}%, under load {l:.2}%");
+        }
+        if lo.server_limited > 0 {
+            let _ = write!(out, "; {} declined by the server's rate limit, not counted", lo.server_limited);
+        }
+        out.push('\n');
     }
-    if let (Some(i), Some(l)) = (lo.idle_percent, lo.load_percent) {
-        let _ = write!(out, "; idle {i:.2}%, under load {l:.2}%");
-    }
-    if lo.server_limited > 0 {
-        let _ = write!(out, "; {} declined by the server's rate limit, not counted", lo.server_limited);
-    }
-    out.push('\n');
     if let Some(r) = s.tcp_retransmits {
         let _ = writeln!(out, "TCP retransmits (up)    {r}");
     }
@@ -422,5 +440,19 @@ mod tests {
         assert_eq!(cc_words(&meta(vec![flow(Some("reno")), flow(Some("cubic"))], None)), "cubic and reno (not set by the test; sysctl default: client bbr, server unknown)");
         assert_eq!(cc_words(&meta(vec![flow(None)], None)), "default (client bbr, server unknown)");
         assert_eq!(cc_words(&meta(vec![flow(Some("cubic"))], Some("bbr"))), "bbr");
+    }
+
+    /// RPM over HTTP: 16 load connections and no probes of the bloatlab protocol's kind.
+    #[test]
+    fn many_flows_are_summed_up_and_absent_probes_leave_no_empty_sections() {
+        use bloatlab_result::FlowThroughput;
+        let mut s = Summary { test: "rpm".into(), ..Default::default() };
+        s.throughput_mbps.down = Some(4.0);
+        s.throughput_mbps.per_flow = (0..16).map(|i| FlowThroughput { name: format!("down-{i}"), direction: "down".into(), dscp: 0, mbps: i as f64 / 4.0 }).collect();
+        s.latency_ms.owd_unavailable = Some("no clock offset estimate".into());
+        let text = summary_text(&s, &Metadata::default());
+        assert!(text.contains("16 flows, each: max 3.75, median 2.00, min 0.00"), "{text}");
+        assert!(!text.contains("down-3"), "{text}");
+        assert!(!text.contains("Latency") && !text.contains("one-way") && !text.contains("Loss"), "{text}");
     }
 }

@@ -247,8 +247,16 @@ struct Flow {
     last: u64,
     /// Why the connection failed (refused, a non-2xx answer, broken), and when (s).
     error: Arc<Mutex<Option<(f64, String)>>>,
+    /// Its connection once open.
+    opened: Arc<Mutex<FlowOpened>>,
+}
+
+#[derive(Default)]
+struct FlowOpened {
+    /// When its data began (s since the test's start): its mean goodput is over its own life.
+    start: Option<f64>,
     /// An upload's congestion control, read from its socket (a download's is the server's).
-    cc: Arc<Mutex<Option<String>>>,
+    cc: Option<String>,
 }
 
 /// A foreign probe: its send time (s), then TCP, TLS and HTTP times (ms), each if it completed.
@@ -529,7 +537,7 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
                         samples: Vec::new(),
                         last: 0,
                         error: Arc::default(),
-                        cc: Arc::default(),
+                        opened: Arc::default(),
                     };
                     spawn_load(&mut load_tasks, &f, urls.clone(), connector.clone(), senders.clone(), stop.clone(), st.t0);
                     st.flows.push(f);
@@ -621,11 +629,16 @@ fn spawn_self(tasks: &mut tokio::task::JoinSet<()>, sender: SendRequest<ReqBody>
 }
 
 fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, connector: Connector, senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>>, stop: Arc<AtomicBool>, t0: Instant) {
-    let (down, bytes, error, cc) = (f.down, f.bytes.clone(), f.error.clone(), f.cc.clone());
+    let (down, bytes, error, opened) = (f.down, f.bytes.clone(), f.error.clone(), f.opened.clone());
     tasks.spawn(async move {
         let target = if down { &urls.large } else { &urls.upload };
         let outcome = async {
             let Opened { sender: mut s, socket, budget, .. } = open(target, &connector).await?;
+            {
+                let mut o = opened.lock().unwrap();
+                o.start = Some(t0.elapsed().as_secs_f64());
+                o.cc = (!down).then(|| bloatlab_netio::cc(socket.as_ref())).flatten();
+            }
             // Self probes share HTTP/2 connections; an HTTP/1.1 one is busy with its load.
             if let Sender::H2(h2) = &s {
                 senders.lock().unwrap().push(h2.clone());
@@ -633,7 +646,6 @@ fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, c
             if down {
                 fetch(&mut s, target, Some(&*bytes), Some(&*stop)).await.map(drop)
             } else {
-                *cc.lock().unwrap() = bloatlab_netio::cc(socket.as_ref());
                 s.ready().await?;
                 // Upload goodput is what the server's TCP acknowledged: bytes handed to HTTP/2
                 // also fill its send buffers and the path's queue (counted so, a 5 Mbit/s line
@@ -718,7 +730,10 @@ fn build(meta: &Metadata, st: &State, idle: f64, t: f64, finished: bool) -> Resu
         if let Some((at, why)) = &error {
             r.events.push(result::Event { t: *at, what: format!("load connection {} failed: {why}", f.name) });
         }
-        r.metadata.flows.push(result::FlowInfo { name: f.name.clone(), cc: f.cc.lock().unwrap().clone(), error: error.map(|e| e.1), ..Default::default() });
+        r.metadata.flows.push({
+            let o = f.opened.lock().unwrap();
+            result::FlowInfo { name: f.name.clone(), cc: o.cc.clone(), start: o.start, error: error.map(|e| e.1), ..Default::default() }
+        });
     }
     let p = st.probes.lock().unwrap();
     let latency = |name: &str, samples: Vec<(f64, Option<f64>)>| Series { name: name.into(), kind: SeriesKind::Latency, direction: None, dscp: Some(0), unit: "ms".into(), samples };
