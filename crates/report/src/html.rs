@@ -19,10 +19,12 @@ fn num(v: Option<f64>) -> String {
     v.map_or("–".into(), |v| format!("{v:.1}"))
 }
 
-fn summary_row(label: &str, s: &Summary) -> String {
+fn summary_row(label: &str, s: &Summary, rpm_column: bool) -> String {
     let p = |x: Option<bloatlab_result::Percentiles>, f: fn(&bloatlab_result::Percentiles) -> f64| num(x.as_ref().map(f));
+    let loss = if s.loss.sent > 0 { format!("{:.2}", s.loss.percent) } else { "–".into() };
+    let rpm = if rpm_column { format!("<td>{}</td>", esc(&rpm_cell(s))) } else { String::new() };
     format!(
-        "<tr><td>{}</td><td class=grade>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {} / {}</td><td>{}</td><td>{}</td><td>{:.2}</td></tr>",
+        "<tr><td>{}</td><td class=grade>{}</td>{rpm}<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {} / {}</td><td>{}</td><td>{}</td><td>{loss}</td></tr>",
         esc(label),
         esc(s.grade.as_deref().unwrap_or("–")),
         p(s.latency_ms.idle, |x| x.p50),
@@ -35,8 +37,21 @@ fn summary_row(label: &str, s: &Summary) -> String {
         num(s.added_latency_ms_by_class.bk),
         num(s.throughput_mbps.down),
         num(s.throughput_mbps.up),
-        s.loss.percent,
     )
+}
+
+/// An RPM test's headline: its responsiveness and band, or each direction's when run one after
+/// the other.
+fn rpm_cell(s: &Summary) -> String {
+    let whole = |r: &bloatlab_result::Rpm| format!("{:.0} ({})", r.rpm, r.band);
+    match (&s.rpm, &s.rpm_by_direction) {
+        (Some(r), _) => whole(r),
+        (None, Some(d)) => {
+            let one = |r: &Option<bloatlab_result::Rpm>| r.as_ref().map_or("–".into(), |r| format!("{:.0}", r.rpm));
+            format!("down {} / up {}", one(&d.down), one(&d.up))
+        }
+        (None, None) => "–".into(),
+    }
 }
 
 /// Page head shared by every report: styles, the error hook (tests read errors from the page)
@@ -89,7 +104,10 @@ pub fn render(runs: &[RunView]) -> String {
 pub fn render_with(runs: &[RunView], sections: &[Section]) -> String {
     let notes: String = sections.iter().map(|s| format!("<h2>{}</h2>\n<pre>{}</pre>\n", esc(&s.title), esc(&s.text))).collect();
     let data = script_safe(&serde_json::to_string(runs).expect("plain data"));
-    let rows: String = runs.iter().map(|r| summary_row(&r.label, &r.summary)).collect();
+    // RPM tests' headline is their responsiveness: a column of its own where any run has one.
+    let rpm_column = runs.iter().any(|r| r.summary.rpm.is_some() || r.summary.rpm_by_direction.is_some());
+    let rows: String = runs.iter().map(|r| summary_row(&r.label, &r.summary, rpm_column)).collect();
+    let rpm_head = if rpm_column { "<th title=\"round trips per minute under working conditions\">RPM</th>" } else { "" };
     let meta: String = runs
         .iter()
         .map(|r| {
@@ -106,7 +124,7 @@ pub fn render_with(runs: &[RunView], sections: &[Section]) -> String {
 <h1>bloatlab report</h1>
 <div id="errors"></div>
 <h2>Summary</h2>
-<table><tr><th>run</th><th>grade</th><th>idle p50 ms</th><th>loaded p50 ms</th><th>p90</th><th>p99</th><th>added ms</th><th title="added latency p50 of the best-effort / EF / CS1 probes">BE / EF / CS1 ms</th><th>down Mbit/s</th><th>up Mbit/s</th><th>loss %</th></tr>
+<table><tr><th>run</th><th>grade</th>{rpm_head}<th>idle p50 ms</th><th>loaded p50 ms</th><th>p90</th><th>p99</th><th>added ms</th><th title="added latency p50 of the best-effort / EF / CS1 probes">BE / EF / CS1 ms</th><th>down Mbit/s</th><th>up Mbit/s</th><th>loss %</th></tr>
 {rows}</table>
 {notes}<div id="cdf-section"><h2>Latency under load: CDF of round trips</h2>
 <div class="chart" id="cdf"></div></div>
@@ -298,5 +316,18 @@ mod tests {
     fn bundled_script_and_data_cannot_close_their_script_element() {
         assert!(!ECHARTS.contains("</script"), "the bundled ECharts would end its <script> early");
         assert_eq!(script_safe(r#"{"a":"</script>"}"#), r#"{"a":"<\/script>"}"#);
+    }
+
+    #[test]
+    fn an_rpm_run_shows_its_rpm_and_no_loss_of_probes_it_never_sent() {
+        let mut s = Summary::default();
+        s.rpm = Some(bloatlab_result::Rpm { rpm: 76.4, band: "poor".into(), ..Default::default() });
+        let row = summary_row("r", &s, true);
+        assert!(row.contains("<td>76 (poor)</td>"), "{row}");
+        assert!(row.ends_with("<td>–</td></tr>"), "loss of 0 probes: {row}");
+        s.rpm = None;
+        s.rpm_by_direction = Some(bloatlab_result::RpmByDirection { down: Some(bloatlab_result::Rpm { rpm: 480.0, ..Default::default() }), up: None });
+        assert_eq!(rpm_cell(&s), "down 480 / up –");
+        assert!(!summary_row("r", &Summary::default(), false).contains("(poor)"));
     }
 }
