@@ -320,8 +320,7 @@ mod tests {
 
     #[test]
     fn an_rpm_run_shows_its_rpm_and_no_loss_of_probes_it_never_sent() {
-        let mut s = Summary::default();
-        s.rpm = Some(bloatlab_result::Rpm { rpm: 76.4, band: "poor".into(), ..Default::default() });
+        let mut s = Summary { rpm: Some(bloatlab_result::Rpm { rpm: 76.4, band: "poor".into(), ..Default::default() }), ..Default::default() };
         let row = summary_row("r", &s, true);
         assert!(row.contains("<td>76 (poor)</td>"), "{row}");
         assert!(row.ends_with("<td>–</td></tr>"), "loss of 0 probes: {row}");
