@@ -559,7 +559,11 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
             next_status += 0.25;
             let sum = |down: bool| st.flows.iter().filter(|f| f.down == down).map(|f| f.bytes.load(Ordering::Relaxed)).sum::<u64>();
             let now_bytes = (sum(true), sum(false));
-            let rtt = st.probes.lock().unwrap().loaded.iter().rev().find_map(|l| l.1);
+            // A self probe's time; before any (idle), a foreign probe's TCP connect: one round trip.
+            let rtt = {
+                let p = st.probes.lock().unwrap();
+                p.loaded.iter().rev().find_map(|l| l.1).or_else(|| p.foreign.iter().rev().find_map(|f| f.1))
+            };
             // While a stage waits for its last probes, its load still shows.
             let shown = st.stages.last().filter(|_| t >= idle).map(|s| s.stage);
             let mbps = |b: u64, a: u64, down: bool| shown.is_some_and(|s| s.loads(down)).then(|| b.saturating_sub(a) as f64 * 8.0 / 1e6 / 0.25);
