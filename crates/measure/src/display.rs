@@ -220,7 +220,9 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
     }
     if let Some(o) = &meta.clock_offset {
         let drift = o.drift_ppm.map_or(String::new(), |d| format!(", drift {d:+.1} ppm"));
-        let _ = writeln!(out, "  clock offset server-client {} +/- {}{drift}", ms(o.offset_ms), ms(o.uncertainty_ms));
+        // The offset itself is between two processes' own epochs (each side counts from its
+        // start), so it means nothing to a reader; how well it is known does.
+        let _ = writeln!(out, "  server-client clock offset known to +/- {}{drift}", ms(o.uncertainty_ms));
     }
     let a = &s.added_owd_ms;
     if s.added_latency_ms.is_some() && (a.up.is_some() || a.down.is_some()) {
