@@ -114,7 +114,11 @@ pub fn summarize(result: &ResultFile) -> Summary {
     lat.loaded = pct_of(result, "rtt ", load);
     let owd_known = match result.metadata.clock_offset {
         Some(o) if o.uncertainty_ms <= OWD_UNCERTAINTY_BOUND_MS => Ok(()),
-        Some(o) => Err(format!("the clock offset is known only to +/-{:.1} ms (bound {OWD_UNCERTAINTY_BOUND_MS} ms); see added one-way delays", o.uncertainty_ms)),
+        Some(o) => {
+            // Added one-way delays need no offset, only a load to add them.
+            let see = if load.is_some() { "; see added one-way delays" } else { "" };
+            Err(format!("the clock offset is known only to +/-{:.1} ms (bound {OWD_UNCERTAINTY_BOUND_MS} ms){see}", o.uncertainty_ms))
+        }
         None => Err("no clock offset estimate (no echoed probes)".to_string()),
     };
     match &owd_known {

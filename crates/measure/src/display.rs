@@ -161,20 +161,16 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
         return out;
     }
     let mut out = String::new();
-    let cc = cc_words(meta);
-    let _ = writeln!(out, "{} to {} ({}), congestion control {cc}{}", s.test, meta.server.name, meta.server.address.as_deref().unwrap_or("?"), if s.partial { "  [PARTIAL]" } else { "" });
+    // Tests without TCP flows (ping, voip) have no congestion control to name.
+    let cc = if meta.flows.is_empty() && meta.cc.is_none() { String::new() } else { format!(", congestion control {}", cc_words(meta)) };
+    let _ = writeln!(out, "{} to {} ({}){cc}{}", s.test, meta.server.name, meta.server.address.as_deref().unwrap_or("?"), if s.partial { "  [PARTIAL]" } else { "" });
     let t = &s.throughput_mbps;
     if t.down.is_some() || t.up.is_some() {
         let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
         let _ = writeln!(out, "Throughput (Mbit/s)     down {}  up {}  total {}", f(t.down), f(t.up), f(t.total));
-        if let Some(j) = t.fairness_down {
-            let _ = write!(out, "  fairness (Jain) down {j:.3}");
-        }
-        if let Some(j) = t.fairness_up {
-            let _ = write!(out, "  up {j:.3}");
-        }
-        if t.fairness_down.is_some() || t.fairness_up.is_some() {
-            out.push('\n');
+        let fair: Vec<String> = [("down", t.fairness_down), ("up", t.fairness_up)].into_iter().filter_map(|(d, j)| j.map(|j| format!("{d} {j:.3}"))).collect();
+        if !fair.is_empty() {
+            let _ = writeln!(out, "  fairness (Jain) {}", fair.join("  "));
         }
         if t.per_flow.len() <= MAX_FLOWS_LISTED {
             for fl in &t.per_flow {
@@ -221,8 +217,12 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
     if let Some(o) = &meta.clock_offset {
         let drift = o.drift_ppm.map_or(String::new(), |d| format!(", drift {d:+.1} ppm"));
         // The offset itself is between two processes' own epochs (each side counts from its
-        // start), so it means nothing to a reader; how well it is known does.
-        let _ = writeln!(out, "  server-client clock offset known to +/- {}{drift}", ms(o.uncertainty_ms));
+        // start), so it means nothing to a reader; how well it is known does, said once.
+        if l.owd_unavailable.is_none() {
+            let _ = writeln!(out, "  server-client clock offset known to +/- {}{drift}", ms(o.uncertainty_ms));
+        } else if let Some(d) = o.drift_ppm {
+            let _ = writeln!(out, "  server-client clock drift {d:+.1} ppm");
+        }
     }
     let a = &s.added_owd_ms;
     if s.added_latency_ms.is_some() && (a.up.is_some() || a.down.is_some()) {
@@ -442,6 +442,19 @@ mod tests {
         assert_eq!(cc_words(&meta(vec![flow(Some("reno")), flow(Some("cubic"))], None)), "cubic and reno (not set by the test; sysctl default: client bbr, server unknown)");
         assert_eq!(cc_words(&meta(vec![flow(None)], None)), "default (client bbr, server unknown)");
         assert_eq!(cc_words(&meta(vec![flow(Some("cubic"))], Some("bbr"))), "bbr");
+    }
+
+    #[test]
+    fn fairness_is_labelled_for_an_upload_alone_and_a_test_without_tcp_names_no_congestion_control() {
+        let mut s = Summary { test: "tcp-up".into(), ..Default::default() };
+        s.throughput_mbps.up = Some(3.7);
+        s.throughput_mbps.fairness_up = Some(0.959);
+        let meta = Metadata { flows: vec![FlowInfo { name: "tcp up 1 BE".into(), cc: Some("cubic".into()), ..Default::default() }], ..Default::default() };
+        let text = summary_text(&s, &meta);
+        assert!(text.contains("\n  fairness (Jain) up 0.959\n"), "{text}");
+        assert!(text.lines().next().unwrap().contains("congestion control cubic"), "{text}");
+        let voip = summary_text(&Summary { test: "voip".into(), ..Default::default() }, &Metadata::default());
+        assert!(!voip.lines().next().unwrap().contains("congestion"), "{voip}");
     }
 
     /// RPM over HTTP: 16 load connections and no probes of the bloatlab protocol's kind.
