@@ -153,10 +153,6 @@ fn openvpn_through_the_lab_its_cost_its_queue_and_its_mtu() {
     }
     let Some(lab) = LabUp::up("ovpn", LINE) else { return };
     let _server = lab.server("server");
-    let p = lab.exec("client");
-    let mut sysctl: Vec<&str> = p.iter().map(String::as_str).collect();
-    sysctl.extend(["sysctl", "-qw", "net.ipv4.ping_group_range=0 2147483647"]);
-    assert!(Command::new(sysctl[0]).args(&sysctl[1..]).status().unwrap().success());
     let ends = Ends::new();
 
     // The raw path's MTU, for the generated settings below.

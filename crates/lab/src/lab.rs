@@ -163,6 +163,9 @@ impl Lab {
             ip(&["netns", "add", &n])?;
             self.namespaces.push(n.clone());
             ip(&["-n", &n, "link", "set", "lo", "up"])?;
+            // Unprivileged ICMP echo sockets (`test mtu`, `locate --icmp`) for every group, as
+            // desktop distributions set it; a fresh namespace admits none.
+            ns::sysctl(&n, "net.ipv4.ping_group_range", "0 2147483647")?;
             let degree = topo.links.iter().filter(|l| &l.a == h || &l.b == h).count();
             if degree > 1 {
                 ns::sysctl(&n, "net.ipv4.ip_forward", "1")?;
