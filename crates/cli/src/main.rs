@@ -25,9 +25,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve measurements: TCP control and data connections and UDP echo, all on one port.
+    /// Serve measurements: TCP control and data connections and UDP echo, all on one port;
+    /// with --https/--http also the responsiveness endpoints other RPM clients use
+    /// (networkQuality, mach, goresponsiveness) and a bufferbloat test page for any browser.
     Server(Box<ServerArgs>),
-    /// Run a test against a `bloatlab server`.
+    /// Run a test against a `bloatlab server` (rpm also against any responsiveness server, by
+    /// its config URL).
     Test(TestArgs),
     /// Which hop of the path to a `bloatlab server` holds the queue that bloats it, and in
     /// which direction: loads the path (download, upload, both) while probing every hop with
