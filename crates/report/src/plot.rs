@@ -148,8 +148,26 @@ where
     for p in run.phases.iter().filter(|p| p.name != "load") {
         chart.draw_series([Rectangle::new([(p.start, 0.0), (p.end, ymax)], BLACK.mix(0.05).filled())]).map_err(d)?;
     }
+    // Each phase named at its start, as the HTML report does ("load" spans the load phases of a
+    // sequential test and would overprint them).
+    let named: Vec<&bloatlab_result::Phase> = run.phases.iter().filter(|p| p.name != "load" || run.phases.iter().all(|q| q.name == "load" || q.name == "idle" || q.name == "settle")).collect();
+    chart.draw_series(named.iter().map(|p| Text::new(p.name.clone(), (p.start + xmax * 0.005, ymax * 0.985), ("sans-serif", 13).into_font().color(&BLACK.mix(0.55))))).map_err(d)?;
+    // Totals take the first two colours and the flows the other six, so that no flow wears a
+    // total's colour (with 8 flows one palette of 8 gave "total up" and one flow the same blue).
+    let has_totals = lines.iter().any(|l| l.name.starts_with("total"));
+    let (mut totals, mut flows) = (0, 0);
     for (i, l) in lines.iter().enumerate() {
-        let c = color(i);
+        let c = match (has_totals, l.name.starts_with("total")) {
+            (false, _) => color(i),
+            (true, true) => {
+                totals += 1;
+                color(totals - 1)
+            }
+            (true, false) => {
+                flows += 1;
+                color(2 + (flows - 1) % 6)
+            }
+        };
         let width = if l.name.starts_with("total") { 2 } else { 1 };
         // Gaps (lost probes, no data) break the line instead of being drawn as zero.
         let mut segment: Vec<(f64, f64)> = Vec::new();
