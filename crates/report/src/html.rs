@@ -153,13 +153,20 @@ function runEnd(run) {{
   // To a tenth of a second: the axis prints its maximum.
   return run.phases.length ? Math.ceil(10 * Math.max.apply(null, run.phases.map(function (p) {{ return p.end; }}))) / 10 : null;
 }}
+// ECharts' own palette, split: the totals take the first two colours and the flows cycle
+// through the rest, so no flow wears a total's colour.
+var PALETTE = ['#5470c6', '#ee6666', '#91cc75', '#fac858', '#73c0de', '#3ba272', '#fc8452', '#9a60b4', '#ea7ccc'];
 function timeChart(el, run, lines, unit) {{
   var chart = newChart(el);
   var points = 0;
+  var hasTotals = lines.some(function (l) {{ return l.name.indexOf('total') === 0; }});
+  var totals = 0, flows = 0;
   var series = lines.map(function (l, i) {{
     points += l.points.length;
-    var s = {{ name: l.name, type: 'line', showSymbol: false, connectNulls: false, data: l.points,
-      lineStyle: {{ width: l.name.indexOf('total') === 0 ? 2.5 : 1 }} }};
+    var total = l.name.indexOf('total') === 0;
+    var color = !hasTotals ? PALETTE[i % PALETTE.length] : total ? PALETTE[totals++ % 2] : PALETTE[2 + flows++ % (PALETTE.length - 2)];
+    var s = {{ name: l.name, type: 'line', showSymbol: false, connectNulls: false, data: l.points, color: color,
+      lineStyle: {{ width: total ? 2.5 : 1 }} }};
     if (i === 0) {{ s.markArea = phaseAreas(run); }}
     return s;
   }});
