@@ -292,7 +292,7 @@ fn throughput(result: &ResultFile, window_of: impl Fn(&str) -> Option<Window>) -
     // Jain's index compares flows that shared the window. Flows opened one a second (RPM's
     // ramp) did not: the first ran alone, the last for a moment, and the index read 0.39 on a
     // line that shared fairly.
-    let together = |starts: &[f64]| starts.iter().copied().reduce(f64::max).zip(starts.iter().copied().reduce(f64::min)).is_none_or(|(hi, lo)| hi - lo <= FLOWS_TOGETHER_S);
+    let together = |starts: &[f64]| starts.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b)) - starts.iter().fold(f64::INFINITY, |a, &b| a.min(b)) <= FLOWS_TOGETHER_S;
     t.fairness_down = stats::jain(&down).filter(|_| together(&down_starts));
     t.fairness_up = stats::jain(&up).filter(|_| together(&up_starts));
     t

@@ -395,14 +395,13 @@ fn lab_and_kernel_cake_share_by_host_and_by_flow_alike() {
     }
     // (mode, a server for each host, 8 flows' goodput over 1 flow's)
     let cases = [("dual-srchost", false, 1.0), ("flows", false, 8.0), ("triple-isolate", false, 8.0), ("triple-isolate", true, 1.0)];
-    let args = ["--flows", "", "-l", "10", "--idle", "1", "--cc", "cubic", "--json", "-q", "-o", "/dev/null"];
+    let args = ["-l", "10", "--idle", "1", "--cc", "cubic", "--json", "-q", "-o", "/dev/null"];
     // Both hosts' uploads at once: (1 flow's Mbit/s, 8 flows').
     let both = |one: (Vec<String>, &str), eight: (Vec<String>, &str)| -> (f64, f64) {
         let up = |(prefix, server): (Vec<String>, &str), flows: &str| {
             let p: Vec<&str> = prefix.iter().map(String::as_str).collect();
-            let mut a = vec!["test", "tcp-up", server];
+            let mut a = vec!["test", "tcp-up", server, "--flows", flows];
             a.extend_from_slice(&args);
-            a[4] = flows;
             let out = common::run(&p, &a);
             assert!(out.status.success(), "{server}: {}", String::from_utf8_lossy(&out.stderr));
             f(&json(&out), "throughput_mbps.up")
@@ -418,14 +417,15 @@ fn lab_and_kernel_cake_share_by_host_and_by_flow_alike() {
     for (mode, two, _) in cases {
         let shaper = format!("cake 20mbit besteffort {mode}");
         let k = KernelRouter::start_lan("hi", &["--up", &shaper, "--delay-down", "delay 5ms", "--delay-up", "delay 5ms"], 2);
-        let exec = |ns: &str| k.exec(ns);
-        let _srv = ServerProc::start(&exec(&k.srv).iter().map(String::as_str).collect::<Vec<_>>(), "10.99.3.1:9461", &["-q"]);
+        let in_srv = k.exec(&k.srv);
+        let in_srv: Vec<&str> = in_srv.iter().map(String::as_str).collect();
+        let _srv = ServerProc::start(&in_srv, "10.99.3.1:9461", &["-q"]);
         let second = two.then(|| {
             k.add_server_address("10.99.3.2");
-            ServerProc::start(&exec(&k.srv).iter().map(String::as_str).collect::<Vec<_>>(), "10.99.3.2:9461", &["-q"])
+            ServerProc::start(&in_srv, "10.99.3.2:9461", &["-q"])
         });
         let to2 = if second.is_some() { "10.99.3.2" } else { ROUTER_SRV_ADDR };
-        kernel.push(both((exec(&k.cli), ROUTER_SRV_ADDR), (exec(&k.more_clients[0]), to2)));
+        kernel.push(both((k.exec(&k.cli), ROUTER_SRV_ADDR), (k.exec(&k.more_clients[0]), to2)));
         drop(second);
         let stats = k.stop();
         assert!(stats["rtr"].as_array().is_some_and(|q| q.iter().any(|q| q["kind"] == "cake")), "cake was the kernel's qdisc: {stats}");

@@ -119,7 +119,6 @@ fn pct_line(label: &str, p: &Option<Percentiles>) -> Option<String> {
     p.as_ref().map(|p| format!("  {label:<22} p50 {:>9}  p90 {:>9}  p99 {:>9}  ({} samples)", ms(p.p50), ms(p.p90), ms(p.p99), p.samples))
 }
 
-/// The human summary printed after a test.
 /// More flows than this (an RPM test opens up to 32) are summed up in one line.
 const MAX_FLOWS_LISTED: usize = 8;
 
@@ -141,6 +140,7 @@ fn cc_words(meta: &Metadata) -> String {
     format!("{}{} (not set by the test; sysctl default: {sysctl})", read.join(" and "), if all { "" } else { " where read" })
 }
 
+/// The human summary printed after a test.
 pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
     if let Some(w) = &s.writeback {
         return writeback_text(s, w, meta);
@@ -208,8 +208,8 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
     // Without probes of its own (RPM over HTTP) there is nothing here, nor a reason to say
     // why one-way delays are missing.
     if !latency.is_empty() {
-        let _ = writeln!(out, "Latency (round trip)\n{latency}");
-        out.pop();
+        out += "Latency (round trip)\n";
+        out += &latency;
         if let Some(why) = &l.owd_unavailable {
             let _ = writeln!(out, "  one-way delays not shown: {why}");
         }

@@ -150,8 +150,15 @@ where
     }
     // Each phase named at its start, as the HTML report does ("load" spans the load phases of a
     // sequential test and would overprint them).
-    let named: Vec<&bloatlab_result::Phase> = run.phases.iter().filter(|p| p.name != "load" || run.phases.iter().all(|q| q.name == "load" || q.name == "idle" || q.name == "settle")).collect();
-    chart.draw_series(named.iter().map(|p| Text::new(p.name.clone(), (p.start + xmax * 0.005, ymax * 0.985), ("sans-serif", 13).into_font().color(&BLACK.mix(0.55))))).map_err(d)?;
+    let sequential = run.phases.iter().any(|p| !["idle", "load", "settle"].contains(&p.name.as_str()));
+    chart
+        .draw_series(
+            run.phases
+                .iter()
+                .filter(|p| p.name != "load" || !sequential)
+                .map(|p| Text::new(p.name.clone(), (p.start + xmax * 0.005, ymax * 0.985), ("sans-serif", 13).into_font().color(&BLACK.mix(0.55)))),
+        )
+        .map_err(d)?;
     // Totals take the first two colours and the flows the other six, so that no flow wears a
     // total's colour (with 8 flows one palette of 8 gave "total up" and one flow the same blue).
     let has_totals = lines.iter().any(|l| l.name.starts_with("total"));
