@@ -1,64 +1,98 @@
-# Sourced by .ci/run: wall time of every phase and of every test, and the closing tables that
-# show which of them made CI slower. Records go to files, so phases run in subshells count too.
-ci_out=target/ci
+# Sourced by .ci/run: wall and CPU time of every phase and of every test, the test binaries two
+# at a time, and the closing tables that show what made CI slower. Records go to files, so
+# phases run in subshells and workers count too.
+ci_out=$PWD/target/ci
 mkdir -p "$ci_out"
+rm -f "$ci_out"/test-*.log
 : >"$ci_out/phases.tsv"
 : >"$ci_out/tests.tsv"
 : >"$ci_out/failed.txt"
 ci_start=$(date +%s.%N)
+export ci_out
 
 ci_elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
-# timed NAME COMMAND...: runs COMMAND, records its wall time under NAME, keeps its exit code.
+# timed NAME COMMAND...: runs COMMAND, records its wall and CPU time (user + system, children
+# included) under NAME, keeps its exit code.
 timed() {
-  local name=$1 start rc=0
+  local name=$1 rc=0 tf
   shift
-  start=$(date +%s.%N)
+  tf=$(mktemp)
   echo "ci: >> $name" >&2
-  "$@" || rc=$?
-  local took
-  took=$(ci_elapsed "$start")
-  printf '%s\t%s\n' "$took" "$name" >>"$ci_out/phases.tsv"
-  echo "ci: << $name: ${took} s$([ $rc = 0 ] || echo ", exit $rc")" >&2
+  local TIMEFORMAT=$'%R\t%U\t%S'
+  { time "$@" 2>&3 3>&-; } 3>&2 2>"$tf" || rc=$?
+  local wall cpu
+  read -r wall cpu < <(awk -F'\t' 'END { printf "%.1f %.1f\n", $1, $2 + $3 }' "$tf")
+  rm -f "$tf"
+  printf '%s\t%s\t%s\n' "$wall" "$cpu" "$name" >>"$ci_out/phases.tsv"
+  echo "ci: << $name: ${wall} s wall, ${cpu} s CPU$([ $rc = 0 ] || echo ", exit $rc")" >&2
   return $rc
 }
+export -f timed ci_elapsed
 
-# One test binary in its package's directory, as cargo test runs it, with each test's own time
-# from libtest's --report-time (unstable: RUSTC_BOOTSTRAP for this process only, not for rustc).
+# One test binary in its package's directory, as cargo test runs it, its output kept in a log
+# and printed whole when it ends (two workers must not interleave). One test at a time: each
+# test's time from libtest's --report-time (unstable: RUSTC_BOOTSTRAP for this process only,
+# not for rustc) is then its own, not a wait for the shared lock of common::serial().
 run_test_binary() {
-  local dir=$1 exe=$2 label=$3 log
+  local dir=$1 exe=$2 label=$3 log rc=0
   log="$ci_out/test-$(basename "$exe").log"
-  local rc=0
-  (cd "$dir" && RUSTC_BOOTSTRAP=1 "$exe" -Z unstable-options --report-time) 2>&1 | tee "$log" || rc=$?
+  (cd "$dir" && RUSTC_BOOTSTRAP=1 "$exe" -Z unstable-options --report-time --test-threads=1) >"$log" 2>&1 || rc=$?
+  flock "$ci_out/print.lock" cat "$log"
   # "test NAME ... ok <1.234s>"
   sed -nE 's/^test (.+) \.\.\. (ok|FAILED) <([0-9.]+)s>$/\3\t'"${label//\//\\/}"': \1/p' "$log" >>"$ci_out/tests.tsv"
   return $rc
 }
 
-# Every test binary named in cargo's artifact messages, each timed; all run even when one fails,
-# so one CI run shows every failure; the caller's exit code says whether any did.
+# Takes the first line of queue file $1 under a lock and prints it; nothing once it is empty.
+ci_pop() {
+  flock "$1.lock" sh -c 'head -n1 "$1"; sed -i 1d "$1"' _ "$1"
+}
+
+# One worker: test binaries from the queue until it is empty; all run even when one fails, so
+# one CI run shows every failure (failed.txt names them).
+run_worker() {
+  local row dir name exe label
+  while row=$(ci_pop "$ci_out/queue.tsv") && [ -n "$row" ]; do
+    IFS=$'\t' read -r dir name exe label <<<"$row"
+    timed "test: $label" run_test_binary "$dir" "$exe" "$label" || echo "$label" >>"$ci_out/failed.txt"
+  done
+}
+
+# run_test_binaries ARTIFACTS ORDER...: every test binary in cargo's artifact messages, two at a
+# time (2 cores: the lab's emulator, qemu and the kernel's qdiscs mostly wait on the clock; a
+# shared lock in the tests keeps one binary's timing tests from running beside each other).
+# The binaries named in ORDER (package/target) first, in that order (longest first balances
+# the two workers), then the rest (the unit tests). Fails when any test did.
 run_test_binaries() {
-  local dir name kind exe failed=0
-  while IFS=$'\t' read -r dir name kind exe; do
-    local label="$(basename "$dir")/$name"
-    [ "$kind" = test ] || label="$label ($kind)"
-    timed "test: $label" run_test_binary "$dir" "$exe" "$label" || { failed=1; echo "$label" >>"$ci_out/failed.txt"; }
-  done < <(python3 -c '
+  local artifacts=$1
+  shift
+  python3 -c '
 import json, os, sys
+order = sys.argv[2:]
+rows = []
 for line in open(sys.argv[1]):
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        print(os.path.dirname(m["manifest_path"]), m["target"]["name"], m["target"]["kind"][0], m["executable"], sep="\t")
-' "$1")
-  return $failed
+        pkg, kind, name = os.path.basename(os.path.dirname(m["manifest_path"])), m["target"]["kind"][0], m["target"]["name"]
+        label = f"{pkg}/{name}" if kind == "test" else f"{pkg} ({kind})"
+        rows.append((order.index(label) if label in order else len(order), "\t".join([os.path.dirname(m["manifest_path"]), name, m["executable"], label])))
+with open(os.path.join(os.environ["ci_out"], "queue.tsv"), "w") as f:
+    f.writelines(r + "\n" for _, r in sorted(rows, key=lambda r: r[0]))
+' "$artifacts" "$@"
+  run_worker &
+  local other=$!
+  run_worker
+  wait $other
+  [ ! -s "$ci_out/failed.txt" ]
 }
 
 ci_summary() {
   local rc=$?
   echo
-  echo "ci: phases (wall seconds)"
-  awk -F'\t' '{ printf "  %8.1f  %s\n", $1, $2 }' "$ci_out/phases.tsv"
-  echo "ci: ten slowest tests (wall seconds)"
+  echo "ci: phases (wall s, CPU s)"
+  awk -F'\t' '{ printf "  %8.1f %8.1f  %s\n", $1, $2, $3 }' "$ci_out/phases.tsv"
+  echo "ci: ten slowest tests (wall s)"
   sort -t$'\t' -k1,1 -rn "$ci_out/tests.tsv" | head -10 | awk -F'\t' '{ printf "  %8.1f  %s\n", $1, $2 }'
   [ ! -s "$ci_out/failed.txt" ] || { echo "ci: failed test binaries:"; sed 's/^/  /' "$ci_out/failed.txt"; }
   echo "ci: total $(ci_elapsed "$ci_start") s, exit $rc"

@@ -124,7 +124,8 @@ fn rrul_shows_the_bloat_a_deep_fifo_implies_and_a_short_one_avoids() {
     assert!(f(&deep, "throughput_mbps.down") > 5.0 && f(&deep, "throughput_mbps.up") > 3.0, "{}", deep["throughput_mbps"]);
 
     t.reshape(30, "20mbit", "5mbit").unwrap();
-    let short = measure(&t, &["rrul", "--cc", "cubic", "-l", "20", "--idle", "2"]);
+    // 30-packet FIFOs are full within the first second: 10 s of load show what 20 s would.
+    let short = measure(&t, &["rrul", "--cc", "cubic", "-l", "10", "--idle", "2"]);
     let loaded_short = f(&short, "latency_ms.loaded.p50");
     let bound = (fifo_delay_s(30, DOWN_MBPS) + fifo_delay_s(30, UP_MBPS)) * 1e3;
     assert!(loaded_short < bound + 5.0, "pfifo 30: loaded p50 {loaded_short} ms, buffers hold {bound} ms");
@@ -226,7 +227,8 @@ fn voip_under_load_is_worse_through_deep_fifos_than_through_short_ones() {
     let _srv = t.server();
     let deep = measure(&t, &["voip", "--under-load", "--cc", "cubic", "-l", "12", "--idle", "2"]);
     t.reshape(30, "20mbit", "5mbit").unwrap();
-    let short = measure(&t, &["voip", "--under-load", "--cc", "cubic", "-l", "12", "--idle", "2"]);
+    // The short FIFOs fill at once: 8 s of the call under load suffice there.
+    let short = measure(&t, &["voip", "--under-load", "--cc", "cubic", "-l", "8", "--idle", "2"]);
     let (mos_deep, mos_short) = (f(&deep, "voip.mos"), f(&short, "voip.mos"));
     assert!(mos_deep < 3.0, "deep FIFOs: MOS {mos_deep} ({})", deep["voip"]);
     assert!(mos_short > mos_deep + 0.8, "short FIFOs: MOS {mos_short}, deep {mos_deep} ({})", short["voip"]);

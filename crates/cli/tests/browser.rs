@@ -157,9 +157,9 @@ fn wait_result(dir: &Path, limit: Duration) -> Option<PathBuf> {
     None
 }
 
-/// The page's result and the CLI's added latency for tcp-down and tcp-up, through FIFOs of
-/// `limit` packets at `down` Mbit/s / `up_kbit` kbit/s, with load phases of `load_s`.
-fn run_both(lab: &LabUp, limit: u32, down: u32, up_kbit: u32, load_s: u32, bin: &str) -> (serde_json::Value, f64, f64) {
+/// The page's result through FIFOs of `limit` packets at `down` Mbit/s / `up_kbit` kbit/s,
+/// with load phases of `load_s`.
+fn run_page(lab: &LabUp, limit: u32, down: u32, up_kbit: u32, load_s: u32, bin: &str) -> serde_json::Value {
     lab.set("l", &[&format!("limit={limit}")]);
     lab.set("l", &[&format!("rate={down}mbit"), "--dir", "down"]);
     lab.set("l", &[&format!("rate={up_kbit}kbit"), "--dir", "up"]);
@@ -177,11 +177,8 @@ fn run_both(lab: &LabUp, limit: u32, down: u32, up_kbit: u32, load_s: u32, bin: 
     shows_the_result(&mut browser, &r);
     drop(browser);
     let page = serde_json::to_value(r.summary.unwrap()).unwrap();
-    let (len, idle) = (load_s.to_string(), IDLE_S.to_string());
-    let cli = |test: &str| f(&lab.test("c", &[test, SERVER, "-l", &len, "--idle", &idle]), "added_latency_ms");
-    let (down, up) = (cli("tcp-down"), cli("tcp-up"));
     eprintln!(
-        "{limit}-packet FIFO: page grades down {} up {} overall {}, added download {} upload {} both {} ms, goodput {} / {} Mbit/s, saturated {}; CLI tcp-down {down:.1} tcp-up {up:.1} ms",
+        "{limit}-packet FIFO: page grades down {} up {} overall {}, added download {} upload {} both {} ms, goodput {} / {} Mbit/s, saturated {}",
         page["grade_by_direction"]["down"],
         page["grade_by_direction"]["up"],
         page["grade"],
@@ -192,7 +189,17 @@ fn run_both(lab: &LabUp, limit: u32, down: u32, up_kbit: u32, load_s: u32, bin: 
         page["throughput_mbps"]["up"],
         page["saturated"]
     );
-    (page, down, up)
+    page
+}
+
+/// The CLI's added latency for `test` (tcp-down or tcp-up) through the lab's line as it is set,
+/// with the page's phase length and idle time.
+fn cli_added(lab: &LabUp, test: &str, load_s: u32) -> f64 {
+    let (len, idle) = (load_s.to_string(), IDLE_S.to_string());
+    let _srv = lab.server("s");
+    let added = f(&lab.test("c", &[test, SERVER, "-l", &len, "--idle", &idle]), "added_latency_ms");
+    eprintln!("CLI {test}: {added:.1} ms");
+    added
 }
 
 /// The page, once done, tells the user the grades the server gave each direction and how many
@@ -243,8 +250,9 @@ fn a_browser_grades_a_deep_fifo_down_and_a_short_one_up_as_the_cli_does() {
     // windows to fill much of them within 10 s phases (deeper ones in packets, e.g. 500 at
     // 20 Mbit/s, stay far from full that long, for the CLI as for the page). Short: 20 packets at 20 / 10 Mbit/s hold
     // 12 / 24 ms, and enough packets that a WebSocket probe is rarely the one dropped.
-    let (deep, _, _) = run_both(&lab, 100, 5, 2500, 10, bin);
-    let (short, short_down, short_up) = run_both(&lab, 20, 20, 10_000, 8, bin);
+    let deep = run_page(&lab, 100, 5, 2500, 10, bin);
+    let short = run_page(&lab, 20, 20, 10_000, 8, bin);
+    let (short_down, short_up) = (cli_added(&lab, "tcp-down", 8), cli_added(&lab, "tcp-up", 8));
     let grade = |s: &serde_json::Value| s["grade"].as_str().unwrap_or("-").to_string();
     assert!(["D", "F"].contains(&grade(&deep).as_str()), "a 100-packet FIFO at 5/2.5 Mbit/s graded {}", grade(&deep));
     assert!(["A+", "A"].contains(&grade(&short).as_str()), "a 20-packet FIFO at 20/10 Mbit/s graded {}", grade(&short));

@@ -5,11 +5,17 @@ mod common;
 use common::*;
 use std::process::Command;
 
-fn netns_and_links() -> (String, String) {
-    let ns = String::from_utf8(Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).unwrap();
+/// The namespaces of lab `lab` (`bl-LAB-HOST`) and this namespace's links. Tests of other
+/// binaries run beside these in CI: their namespaces are not looked at, nor the devices that
+/// pass through this namespace on their way into one (a lab's TUNs, `blt...`; a kernel-ref
+/// guest's taps, `kr...`).
+fn netns_and_links(lab: &str) -> (String, String) {
+    let all = String::from_utf8(Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).unwrap();
+    let prefix = format!("{}{lab}-", bloatlab_lab::NS_PREFIX);
+    let ns: String = all.lines().filter(|l| l.starts_with(&prefix)).map(|l| format!("{l}\n")).collect();
     let links = String::from_utf8(Command::new("ip").args(["-o", "link", "show"]).output().unwrap().stdout).unwrap();
     // Link lines carry counters-free state only; drop the per-line flags that can change.
-    let names: Vec<&str> = links.lines().filter_map(|l| l.split(':').nth(1)).map(str::trim).collect();
+    let names: Vec<&str> = links.lines().filter_map(|l| l.split(':').nth(1)).map(str::trim).filter(|n| !n.starts_with("blt") && !n.starts_with("kr")).collect();
     (ns, names.join(" "))
 }
 
@@ -30,7 +36,7 @@ fn flows_cc(result: &serde_json::Value) -> Vec<&str> {
 #[test]
 fn goodput_follows_the_set_rate_and_lab_set_changes_it_live() {
     let _g = serial();
-    let before = netns_and_links();
+    let before = netns_and_links("rate");
     {
         let Some(lab) = LabUp::up("rate", ONE_LINK) else { return };
         let _srv = lab.server("s");
@@ -48,7 +54,7 @@ fn goodput_follows_the_set_rate_and_lab_set_changes_it_live() {
         assert!(st["links"]["l"]["down"]["tx_packets"].as_u64().unwrap() > 10_000);
         assert_eq!(st["links"]["l"]["down"]["tun"]["dropped"], 0, "the TUN queue must not drop: {}", st["links"]["l"]["down"]);
     }
-    assert_eq!(netns_and_links(), before, "teardown must leave namespaces and links as they were");
+    assert_eq!(netns_and_links("rate"), before, "teardown must leave namespaces and links as they were");
 }
 
 #[test]
@@ -330,7 +336,9 @@ fn kill_lab_process(name: &str) {
 #[test]
 fn a_killed_lab_neither_blocks_its_name_nor_outlives_down_all() {
     let _g = serial();
-    let before = netns_and_links();
+    // `lab down --all` below takes down other binaries' labs too: none may be up meanwhile.
+    let _all = AllLabs::take();
+    let before = netns_and_links("killed");
     let Some(lab) = LabUp::up("killed", ONE_LINK) else { return };
     kill_lab_process("killed");
     std::mem::forget(lab);
@@ -342,7 +350,7 @@ fn a_killed_lab_neither_blocks_its_name_nor_outlives_down_all() {
     assert!(out.status.success());
     // `--all` also takes down any lab that was up before this test (CI once ran beside a
     // benchmark's lab), so nothing may be left that was not there before, and nothing of ours.
-    let (ns, links) = netns_and_links();
+    let (ns, links) = netns_and_links("killed");
     assert!(ns.lines().all(|l| before.0.lines().any(|b| b == l)), "namespaces left: {ns}");
     assert!(!ns.contains("bl-killed-"), "{ns}");
     assert!(links.split(' ').all(|l| before.1.split(' ').any(|b| b == l)), "links left: {links}");
@@ -358,7 +366,7 @@ fn demo_measures_locates_advises_applies_and_verifies() {
     if unsafe { libc::geteuid() } != 0 {
         return missing("the demo needs root");
     }
-    let before = netns_and_links();
+    let before = netns_and_links("demo");
     let dir = tmp_path("demo");
     std::fs::create_dir_all(&dir).unwrap();
     let out = run(&[], &["lab", "demo", "--json", "-q", "-l", "15", "--out-dir", dir.to_str().unwrap()]);
@@ -410,7 +418,7 @@ fn demo_measures_locates_advises_applies_and_verifies() {
     for heading in ["Verdict: kept", "Where the queue is", "Advice (bloatlab advise)", "Applied on `router`"] {
         assert!(page.contains(&format!("<h2>{heading}")), "report lacks {heading}");
     }
-    assert_eq!(netns_and_links(), before);
+    assert_eq!(netns_and_links("demo"), before);
 }
 
 /// `lab compare` on the cable line: the modem's FIFO adds hundreds of ms; HTB+fq_codel and
@@ -423,7 +431,7 @@ fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting
     if unsafe { libc::geteuid() } != 0 {
         return missing("the lab needs root");
     }
-    let before = netns_and_links();
+    let before = netns_and_links("compare");
     let dir = tmp_path("compare");
     std::fs::create_dir_all(&dir).unwrap();
     let out = run(&[], &["lab", "compare", "cable", "--fix", "fifo,htb-fq_codel,cake", "-l", "10", "--json", "-q", "--out-dir", dir.to_str().unwrap()]);
@@ -448,7 +456,7 @@ fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting
     assert_eq!(files.iter().filter(|n| n.ends_with(".json.gz")).count(), 3, "{files:?}");
     assert_eq!(files.iter().filter(|n| n.ends_with(".html")).count(), 1, "{files:?}");
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(netns_and_links(), before);
+    assert_eq!(netns_and_links("compare"), before);
 }
 
 #[test]
@@ -457,12 +465,12 @@ fn lab_run_passes_the_exit_code_and_tears_down() {
     if unsafe { libc::geteuid() } != 0 {
         return missing("lab tests need root");
     }
-    let before = netns_and_links();
+    let before = netns_and_links("runlab");
     let file = tmp_path("run.toml");
     std::fs::write(&file, ONE_LINK.replace("\"one\"", "\"runlab\"")).unwrap();
     // The command finds the lab through BLOATLAB_LAB_SOCKET and runs inside one of its hosts.
     let script = format!("{BIN} lab exec c -- ip -o addr show dev l | grep -q 10.77.0.1 && exit 3");
     let out = run(&[], &["lab", "run", file.to_str().unwrap(), "--", "sh", "-c", &script]);
     assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(netns_and_links(), before);
+    assert_eq!(netns_and_links("runlab"), before);
 }

@@ -226,9 +226,50 @@ pub fn still_open(s: &std::net::TcpStream) -> bool {
     open
 }
 
+/// Whether this process holds [`AllLabs`]: its own labs then need no shared lock.
+static ALL_LABS_HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A lock on the labs of every test process on this machine (CI runs test binaries side by
+/// side): each [`LabUp`] holds it shared; a test that takes down every lab (`lab down --all`)
+/// holds it exclusively through [`AllLabs`], so it waits for other binaries' labs to go down
+/// and none comes up meanwhile.
+fn labs_lock(exclusive: bool) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    // /run/lock: where lock files live (a tmpfs), as it is not a temporary file to clean up.
+    let dir = Some(std::path::Path::new("/run/lock")).filter(|d| d.is_dir()).map_or_else(std::env::temp_dir, |d| d.to_path_buf());
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join("bloatlab-tests-labs.lock")).expect("the labs' lock file");
+    let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
+    // SAFETY: flock on a descriptor we own; the lock goes with the file.
+    assert_eq!(unsafe { libc::flock(file.as_raw_fd(), op) }, 0, "flock: {}", std::io::Error::last_os_error());
+    file
+}
+
+/// Every lab on this machine is this test's while it lives (see [`labs_lock`]).
+pub struct AllLabs(std::fs::File);
+
+impl AllLabs {
+    pub fn take() -> AllLabs {
+        let lock = AllLabs(labs_lock(true));
+        ALL_LABS_HELD.store(true, std::sync::atomic::Ordering::SeqCst);
+        lock
+    }
+}
+
+impl Drop for AllLabs {
+    fn drop(&mut self) {
+        ALL_LABS_HELD.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// A lab brought up with `bloatlab lab up`, brought down on drop (also when a test fails).
 pub struct LabUp {
     pub name: String,
+    /// The labs' lock, shared, until the lab is down (none while this process holds `AllLabs`).
+    _shared: Option<std::fs::File>,
+}
+
+fn shared_labs_lock() -> Option<std::fs::File> {
+    (!ALL_LABS_HELD.load(std::sync::atomic::Ordering::SeqCst)).then(|| labs_lock(false))
 }
 
 impl LabUp {
@@ -237,6 +278,7 @@ impl LabUp {
             missing("lab tests need root and /dev/net/tun");
             return None;
         }
+        let shared = shared_labs_lock();
         let file = tmp_path(&format!("{name}.toml"));
         std::fs::write(&file, toml).unwrap();
         let out = run(&[], &["lab", "up", file.to_str().unwrap(), "--name", name]);
@@ -244,7 +286,7 @@ impl LabUp {
         let _ = std::fs::remove_file(&file);
         let _ = std::fs::remove_dir(file.parent().unwrap());
         assert!(out.status.success(), "lab up: {}", String::from_utf8_lossy(&out.stderr));
-        Some(LabUp { name: name.into() })
+        Some(LabUp { name: name.into(), _shared: shared })
     }
 
     /// A built-in topology (`bloatlab lab up PRESET`).
@@ -253,9 +295,10 @@ impl LabUp {
             missing("lab tests need root and /dev/net/tun");
             return None;
         }
+        let shared = shared_labs_lock();
         let out = run(&[], &["lab", "up", preset, "--name", name]);
         assert!(out.status.success(), "lab up {preset}: {}", String::from_utf8_lossy(&out.stderr));
-        Some(LabUp { name: name.into() })
+        Some(LabUp { name: name.into(), _shared: shared })
     }
 
     pub fn exec(&self, host: &str) -> Vec<String> {

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Every parser of untrusted input under libFuzzer, each target for SECONDS (default 10, as CI
+# runs them; an hour a target finds what CI's seconds cannot), from its corpus and the seeds in
+# fuzz/seeds. Installs cargo-fuzz when it is missing; one build serves every target.
+#
+#   scripts/fuzz.sh [SECONDS] [TARGET...]      FUZZ_JOBS=N: N targets at a time (default 1)
+#
+# A crash fails the run, names the target and leaves the input in fuzz/artifacts/TARGET: turn
+# it into a regression test beside the code it broke. Under .ci/run (its `timed` exported) the
+# build and each target are timed as phases.
+set -euo pipefail
+cd "$(dirname "$0")/../fuzz"
+seconds=${1:-10}
+shift || true
+case "$seconds" in '' | *[!0-9]*) echo "fuzz.sh: SECONDS must be whole seconds, got '$seconds'" >&2; exit 2 ;; esac
+jobs=${FUZZ_JOBS:-1}
+case "$jobs" in '' | 0 | *[!0-9]*) echo "fuzz.sh: FUZZ_JOBS must be a positive count, got '$jobs'" >&2; exit 2 ;; esac
+declare -F timed >/dev/null || timed() { shift; "$@"; }
+
+if ! command -v cargo-fuzz >/dev/null; then
+  timed "fuzz: install cargo-fuzz" cargo install cargo-fuzz --locked --quiet
+fi
+export RUSTC_BOOTSTRAP=1 # the sanitizer flags on the stable toolchain
+timed "fuzz: build" cargo fuzz build
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo fuzz list)
+
+# One target from its corpus and seeds; its output is printed whole when it ends.
+fuzz_target() {
+  local target=$1 seeds=() log
+  [ -d "seeds/$target" ] && seeds=("seeds/$target")
+  mkdir -p "corpus/$target"
+  log=$(mktemp)
+  # libFuzzer's own lines are thousands; keep its verdict and any crash.
+  timed "fuzz: $target ${seconds} s" bash -c 'cargo fuzz run "$@" 2>&1 | grep -E "^Done|SUMMARY|panicked" || true' _ \
+    "$target" "corpus/$target" "${seeds[@]}" -- -max_total_time="$seconds" >"$log" 2>&1
+  cat "$log"
+  rm -f "$log"
+  if [ -n "$(ls -A "artifacts/$target" 2>/dev/null)" ]; then
+    echo "fuzz: $target crashed: fuzz/artifacts/$target" >&2
+    return 1
+  fi
+}
+export -f fuzz_target
+declare -F timed >/dev/null && export -f timed
+export seconds
+printf '%s\n' "${targets[@]}" | xargs -P "$jobs" -I{} bash -c 'fuzz_target "$1"' _ {}
