@@ -12,23 +12,31 @@ export ci_out
 
 ci_elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
+# The machine's busy and total jiffies since boot (all cores, /proc/stat): busy is all but idle
+# and iowait.
+ci_jiffies() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t; exit }' /proc/stat; }
+
 # timed NAME COMMAND...: runs COMMAND, records its wall and CPU time (user + system, children
-# included) under NAME, keeps its exit code.
+# included, not daemons they leave such as a lab's) and how busy the whole machine was
+# meanwhile (both cores, whatever ran beside it) under NAME, keeps its exit code.
 timed() {
-  local name=$1 rc=0 tf
+  local name=$1 rc=0 tf b0 t0 b1 t1
   shift
   tf=$(mktemp)
   echo "ci: >> $name" >&2
+  read -r b0 t0 < <(ci_jiffies)
   local TIMEFORMAT=$'%R\t%U\t%S'
   { time "$@" 2>&3 3>&-; } 3>&2 2>"$tf" || rc=$?
-  local wall cpu
+  read -r b1 t1 < <(ci_jiffies)
+  local wall cpu busy
   read -r wall cpu < <(awk -F'\t' 'END { printf "%.1f %.1f\n", $1, $2 + $3 }' "$tf")
+  busy=$(awk -v b=$((b1 - b0)) -v t=$((t1 - t0)) 'BEGIN { printf "%.0f", (t > 0 ? 100 * b / t : 0) }')
   rm -f "$tf"
-  printf '%s\t%s\t%s\n' "$wall" "$cpu" "$name" >>"$ci_out/phases.tsv"
-  echo "ci: << $name: ${wall} s wall, ${cpu} s CPU$([ $rc = 0 ] || echo ", exit $rc")" >&2
+  printf '%s\t%s\t%s\t%s\n' "$wall" "$cpu" "$busy" "$name" >>"$ci_out/phases.tsv"
+  echo "ci: << $name: ${wall} s wall, ${cpu} s CPU, machine ${busy}% busy$([ $rc = 0 ] || echo ", exit $rc")" >&2
   return $rc
 }
-export -f timed ci_elapsed
+export -f timed ci_elapsed ci_jiffies
 
 # One test binary in its package's directory, as cargo test runs it, its output kept in a log
 # and printed whole when it ends (two workers must not interleave). One test at a time: each
@@ -60,8 +68,9 @@ run_worker() {
 }
 
 # run_test_binaries ARTIFACTS ORDER...: every test binary in cargo's artifact messages, two at a
-# time (2 cores: the lab's emulator, qemu and the kernel's qdiscs mostly wait on the clock; a
-# shared lock in the tests keeps one binary's timing tests from running beside each other).
+# time (2 cores: the lab's emulator and the kernel's qdiscs mostly wait on the clock). Within a
+# binary its tests take turns (common::serial()); a test that needs the machine to itself
+# (common::quiet()) waits for the other binary's test to end and holds off its next one.
 # The binaries named in ORDER (package/target) first, in that order (longest first balances
 # the two workers), then the rest (the unit tests). Fails when any test did.
 run_test_binaries() {
@@ -90,8 +99,8 @@ with open(os.path.join(os.environ["ci_out"], "queue.tsv"), "w") as f:
 ci_summary() {
   local rc=$?
   echo
-  echo "ci: phases (wall s, CPU s)"
-  awk -F'\t' '{ printf "  %8.1f %8.1f  %s\n", $1, $2, $3 }' "$ci_out/phases.tsv"
+  echo "ci: phases (wall s, CPU s, machine busy %)"
+  awk -F'\t' '{ printf "  %8.1f %8.1f %4d%%  %s\n", $1, $2, $3, $4 }' "$ci_out/phases.tsv"
   echo "ci: ten slowest tests (wall s)"
   sort -t$'\t' -k1,1 -rn "$ci_out/tests.tsv" | head -10 | awk -F'\t' '{ printf "  %8.1f  %s\n", $1, $2 }'
   [ ! -s "$ci_out/failed.txt" ] || { echo "ci: failed test binaries:"; sed 's/^/  /' "$ci_out/failed.txt"; }

@@ -46,10 +46,11 @@ fn harness_returns_exit_codes_and_says_in_one_line_why_it_failed() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "to-stdout");
     assert_eq!(std::fs::read_to_string(dir.0.join("file")).unwrap().trim(), "seen", "DIR is writable at its own path");
     let t0 = std::time::Instant::now();
-    let out = guest_run("sleep 600", &dir.0, 15);
+    // 8 s: past the guest's boot (about 6 s here), so the job itself is what is cut short.
+    let out = guest_run("sleep 600", &dir.0, 8);
     assert_eq!(out.status.code(), Some(124));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("past its timeout of 15 s"), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(t0.elapsed().as_secs() < 30, "the timeout is enforced, not waited out");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("past its timeout of 8 s"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(t0.elapsed().as_secs() < 20, "the timeout is enforced, not waited out");
 
     // A guest that cannot boot and a kernel that cannot be fetched: exit 125 and one line why.
     let harness = |env: &[(&str, &str)]| {
@@ -160,7 +161,10 @@ fn the_kernels_modem_hop_sets_the_rate_and_holds_the_queue() {
 /// pace as on a NIC. Measured: sender p99 bucket 16x its mean, receiver 2.5x.
 #[test]
 fn fq_paces_a_udp_load_that_the_sender_hands_over_in_bursts() {
-    let _s = serial();
+    // The guest's fq releases packets from its timers: with the other core busy they fire in
+    // bursts (a CI run beside the lab's tests: 2060 of 9766 packets skipped, the receiver's
+    // p99 bucket 4.7x its mean).
+    let _s = quiet();
     if !guest_ready() {
         return;
     }

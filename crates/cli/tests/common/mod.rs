@@ -16,8 +16,48 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_bloatlab");
 /// Timing tests share two cores: run them one at a time.
 pub static SERIAL: Mutex<()> = Mutex::new(());
 
-pub fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+/// One test of this binary at a time ([`SERIAL`]). CI runs two test binaries side by side;
+/// this test may run beside the other binary's, unless that one asked for [`quiet`].
+pub fn serial() -> Serial {
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    Serial { _machine: machine_lock(false), _guard: guard }
+}
+
+/// As [`serial`], and no test of another binary runs meanwhile: for a test whose physics are
+/// the host's idle timers (the emulated guest's fq releasing packets in 1 ms buckets). It waits
+/// for the test running beside it to end, and none starts until it has.
+pub fn quiet() -> Serial {
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    Serial { _machine: machine_lock(true), _guard: guard }
+}
+
+pub struct Serial {
+    // Dropped before the guard: the machine's lock goes first.
+    _machine: std::fs::File,
+    _guard: std::sync::MutexGuard<'static, ()>,
+}
+
+fn flock(file: &std::fs::File, op: libc::c_int) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own; the lock goes with the file.
+    assert_eq!(unsafe { libc::flock(file.as_raw_fd(), op) }, 0, "flock: {}", std::io::Error::last_os_error());
+}
+
+fn lock_file(name: &str) -> std::fs::File {
+    // /run/lock: where lock files live (a tmpfs), as they are not temporary files to clean up.
+    let dir = Some(std::path::Path::new("/run/lock")).filter(|d| d.is_dir()).map_or_else(std::env::temp_dir, |d| d.to_path_buf());
+    std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(name)).unwrap_or_else(|e| panic!("lock file {name}: {e}"))
+}
+
+/// Tests hold the machine's lock shared, a quiet one exclusively. flock(2) prefers no one, so
+/// a turnstile: whoever waits for the lock holds the gate meanwhile, and a quiet test waiting
+/// for the others to end keeps new ones from starting.
+fn machine_lock(exclusive: bool) -> std::fs::File {
+    let gate = lock_file("bloatlab-tests-gate.lock");
+    flock(&gate, libc::LOCK_EX);
+    let machine = lock_file("bloatlab-tests-machine.lock");
+    flock(&machine, if exclusive { libc::LOCK_EX } else { libc::LOCK_SH });
+    machine
 }
 
 fn tmp_dir() -> PathBuf {
@@ -234,13 +274,8 @@ static ALL_LABS_HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicB
 /// holds it exclusively through [`AllLabs`], so it waits for other binaries' labs to go down
 /// and none comes up meanwhile.
 fn labs_lock(exclusive: bool) -> std::fs::File {
-    use std::os::fd::AsRawFd;
-    // /run/lock: where lock files live (a tmpfs), as it is not a temporary file to clean up.
-    let dir = Some(std::path::Path::new("/run/lock")).filter(|d| d.is_dir()).map_or_else(std::env::temp_dir, |d| d.to_path_buf());
-    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join("bloatlab-tests-labs.lock")).expect("the labs' lock file");
-    let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
-    // SAFETY: flock on a descriptor we own; the lock goes with the file.
-    assert_eq!(unsafe { libc::flock(file.as_raw_fd(), op) }, 0, "flock: {}", std::io::Error::last_os_error());
+    let file = lock_file("bloatlab-tests-labs.lock");
+    flock(&file, if exclusive { libc::LOCK_EX } else { libc::LOCK_SH });
     file
 }
 
