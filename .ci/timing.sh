@@ -68,7 +68,8 @@ run_worker() {
 }
 
 # run_test_binaries ARTIFACTS ORDER...: every test binary in cargo's artifact messages, two at a
-# time (2 cores: the lab's emulator and the kernel's qdiscs mostly wait on the clock). Within a
+# time (CI_WORKERS; 2 cores: the lab's emulator and the kernel's qdiscs mostly wait on the
+# clock, the machine was 30-40% busy with two, BENCHMARKS.md). Within a
 # binary its tests take turns (common::serial()); a test that needs the machine to itself
 # (common::quiet()) waits for the other binary's test to end and holds off its next one.
 # The binaries named in ORDER (package/target) first, in that order (longest first balances
@@ -89,10 +90,13 @@ for line in open(sys.argv[1]):
 with open(os.path.join(os.environ["ci_out"], "queue.tsv"), "w") as f:
     f.writelines(r + "\n" for _, r in sorted(rows, key=lambda r: r[0]))
 ' "$artifacts" "$@"
-  run_worker &
-  local other=$!
+  local pids=() i
+  for ((i = 1; i < ${CI_WORKERS:-2}; i++)); do
+    run_worker &
+    pids+=($!)
+  done
   run_worker
-  wait $other
+  [ ${#pids[@]} = 0 ] || wait "${pids[@]}"
   [ ! -s "$ci_out/failed.txt" ]
 }
 

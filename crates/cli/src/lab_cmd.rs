@@ -153,12 +153,14 @@ fn load_topology(arg: &str) -> Result<Topology, String> {
     Topology::from_toml(&text, &presets::read_file).map_err(|e| e.to_string())
 }
 
-/// The lab meant by `--lab`, or the only one running.
+/// The lab meant by `--lab`; else the one whose socket BLOATLAB_LAB_SOCKET names (inside `lab
+/// run`, with other labs up beside it); else the only one running.
 fn find_lab(name: Option<&str>) -> Result<LabInfo, String> {
     let live: Vec<LabInfo> = lab::running().into_iter().filter(|(_, alive)| *alive).map(|(i, _)| i).collect();
-    match name {
-        Some(n) => live.into_iter().find(|i| i.name == n).ok_or_else(|| format!("no running lab named {n}")),
-        None => match live.len() {
+    match (name, std::env::var_os(SOCKET_ENV).map(std::path::PathBuf::from)) {
+        (Some(n), _) => live.into_iter().find(|i| i.name == n).ok_or_else(|| format!("no running lab named {n}")),
+        (None, Some(socket)) => live.into_iter().find(|i| i.socket == socket).ok_or_else(|| format!("{SOCKET_ENV} names {}, the socket of no running lab", socket.display())),
+        (None, None) => match live.len() {
             0 => Err("no lab is running; start one with `bloatlab lab up cable`".into()),
             1 => Ok(live.into_iter().next().unwrap()),
             _ => Err(format!("several labs are up ({}); choose one with --lab", live.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", "))),
