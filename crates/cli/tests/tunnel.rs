@@ -146,7 +146,9 @@ fn config(args: &[&str], file: &Path) {
 
 #[test]
 fn openvpn_through_the_lab_its_cost_its_queue_and_its_mtu() {
-    let _g = serial();
+    // CPU per gigabit is the whole machine's (compare's cpu block): another test binary beside
+    // this one once made the tunnel read cheaper than the raw path (12.4 against 13.6 s/Gbit).
+    let _g = quiet();
     if !have("openvpn") || !have("openssl") {
         missing("the tunnel test needs openvpn and openssl (apt install openvpn openssl)");
         return;

@@ -24,8 +24,8 @@ pub fn serial() -> Serial {
 }
 
 /// As [`serial`], and no test of another binary runs meanwhile: for a test whose physics are
-/// the host's idle timers (the emulated guest's fq releasing packets in 1 ms buckets). It waits
-/// for the test running beside it to end, and none starts until it has.
+/// the whole machine's (the emulated guest's idle timers, CPU per gigabit, vm.dirty_* and the
+/// dirty pages). It waits for the test running beside it to end, and none starts until it has.
 pub fn quiet() -> Serial {
     let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     Serial { _machine: machine_lock(true), _guard: guard }
