@@ -3,7 +3,7 @@
 # phases run in subshells and workers count too.
 ci_out=$PWD/target/ci
 mkdir -p "$ci_out"
-rm -f "$ci_out"/test-*.log
+rm -f "$ci_out"/test-*.log "$ci_out"/done-*
 : >"$ci_out/phases.tsv"
 : >"$ci_out/tests.tsv"
 : >"$ci_out/failed.txt"
@@ -49,7 +49,17 @@ run_test_binary() {
   flock "$ci_out/print.lock" cat "$log"
   # "test NAME ... ok <1.234s>"
   sed -nE 's/^test (.+) \.\.\. (ok|FAILED) <([0-9.]+)s>$/\3\t'"${label//\//\\/}"': \1/p' "$log" >>"$ci_out/tests.tsv"
+  touch "$ci_out/done-${label//[^A-Za-z0-9_.-]/_}"
   return $rc
+}
+
+# ci_after_tests LABEL...: returns once the test binaries LABEL (package/target) have ended, or
+# all of them have (a label that names no binary waits no longer than that).
+ci_after_tests() {
+  local label
+  for label in "$@"; do
+    while [ ! -e "$ci_out/done-${label//[^A-Za-z0-9_.-]/_}" ] && [ ! -e "$ci_out/done-all" ]; do sleep 1; done
+  done
 }
 
 # Takes the first line of queue file $1 under a lock and prints it; nothing once it is empty.
@@ -97,6 +107,7 @@ with open(os.path.join(os.environ["ci_out"], "queue.tsv"), "w") as f:
   done
   run_worker
   [ ${#pids[@]} = 0 ] || wait "${pids[@]}"
+  touch "$ci_out/done-all"
   [ ! -s "$ci_out/failed.txt" ]
 }
 
