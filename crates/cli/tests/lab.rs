@@ -164,7 +164,9 @@ fn a_driver_ring_below_fq_codel_holds_its_drain_time_and_bql_or_a_short_ring_cur
 /// and 72% lost against a 73% bound) one CI run lost 59 there; at 45 Mbit/s, 77.8% of 79%.
 #[test]
 fn unpaced_bursts_overflow_a_shallow_switch_and_a_paced_sender_loses_nothing() {
-    let _g = serial();
+    // The loss's lower bound is the host sending at line rate: beside the guest and a build,
+    // with both cores busy, one CI run's sender was slow enough to lose only 47.6%.
+    let _g = quiet();
     let Some(lab) = LabUp::preset("switch", "switch") else { return };
     let _srv = lab.server("server");
     let udp = |pacing: &str| {
