@@ -46,7 +46,9 @@ fn flock(file: &std::fs::File, op: libc::c_int) {
 fn lock_file(name: &str) -> std::fs::File {
     // /run/lock: where lock files live (a tmpfs), as they are not temporary files to clean up.
     let dir = Some(std::path::Path::new("/run/lock")).filter(|d| d.is_dir()).map_or_else(std::env::temp_dir, |d| d.to_path_buf());
-    std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(name)).unwrap_or_else(|e| panic!("lock file {name}: {e}"))
+    let path = dir.join(name);
+    // flock needs no write access: a user's run opens read-only the file a root run created.
+    std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).or_else(|_| std::fs::File::open(&path)).unwrap_or_else(|e| panic!("lock file {}: {e}", path.display()))
 }
 
 /// Tests hold the machine's lock shared, a quiet one exclusively. flock(2) prefers no one, so
