@@ -19,16 +19,19 @@ pub static SERIAL: Mutex<()> = Mutex::new(());
 /// One test of this binary at a time ([`SERIAL`]). CI runs two test binaries side by side;
 /// this test may run beside the other binary's, unless that one asked for [`quiet`].
 pub fn serial() -> Serial {
-    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    Serial { _machine: machine_lock(false), _guard: guard }
+    take_turn(false)
 }
 
 /// As [`serial`], and no test of another binary runs meanwhile: for a test whose physics are
 /// the whole machine's (the emulated guest's idle timers, CPU per gigabit, vm.dirty_* and the
 /// dirty pages). It waits for the test running beside it to end, and none starts until it has.
 pub fn quiet() -> Serial {
+    take_turn(true)
+}
+
+fn take_turn(exclusive: bool) -> Serial {
     let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    Serial { _machine: machine_lock(true), _guard: guard }
+    Serial { _machine: machine_lock(exclusive), _guard: guard }
 }
 
 pub struct Serial {
@@ -55,11 +58,15 @@ fn lock_file(name: &str) -> std::fs::File {
 /// a turnstile: whoever waits for the lock holds the gate meanwhile, and a quiet test waiting
 /// for the others to end keeps new ones from starting.
 fn machine_lock(exclusive: bool) -> std::fs::File {
-    let gate = lock_file("bloatlab-tests-gate.lock");
-    flock(&gate, libc::LOCK_EX);
-    let machine = lock_file("bloatlab-tests-machine.lock");
-    flock(&machine, if exclusive { libc::LOCK_EX } else { libc::LOCK_SH });
-    machine
+    let _gate = locked("bloatlab-tests-gate.lock", true);
+    locked("bloatlab-tests-machine.lock", exclusive)
+}
+
+/// Lock file `name`, flocked shared or exclusively until it is dropped.
+fn locked(name: &str, exclusive: bool) -> std::fs::File {
+    let file = lock_file(name);
+    flock(&file, if exclusive { libc::LOCK_EX } else { libc::LOCK_SH });
+    file
 }
 
 fn tmp_dir() -> PathBuf {
@@ -276,9 +283,7 @@ static ALL_LABS_HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicB
 /// holds it exclusively through [`AllLabs`], so it waits for other binaries' labs to go down
 /// and none comes up meanwhile.
 fn labs_lock(exclusive: bool) -> std::fs::File {
-    let file = lock_file("bloatlab-tests-labs.lock");
-    flock(&file, if exclusive { libc::LOCK_EX } else { libc::LOCK_SH });
-    file
+    locked("bloatlab-tests-labs.lock", exclusive)
 }
 
 /// Every lab on this machine is this test's while it lives (see [`labs_lock`]).
