@@ -65,7 +65,7 @@ apt_install() {
 ensure_tools() {
   local need=()
   command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
-  [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx insmod || need+=(busybox-static)
+  [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -x insmod >/dev/null || need+=(busybox-static)
   command -v cpio >/dev/null || need+=(cpio)
   command -v depmod >/dev/null || need+=(kmod)
   [ ${#need[@]} = 0 ] && return 0
@@ -183,7 +183,7 @@ unpack_vmlinux() { # bzImage out
     [ -n "$off" ] || continue
     tail -c +$((off + 1)) "$1" | $tool > "$2" 2>/dev/null
     # PVH: the Xen ELF note type 18 (XEN_ELFNOTE_PHYS32_ENTRY) that qemu's -kernel looks for.
-    [ "$(head -c 4 "$2")" = $'\x7fELF' ] && LC_ALL=C readelf -n "$2" 2>/dev/null | grep -q 'Unknown note type: (0x00000012)' && return 0
+    [ "$(head -c 4 "$2")" = $'\x7fELF' ] && LC_ALL=C readelf -n "$2" 2>/dev/null | grep 'Unknown note type: (0x00000012)' >/dev/null && return 0
   done
   return 1
 }
