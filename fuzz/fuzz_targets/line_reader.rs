@@ -15,7 +15,10 @@ struct Pieces<'a> {
 
 impl Read for Pieces<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let want = self.sizes.get(self.i % self.sizes.len().max(1)).map_or(usize::MAX, |&s| usize::from(s).max(1));
+        let want = self
+            .sizes
+            .get(self.i % self.sizes.len().max(1))
+            .map_or(usize::MAX, |&s| usize::from(s).max(1));
         self.i += 1;
         let n = want.min(buf.len()).min(self.data.len());
         buf[..n].copy_from_slice(&self.data[..n]);
@@ -45,12 +48,19 @@ fn lines(data: &[u8], sizes: &[u8]) -> Vec<Result<Vec<u8>, std::io::ErrorKind>> 
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&n, rest)) = data.split_first() else { return };
+    let Some((&n, rest)) = data.split_first() else {
+        return;
+    };
     let (sizes, body) = rest.split_at(usize::from(n).min(rest.len()).min(8));
     let whole = lines(body, &[]);
     let pieces = lines(body, sizes);
     // Over-long lines may be detected at different points, but only as errors.
-    let ok = |v: &Vec<Result<Vec<u8>, std::io::ErrorKind>>| v.iter().take_while(|l| l.is_ok()).cloned().collect::<Vec<_>>();
+    let ok = |v: &Vec<Result<Vec<u8>, std::io::ErrorKind>>| {
+        v.iter()
+            .take_while(|l| l.is_ok())
+            .cloned()
+            .collect::<Vec<_>>()
+    };
     if whole.iter().all(|l| l.is_ok()) && pieces.iter().all(|l| l.is_ok()) {
         assert_eq!(whole, pieces);
     } else {

@@ -9,7 +9,8 @@ fuzz_target!(|data: &[u8]| {
     let _ = auth::probe_signed(b"0123456789abcdef", data);
     if let Ok(p) = Probe::decode(data) {
         let mut buf = vec![0u8; data.len()];
-        p.encode(&mut buf).expect("a decoded probe fits its own length");
+        p.encode(&mut buf)
+            .expect("a decoded probe fits its own length");
         assert_eq!(buf[..HEADER_LEN], data[..HEADER_LEN]);
     }
 });

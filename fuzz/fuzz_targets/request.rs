@@ -8,12 +8,22 @@ use std::time::{Duration, Instant};
 
 fuzz_target!(|data: &[u8]| {
     let split = data.iter().position(|&b| b == b'\n').unwrap_or(data.len());
-    let Ok(ClientMsg::Test(req)) = decode_line::<ClientMsg>(&data[..split]) else { return };
-    let cfg = Config { max_rate_bytes: Some(1e6), ..Config::default() };
+    let Ok(ClientMsg::Test(req)) = decode_line::<ClientMsg>(&data[..split]) else {
+        return;
+    };
+    let cfg = Config {
+        max_rate_bytes: Some(1e6),
+        ..Config::default()
+    };
     if validate(&req, &cfg).is_err() {
         return;
     }
-    let s = Session::new("127.0.0.1".parse().unwrap(), Instant::now() + Duration::from_secs(1), req, cfg.max_rate_bytes);
+    let s = Session::new(
+        "127.0.0.1".parse().unwrap(),
+        Instant::now() + Duration::from_secs(1),
+        req,
+        cfg.max_rate_bytes,
+    );
     let mut claimed = std::collections::HashSet::new();
     for op in data[split..].chunks(3) {
         match op {

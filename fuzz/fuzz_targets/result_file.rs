@@ -4,7 +4,9 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(r) = bloatlab_result::parse(data) else { return };
+    let Ok(r) = bloatlab_result::parse(data) else {
+        return;
+    };
     let _ = bloatlab_analyze::summarize(&r);
     let _ = bloatlab_report::export::to_csv(&r);
     let _ = bloatlab_report::export::to_flent(&r);

@@ -7,7 +7,9 @@ use bloatlab_server::web::endpoints::{authority, config_json, route};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     let (method, rest) = text.split_once(' ').unwrap_or(("GET", text));
     let (path, host) = rest.split_once(' ').unwrap_or((rest, ""));
     let _ = route(method, path);
@@ -16,10 +18,18 @@ fuzz_target!(|data: &[u8]| {
         assert!(n.to_string().len() <= text.len());
     }
     let host = authority(Some(host), "192.0.2.1:443");
-    let config: serde_json::Value = serde_json::from_str(&config_json("https", host, Some(host))).expect("the config is JSON");
+    let config: serde_json::Value =
+        serde_json::from_str(&config_json("https", host, Some(host))).expect("the config is JSON");
     for url in config["urls"].as_object().expect("urls").values() {
         let url = url.as_str().expect("a string");
-        let h = url.strip_prefix("https://").and_then(|u| u.split('/').next()).expect("https://HOST/");
-        assert!(h.bytes().all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b)), "{url}");
+        let h = url
+            .strip_prefix("https://")
+            .and_then(|u| u.split('/').next())
+            .expect("https://HOST/");
+        assert!(
+            h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b)),
+            "{url}"
+        );
     }
 });

@@ -44,7 +44,13 @@ fn estimate_fastest(echoes: &[Echo], part: usize) -> Option<ClockOffset> {
     offsets.sort();
     let worst_rtt = fastest.iter().map(Echo::rtt_ns).max().unwrap_or(0).max(0);
     let mean_t1 = fastest.iter().map(|e| e.t1 as f64).sum::<f64>() / n as f64;
-    Some(ClockOffset { offset_ms: offsets[offsets.len() / 2] as f64 / 1e6, uncertainty_ms: worst_rtt as f64 / 2e6, samples: n, reference_s: mean_t1 / 1e9, drift_ppm: None })
+    Some(ClockOffset {
+        offset_ms: offsets[offsets.len() / 2] as f64 / 1e6,
+        uncertainty_ms: worst_rtt as f64 / 2e6,
+        samples: n,
+        reference_s: mean_t1 / 1e9,
+        drift_ppm: None,
+    })
 }
 
 /// The offset from the echoes `before` the load, with linear drift from a second estimate from
@@ -88,7 +94,10 @@ mod tests {
             })
             .collect();
         let est = estimate(&echoes).unwrap();
-        assert!((est.offset_ms - 5000.0).abs() <= est.uncertainty_ms, "{est:?}");
+        assert!(
+            (est.offset_ms - 5000.0).abs() <= est.uncertainty_ms,
+            "{est:?}"
+        );
         assert!((est.uncertainty_ms - 1.0).abs() < 1e-9, "{est:?}");
         assert_eq!(est.samples, 30);
         assert!(estimate(&[]).is_none());
@@ -108,15 +117,31 @@ mod tests {
         };
         let origin = 1_000_000_000;
         let before: Vec<Echo> = (0..100).map(|i| echo(origin + i * 50_000_000, 0)).collect();
-        let after: Vec<Echo> = (0..40).map(|i| echo(origin + 35_000_000_000 + i * 50_000_000, 0)).collect();
+        let after: Vec<Echo> = (0..40)
+            .map(|i| echo(origin + 35_000_000_000 + i * 50_000_000, 0))
+            .collect();
         let est = estimate_with_drift(&before, &after, origin).unwrap();
         let drift = est.drift_ppm.unwrap();
         assert!((drift - 100.0).abs() < 0.5, "{drift} ppm");
-        assert!(est.reference_s > 0.0 && est.reference_s < 5.0, "within the before window: {est:?}");
+        assert!(
+            est.reference_s > 0.0 && est.reference_s < 5.0,
+            "within the before window: {est:?}"
+        );
         // True offset at 30 s after the origin: 2 s + 100 ppm of (origin + 30 s).
         let truth_ms = 2000.0 + (origin as f64 + 30e9) * 1e-4 / 1e6;
-        assert!((est.at(30.0) - truth_ms).abs() <= est.uncertainty_ms, "{} vs {truth_ms}", est.at(30.0));
-        let queued: Vec<Echo> = (0..40).map(|i| echo(origin + 35_000_000_000 + i * 50_000_000, 200_000_000)).collect();
-        assert_eq!(estimate_with_drift(&before, &queued, origin).unwrap().drift_ppm, None);
+        assert!(
+            (est.at(30.0) - truth_ms).abs() <= est.uncertainty_ms,
+            "{} vs {truth_ms}",
+            est.at(30.0)
+        );
+        let queued: Vec<Echo> = (0..40)
+            .map(|i| echo(origin + 35_000_000_000 + i * 50_000_000, 200_000_000))
+            .collect();
+        assert_eq!(
+            estimate_with_drift(&before, &queued, origin)
+                .unwrap()
+                .drift_ppm,
+            None
+        );
     }
 }

@@ -14,7 +14,8 @@ pub fn idd(mouth_to_ear_ms: f64) -> f64 {
         return 0.0;
     }
     let x = (mouth_to_ear_ms / 100.0).log2();
-    25.0 * ((1.0 + x.powi(6)).powf(1.0 / 6.0) - 3.0 * (1.0 + (x / 3.0).powi(6)).powf(1.0 / 6.0) + 2.0)
+    25.0 * ((1.0 + x.powi(6)).powf(1.0 / 6.0) - 3.0 * (1.0 + (x / 3.0).powi(6)).powf(1.0 / 6.0)
+        + 2.0)
 }
 
 /// Effective equipment impairment (G.107 eq. 7-29), `loss_percent` (Ppl) in 0..=100;
@@ -45,7 +46,10 @@ pub fn burst_r(lost: &[bool]) -> f64 {
     if from_ok == 0 || from_lost == 0 {
         return 1.0;
     }
-    let (p, q) = (ok_to_lost as f64 / from_ok as f64, lost_to_ok as f64 / from_lost as f64);
+    let (p, q) = (
+        ok_to_lost as f64 / from_ok as f64,
+        lost_to_ok as f64 / from_lost as f64,
+    );
     if p + q > 0.0 {
         1.0 / (p + q)
     } else {
@@ -78,7 +82,8 @@ mod tests {
     #[test]
     fn delay_impairment_matches_g107_landmarks() {
         // X = log2(Ta/100); at Ta = 200 ms X = 1, Idd = 25((2)^(1/6) - 3(1+1/729)^(1/6) + 2).
-        let want = 25.0 * (2f64.powf(1.0 / 6.0) - 3.0 * (1.0 + 1.0 / 729.0f64).powf(1.0 / 6.0) + 2.0);
+        let want =
+            25.0 * (2f64.powf(1.0 / 6.0) - 3.0 * (1.0 + 1.0 / 729.0f64).powf(1.0 / 6.0) + 2.0);
         assert!((idd(200.0) - want).abs() < 1e-12);
         assert!((idd(200.0) - 3.04).abs() < 0.01, "{}", idd(200.0));
         // 400 ms one-way is well into "many users dissatisfied": R around 70 or below.
@@ -106,7 +111,11 @@ mod tests {
         let bursty: Vec<bool> = (0..10_000).map(|i| i % 100 >= 96).collect();
         let want = 1.0 / (1.0 / 96.0 + 0.25);
         // (The sequence ends inside a run: 99 of 399 lost packets are followed by a received one.)
-        assert!((burst_r(&bursty) - want).abs() < 0.05, "{}", burst_r(&bursty));
+        assert!(
+            (burst_r(&bursty) - want).abs() < 0.05,
+            "{}",
+            burst_r(&bursty)
+        );
         // Every 20th lost: p = 1/19, q = 1, BurstR = 0.95 (smoother than random).
         let spread: Vec<bool> = (0..10_000).map(|i| i % 20 == 0).collect();
         assert!((burst_r(&spread) - 1.0 / (1.0 / 19.0 + 1.0)).abs() < 0.01);

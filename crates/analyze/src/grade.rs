@@ -2,10 +2,19 @@
 //! are those of the widely used bufferbloat web tests, so users can compare.
 
 /// Upper bounds (exclusive, ms) of each grade; anything above the last is F.
-pub const BANDS: [(f64, &str); 5] = [(5.0, "A+"), (30.0, "A"), (60.0, "B"), (200.0, "C"), (400.0, "D")];
+pub const BANDS: [(f64, &str); 5] = [
+    (5.0, "A+"),
+    (30.0, "A"),
+    (60.0, "B"),
+    (200.0, "C"),
+    (400.0, "D"),
+];
 
 pub fn grade(added_latency_ms: f64) -> &'static str {
-    BANDS.iter().find(|(limit, _)| added_latency_ms < *limit).map_or("F", |(_, g)| g)
+    BANDS
+        .iter()
+        .find(|(limit, _)| added_latency_ms < *limit)
+        .map_or("F", |(_, g)| g)
 }
 
 #[cfg(test)]

@@ -54,7 +54,8 @@ pub fn stable(moving_averages: &[f64]) -> bool {
 /// goodput": the bytes of the last MAD intervals over MAD times ID, i.e. the mean of equal-length
 /// intervals' rates); `None` before MAD intervals.
 fn moving_average(per_interval: &[f64]) -> Option<f64> {
-    (per_interval.len() >= MAD).then(|| per_interval[per_interval.len() - MAD..].iter().sum::<f64>() / MAD as f64)
+    (per_interval.len() >= MAD)
+        .then(|| per_interval[per_interval.len() - MAD..].iter().sum::<f64>() / MAD as f64)
 }
 
 /// The draft's saturation algorithm, fed one interval at a time. Load is added every interval
@@ -71,7 +72,17 @@ pub struct Saturation {
 
 impl Saturation {
     pub fn new(interval_s: f64) -> Saturation {
-        Saturation { run: RpmRun { interval_s, mad: MAD as u32, sdt: SDT, ..RpmRun::default() }, goodput: [Vec::new(), Vec::new()], goodput_ma: [Vec::new(), Vec::new()], responsiveness: Vec::new() }
+        Saturation {
+            run: RpmRun {
+                interval_s,
+                mad: MAD as u32,
+                sdt: SDT,
+                ..RpmRun::default()
+            },
+            goodput: [Vec::new(), Vec::new()],
+            goodput_ma: [Vec::new(), Vec::new()],
+            responsiveness: Vec::new(),
+        }
     }
 
     /// Ends the interval that finished at `t` (seconds into the test) with its goodput per
@@ -79,7 +90,14 @@ impl Saturation {
     /// probes of the last MAD intervals, with the load connections per direction it had (for
     /// the record). True once goodput and then responsiveness are both saturated: the test has
     /// its answer.
-    pub fn interval(&mut self, t: f64, down: Option<f64>, up: Option<f64>, responsiveness: Option<f64>, load_connections: Option<u32>) -> bool {
+    pub fn interval(
+        &mut self,
+        t: f64,
+        down: Option<f64>,
+        up: Option<f64>,
+        responsiveness: Option<f64>,
+        load_connections: Option<u32>,
+    ) -> bool {
         let n = self.run.intervals.len() + 1;
         for (i, g) in [down, up].into_iter().enumerate() {
             if let Some(g) = g {
@@ -90,7 +108,12 @@ impl Saturation {
             }
         }
         let loaded = |i: usize| [down, up][i].is_some();
-        if self.run.goodput_saturated_at.is_none() && (0..2).filter(|&i| loaded(i)).all(|i| stable(&self.goodput_ma[i])) && (loaded(0) || loaded(1)) {
+        if self.run.goodput_saturated_at.is_none()
+            && (0..2)
+                .filter(|&i| loaded(i))
+                .all(|i| stable(&self.goodput_ma[i]))
+            && (loaded(0) || loaded(1))
+        {
             self.run.goodput_saturated_at = Some(t);
         }
         if self.run.goodput_saturated_at.is_some() {
@@ -101,7 +124,13 @@ impl Saturation {
                 self.run.responsiveness_saturated_at = Some(t);
             }
         }
-        self.run.intervals.push(RpmInterval { t, down_mbps: down, up_mbps: up, responsiveness, load_connections });
+        self.run.intervals.push(RpmInterval {
+            t,
+            down_mbps: down,
+            up_mbps: up,
+            responsiveness,
+            load_connections,
+        });
         debug_assert_eq!(self.run.intervals.len(), n);
         self.run.responsiveness_saturated_at.is_some()
     }
@@ -128,12 +157,17 @@ pub fn confidence(run: &RpmRun) -> Confidence {
 /// `loaded`: the self probes' times, or None where the transport has no self probes (HTTP/1.1):
 /// then the RPM is the foreign term alone. Some but empty (every self probe failed): no RPM.
 pub fn rpm(foreign: &[&[f64]], loaded: Option<&[f64]>) -> Option<(f64, f64, Option<f64>)> {
-    let terms: Vec<f64> = foreign.iter().map(|t| trimmed_mean(t, KEEP)).collect::<Option<_>>()?;
+    let terms: Vec<f64> = foreign
+        .iter()
+        .map(|t| trimmed_mean(t, KEEP))
+        .collect::<Option<_>>()?;
     if terms.is_empty() {
         return None;
     }
     let foreign = 60_000.0 / (terms.iter().sum::<f64>() / terms.len() as f64);
-    let Some(loaded) = loaded else { return Some((foreign, foreign, None)) };
+    let Some(loaded) = loaded else {
+        return Some((foreign, foreign, None));
+    };
     let loaded = 60_000.0 / trimmed_mean(loaded, KEEP)?;
     Some(((foreign + loaded) / 2.0, foreign, Some(loaded)))
 }
@@ -160,7 +194,10 @@ mod tests {
         assert!(stable(&[9.5, 10.0, 10.0, 10.5]));
         // 9, 10, 10, 11: 0.707 > 0.55.
         assert!(!stable(&[9.0, 10.0, 10.0, 11.0]));
-        assert!(!stable(&[0.0, 0.0, 0.0, 0.0]), "no goodput is not saturation");
+        assert!(
+            !stable(&[0.0, 0.0, 0.0, 0.0]),
+            "no goodput is not saturation"
+        );
     }
 
     /// A ramp that levels off at interval 5: goodput is saturated once MAD moving averages (each
@@ -173,14 +210,21 @@ mod tests {
         for k in 1..=30 {
             // Responsiveness settles only from interval 16 on.
             let r = if k < 16 { 100.0 * k as f64 } else { 2000.0 };
-            if s.interval(k as f64, Some(goodput(k)), Some(goodput(k) / 10.0), Some(r), None) {
+            if s.interval(
+                k as f64,
+                Some(goodput(k)),
+                Some(goodput(k) / 10.0),
+                Some(r),
+                None,
+            ) {
                 ended = Some(k);
                 break;
             }
         }
         let run = s.run();
         // Moving averages from interval 4: 25, 35, 42.5, 47.5, 50, 50, 50: the four ending at
-        // interval 10 (47.5, 50, 50, 50) deviate by 1.08, below 5% of 50; those ending at 9 by 3.06.
+        // interval 10 (47.5, 50, 50, 50) deviate by 1.08, below 5% of 50; those ending at 9 by
+        // 3.06.
         assert_eq!(run.goodput_saturated_at, Some(10.0));
         // Responsiveness values from interval 10: stable once four in a row are 2000 (16..19).
         assert_eq!(run.responsiveness_saturated_at, Some(19.0));
@@ -226,7 +270,10 @@ mod tests {
     /// give no RPM rather than a foreign-only one.
     #[test]
     fn without_self_probes_the_foreign_term_is_the_rpm() {
-        assert_eq!(rpm(&[&[10.0][..], &[10.0][..]], None), Some((6000.0, 6000.0, None)));
+        assert_eq!(
+            rpm(&[&[10.0][..], &[10.0][..]], None),
+            Some((6000.0, 6000.0, None))
+        );
         assert_eq!(rpm(&[&[10.0][..], &[10.0][..]], Some(&[])), None);
     }
 }

@@ -21,7 +21,11 @@ pub fn rate_over(samples: &[(f64, Option<f64>)], first_from: f64, from: f64, to:
         return 0.0;
     }
     let first = samples.partition_point(|s| s.0 <= from);
-    let mut prev = if first == 0 { first_from } else { samples[first - 1].0 };
+    let mut prev = if first == 0 {
+        first_from
+    } else {
+        samples[first - 1].0
+    };
     let mut area = 0.0;
     for &(t, v) in &samples[first..] {
         if prev >= to {

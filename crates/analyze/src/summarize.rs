@@ -30,7 +30,10 @@ impl Window {
 
 fn phase_window(result: &ResultFile, name: &str) -> Option<Window> {
     let p = result.metadata.phases.iter().find(|p| p.name == name)?;
-    Some(Window { start: p.start, end: p.end })
+    Some(Window {
+        start: p.start,
+        end: p.end,
+    })
 }
 
 /// Start of the load phase left out of its statistics, seconds.
@@ -39,16 +42,26 @@ pub fn ramp_up(load_len: f64) -> f64 {
 }
 
 fn values<'a>(s: &'a Series, w: Window) -> impl Iterator<Item = f64> + 'a {
-    s.samples.iter().filter(move |(t, _)| w.contains(*t)).filter_map(|(_, v)| *v)
+    s.samples
+        .iter()
+        .filter(move |(t, _)| w.contains(*t))
+        .filter_map(|(_, v)| *v)
 }
 
 fn named<'a>(result: &'a ResultFile, prefix: &'a str) -> impl Iterator<Item = &'a Series> + 'a {
-    result.series.iter().filter(move |s| s.name.starts_with(prefix))
+    result
+        .series
+        .iter()
+        .filter(move |s| s.name.starts_with(prefix))
 }
 
 fn pct_of(result: &ResultFile, prefix: &str, w: Option<Window>) -> Option<Percentiles> {
     let w = w?;
-    stats::percentiles(named(result, prefix).flat_map(|s| values(s, w)).collect::<Vec<_>>())
+    stats::percentiles(
+        named(result, prefix)
+            .flat_map(|s| values(s, w))
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// One-way delay above each series' own minimum in `base` (offset-free: a constant offset
@@ -56,7 +69,9 @@ fn pct_of(result: &ResultFile, prefix: &str, w: Option<Window>) -> Option<Percen
 fn added_owd(result: &ResultFile, prefix: &str, base: Window, w: Window) -> Option<Percentiles> {
     let mut all = Vec::new();
     for series in named(result, prefix) {
-        let Some(min) = values(series, base).reduce(f64::min) else { continue };
+        let Some(min) = values(series, base).reduce(f64::min) else {
+            continue;
+        };
         all.extend(values(series, w).map(|v| v - min));
     }
     stats::percentiles(all)
@@ -82,7 +97,11 @@ fn stream_name(series_name: &str) -> &str {
 /// When the load really began: the latest flow start (RPM: the earliest), not before the phase.
 fn flows_started(result: &ResultFile, phase: Window) -> f64 {
     let starts = result.metadata.flows.iter().filter_map(|f| f.start);
-    let real = if result.metadata.test == "rpm" { starts.reduce(f64::min) } else { starts.reduce(f64::max) };
+    let real = if result.metadata.test == "rpm" {
+        starts.reduce(f64::min)
+    } else {
+        starts.reduce(f64::max)
+    };
     real.map_or(phase.start, |t| t.clamp(phase.start, phase.end))
 }
 
@@ -90,7 +109,9 @@ fn flows_started(result: &ResultFile, phase: Window) -> f64 {
 /// length. Sample i covers the time since sample i-1; the first, since the flow's `start` (else
 /// one `step` before it).
 fn mean_rate(s: &Series, w: Window, start: Option<f64>, step: f64) -> f64 {
-    let Some(first) = s.samples.first() else { return 0.0 };
+    let Some(first) = s.samples.first() else {
+        return 0.0;
+    };
     stats::rate_over(&s.samples, start.unwrap_or(first.0 - step), w.start, w.end)
 }
 
@@ -98,12 +119,19 @@ pub fn summarize(result: &ResultFile) -> Summary {
     let idle = phase_window(result, "idle");
     let load = phase_window(result, "load").map(|w| {
         let began = flows_started(result, w);
-        Window { start: began + ramp_up(w.end - began), end: w.end }
+        Window {
+            start: began + ramp_up(w.end - began),
+            end: w.end,
+        }
     });
     // Where the test's own figures (jitter, loss, VoIP) come from: under load if there was load.
     let main = load.or(idle);
 
-    let mut s = Summary { test: result.metadata.test.clone(), partial: result.partial, ..Default::default() };
+    let mut s = Summary {
+        test: result.metadata.test.clone(),
+        partial: result.partial,
+        ..Default::default()
+    };
 
     if let Some(w) = main {
         s.throughput_mbps = throughput(result, |_| Some(w));
@@ -116,15 +144,29 @@ pub fn summarize(result: &ResultFile) -> Summary {
         Some(o) if o.uncertainty_ms <= OWD_UNCERTAINTY_BOUND_MS => Ok(()),
         Some(o) => {
             // Added one-way delays need no offset, only a load to add them.
-            let see = if load.is_some() { "; see added one-way delays" } else { "" };
-            Err(format!("the clock offset is known only to +/-{:.1} ms (bound {OWD_UNCERTAINTY_BOUND_MS} ms){see}", o.uncertainty_ms))
+            let see = if load.is_some() {
+                "; see added one-way delays"
+            } else {
+                ""
+            };
+            Err(format!(
+                "the clock offset is known only to +/-{:.1} ms (bound \
+                {OWD_UNCERTAINTY_BOUND_MS} ms){see}",
+                o.uncertainty_ms
+            ))
         }
         None => Err("no clock offset estimate (no echoed probes)".to_string()),
     };
     match &owd_known {
         Ok(()) => {
-            lat.idle_owd = DirectionLatency { up: pct_of(result, "owd up ", idle), down: pct_of(result, "owd down ", idle) };
-            lat.loaded_owd = DirectionLatency { up: pct_of(result, "owd up ", load), down: pct_of(result, "owd down ", load) };
+            lat.idle_owd = DirectionLatency {
+                up: pct_of(result, "owd up ", idle),
+                down: pct_of(result, "owd down ", idle),
+            };
+            lat.loaded_owd = DirectionLatency {
+                up: pct_of(result, "owd up ", load),
+                down: pct_of(result, "owd down ", load),
+            };
         }
         Err(why) => lat.owd_unavailable = Some(why.clone()),
     }
@@ -139,11 +181,22 @@ pub fn summarize(result: &ResultFile) -> Summary {
     }
     // Added latency per probe class; the headline from best effort when there is any.
     let class_added = |class: &str| -> Option<f64> {
-        let series: Vec<&Series> = named(result, "rtt ").filter(|x| probe_class(x.dscp.unwrap_or(0)) == class).collect();
-        let p50 = |w: Option<Window>| w.and_then(|w| stats::percentiles(series.iter().flat_map(|x| values(x, w)).collect::<Vec<_>>())).map(|p| p.p50);
+        let series: Vec<&Series> = named(result, "rtt ")
+            .filter(|x| probe_class(x.dscp.unwrap_or(0)) == class)
+            .collect();
+        let p50 = |w: Option<Window>| {
+            w.and_then(|w| {
+                stats::percentiles(series.iter().flat_map(|x| values(x, w)).collect::<Vec<_>>())
+            })
+            .map(|p| p.p50)
+        };
         Some(p50(load)? - p50(idle)?)
     };
-    s.added_latency_ms_by_class = ByClass { be: class_added("be"), ef: class_added("ef"), bk: class_added("bk") };
+    s.added_latency_ms_by_class = ByClass {
+        be: class_added("be"),
+        ef: class_added("ef"),
+        bk: class_added("bk"),
+    };
     let pooled = match (&lat.idle, &lat.loaded) {
         (Some(i), Some(l)) => Some(l.p50 - i.p50),
         _ => None,
@@ -154,9 +207,16 @@ pub fn summarize(result: &ResultFile) -> Summary {
     }
 
     if let (Some(base), Some(w)) = (idle, main) {
-        s.added_owd_ms = DirectionLatency { up: added_owd(result, "owd up ", base, w), down: added_owd(result, "owd down ", base, w) };
+        s.added_owd_ms = DirectionLatency {
+            up: added_owd(result, "owd up ", base, w),
+            down: added_owd(result, "owd down ", base, w),
+        };
         if load.is_some() {
-            s.bloat_direction = bloat_direction(s.added_owd_ms.up.map(|p| p.p50), s.added_owd_ms.down.map(|p| p.p50)).map(Into::into);
+            s.bloat_direction = bloat_direction(
+                s.added_owd_ms.up.map(|p| p.p50),
+                s.added_owd_ms.down.map(|p| p.p50),
+            )
+            .map(Into::into);
         }
     }
 
@@ -166,11 +226,20 @@ pub fn summarize(result: &ResultFile) -> Summary {
 
     // Jitter and VoIP quality come from the call stream when there is one, else the first probe
     // stream.
-    let primary = result.metadata.streams.iter().find(|c| c.name == "voip").or_else(|| result.metadata.streams.first()).map(|c| c.name.clone());
+    let primary = result
+        .metadata
+        .streams
+        .iter()
+        .find(|c| c.name == "voip")
+        .or_else(|| result.metadata.streams.first())
+        .map(|c| c.name.clone());
     if let (Some(name), Some(w)) = (primary, main) {
         let owd = |dir: &str| result.series(&format!("owd {dir} {name}"));
         let jitter = |dir: &str| owd(dir).and_then(|x| stats::rfc3550_jitter(values(x, w)));
-        s.jitter_ms = Jitter { up: jitter("up"), down: jitter("down") };
+        s.jitter_ms = Jitter {
+            up: jitter("up"),
+            down: jitter("down"),
+        };
         if name == "voip" {
             let counts = result.metadata.streams.iter().find(|c| c.name == "voip");
             let (up_loss, down_loss) = counts.map(direction_loss).unwrap_or((None, None));
@@ -199,8 +268,14 @@ pub fn summarize(result: &ResultFile) -> Summary {
                 };
                 Some((delay, call.loss, call.burst_r))
             };
-            let delay_basis = if owd_known.is_ok() { "one-way p99" } else { "idle rtt/2 + added one-way p99" };
-            if let (Some((u, loss_u, burst_u)), Some((d, loss_d, burst_d))) = (heard("up", up_loss), heard("down", down_loss)) {
+            let delay_basis = if owd_known.is_ok() {
+                "one-way p99"
+            } else {
+                "idle rtt/2 + added one-way p99"
+            };
+            if let (Some((u, loss_u, burst_u)), Some((d, loss_d, burst_d))) =
+                (heard("up", up_loss), heard("down", down_loss))
+            {
                 let (mu, md) = (u + VOIP_PACKETIZATION_MS, d + VOIP_PACKETIZATION_MS);
                 let r_up = emodel::r_factor(mu, loss_u, burst_u);
                 let r_down = emodel::r_factor(md, loss_d, burst_d);
@@ -228,7 +303,11 @@ pub fn summarize(result: &ResultFile) -> Summary {
             let down = rpm_summary(result, "download", Some(&runs.down), idle, None);
             let up = rpm_summary(result, "upload", Some(&runs.up), idle, None);
             // The worse direction stands for the test, as with grades: never averaged away.
-            let worse = [&down, &up].into_iter().flatten().min_by(|a, b| a.rpm.total_cmp(&b.rpm)).cloned();
+            let worse = [&down, &up]
+                .into_iter()
+                .flatten()
+                .min_by(|a, b| a.rpm.total_cmp(&b.rpm))
+                .cloned();
             s.rpm_by_direction = Some(RpmByDirection { down, up });
             worse
         }
@@ -240,8 +319,14 @@ pub fn summarize(result: &ResultFile) -> Summary {
         let (load, loss) = crate::burst::udp_summary(u, load_s);
         s.udp = Some(load);
         s.loss = loss;
-        let recv = u.server.as_ref().and_then(|x| crate::burst::profile(&x.recv_bytes, u.bucket_ms));
-        s.burst = Some(Burst { send: crate::burst::profile(&u.send_bytes, u.bucket_ms), recv });
+        let recv = u
+            .server
+            .as_ref()
+            .and_then(|x| crate::burst::profile(&x.recv_bytes, u.bucket_ms));
+        s.burst = Some(Burst {
+            send: crate::burst::profile(&u.send_bytes, u.bucket_ms),
+            recv,
+        });
     }
     if result.metadata.test == "writeback" {
         crate::writeback::summarize(result, &mut s);
@@ -257,7 +342,11 @@ pub fn summarize(result: &ResultFile) -> Summary {
             dl_responsiveness: whole(by_dir.and_then(|d| d.down.as_ref())),
             ul_responsiveness: whole(by_dir.and_then(|d| d.up.as_ref())),
             // The idle probes' p50; the HTTP transport has only the idle RPM's probe time.
-            base_rtt: s.latency_ms.idle.map(|p| p.p50).or(r.idle.filter(|i| *i > 0.0).map(|i| 60_000.0 / i)),
+            base_rtt: s
+                .latency_ms
+                .idle
+                .map(|p| p.p50)
+                .or(r.idle.filter(|i| *i > 0.0).map(|i| 60_000.0 / i)),
         };
     }
     s
@@ -266,15 +355,33 @@ pub fn summarize(result: &ResultFile) -> Summary {
 /// Goodput per flow and per direction, each direction over its own window. The samples end up
 /// to a step before a phase does: bytes over the time they cover.
 fn throughput(result: &ResultFile, window_of: impl Fn(&str) -> Option<Window>) -> Throughput {
-    let sampled_until = result.series.iter().filter(|x| x.kind == SeriesKind::Throughput).filter_map(|x| x.samples.last()).map(|s| s.0).reduce(f64::max);
+    let sampled_until = result
+        .series
+        .iter()
+        .filter(|x| x.kind == SeriesKind::Throughput)
+        .filter_map(|x| x.samples.last())
+        .map(|s| s.0)
+        .reduce(f64::max);
     let mut t = Throughput::default();
     let (mut down, mut up) = (Vec::new(), Vec::new());
     let (mut down_starts, mut up_starts) = (Vec::new(), Vec::new());
-    for series in result.series.iter().filter(|x| x.kind == SeriesKind::Throughput) {
+    for series in result
+        .series
+        .iter()
+        .filter(|x| x.kind == SeriesKind::Throughput)
+    {
         let dir = series.direction.clone().unwrap_or_default();
         let Some(w) = window_of(&dir) else { continue };
-        let w = Window { end: sampled_until.map_or(w.end, |t| t.clamp(w.start, w.end)), ..w };
-        let start = result.metadata.flows.iter().find(|f| f.name == series.name).and_then(|f| f.start);
+        let w = Window {
+            end: sampled_until.map_or(w.end, |t| t.clamp(w.start, w.end)),
+            ..w
+        };
+        let start = result
+            .metadata
+            .flows
+            .iter()
+            .find(|f| f.name == series.name)
+            .and_then(|f| f.start);
         let mbps = mean_rate(series, w, start, result.metadata.step);
         if dir == "up" {
             up.push(mbps);
@@ -283,7 +390,12 @@ fn throughput(result: &ResultFile, window_of: impl Fn(&str) -> Option<Window>) -
             down.push(mbps);
             down_starts.extend(start);
         }
-        t.per_flow.push(FlowThroughput { name: series.name.clone(), direction: dir, dscp: series.dscp.unwrap_or(0), mbps });
+        t.per_flow.push(FlowThroughput {
+            name: series.name.clone(),
+            direction: dir,
+            dscp: series.dscp.unwrap_or(0),
+            mbps,
+        });
     }
     let sum = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>());
     t.down = sum(&down);
@@ -292,7 +404,11 @@ fn throughput(result: &ResultFile, window_of: impl Fn(&str) -> Option<Window>) -
     // Jain's index compares flows that shared the window. Flows opened one a second (RPM's
     // ramp) did not: the first ran alone, the last for a moment, and the index read 0.39 on a
     // line that shared fairly.
-    let together = |starts: &[f64]| starts.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b)) - starts.iter().fold(f64::INFINITY, |a, &b| a.min(b)) <= FLOWS_TOGETHER_S;
+    let together = |starts: &[f64]| {
+        starts.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b))
+            - starts.iter().fold(f64::INFINITY, |a, &b| a.min(b))
+            <= FLOWS_TOGETHER_S
+    };
     t.fairness_down = stats::jain(&down).filter(|_| together(&down_starts));
     t.fairness_up = stats::jain(&up).filter(|_| together(&up_starts));
     t
@@ -303,13 +419,29 @@ const FLOWS_TOGETHER_S: f64 = 1.0;
 
 /// A load phase without its ramp-up (as the load phase's statistics leave it out).
 fn steady_phase(result: &ResultFile, name: &str) -> Option<Window> {
-    phase_window(result, name).map(|w| Window { start: w.start + ramp_up(w.end - w.start), end: w.end })
+    phase_window(result, name).map(|w| Window {
+        start: w.start + ramp_up(w.end - w.start),
+        end: w.end,
+    })
 }
 
 /// Goodput of one direction's flows together over `w`, Mbit/s.
 fn direction_rate(result: &ResultFile, dir: &str, w: Window) -> f64 {
-    let flows = result.series.iter().filter(|x| x.kind == SeriesKind::Throughput && x.direction.as_deref().unwrap_or("down") == dir);
-    flows.map(|x| stats::rate_over(&x.samples, x.samples.first().map_or(w.start, |f| f.0 - result.metadata.step), w.start, w.end)).sum()
+    let flows = result.series.iter().filter(|x| {
+        x.kind == SeriesKind::Throughput && x.direction.as_deref().unwrap_or("down") == dir
+    });
+    flows
+        .map(|x| {
+            stats::rate_over(
+                &x.samples,
+                x.samples
+                    .first()
+                    .map_or(w.start, |f| f.0 - result.metadata.step),
+                w.start,
+                w.end,
+            )
+        })
+        .sum()
 }
 
 /// The load had filled the path when goodput stopped growing: the second half of the steady
@@ -326,13 +458,22 @@ fn filled(result: &ResultFile, dir: &str, w: Window) -> Option<bool> {
 /// load filled the path. With a download and an upload phase (the browser test), each
 /// direction's goodput comes from its own phase and the worse direction sets the headline.
 fn by_phase(result: &ResultFile, idle: Option<Window>, s: &mut Summary) {
-    let (down, up, both) = (steady_phase(result, "download"), steady_phase(result, "upload"), steady_phase(result, "both"));
+    let (down, up, both) = (
+        steady_phase(result, "download"),
+        steady_phase(result, "upload"),
+        steady_phase(result, "both"),
+    );
     if down.is_none() && up.is_none() && both.is_none() {
         // A CLI test has one load phase; name it by the way its load goes.
         let a = s.added_latency_ms;
         match s.test.as_str() {
-            "tcp-down" => (s.phase_added_latency_ms.download, s.grade_by_direction.down) = (a, s.grade.clone()),
-            "tcp-up" => (s.phase_added_latency_ms.upload, s.grade_by_direction.up) = (a, s.grade.clone()),
+            "tcp-down" => {
+                (s.phase_added_latency_ms.download, s.grade_by_direction.down) =
+                    (a, s.grade.clone())
+            }
+            "tcp-up" => {
+                (s.phase_added_latency_ms.upload, s.grade_by_direction.up) = (a, s.grade.clone())
+            }
             "tcp-bidir" | "rrul" | "rrul-be" => s.phase_added_latency_ms.both = a,
             _ => {}
         }
@@ -340,12 +481,28 @@ fn by_phase(result: &ResultFile, idle: Option<Window>, s: &mut Summary) {
     }
     let idle_p50 = pct_of(result, "rtt ", idle).map(|p| p.p50);
     let added = |w: Option<Window>| Some(pct_of(result, "rtt ", w)?.p50 - idle_p50?);
-    s.phase_added_latency_ms = ByPhase { download: added(down), upload: added(up), both: added(both) };
+    s.phase_added_latency_ms = ByPhase {
+        download: added(down),
+        upload: added(up),
+        both: added(both),
+    };
     let letter = |a: Option<f64>| a.map(|a| grade::grade(a).to_string());
-    s.grade_by_direction = GradeByDirection { down: letter(s.phase_added_latency_ms.download), up: letter(s.phase_added_latency_ms.upload) };
+    s.grade_by_direction = GradeByDirection {
+        down: letter(s.phase_added_latency_ms.download),
+        up: letter(s.phase_added_latency_ms.upload),
+    };
     s.throughput_mbps = throughput(result, |dir| if dir == "up" { up } else { down });
-    s.saturated = Some(Saturated { down: down.and_then(|w| filled(result, "down", w)), up: up.and_then(|w| filled(result, "up", w)) });
-    let worse = [s.phase_added_latency_ms.download, s.phase_added_latency_ms.upload].into_iter().flatten().reduce(f64::max);
+    s.saturated = Some(Saturated {
+        down: down.and_then(|w| filled(result, "down", w)),
+        up: up.and_then(|w| filled(result, "up", w)),
+    });
+    let worse = [
+        s.phase_added_latency_ms.download,
+        s.phase_added_latency_ms.upload,
+    ]
+    .into_iter()
+    .flatten()
+    .reduce(f64::max);
     if worse.is_some() {
         s.added_latency_ms = worse;
         s.grade = letter(worse);
@@ -365,13 +522,25 @@ struct HeardCall {
 /// call's network loss) or when it came later than the jitter buffer allows; BurstR comes from
 /// that sequence of losses. `None` when no packet of the window arrived.
 fn call_as_heard(owd: &Series, w: Window, share: f64) -> Option<HeardCall> {
-    let in_window: Vec<Option<f64>> = owd.samples.iter().filter(|(t, _)| w.contains(*t)).map(|(_, v)| *v).collect();
+    let in_window: Vec<Option<f64>> = owd
+        .samples
+        .iter()
+        .filter(|(t, _)| w.contains(*t))
+        .map(|(_, v)| *v)
+        .collect();
     let buffer = stats::percentiles(in_window.iter().flatten().copied())?.p99;
     let n = in_window.len() as f64;
     let network = in_window.iter().filter(|v| v.is_none()).count() as f64;
     let late = in_window.iter().flatten().filter(|&&v| v > buffer).count() as f64;
-    let sequence: Vec<bool> = in_window.iter().map(|v| v.is_none_or(|v| v > buffer)).collect();
-    Some(HeardCall { buffer, loss: 100.0 * (network * share + late) / n, burst_r: emodel::burst_r(&sequence) })
+    let sequence: Vec<bool> = in_window
+        .iter()
+        .map(|v| v.is_none_or(|v| v > buffer))
+        .collect();
+    Some(HeardCall {
+        buffer,
+        loss: 100.0 * (network * share + late) / n,
+        burst_r: emodel::burst_r(&sequence),
+    })
 }
 
 /// Round-trip loss of the probes sent in `w`, percent.
@@ -391,22 +560,37 @@ fn probe_loss_in(result: &ResultFile, w: Option<Window>) -> Option<f64> {
 fn stream_loss(c: &StreamCounts) -> (u64, u64, f64) {
     let eligible = c.sent.saturating_sub(c.server_limited);
     let lost = eligible.saturating_sub(c.received);
-    let pct = if eligible == 0 { 0.0 } else { 100.0 * lost as f64 / eligible as f64 };
+    let pct = if eligible == 0 {
+        0.0
+    } else {
+        100.0 * lost as f64 / eligible as f64
+    };
     (eligible, lost, pct)
 }
 
 /// Loss up and down in percent, when the server said how many requests it received.
 fn direction_loss(c: &StreamCounts) -> (Option<f64>, Option<f64>) {
-    let Some(srv) = c.server_received else { return (None, None) };
+    let Some(srv) = c.server_received else {
+        return (None, None);
+    };
     let eligible = c.sent.saturating_sub(c.server_limited);
-    let up = if eligible == 0 { 0.0 } else { 100.0 * eligible.saturating_sub(srv) as f64 / eligible as f64 };
-    let down = if srv == 0 { 0.0 } else { 100.0 * srv.saturating_sub(c.received) as f64 / srv as f64 };
+    let up = if eligible == 0 {
+        0.0
+    } else {
+        100.0 * eligible.saturating_sub(srv) as f64 / eligible as f64
+    };
+    let down = if srv == 0 {
+        0.0
+    } else {
+        100.0 * srv.saturating_sub(c.received) as f64 / srv as f64
+    };
     (Some(up), Some(down))
 }
 
 fn loss(streams: &[StreamCounts]) -> Loss {
     let mut l = Loss::default();
-    let (mut up_lost, mut up_sent, mut down_lost, mut down_sent, mut split) = (0u64, 0u64, 0u64, 0u64, true);
+    let (mut up_lost, mut up_sent, mut down_lost, mut down_sent, mut split) =
+        (0u64, 0u64, 0u64, 0u64, true);
     for c in streams {
         let (eligible, lost, _) = stream_loss(c);
         l.sent += eligible;
@@ -422,7 +606,13 @@ fn loss(streams: &[StreamCounts]) -> Loss {
             None => split = false,
         }
     }
-    let pct = |lost: u64, sent: u64| if sent == 0 { 0.0 } else { 100.0 * lost as f64 / sent as f64 };
+    let pct = |lost: u64, sent: u64| {
+        if sent == 0 {
+            0.0
+        } else {
+            100.0 * lost as f64 / sent as f64
+        }
+    };
     l.percent = pct(l.lost, l.sent);
     if split && !streams.is_empty() {
         l.up_percent = Some(pct(up_lost, up_sent));
@@ -434,30 +624,65 @@ fn loss(streams: &[StreamCounts]) -> Loss {
 /// RPM from the completed probes of the last MAD intervals of a load phase (the draft's
 /// window; older result files without the run's intervals: the loaded window), with the probes
 /// of the whole phase that never completed counted. `run` is that phase's run of the algorithm.
-fn rpm_summary(result: &ResultFile, phase_name: &str, run: Option<&RpmRun>, idle: Option<Window>, load: Option<Window>) -> Option<Rpm> {
+fn rpm_summary(
+    result: &ResultFile,
+    phase_name: &str,
+    run: Option<&RpmRun>,
+    idle: Option<Window>,
+    load: Option<Window>,
+) -> Option<Rpm> {
     let phase = phase_window(result, phase_name)?;
     let w = match run {
-        Some(r) => Window { start: (phase.end - f64::from(r.mad) * r.interval_s).max(phase.start), end: phase.end },
+        Some(r) => Window {
+            start: (phase.end - f64::from(r.mad) * r.interval_s).max(phase.start),
+            end: phase.end,
+        },
         None => load?,
     };
-    let get = |name: &str, w: Window| result.series(name).map(|x| values(x, w).collect::<Vec<_>>()).unwrap_or_default();
+    let get = |name: &str, w: Window| {
+        result
+            .series(name)
+            .map(|x| values(x, w).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
     let connect = get("rpm foreign-connect", w);
     let request = get("rpm foreign-request", w);
     // No "rpm loaded" series: a transport without self probes (HTTP/1.1).
     let loaded = result.series("rpm loaded").map(|_| get("rpm loaded", w));
     // Over TLS (the HTTP transport) the handshake is a third foreign term.
     let tls = get("rpm foreign-tls", w);
-    let foreign_terms: Vec<&[f64]> =
-        if result.series("rpm foreign-tls").is_some() { vec![connect.as_slice(), tls.as_slice(), request.as_slice()] } else { vec![connect.as_slice(), request.as_slice()] };
+    let foreign_terms: Vec<&[f64]> = if result.series("rpm foreign-tls").is_some() {
+        vec![connect.as_slice(), tls.as_slice(), request.as_slice()]
+    } else {
+        vec![connect.as_slice(), request.as_slice()]
+    };
     let (value, foreign, loaded_rpm) = rpm::rpm(&foreign_terms, loaded.as_deref())?;
     let idle_rpm = idle.and_then(|iw| {
-        let both: Vec<f64> = get("rpm foreign-connect", iw).into_iter().chain(get("rpm foreign-request", iw)).collect();
+        let both: Vec<f64> = get("rpm foreign-connect", iw)
+            .into_iter()
+            .chain(get("rpm foreign-request", iw))
+            .collect();
         stats::trimmed_mean(&both, rpm::KEEP).map(|tm| 60_000.0 / tm)
     });
     // A foreign probe failed when its connect or its request did not complete.
-    let unanswered = |name: &str| result.series(name).map_or(0, |x| x.samples.iter().filter(|(t, v)| phase.contains(*t) && v.is_none()).count());
-    let foreign_failed = match (result.series("rpm foreign-connect"), result.series("rpm foreign-request")) {
-        (Some(c), Some(r)) => c.samples.iter().zip(&r.samples).filter(|((t, a), (_, b))| phase.contains(*t) && (a.is_none() || b.is_none())).count(),
+    let unanswered = |name: &str| {
+        result.series(name).map_or(0, |x| {
+            x.samples
+                .iter()
+                .filter(|(t, v)| phase.contains(*t) && v.is_none())
+                .count()
+        })
+    };
+    let foreign_failed = match (
+        result.series("rpm foreign-connect"),
+        result.series("rpm foreign-request"),
+    ) {
+        (Some(c), Some(r)) => c
+            .samples
+            .iter()
+            .zip(&r.samples)
+            .filter(|((t, a), (_, b))| phase.contains(*t) && (a.is_none() || b.is_none()))
+            .count(),
         _ => 0,
     };
     Some(Rpm {
@@ -468,8 +693,21 @@ fn rpm_summary(result: &ResultFile, phase_name: &str, run: Option<&RpmRun>, idle
         band: rpm::band(value).to_string(),
         load_connections: match phase_name {
             // A one-way phase: its own direction's connections.
-            "download" | "upload" => result.series.iter().filter(|x| x.kind == SeriesKind::Throughput && x.direction.as_deref() == Some(if phase_name == "upload" { "up" } else { "down" })).count(),
-            _ => result.metadata.params.get("load_connections").and_then(|v| v.as_u64()).unwrap_or(0) as usize,
+            "download" | "upload" => result
+                .series
+                .iter()
+                .filter(|x| {
+                    x.kind == SeriesKind::Throughput
+                        && x.direction.as_deref()
+                            == Some(if phase_name == "upload" { "up" } else { "down" })
+                })
+                .count(),
+            _ => result
+                .metadata
+                .params
+                .get("load_connections")
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0) as usize,
         },
         probes: request.len() + loaded.as_ref().map_or(0, Vec::len),
         probe_timeouts: foreign_failed + unanswered("rpm loaded"),
@@ -485,7 +723,9 @@ fn rpm_summary(result: &ResultFile, phase_name: &str, run: Option<&RpmRun>, idle
                 _ => true,
             })
             .count(),
-        confidence: run.map_or("medium", |r| rpm::confidence(r).name()).to_string(),
+        confidence: run
+            .map_or("medium", |r| rpm::confidence(r).name())
+            .to_string(),
         window_s: w.end - w.start,
     })
 }
@@ -516,25 +756,81 @@ mod tests {
         }
     }
 
-    fn series(name: &str, kind: SeriesKind, dir: Option<&str>, samples: Vec<(f64, Option<f64>)>) -> Series {
-        Series { name: name.into(), kind, direction: dir.map(Into::into), dscp: Some(0), unit: "x".into(), samples }
+    fn series(
+        name: &str,
+        kind: SeriesKind,
+        dir: Option<&str>,
+        samples: Vec<(f64, Option<f64>)>,
+    ) -> Series {
+        Series {
+            name: name.into(),
+            kind,
+            direction: dir.map(Into::into),
+            dscp: Some(0),
+            unit: "x".into(),
+            samples,
+        }
     }
 
     /// A synthetic bloated run: 5 s idle at 1 ms RTT, 10 s load at 600 ms RTT with two download
     /// flows (12 + 8 Mbit/s) and one upload flow (4.5 Mbit/s).
     fn bloated() -> ResultFile {
         let mut r = ResultFile::new(meta(
-            vec![Phase { name: "idle".into(), start: 0.0, end: 5.0 }, Phase { name: "load".into(), start: 5.0, end: 15.0 }],
-            vec![StreamCounts { name: "udp-be".into(), sent: 1500, received: 1470, server_received: Some(1485), server_limited: 0, ..Default::default() }],
+            vec![
+                Phase {
+                    name: "idle".into(),
+                    start: 0.0,
+                    end: 5.0,
+                },
+                Phase {
+                    name: "load".into(),
+                    start: 5.0,
+                    end: 15.0,
+                },
+            ],
+            vec![StreamCounts {
+                name: "udp-be".into(),
+                sent: 1500,
+                received: 1470,
+                server_received: Some(1485),
+                server_limited: 0,
+                ..Default::default()
+            }],
         ));
-        let grid = |from: f64, to: f64| (0..).map(move |i| from + i as f64 * 0.01).take_while(move |t| *t < to);
-        let rtt = grid(0.0, 15.0).map(|t| (t, Some(if t < 5.0 { 1.0 } else { 600.0 }))).collect();
-        r.series.push(series("rtt udp-be", SeriesKind::Latency, None, rtt));
+        let grid = |from: f64, to: f64| {
+            (0..)
+                .map(move |i| from + i as f64 * 0.01)
+                .take_while(move |t| *t < to)
+        };
+        let rtt = grid(0.0, 15.0)
+            .map(|t| (t, Some(if t < 5.0 { 1.0 } else { 600.0 })))
+            .collect();
+        r.series
+            .push(series("rtt udp-be", SeriesKind::Latency, None, rtt));
         // Slow start during the first second of load must not count.
-        let flow = |mbps: f64| grid(5.0, 15.0).map(|t| (t, Some(if t < 6.0 { 0.5 } else { mbps }))).collect();
-        r.series.push(series("tcp down 1 BE", SeriesKind::Throughput, Some("down"), flow(12.0)));
-        r.series.push(series("tcp down 2 BK", SeriesKind::Throughput, Some("down"), flow(8.0)));
-        r.series.push(series("tcp up 3 BE", SeriesKind::Throughput, Some("up"), flow(4.5)));
+        let flow = |mbps: f64| {
+            grid(5.0, 15.0)
+                .map(|t| (t, Some(if t < 6.0 { 0.5 } else { mbps })))
+                .collect()
+        };
+        r.series.push(series(
+            "tcp down 1 BE",
+            SeriesKind::Throughput,
+            Some("down"),
+            flow(12.0),
+        ));
+        r.series.push(series(
+            "tcp down 2 BK",
+            SeriesKind::Throughput,
+            Some("down"),
+            flow(8.0),
+        ));
+        r.series.push(series(
+            "tcp up 3 BE",
+            SeriesKind::Throughput,
+            Some("up"),
+            flow(4.5),
+        ));
         r.partial = false;
         r
     }
@@ -545,33 +841,106 @@ mod tests {
     /// the worse is the test's, and the networkQuality names carry both.
     #[test]
     fn sequential_rpm_gives_each_direction_its_own_rpm_and_the_worse_as_the_tests() {
-        let stages = [("idle", 0.0, 1.0, 10.0), ("download", 1.0, 9.0, 20.0), ("upload", 9.0, 17.0, 200.0)];
-        let mut phases: Vec<Phase> = stages.iter().map(|(n, a, b, _)| Phase { name: (*n).into(), start: *a, end: *b }).collect();
-        phases.push(Phase { name: "load".into(), start: 1.0, end: 17.0 });
+        let stages = [
+            ("idle", 0.0, 1.0, 10.0),
+            ("download", 1.0, 9.0, 20.0),
+            ("upload", 9.0, 17.0, 200.0),
+        ];
+        let mut phases: Vec<Phase> = stages
+            .iter()
+            .map(|(n, a, b, _)| Phase {
+                name: (*n).into(),
+                start: *a,
+                end: *b,
+            })
+            .collect();
+        phases.push(Phase {
+            name: "load".into(),
+            start: 1.0,
+            end: 17.0,
+        });
         let mut r = ResultFile::new(meta(phases, vec![]));
         r.metadata.test = "rpm".into();
         r.metadata.step = 0.1;
-        let run = |from: f64| RpmRun { interval_s: 1.0, mad: 4, sdt: 0.05, intervals: (1..=8).map(|i| RpmInterval { t: from + i as f64, ..Default::default() }).collect(), ..Default::default() };
-        r.metadata.rpm_by_direction = Some(RpmRunByDirection { down: run(1.0), up: run(9.0) });
-        let grid = |from: f64, to: f64| (0..).map(move |i| from + i as f64 * 0.1).take_while(move |t| *t < to);
-        let ms = |t: f64| stages.iter().find(|(_, a, b, _)| t >= *a && t < *b).map(|s| s.3);
+        let run = |from: f64| RpmRun {
+            interval_s: 1.0,
+            mad: 4,
+            sdt: 0.05,
+            intervals: (1..=8)
+                .map(|i| RpmInterval {
+                    t: from + i as f64,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        r.metadata.rpm_by_direction = Some(RpmRunByDirection {
+            down: run(1.0),
+            up: run(9.0),
+        });
+        let grid = |from: f64, to: f64| {
+            (0..)
+                .map(move |i| from + i as f64 * 0.1)
+                .take_while(move |t| *t < to)
+        };
+        let ms = |t: f64| {
+            stages
+                .iter()
+                .find(|(_, a, b, _)| t >= *a && t < *b)
+                .map(|s| s.3)
+        };
         for name in ["rpm foreign-connect", "rpm foreign-request"] {
-            r.series.push(series(name, SeriesKind::Latency, None, grid(0.0, 17.0).map(|t| (t, ms(t))).collect()));
+            r.series.push(series(
+                name,
+                SeriesKind::Latency,
+                None,
+                grid(0.0, 17.0).map(|t| (t, ms(t))).collect(),
+            ));
         }
-        r.series.push(series("rpm loaded", SeriesKind::Latency, None, grid(1.0, 17.0).map(|t| (t, ms(t))).collect()));
+        r.series.push(series(
+            "rpm loaded",
+            SeriesKind::Latency,
+            None,
+            grid(1.0, 17.0).map(|t| (t, ms(t))).collect(),
+        ));
         // Each sample covers the step before it; a stage's last one comes at its end.
-        r.series.push(series("down-1", SeriesKind::Throughput, Some("down"), grid(1.1, 9.05).map(|t| (t, Some(50.0))).collect()));
-        r.series.push(series("up-1", SeriesKind::Throughput, Some("up"), grid(9.1, 17.05).map(|t| (t, Some(10.0))).collect()));
+        r.series.push(series(
+            "down-1",
+            SeriesKind::Throughput,
+            Some("down"),
+            grid(1.1, 9.05).map(|t| (t, Some(50.0))).collect(),
+        ));
+        r.series.push(series(
+            "up-1",
+            SeriesKind::Throughput,
+            Some("up"),
+            grid(9.1, 17.05).map(|t| (t, Some(10.0))).collect(),
+        ));
         let s = summarize(&r);
         let by_dir = s.rpm_by_direction.clone().expect("each direction's RPM");
         let (down, up) = (by_dir.down.unwrap(), by_dir.up.unwrap());
-        assert!((down.rpm - 3000.0).abs() < 1e-6 && (up.rpm - 300.0).abs() < 1e-6, "{} / {}", down.rpm, up.rpm);
+        assert!(
+            (down.rpm - 3000.0).abs() < 1e-6 && (up.rpm - 300.0).abs() < 1e-6,
+            "{} / {}",
+            down.rpm,
+            up.rpm
+        );
         assert_eq!((down.load_connections, up.load_connections), (1, 1));
         assert_eq!(s.rpm.as_ref().map(|r| r.rpm), Some(up.rpm));
         let nq = s.network_quality;
-        assert_eq!((nq.responsiveness, nq.dl_responsiveness, nq.ul_responsiveness), (Some(300), Some(3000), Some(300)));
+        assert_eq!(
+            (
+                nq.responsiveness,
+                nq.dl_responsiveness,
+                nq.ul_responsiveness
+            ),
+            (Some(300), Some(3000), Some(300))
+        );
         // Each direction's goodput over its own stage, not diluted by the other's.
-        assert_eq!((nq.dl_throughput, nq.ul_throughput), (Some(50_000_000), Some(10_000_000)));
+        assert_eq!(
+            (nq.dl_throughput, nq.ul_throughput),
+            (Some(50_000_000), Some(10_000_000))
+        );
     }
 
     /// What CAKE's diffserv3 does on the cable line (kernel, #16): best effort +4 ms, EF +9,
@@ -580,30 +949,66 @@ mod tests {
     fn added_latency_comes_from_best_effort_probes_with_each_class_beside_it() {
         let mut r = bloated();
         r.series.retain(|x| x.kind != SeriesKind::Latency);
-        let grid = |from: f64, to: f64| (0..).map(move |i| from + i as f64 * 0.01).take_while(move |t| *t < to);
-        for (name, dscp, added) in [("udp-be", 0u8, 4.0), ("udp-ef", 46, 9.0), ("udp-bk", 8, 150.0)] {
-            let mut x = series(&format!("rtt {name}"), SeriesKind::Latency, None, grid(0.0, 15.0).map(|t| (t, Some(if t < 5.0 { 15.0 } else { 15.0 + added }))).collect());
+        let grid = |from: f64, to: f64| {
+            (0..)
+                .map(move |i| from + i as f64 * 0.01)
+                .take_while(move |t| *t < to)
+        };
+        for (name, dscp, added) in [
+            ("udp-be", 0u8, 4.0),
+            ("udp-ef", 46, 9.0),
+            ("udp-bk", 8, 150.0),
+        ] {
+            let mut x = series(
+                &format!("rtt {name}"),
+                SeriesKind::Latency,
+                None,
+                grid(0.0, 15.0)
+                    .map(|t| (t, Some(if t < 5.0 { 15.0 } else { 15.0 + added })))
+                    .collect(),
+            );
             x.dscp = Some(dscp);
             r.series.push(x);
         }
         let s = summarize(&r);
         assert_eq!(s.added_latency_ms, Some(4.0));
-        assert_eq!(s.added_latency_ms_by_class, ByClass { be: Some(4.0), ef: Some(9.0), bk: Some(150.0) });
+        assert_eq!(
+            s.added_latency_ms_by_class,
+            ByClass {
+                be: Some(4.0),
+                ef: Some(9.0),
+                bk: Some(150.0)
+            }
+        );
         assert_eq!(s.grade.as_deref(), Some(grade::grade(4.0)));
-        assert_eq!(s.latency_ms.loaded.unwrap().p50, 24.0, "the pooled percentiles stay pooled");
+        assert_eq!(
+            s.latency_ms.loaded.unwrap().p50,
+            24.0,
+            "the pooled percentiles stay pooled"
+        );
     }
 
     #[test]
     fn fairness_compares_only_flows_that_began_together() {
         let mut r = bloated();
-        let start = |name: &str, t: f64| FlowInfo { name: name.into(), start: Some(t), ..Default::default() };
+        let start = |name: &str, t: f64| FlowInfo {
+            name: name.into(),
+            start: Some(t),
+            ..Default::default()
+        };
         r.metadata.flows = vec![start("tcp down 1 BE", 5.0), start("tcp down 2 BK", 5.8)];
-        assert!(summarize(&r).throughput_mbps.fairness_down.is_some(), "0.8 s apart: together");
+        assert!(
+            summarize(&r).throughput_mbps.fairness_down.is_some(),
+            "0.8 s apart: together"
+        );
         // RPM's ramp: the second opened 3 s after the first.
         r.metadata.flows[1].start = Some(8.0);
         let s = summarize(&r);
         assert_eq!(s.throughput_mbps.fairness_down, None);
-        assert!((s.throughput_mbps.down.unwrap() - 20.0).abs() < 1e-9, "the direction's total stands");
+        assert!(
+            (s.throughput_mbps.down.unwrap() - 20.0).abs() < 1e-9,
+            "the direction's total stands"
+        );
     }
 
     #[test]
@@ -618,7 +1023,13 @@ mod tests {
         assert_eq!(s.added_latency_ms, Some(599.0));
         assert_eq!(s.grade.as_deref(), Some("F"));
         // rrul loads both ways at once: its one load phase is the "both" phase.
-        assert_eq!((s.phase_added_latency_ms.both, s.phase_added_latency_ms.download), (Some(599.0), None));
+        assert_eq!(
+            (
+                s.phase_added_latency_ms.both,
+                s.phase_added_latency_ms.download
+            ),
+            (Some(599.0), None)
+        );
         assert!(s.saturated.is_none() && s.grade_by_direction.down.is_none());
         assert_eq!((s.loss.sent, s.loss.lost), (1500, 30));
         assert!((s.loss.up_percent.unwrap() - 1.0).abs() < 1e-9);
@@ -630,19 +1041,47 @@ mod tests {
     /// it. The plain mean of these samples would say 13.3 Mbit/s.
     #[test]
     fn goodput_is_bytes_over_time_when_samples_are_uneven() {
-        let s = series("tcp down 1 BE", SeriesKind::Throughput, Some("down"), vec![(6.0, Some(10.0)), (9.0, Some(20.0)), (10.0, Some(10.0))]);
-        let w = Window { start: 5.0, end: 10.0 };
+        let s = series(
+            "tcp down 1 BE",
+            SeriesKind::Throughput,
+            Some("down"),
+            vec![(6.0, Some(10.0)), (9.0, Some(20.0)), (10.0, Some(10.0))],
+        );
+        let w = Window {
+            start: 5.0,
+            end: 10.0,
+        };
         assert!((mean_rate(&s, w, Some(5.0), 0.01) - 16.0).abs() < 1e-9);
         // Half of the first sample's time lies before the window.
-        assert!((mean_rate(&s, Window { start: 5.5, end: 10.0 }, Some(5.0), 0.01) - 75.0 / 4.5).abs() < 1e-9);
+        assert!(
+            (mean_rate(
+                &s,
+                Window {
+                    start: 5.5,
+                    end: 10.0
+                },
+                Some(5.0),
+                0.01
+            ) - 75.0 / 4.5)
+                .abs()
+                < 1e-9
+        );
     }
 
     /// The steady-state window starts from when the flows really started, not from the phase.
     #[test]
     fn the_loaded_window_starts_after_the_last_flow_started() {
         let mut r = bloated();
-        let start = |name: &str, t: f64| FlowInfo { name: name.into(), start: Some(t), ..Default::default() };
-        r.metadata.flows = vec![start("tcp down 1 BE", 5.0), start("tcp down 2 BK", 5.0), start("tcp up 3 BE", 8.0)];
+        let start = |name: &str, t: f64| FlowInfo {
+            name: name.into(),
+            start: Some(t),
+            ..Default::default()
+        };
+        r.metadata.flows = vec![
+            start("tcp down 1 BE", 5.0),
+            start("tcp down 2 BK", 5.0),
+            start("tcp up 3 BE", 8.0),
+        ];
         // The upload flow only started at 8 s: its samples before that carry nothing.
         for (t, v) in r.series[3].samples.iter_mut() {
             if *t < 8.0 {
@@ -653,10 +1092,18 @@ mod tests {
         assert_eq!(flows_started(&r, w), 8.0);
         let s = summarize(&r);
         // Window 9.4-15 s (ramp-up 20 % of the 7 s left): the flows' steady rates.
-        assert!((s.throughput_mbps.up.unwrap() - 4.5).abs() < 1e-9, "{:?}", s.throughput_mbps.up);
+        assert!(
+            (s.throughput_mbps.up.unwrap() - 4.5).abs() < 1e-9,
+            "{:?}",
+            s.throughput_mbps.up
+        );
         assert!((s.throughput_mbps.down.unwrap() - 20.0).abs() < 1e-9);
         r.metadata.test = "rpm".into();
-        assert_eq!(flows_started(&r, w), 5.0, "RPM's load ramps on purpose: from its first flow");
+        assert_eq!(
+            flows_started(&r, w),
+            5.0,
+            "RPM's load ramps on purpose: from its first flow"
+        );
     }
 
     /// A path whose upload queue fills: one-way delays carry an unknown clock offset (+3 ms here,
@@ -664,15 +1111,43 @@ mod tests {
     #[test]
     fn added_one_way_delay_finds_the_bloated_direction_without_the_offset() {
         let mut r = bloated();
-        r.metadata.clock_offset = Some(ClockOffset { offset_ms: 0.0, uncertainty_ms: 7.8, samples: 10, reference_s: 0.0, drift_ppm: None });
-        let grid = |f: fn(f64) -> f64| (0..1500).map(|i| i as f64 * 0.01).map(|t| (t, Some(f(t)))).collect::<Vec<_>>();
-        r.series.push(series("owd up udp-be", SeriesKind::Owd, Some("up"), grid(|t| if t < 5.0 { 10.8 } else { 410.8 })));
-        r.series.push(series("owd down udp-be", SeriesKind::Owd, Some("down"), grid(|t| if t < 5.0 { 4.8 } else { 6.8 })));
+        r.metadata.clock_offset = Some(ClockOffset {
+            offset_ms: 0.0,
+            uncertainty_ms: 7.8,
+            samples: 10,
+            reference_s: 0.0,
+            drift_ppm: None,
+        });
+        let grid = |f: fn(f64) -> f64| {
+            (0..1500)
+                .map(|i| i as f64 * 0.01)
+                .map(|t| (t, Some(f(t))))
+                .collect::<Vec<_>>()
+        };
+        r.series.push(series(
+            "owd up udp-be",
+            SeriesKind::Owd,
+            Some("up"),
+            grid(|t| if t < 5.0 { 10.8 } else { 410.8 }),
+        ));
+        r.series.push(series(
+            "owd down udp-be",
+            SeriesKind::Owd,
+            Some("down"),
+            grid(|t| if t < 5.0 { 4.8 } else { 6.8 }),
+        ));
         let s = summarize(&r);
         assert!((s.added_owd_ms.up.unwrap().p50 - 400.0).abs() < 1e-9);
         assert!((s.added_owd_ms.down.unwrap().p50 - 2.0).abs() < 1e-9);
         assert_eq!(s.bloat_direction.as_deref(), Some("up"));
-        assert!(s.latency_ms.loaded_owd.up.is_none() && s.latency_ms.owd_unavailable.as_deref().unwrap().contains("7.8"));
+        assert!(
+            s.latency_ms.loaded_owd.up.is_none()
+                && s.latency_ms
+                    .owd_unavailable
+                    .as_deref()
+                    .unwrap()
+                    .contains("7.8")
+        );
         // Known well enough: the absolute one-way delays are shown.
         r.metadata.clock_offset.as_mut().unwrap().uncertainty_ms = 0.2;
         let s = summarize(&r);
@@ -696,13 +1171,19 @@ mod tests {
                 })
                 .collect(),
         );
-        let w = Window { start: 10.0, end: 20.0 };
+        let w = Window {
+            start: 10.0,
+            end: 20.0,
+        };
         let call = call_as_heard(&owd, w, 1.0).unwrap();
         let (loss, burst) = (call.loss, call.burst_r);
         // 20 of 500 lost in the window (the 50 lost before it do not count), plus the 1 % late.
         let late = 100.0 * 5.0 / 500.0;
         assert!((loss - (4.0 + late)).abs() < 0.5, "{loss} %");
-        assert!(burst > 5.0, "one run of 20 losses is bursty: BurstR {burst}");
+        assert!(
+            burst > 5.0,
+            "one run of 20 losses is bursty: BurstR {burst}"
+        );
         assert!(emodel::ie_eff(loss, burst) > emodel::ie_eff(loss, 1.0));
     }
 
@@ -716,36 +1197,85 @@ mod tests {
         }
         let s = summarize(&r);
         assert_eq!(s.loss.idle_percent, Some(0.0));
-        assert!((s.loss.load_percent.unwrap() - 10.0).abs() < 0.2, "{:?}", s.loss.load_percent);
+        assert!(
+            (s.loss.load_percent.unwrap() - 10.0).abs() < 0.2,
+            "{:?}",
+            s.loss.load_percent
+        );
     }
 
     #[test]
     fn bloat_direction_rule() {
         assert_eq!(bloat_direction(Some(290.0), Some(3.0)), Some("up"));
         assert_eq!(bloat_direction(Some(60.0), Some(40.0)), Some("both"));
-        assert_eq!(bloat_direction(Some(60.0), Some(10.0)), Some("up"), "10 ms is below a quarter of 70");
-        assert_eq!(bloat_direction(Some(4.0), Some(4.0)), Some("none"), "under 5 ms is no bloat");
+        assert_eq!(
+            bloat_direction(Some(60.0), Some(10.0)),
+            Some("up"),
+            "10 ms is below a quarter of 70"
+        );
+        assert_eq!(
+            bloat_direction(Some(4.0), Some(4.0)),
+            Some("none"),
+            "under 5 ms is no bloat"
+        );
         assert_eq!(bloat_direction(None, Some(4.0)), None);
     }
 
     #[test]
     fn server_limited_probes_are_not_loss() {
-        let c = StreamCounts { sent: 100, received: 90, server_received: Some(90), server_limited: 10, ..Default::default() };
+        let c = StreamCounts {
+            sent: 100,
+            received: 90,
+            server_received: Some(90),
+            server_limited: 10,
+            ..Default::default()
+        };
         let l = loss(&[c]);
-        assert_eq!((l.sent, l.lost, l.percent, l.server_limited), (90, 0, 0.0, 10));
+        assert_eq!(
+            (l.sent, l.lost, l.percent, l.server_limited),
+            (90, 0, 0.0, 10)
+        );
         assert_eq!((l.up_percent, l.down_percent), (Some(0.0), Some(0.0)));
     }
 
     #[test]
     fn idle_voip_call_scores_above_4() {
         let mut r = ResultFile::new(meta(
-            vec![Phase { name: "idle".into(), start: 0.0, end: 10.0 }],
-            vec![StreamCounts { name: "voip".into(), sent: 500, received: 500, server_received: Some(500), ..Default::default() }],
+            vec![Phase {
+                name: "idle".into(),
+                start: 0.0,
+                end: 10.0,
+            }],
+            vec![StreamCounts {
+                name: "voip".into(),
+                sent: 500,
+                received: 500,
+                server_received: Some(500),
+                ..Default::default()
+            }],
         ));
-        let owd: Vec<(f64, Option<f64>)> = (0..500).map(|i| (i as f64 * 0.02, Some(0.2 + (i % 3) as f64 * 0.05))).collect();
-        r.series.push(series("owd up voip", SeriesKind::Owd, Some("up"), owd.clone()));
-        r.series.push(series("owd down voip", SeriesKind::Owd, Some("down"), owd.clone()));
-        r.metadata.clock_offset = Some(ClockOffset { offset_ms: 0.0, uncertainty_ms: 0.2, samples: 100, reference_s: 0.0, drift_ppm: None });
+        let owd: Vec<(f64, Option<f64>)> = (0..500)
+            .map(|i| (i as f64 * 0.02, Some(0.2 + (i % 3) as f64 * 0.05)))
+            .collect();
+        r.series.push(series(
+            "owd up voip",
+            SeriesKind::Owd,
+            Some("up"),
+            owd.clone(),
+        ));
+        r.series.push(series(
+            "owd down voip",
+            SeriesKind::Owd,
+            Some("down"),
+            owd.clone(),
+        ));
+        r.metadata.clock_offset = Some(ClockOffset {
+            offset_ms: 0.0,
+            uncertainty_ms: 0.2,
+            samples: 100,
+            reference_s: 0.0,
+            drift_ppm: None,
+        });
         let s = summarize(&r);
         let v = s.voip.clone().unwrap();
         assert!(v.mos > 4.0 && v.mos <= 4.5, "{v:?}");
@@ -753,10 +1283,14 @@ mod tests {
         // Offset too uncertain: half the idle round trip plus the added one-way delay.
         r.metadata.clock_offset.as_mut().unwrap().uncertainty_ms = 20.0;
         let rtt: Vec<(f64, Option<f64>)> = owd.iter().map(|(t, _)| (*t, Some(30.0))).collect();
-        r.series.push(series("rtt voip", SeriesKind::Latency, None, rtt));
+        r.series
+            .push(series("rtt voip", SeriesKind::Latency, None, rtt));
         let v2 = summarize(&r).voip.unwrap();
         assert_eq!(v2.delay_basis, "idle rtt/2 + added one-way p99");
-        assert!((v2.mouth_to_ear_up_ms - (15.0 + 0.1 + VOIP_PACKETIZATION_MS)).abs() < 1e-9, "{v2:?}");
+        assert!(
+            (v2.mouth_to_ear_up_ms - (15.0 + 0.1 + VOIP_PACKETIZATION_MS)).abs() < 1e-9,
+            "{v2:?}"
+        );
         assert!(s.jitter_ms.up.unwrap() > 0.0 && s.jitter_ms.up.unwrap() < 0.1);
         assert!(s.added_latency_ms.is_none() && s.grade.is_none());
     }

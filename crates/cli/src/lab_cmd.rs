@@ -40,8 +40,10 @@ pub enum LabCommand {
     /// Change a link while it runs: `lab set wan rate=20mbit qdisc=fq_codel --dir down`.
     /// Keys: rate (60mbit | trace:FILE | schedule:FILE | unlimited), delay, jitter, reorder,
     /// loss (1%), ge (p,r,1-h,1-k), mtu, overhead (bytes), atm, qdisc (fifo | fifo-headdrop |
-    /// codel | fq_codel | "cake OPTIONS" as tc takes them), limit (packets 1000 | bytes 64kb | time 100ms), target, interval,
-    /// ecn, flows, quantum, ring (packets a driver holds below the qdisc; 0: none), bql (on: the ring limited in bytes
+    /// codel | fq_codel | "cake OPTIONS" as tc takes them), limit (packets 1000 | bytes 64kb | time
+    /// 100ms), target, interval,
+    /// ecn, flows, quantum, ring (packets a driver holds below the qdisc; 0: none), bql (on: the
+    /// ring limited in bytes
     /// as Linux's byte queue limits do), seed.
     Set {
         link: String,
@@ -103,7 +105,9 @@ pub enum LabCommand {
         /// shaper with FQ-CoDel, quantum 300, as sqm-scripts' simple.qos), or `kernel` (tc on
         /// the router's WAN interface as `bloatlab tune apply` does it: the best qdisc this
         /// kernel has, HTB with short FIFOs when it has neither cake nor fq_codel).
-        #[arg(long, default_value = "cake", value_parser = ["cake", "cake+ack-filter", "fq_codel", "htb-fq_codel", "kernel"])]
+        #[arg(long, default_value = "cake", value_parser = [
+            "cake", "cake+ack-filter", "fq_codel", "htb-fq_codel", "kernel"
+        ])]
         fix: String,
     },
     /// The same test through each fix on the same emulated line: `lab compare cable --fix
@@ -147,7 +151,10 @@ fn load_topology(arg: &str) -> Result<Topology, String> {
         Some(t) => t.to_string(),
         None => std::fs::read_to_string(arg).map_err(|e| {
             let names: Vec<&str> = presets::PRESETS.iter().map(|p| p.0).collect();
-            format!("`{arg}` is neither a preset ({}) nor a readable file: {e}", names.join(", "))
+            format!(
+                "`{arg}` is neither a preset ({}) nor a readable file: {e}",
+                names.join(", ")
+            )
         })?,
     };
     Topology::from_toml(&text, &presets::read_file).map_err(|e| e.to_string())
@@ -156,21 +163,50 @@ fn load_topology(arg: &str) -> Result<Topology, String> {
 /// The lab meant by `--lab`; else the one whose socket BLOATLAB_LAB_SOCKET names (inside `lab
 /// run`, with other labs up beside it); else the only one running.
 fn find_lab(name: Option<&str>) -> Result<LabInfo, String> {
-    let live: Vec<LabInfo> = lab::running().into_iter().filter(|(_, alive)| *alive).map(|(i, _)| i).collect();
-    match (name, std::env::var_os(SOCKET_ENV).map(std::path::PathBuf::from)) {
-        (Some(n), _) => live.into_iter().find(|i| i.name == n).ok_or_else(|| format!("no running lab named {n}")),
-        (None, Some(socket)) => live.into_iter().find(|i| i.socket == socket).ok_or_else(|| format!("{SOCKET_ENV} names {}, the socket of no running lab", socket.display())),
+    let live: Vec<LabInfo> = lab::running()
+        .into_iter()
+        .filter(|(_, alive)| *alive)
+        .map(|(i, _)| i)
+        .collect();
+    match (
+        name,
+        std::env::var_os(SOCKET_ENV).map(std::path::PathBuf::from),
+    ) {
+        (Some(n), _) => live
+            .into_iter()
+            .find(|i| i.name == n)
+            .ok_or_else(|| format!("no running lab named {n}")),
+        (None, Some(socket)) => live
+            .into_iter()
+            .find(|i| i.socket == socket)
+            .ok_or_else(|| {
+                format!(
+                    "{SOCKET_ENV} names {}, the socket of no running lab",
+                    socket.display()
+                )
+            }),
         (None, None) => match live.len() {
             0 => Err("no lab is running; start one with `bloatlab lab up cable`".into()),
             1 => Ok(live.into_iter().next().unwrap()),
-            _ => Err(format!("several labs are up ({}); choose one with --lab", live.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", "))),
+            _ => Err(format!(
+                "several labs are up ({}); choose one with --lab",
+                live.iter()
+                    .map(|i| i.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
         },
     }
 }
 
 fn print_hosts(info: &LabInfo) {
     for (h, hi) in &info.hosts {
-        eprintln!("  {h:<10} {}  {}  tcp {}", hi.ipv4.join(" "), hi.ipv6.join(" "), hi.cc);
+        eprintln!(
+            "  {h:<10} {}  {}  tcp {}",
+            hi.ipv4.join(" "),
+            hi.ipv6.join(" "),
+            hi.cc
+        );
     }
 }
 
@@ -196,12 +232,25 @@ pub fn run(cmd: LabCommand, stop: impl Fn() -> Arc<AtomicBool>) -> ExitCode {
                 Err(e) => return fail(e),
             };
             let Some(h) = info.hosts.get(&host) else {
-                return fail(format!("lab {} has no host {host} (hosts: {})", info.name, info.hosts.keys().cloned().collect::<Vec<_>>().join(", ")));
+                return fail(format!(
+                    "lab {} has no host {host} (hosts: {})",
+                    info.name,
+                    info.hosts.keys().cloned().collect::<Vec<_>>().join(", ")
+                ));
             };
-            let err = Command::new("ip").args(["netns", "exec", &h.namespace]).args(&cmd).env(SOCKET_ENV, &info.socket).exec();
+            let err = Command::new("ip")
+                .args(["netns", "exec", &h.namespace])
+                .args(&cmd)
+                .env(SOCKET_ENV, &info.socket)
+                .exec();
             fail(format!("cannot run {}: {err}", cmd[0]))
         }
-        LabCommand::Set { link, settings, dir, lab } => {
+        LabCommand::Set {
+            link,
+            settings,
+            dir,
+            lab,
+        } => {
             let info = match find_lab(lab.as_deref()) {
                 Ok(i) => i,
                 Err(e) => return fail(e),
@@ -213,7 +262,14 @@ pub fn run(cmd: LabCommand, stop: impl Fn() -> Arc<AtomicBool>) -> ExitCode {
                     None => return ExitCode::from(usage(format!("`{s}` is not key=value"))),
                 }
             }
-            match control::request(&info.socket, &Request::Set { link, dir, settings: kv }) {
+            match control::request(
+                &info.socket,
+                &Request::Set {
+                    link,
+                    dir,
+                    settings: kv,
+                },
+            ) {
                 Ok(r) if r.ok => {
                     println!("{}", r.message.unwrap_or_default());
                     ExitCode::SUCCESS
@@ -268,19 +324,48 @@ pub fn run(cmd: LabCommand, stop: impl Fn() -> Arc<AtomicBool>) -> ExitCode {
             }
             // Wait for the background process to finish its teardown.
             for _ in 0..100 {
-                if !lab::running().iter().any(|(i, alive)| i.name == info.name && *alive) {
+                if !lab::running()
+                    .iter()
+                    .any(|(i, alive)| i.name == info.name && *alive)
+                {
                     eprintln!("lab {} is down", info.name);
                     return ExitCode::SUCCESS;
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
-            fail(format!("lab {} did not stop; try `bloatlab lab down --all`", info.name))
+            fail(format!(
+                "lab {} did not stop; try `bloatlab lab down --all`",
+                info.name
+            ))
         }
-        LabCommand::Run { topology, name, cmd } => run_cmd(&topology, name, &cmd, stop()),
-        LabCommand::Demo { length, json, out_dir, quiet, fix } => demo(length, json, &out_dir, quiet, &fix, stop()),
-        LabCommand::Compare { topology, fix, test, length, json, out_dir, quiet } => {
+        LabCommand::Run {
+            topology,
+            name,
+            cmd,
+        } => run_cmd(&topology, name, &cmd, stop()),
+        LabCommand::Demo {
+            length,
+            json,
+            out_dir,
+            quiet,
+            fix,
+        } => demo(length, json, &out_dir, quiet, &fix, stop()),
+        LabCommand::Compare {
+            topology,
+            fix,
+            test,
+            length,
+            json,
+            out_dir,
+            quiet,
+        } => {
             let test = test.split_whitespace().map(String::from).collect();
-            compare(&topology, &fix, json, experiment_options(length, test, &out_dir, "compare", quiet, stop()))
+            compare(
+                &topology,
+                &fix,
+                json,
+                experiment_options(length, test, &out_dir, "compare", quiet, stop()),
+            )
         }
     }
 }
@@ -302,7 +387,14 @@ fn up(topology: &str, name: Option<String>) -> ExitCode {
         Err(e) => return fail(format!("{}: {e}", log.display())),
     };
     let exe = std::env::current_exe().expect("own path");
-    let mut child = match Command::new(exe).args(["lab", "serve", topology, &name]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log_file).process_group(0).spawn() {
+    let mut child = match Command::new(exe)
+        .args(["lab", "serve", topology, &name])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .process_group(0)
+        .spawn()
+    {
         Ok(c) => c,
         Err(e) => return fail(format!("cannot start the lab process: {e}")),
     };
@@ -315,14 +407,20 @@ fn up(topology: &str, name: Option<String>) -> ExitCode {
             if info.socket.exists() {
                 eprintln!("lab {name} is up ({} topology); hosts:", info.topology);
                 print_hosts(&info);
-                eprintln!("run commands with `bloatlab lab exec HOST -- CMD`; stop with `bloatlab lab down {name}`");
+                eprintln!(
+                    "run commands with `bloatlab lab exec HOST -- CMD`; stop with `bloatlab \
+                    lab down {name}`"
+                );
                 return ExitCode::SUCCESS;
             }
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = child.kill();
-    fail(format!("the lab did not come up in 15 s; see {}", log.display()))
+    fail(format!(
+        "the lab did not come up in 15 s; see {}",
+        log.display()
+    ))
 }
 
 /// Where the background lab process writes its errors; removed when it ends cleanly.
@@ -333,13 +431,19 @@ fn serve_log(name: &str) -> std::path::PathBuf {
 /// Builds the lab and serves its control socket until `down` or a signal.
 fn serve(topology: &str, name: &str, stop: Arc<AtomicBool>) -> ExitCode {
     crate::ignore_sigpipe();
-    let lab = match load_topology(topology).and_then(|t| Lab::up(t, name).map_err(|e| e.to_string())) {
-        Ok(l) => l,
-        Err(e) => return fail(e),
-    };
+    let lab =
+        match load_topology(topology).and_then(|t| Lab::up(t, name).map_err(|e| e.to_string())) {
+            Ok(l) => l,
+            Err(e) => return fail(e),
+        };
     let down = Arc::new(AtomicBool::new(false));
     let ctl_stop = lab.stop_flag();
-    let ctl = match control::serve(lab.shared.clone(), &lab.info().socket.clone(), ctl_stop, down.clone()) {
+    let ctl = match control::serve(
+        lab.shared.clone(),
+        &lab.info().socket.clone(),
+        ctl_stop,
+        down.clone(),
+    ) {
         Ok(t) => t,
         Err(e) => return fail(format!("control socket: {e}")),
     };
@@ -352,7 +456,12 @@ fn serve(topology: &str, name: &str, stop: Arc<AtomicBool>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn run_cmd(topology: &str, name: Option<String>, cmd: &[String], stop: Arc<AtomicBool>) -> ExitCode {
+fn run_cmd(
+    topology: &str,
+    name: Option<String>,
+    cmd: &[String],
+    stop: Arc<AtomicBool>,
+) -> ExitCode {
     let topo = match load_topology(topology) {
         Ok(t) => t,
         Err(e) => return fail(e),
@@ -363,13 +472,21 @@ fn run_cmd(topology: &str, name: Option<String>, cmd: &[String], stop: Arc<Atomi
         Err(e) => return fail(e),
     };
     let down = Arc::new(AtomicBool::new(false));
-    let ctl = control::serve(lab.shared.clone(), &lab.info().socket.clone(), lab.stop_flag(), down);
+    let ctl = control::serve(
+        lab.shared.clone(),
+        &lab.info().socket.clone(),
+        lab.stop_flag(),
+        down,
+    );
     if let Err(e) = ctl {
         return fail(format!("control socket: {e}"));
     }
     eprintln!("lab {name} is up; hosts:");
     print_hosts(lab.info());
-    let status = Command::new(&cmd[0]).args(&cmd[1..]).env(SOCKET_ENV, &lab.info().socket).status();
+    let status = Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .env(SOCKET_ENV, &lab.info().socket)
+        .status();
     drop(lab);
     match status {
         Ok(s) if stop.load(Ordering::Relaxed) => ExitCode::from(s.code().unwrap_or(130) as u8),
@@ -380,17 +497,27 @@ fn run_cmd(topology: &str, name: Option<String>, cmd: &[String], stop: Arc<Atomi
 
 fn stats_text(stats: &serde_json::Value) -> String {
     let mut out = String::new();
-    let Some(links) = stats["links"].as_object() else { return out };
+    let Some(links) = stats["links"].as_object() else {
+        return out;
+    };
     for (name, dirs) in links {
         for dir in ["up", "down"] {
             let d = &dirs[dir];
             let n = |k: &str| d[k].as_u64().unwrap_or(0);
             let drops = &d["drops"];
             let dn = |k: &str| drops[k].as_u64().unwrap_or(0);
-            let hist: bloatlab_lab_model::stats::SojournHistogram = serde_json::from_value(d["sojourn"].clone()).unwrap_or_default();
-            let q = |p: f64| hist.quantile_us(p).map_or("-".to_string(), |us| format!("{:.2}ms", us as f64 / 1000.0));
-            out += &format!(
-                "{name} {dir:<4} {}\n  {} pkts in, {} out ({:.1} MB); drops: queue {}, aqm {}, {}loss {}, mtu {}, tun {}; ecn marks {}\n  queue now {} pkts (max {}); sojourn p50 {} p90 {} p99 {}\n  before the model, in the TUN device ({} pkts): waited at most {} us (p99 {} us), {} pkts at once (p99 {})\n",
+            let hist: bloatlab_lab_model::stats::SojournHistogram =
+                serde_json::from_value(d["sojourn"].clone()).unwrap_or_default();
+            let q = |p: f64| {
+                hist.quantile_us(p)
+                    .map_or("-".to_string(), |us| format!("{:.2}ms", us as f64 / 1000.0))
+            };
+            out +=
+                &format!(
+                "{name} {dir:<4} {}\n  {} pkts in, {} out ({:.1} MB); drops: queue {}, aqm {}, \
+                    {}loss {}, mtu {}, tun {}; ecn marks {}\n  queue now {} pkts (max {}); sojourn \
+                    p50 {} p90 {} p99 {}\n  before the model, in the TUN device ({} pkts): waited \
+                    at most {} us (p99 {} us), {} pkts at once (p99 {})\n",
                 d["config"].as_str().unwrap_or(""),
                 n("rx_packets"),
                 n("tx_packets"),
@@ -398,7 +525,8 @@ fn stats_text(stats: &serde_json::Value) -> String {
                 dn("overflow"),
                 dn("aqm"),
                 // CAKE's filtered ACKs are drops too (tc counts them in "dropped").
-                if dn("ack_filter") > 0 { format!("ack filter {}, ", dn("ack_filter")) } else { String::new() },
+                if dn("ack_filter") > 0 { format!("ack filter {}, \
+                    ", dn("ack_filter")) } else { String::new() },
                 dn("loss"),
                 dn("mtu"),
                 d["tun"]["dropped"].as_u64().map_or("?".into(), |v| v.to_string()),
@@ -415,10 +543,25 @@ fn stats_text(stats: &serde_json::Value) -> String {
                 d["tun"]["waiting_packets"]["p99"],
             );
             if n("max_ring_packets") > 0 {
-                let ring: bloatlab_lab_model::stats::SojournHistogram = serde_json::from_value(d["ring_sojourn"].clone()).unwrap_or_default();
-                let r = |p: f64| ring.quantile_us(p).map_or("-".to_string(), |us| format!("{:.2}ms", us as f64 / 1000.0));
-                let bql = d["bql_limit_bytes"].as_u64().map_or(String::new(), |b| format!(", BQL limit {b} B"));
-                out += &format!("  below the qdisc, in the transmit ring: {} pkts now (max {}{bql}); waited p50 {} p90 {} p99 {}\n", n("ring_packets"), n("max_ring_packets"), r(0.5), r(0.9), r(0.99));
+                let ring: bloatlab_lab_model::stats::SojournHistogram =
+                    serde_json::from_value(d["ring_sojourn"].clone()).unwrap_or_default();
+                let r = |p: f64| {
+                    ring.quantile_us(p)
+                        .map_or("-".to_string(), |us| format!("{:.2}ms", us as f64 / 1000.0))
+                };
+                let bql = d["bql_limit_bytes"]
+                    .as_u64()
+                    .map_or(String::new(), |b| format!(", BQL limit {b} B"));
+                out += &format!(
+                    "  below the qdisc, in the transmit ring: {} pkts now (max \
+                    {}{bql}); waited p50 {} p90 {} p99 \
+                    {}\n",
+                    n("ring_packets"),
+                    n("max_ring_packets"),
+                    r(0.5),
+                    r(0.9),
+                    r(0.99)
+                );
             }
             if let Some(c) = d.get("cake").filter(|c| !c.is_null()) {
                 out += &cake_text(c, dn("ack_filter"));
@@ -430,8 +573,15 @@ fn stats_text(stats: &serde_json::Value) -> String {
 
 /// CAKE's tins as `tc -s qdisc show` lays them out: one column per tin.
 fn cake_text(c: &serde_json::Value, ack_drops: u64) -> String {
-    let Some(tins) = c["tins"].as_array() else { return String::new() };
-    let mut out = format!("  cake: rate {:.2} Mbit/s, memory {} of {} B, ack drops {ack_drops}\n", c["rate_bps"].as_f64().unwrap_or(0.0) / 1e6, c["memory_used"], c["memory_limit"]);
+    let Some(tins) = c["tins"].as_array() else {
+        return String::new();
+    };
+    let mut out = format!(
+        "  cake: rate {:.2} Mbit/s, memory {} of {} B, ack drops {ack_drops}\n",
+        c["rate_bps"].as_f64().unwrap_or(0.0) / 1e6,
+        c["memory_used"],
+        c["memory_limit"]
+    );
     out += &format!("  {:<12}", "");
     for t in tins {
         out += &format!("{:>14}", t["name"].as_str().unwrap_or(""));
@@ -455,15 +605,34 @@ fn cake_text(c: &serde_json::Value, ack_drops: u64) -> String {
         out += &format!("  {label:<12}");
         for t in tins {
             let v = t[key].as_f64().unwrap_or(0.0) / scale;
-            out += &if scale == 1.0 { format!("{v:>14.0}") } else { format!("{v:>14.2}") };
+            out += &if scale == 1.0 {
+                format!("{v:>14.0}")
+            } else {
+                format!("{v:>14.2}")
+            };
         }
         out += "\n";
     }
     out
 }
 
-fn experiment_options(length: f64, test: Vec<String>, out_dir: &std::path::Path, lab_name: &str, quiet: bool, stop: Arc<AtomicBool>) -> Options {
-    Options { exe: std::env::current_exe().expect("own path"), test, length, out_dir: out_dir.to_path_buf(), lab_name: lab_name.into(), quiet, stop }
+fn experiment_options(
+    length: f64,
+    test: Vec<String>,
+    out_dir: &std::path::Path,
+    lab_name: &str,
+    quiet: bool,
+    stop: Arc<AtomicBool>,
+) -> Options {
+    Options {
+        exe: std::env::current_exe().expect("own path"),
+        test,
+        length,
+        out_dir: out_dir.to_path_buf(),
+        lab_name: lab_name.into(),
+        quiet,
+        stop,
+    }
 }
 
 /// Prints where the files went and how the experiment ended.
@@ -482,13 +651,23 @@ fn finish(c: &Comparison) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn demo(length: f64, json: bool, out_dir: &std::path::Path, quiet: bool, fix: &str, stop: Arc<AtomicBool>) -> ExitCode {
+fn demo(
+    length: f64,
+    json: bool,
+    out_dir: &std::path::Path,
+    quiet: bool,
+    fix: &str,
+    stop: Arc<AtomicBool>,
+) -> ExitCode {
     let how = match bloatlab_experiment::demo::Apply::parse(fix) {
         Ok(f) => f,
         Err(e) => return ExitCode::from(usage(e)),
     };
     if !quiet {
-        eprintln!("building the `cable` lab: client - router - [60/4 Mbit/s, 15 ms, 1000-packet FIFO] - server");
+        eprintln!(
+            "building the `cable` lab: client - router - [60/4 Mbit/s, 15 ms, 1000-packet \
+            FIFO] - server"
+        );
     }
     let topo = load_topology("cable").expect("preset");
     let o = experiment_options(length, vec!["rrul".into()], out_dir, "demo", quiet, stop);
@@ -504,11 +683,22 @@ fn demo(length: f64, json: bool, out_dir: &std::path::Path, quiet: bool, fix: &s
         }
         let mut cols = vec![("modem FIFO", &d.before)];
         if let Some(a) = &d.after {
-            cols.push((if d.kept { "advised fix" } else { "advised fix (rolled back)" }, a));
+            cols.push((
+                if d.kept {
+                    "advised fix"
+                } else {
+                    "advised fix (rolled back)"
+                },
+                a,
+            ));
         }
         print!("{}", table(&cols));
         if !d.reason.is_empty() {
-            println!("\n{}: {}", if d.kept { "kept" } else { "not kept" }, d.reason);
+            println!(
+                "\n{}: {}",
+                if d.kept { "kept" } else { "not kept" },
+                d.reason
+            );
         }
     }
     for f in &d.files {
@@ -529,7 +719,11 @@ fn compare(topology: &str, fixes: &str, json: bool, o: Options) -> ExitCode {
         Ok(t) => t,
         Err(e) => return fail(e),
     };
-    let fixes = match fixes.split(',').map(Fix::parse).collect::<Result<Vec<_>, _>>() {
+    let fixes = match fixes
+        .split(',')
+        .map(Fix::parse)
+        .collect::<Result<Vec<_>, _>>()
+    {
         Ok(f) => f,
         Err(e) => return ExitCode::from(usage(e)),
     };
@@ -538,10 +732,24 @@ fn compare(topology: &str, fixes: &str, json: bool, o: Options) -> ExitCode {
         Err(e) => return fail(e),
     };
     if json {
-        let runs: Vec<serde_json::Value> = c.runs.iter().map(|r| serde_json::json!({ "fix": r.fix.name(), "file": r.file, "summary": r.summary })).collect();
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "runs": runs })).expect("json"));
+        let runs: Vec<serde_json::Value> = c
+            .runs
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "fix": r.fix.name(),
+                    "file": r.file,
+                    "summary": r.summary,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "runs": runs })).expect("json")
+        );
     } else {
-        let cols: Vec<(&str, &Summary)> = c.runs.iter().map(|r| (r.fix.label(), &r.summary)).collect();
+        let cols: Vec<(&str, &Summary)> =
+            c.runs.iter().map(|r| (r.fix.label(), &r.summary)).collect();
         print!("{}", table(&cols));
     }
     finish(&c)
@@ -554,19 +762,51 @@ mod tests {
     #[test]
     fn cake_stats_print_one_column_per_tin_in_tcs_order() {
         use bloatlab_lab_model::cake::{Cake, CakeParams};
-        let c = Cake::new(CakeParams::parse("bandwidth 20mbit diffserv3").unwrap(), 1500, 1);
+        let c = Cake::new(
+            CakeParams::parse("bandwidth 20mbit diffserv3").unwrap(),
+            1500,
+            1,
+        );
         let text = cake_text(&serde_json::to_value(c.stats()).unwrap(), 0);
-        let header: Vec<&str> = text.lines().nth(1).unwrap().split("  ").map(str::trim).filter(|s| !s.is_empty()).collect();
+        let header: Vec<&str> = text
+            .lines()
+            .nth(1)
+            .unwrap()
+            .split("  ")
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
         assert_eq!(header, ["Bulk", "Best Effort", "Voice"], "{text}");
-        let thresh = text.lines().find(|l| l.trim_start().starts_with("thresh")).unwrap();
-        assert_eq!(thresh.split_whitespace().skip(2).collect::<Vec<_>>(), ["1.25", "20.00", "5.00"], "{text}");
+        let thresh = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("thresh"))
+            .unwrap();
+        assert_eq!(
+            thresh.split_whitespace().skip(2).collect::<Vec<_>>(),
+            ["1.25", "20.00", "5.00"],
+            "{text}"
+        );
     }
 
     #[test]
     fn a_links_drops_line_counts_filtered_acks_only_where_there_are_some() {
-        let link = |ack: u64| serde_json::json!({"links": {"wan": {"up": {"drops": {"overflow": 1, "aqm": 2, "ack_filter": ack, "loss": 0, "mtu": 0}}}}});
+        let link = |ack: u64| {
+            serde_json::json!({
+                "links": {"wan": {"up": {"drops": {
+                    "overflow": 1, "aqm": 2, "ack_filter": ack, "loss": 0, "mtu": 0
+                }}}},
+            })
+        };
         let drops = |ack: u64| stats_text(&link(ack)).lines().nth(1).unwrap().to_string();
-        assert!(drops(7486).contains("drops: queue 1, aqm 2, ack filter 7486, loss 0"), "{}", drops(7486));
-        assert!(drops(0).contains("drops: queue 1, aqm 2, loss 0"), "{}", drops(0));
+        assert!(
+            drops(7486).contains("drops: queue 1, aqm 2, ack filter 7486, loss 0"),
+            "{}",
+            drops(7486)
+        );
+        assert!(
+            drops(0).contains("drops: queue 1, aqm 2, loss 0"),
+            "{}",
+            drops(0)
+        );
     }
 }

@@ -59,13 +59,19 @@ fn load_of(name: &str) -> Option<(Load, TestKind)> {
     }
 }
 
-pub fn run(a: LocateArgs, progress: ProgressMode, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> ExitCode {
+pub fn run(
+    a: LocateArgs,
+    progress: ProgressMode,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> ExitCode {
     let usage = |m: String| {
         eprintln!("bloatlab: {m}");
         ExitCode::from(2)
     };
     if !(a.length >= 4.0 && a.length.is_finite()) {
-        return usage("--length must be at least 4 seconds (2 s of it are the queues filling)".into());
+        return usage(
+            "--length must be at least 4 seconds (2 s of it are the queues filling)".into(),
+        );
     }
     if !(a.idle >= 1.0 && a.idle.is_finite()) {
         return usage("--idle must be at least 1 second".into());
@@ -78,7 +84,11 @@ pub fn run(a: LocateArgs, progress: ProgressMode, stop: std::sync::Arc<std::sync
     }
     let mut tests = Vec::new();
     for (i, name) in a.phases.iter().enumerate() {
-        let Some((load, kind)) = load_of(name) else { return usage(format!("--phases: `{name}` is not download, upload or both")) };
+        let Some((load, kind)) = load_of(name) else {
+            return usage(format!(
+                "--phases: `{name}` is not download, upload or both"
+            ));
+        };
         let params = Params {
             test: kind,
             length: a.length,
@@ -101,7 +111,16 @@ pub fn run(a: LocateArgs, progress: ProgressMode, stop: std::sync::Arc<std::sync
     };
     let o = bloatlab_locate::Options {
         out_dir: a.out_dir,
-        test: bloatlab_measure::Options { output: None, progress: if a.quiet { ProgressMode::Quiet } else { progress }, stop: stop.clone(), key },
+        test: bloatlab_measure::Options {
+            output: None,
+            progress: if a.quiet {
+                ProgressMode::Quiet
+            } else {
+                progress
+            },
+            stop: stop.clone(),
+            key,
+        },
         max_hops: a.max_hops,
         hop_interval: Duration::from_secs_f64(a.hop_interval),
         icmp: a.icmp,
@@ -112,8 +131,16 @@ pub fn run(a: LocateArgs, progress: ProgressMode, stop: std::sync::Arc<std::sync
         Err(e) => return crate::fail(e),
     };
     if a.json {
-        let out = serde_json::json!({ "hops": located.hops, "verdict": located.verdict, "phases": located.phases, "file": path });
-        println!("{}", serde_json::to_string_pretty(&out).expect("serializes"));
+        let out = serde_json::json!({
+            "hops": located.hops,
+            "verdict": located.verdict,
+            "phases": located.phases,
+            "file": path,
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).expect("serializes")
+        );
     } else {
         print!("{}", table::text(&located));
     }
@@ -129,31 +156,65 @@ pub fn run(a: LocateArgs, progress: ProgressMode, stop: std::sync::Arc<std::sync
 
 /// `bloatlab test KIND --locate`: one test with hop probing; its summary, then the hops and
 /// the verdict (direction from the load the test applies, or from its one-way delays).
-pub fn with_test(host: &str, params: Params, out_dir: PathBuf, json: bool, test: bloatlab_measure::Options) -> ExitCode {
+pub fn with_test(
+    host: &str,
+    params: Params,
+    out_dir: PathBuf,
+    json: bool,
+    test: bloatlab_measure::Options,
+) -> ExitCode {
     let load = match params.test {
         TestKind::TcpDown => Load::Download,
         TestKind::TcpUp => Load::Upload,
         TestKind::TcpBidir | TestKind::Rrul | TestKind::RrulBe => Load::Both,
         other => {
-            eprintln!("bloatlab: --locate needs a load test (tcp-down, tcp-up, tcp-bidir, rrul, rrul-be), not {}", other.name());
+            eprintln!(
+                "bloatlab: --locate needs a load test (tcp-down, tcp-up, tcp-bidir, rrul, \
+                rrul-be), not {}",
+                other.name()
+            );
             return ExitCode::from(2);
         }
     };
     let quiet = matches!(test.progress, ProgressMode::Quiet);
     let stop = test.stop.clone();
-    let o = bloatlab_locate::Options { out_dir, test, max_hops: 30, hop_interval: Duration::from_secs(1), icmp: false, verbose: false };
+    let o = bloatlab_locate::Options {
+        out_dir,
+        test,
+        max_hops: 30,
+        hop_interval: Duration::from_secs(1),
+        icmp: false,
+        verbose: false,
+    };
     let (located, path) = match bloatlab_locate::locate(host, &[(load, params)], &o) {
         Ok(x) => x,
         Err(e) => return crate::fail(e),
     };
-    let result = located.phases.first().and_then(|p| bloatlab_result::read(&p.file).ok());
-    let summary = result.as_ref().and_then(|r| r.summary.clone()).unwrap_or_default();
+    let result = located
+        .phases
+        .first()
+        .and_then(|p| bloatlab_result::read(&p.file).ok());
+    let summary = result
+        .as_ref()
+        .and_then(|r| r.summary.clone())
+        .unwrap_or_default();
     if json {
-        let out = serde_json::json!({ "summary": summary, "hops": located.hops, "verdict": located.verdict, "file": path });
-        println!("{}", serde_json::to_string_pretty(&out).expect("serializes"));
+        let out = serde_json::json!({
+            "summary": summary,
+            "hops": located.hops,
+            "verdict": located.verdict,
+            "file": path,
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).expect("serializes")
+        );
     } else {
         if let Some(r) = &result {
-            print!("{}", bloatlab_measure::display::summary_text(&summary, &r.metadata));
+            print!(
+                "{}",
+                bloatlab_measure::display::summary_text(&summary, &r.metadata)
+            );
         }
         print!("\n{}", table::text(&located));
     }

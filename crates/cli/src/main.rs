@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "bloatlab", version, about = "Measure latency under load (bufferbloat), locate it and fix it", long_about = None)]
+#[command(name = "bloatlab", version, about = "Measure latency under load (bufferbloat), locate it \
+    and fix it", long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -149,7 +150,12 @@ struct ServerArgs {
     allow: Vec<ipnet::IpNet>,
     /// DSCP marks clients may ask for (comma-separated numbers or names: BE,BK,EF,CS5).
     /// Default: all.
-    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = bloatlab_proto::parse_dscp)]
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        value_parser = bloatlab_proto::parse_dscp
+    )]
     allow_dscp: Option<Vec<u8>>,
     /// Tell clients without the key this host's kernel version and TCP congestion control
     /// (recorded in their results); by default only clients with the key learn them.
@@ -182,7 +188,12 @@ struct ServerArgs {
     #[arg(long, value_name = "N", default_value_t = 1000)]
     keep_max: usize,
     /// Certificate chain for --https (PEM); re-read on SIGHUP.
-    #[arg(long, value_name = "FILE", requires = "cert_key", conflicts_with = "self_signed")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "cert_key",
+        conflicts_with = "self_signed"
+    )]
     cert: Option<PathBuf>,
     /// The certificate's private key (PEM). (--key is the bloatlab protocol's shared key.)
     #[arg(long, value_name = "FILE", requires = "cert")]
@@ -214,7 +225,9 @@ struct ServerArgs {
 fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     match s.parse::<u16>() {
         Ok(port) => Ok(SocketAddr::from(([0u16; 8], port))),
-        Err(_) => s.parse().map_err(|_| format!("`{s}`: want a port or ADDR:PORT")),
+        Err(_) => s
+            .parse()
+            .map_err(|_| format!("`{s}`: want a port or ADDR:PORT")),
     }
 }
 
@@ -223,7 +236,11 @@ fn default_names() -> Vec<String> {
     let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
     if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
         let h = h.trim();
-        if !h.is_empty() && h != "localhost" && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') {
+        if !h.is_empty()
+            && h != "localhost"
+            && h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        {
             names.push(h.to_string());
         }
     }
@@ -233,28 +250,51 @@ fn default_names() -> Vec<String> {
 /// The web face's settings from the command line; --self-signed makes or finds its files here.
 fn web_config(a: &ServerArgs) -> Result<bloatlab_server::web::WebConfig, String> {
     if !(a.web_max_gb.is_finite() && a.web_max_gb > 0.0) {
-        return Err(format!("--web-max-gb {}: want a positive number", a.web_max_gb));
+        return Err(format!(
+            "--web-max-gb {}: want a positive number",
+            a.web_max_gb
+        ));
     }
     if a.http.is_none() && a.https.is_none() && (a.ws.is_some() || a.keep_web_results.is_some()) {
-        return Err("--ws and --keep-web-results serve the browser test, which needs --http or --https".into());
+        return Err(
+            "--ws and --keep-web-results serve the browser test, which needs --http or --https"
+                .into(),
+        );
     }
     let tls = match (&a.cert, &a.cert_key, a.self_signed) {
         (Some(c), Some(k), _) => Some((c.clone(), k.clone())),
         (_, _, true) => {
-            let dir = a.tls_dir.clone().unwrap_or_else(|| match std::env::var_os("HOME") {
-                // SAFETY: geteuid has no preconditions.
-                Some(home) if unsafe { libc::geteuid() } != 0 => PathBuf::from(home).join(".local/state/bloatlab/tls"),
-                _ => PathBuf::from("/var/lib/bloatlab/tls"),
-            });
-            let names = if a.name.is_empty() { default_names() } else { a.name.clone() };
-            let (cert, key) = bloatlab_server::web::tls::self_signed(&dir, &names, std::time::SystemTime::now())?;
-            eprintln!("bloatlab server: self-signed certificate for {} in {}", names.join(", "), dir.display());
+            let dir = a
+                .tls_dir
+                .clone()
+                .unwrap_or_else(|| match std::env::var_os("HOME") {
+                    // SAFETY: geteuid has no preconditions.
+                    Some(home) if unsafe { libc::geteuid() } != 0 => {
+                        PathBuf::from(home).join(".local/state/bloatlab/tls")
+                    }
+                    _ => PathBuf::from("/var/lib/bloatlab/tls"),
+                });
+            let names = if a.name.is_empty() {
+                default_names()
+            } else {
+                a.name.clone()
+            };
+            let (cert, key) =
+                bloatlab_server::web::tls::self_signed(&dir, &names, std::time::SystemTime::now())?;
+            eprintln!(
+                "bloatlab server: self-signed certificate for {} in {}",
+                names.join(", "),
+                dir.display()
+            );
             Some((cert, key))
         }
         _ => None,
     };
     if let Some((cert, _)) = &tls {
-        eprintln!("bloatlab server: certificate SHA-256 {}", bloatlab_server::web::tls::fingerprint_of(cert)?);
+        eprintln!(
+            "bloatlab server: certificate SHA-256 {}",
+            bloatlab_server::web::tls::fingerprint_of(cert)?
+        );
     }
     Ok(bloatlab_server::web::WebConfig {
         http: a.http,
@@ -279,7 +319,8 @@ enum TestName {
     TcpUp,
     /// Both directions at once, --flows each way.
     TcpBidir,
-    /// Realtime Response Under Load: 4 down + 4 up flows marked BE, BK, CS5, EF, with UDP probes marked EF, BK, BE.
+    /// Realtime Response Under Load: 4 down + 4 up flows marked BE, BK, CS5, EF, with UDP probes
+    /// marked EF, BK, BE.
     Rrul,
     /// rrul with every flow and probe unmarked (best effort).
     RrulBe,
@@ -451,10 +492,25 @@ fn main() -> ExitCode {
         Command::Config(a) => tune_cmd::config_cmd(a),
         Command::Tune(c) => tune_cmd::tune_cmd(c),
         Command::Lab(c) => lab_cmd::run(c, stop_flag),
-        Command::Compare { targets, test, length, out_dir, json, quiet } => compare(targets, &test, length, out_dir, json, quiet),
+        Command::Compare {
+            targets,
+            test,
+            length,
+            out_dir,
+            json,
+            quiet,
+        } => compare(targets, &test, length, out_dir, json, quiet),
         Command::Report { results, output } => report_cmd::report(&results, &output),
-        Command::Plot { results, kind, output } => report_cmd::plot(&results, kind, &output),
-        Command::Export { result, format, output } => report_cmd::export(&result, format, output),
+        Command::Plot {
+            results,
+            kind,
+            output,
+        } => report_cmd::plot(&results, kind, &output),
+        Command::Export {
+            result,
+            format,
+            output,
+        } => report_cmd::export(&result, format, output),
     }
 }
 
@@ -473,10 +529,16 @@ fn stop_flag() -> Arc<AtomicBool> {
 /// The counters of the lab this test runs in (`lab exec`, `lab run`, `lab demo`), if any.
 fn lab_counters() -> Option<serde_json::Value> {
     let socket = std::env::var_os(bloatlab_lab::SOCKET_ENV)?;
-    match bloatlab_lab::control::request(std::path::Path::new(&socket), &bloatlab_lab::control::Request::Stats) {
+    match bloatlab_lab::control::request(
+        std::path::Path::new(&socket),
+        &bloatlab_lab::control::Request::Stats,
+    ) {
         Ok(r) if r.ok => r.stats,
         Ok(r) => {
-            eprintln!("bloatlab: lab counters unavailable: {}", r.message.unwrap_or_default());
+            eprintln!(
+                "bloatlab: lab counters unavailable: {}",
+                r.message.unwrap_or_default()
+            );
             None
         }
         Err(e) => {
@@ -489,11 +551,18 @@ fn lab_counters() -> Option<serde_json::Value> {
 /// Inside a lab, the emulator's counters go into the result file: ground truth next to the
 /// measurement. They count from the lab's start, so both ends of the test are kept (the
 /// difference is what this test saw).
-fn attach_lab_counters(result: &mut bloatlab_result::ResultFile, path: &std::path::Path, at_start: Option<serde_json::Value>) {
+fn attach_lab_counters(
+    result: &mut bloatlab_result::ResultFile,
+    path: &std::path::Path,
+    at_start: Option<serde_json::Value>,
+) {
     let Some(at_end) = lab_counters() else { return };
     result.metadata.lab = Some(serde_json::json!({ "at_start": at_start, "at_end": at_end }));
     if let Err(e) = bloatlab_result::write_atomic(path, result) {
-        eprintln!("bloatlab: could not add the lab counters to {}: {e}", path.display());
+        eprintln!(
+            "bloatlab: could not add the lab counters to {}: {e}",
+            path.display()
+        );
     }
 }
 
@@ -526,7 +595,11 @@ fn load_key(file: Option<&std::path::Path>) -> Result<Option<Vec<u8>>, String> {
     let key = raw.strip_suffix(b"\n").unwrap_or(&raw);
     let key = key.strip_suffix(b"\r").unwrap_or(key);
     if key.len() < bloatlab_proto::auth::MIN_KEY_LEN {
-        return Err(format!("the key must be at least {} bytes (got {})", bloatlab_proto::auth::MIN_KEY_LEN, key.len()));
+        return Err(format!(
+            "the key must be at least {} bytes (got {})",
+            bloatlab_proto::auth::MIN_KEY_LEN,
+            key.len()
+        ));
     }
     Ok(Some(key.to_vec()))
 }
@@ -549,7 +622,10 @@ fn server(a: ServerArgs) -> ExitCode {
         return fail(format!("--max-rate {r}: want a positive number of Mbit/s"));
     }
     if !(a.max_udp_rate.is_finite() && a.max_udp_rate >= 0.0) {
-        return fail(format!("--max-udp-rate {}: want Mbit/s, 0 or more", a.max_udp_rate));
+        return fail(format!(
+            "--max-udp-rate {}: want Mbit/s, 0 or more",
+            a.max_udp_rate
+        ));
     }
     let web = match web_config(&a) {
         Ok(w) => w,
@@ -583,9 +659,16 @@ fn server(a: ServerArgs) -> ExitCode {
     unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) };
     let mut server = match bloatlab_server::Server::start(config) {
         Ok(s) => s,
-        Err(e) => return fail(format!("{e}; is another server running there? choose another with --listen")),
+        Err(e) => {
+            return fail(format!(
+                "{e}; is another server running there? choose another with --listen"
+            ))
+        }
     };
-    eprintln!("bloatlab server listening on {} (TCP and UDP); Ctrl-C to stop", server.local_addr);
+    eprintln!(
+        "bloatlab server listening on {} (TCP and UDP); Ctrl-C to stop",
+        server.local_addr
+    );
     if let Some(a) = server.https_addr {
         eprintln!("bloatlab server: responsiveness endpoints on https://{a}/.well-known/nq");
     }
@@ -593,8 +676,13 @@ fn server(a: ServerArgs) -> ExitCode {
         eprintln!("bloatlab server: responsiveness endpoints on http://{a}/.well-known/nq");
     }
     match server.ws_addr {
-        Some(ws) => eprintln!("bloatlab server: browser test at the same addresses' / (latency probes on port {})", ws.port()),
-        None if server.http_addr.is_some() || server.https_addr.is_some() => eprintln!("bloatlab server: no --ws port: the browser test at / cannot probe latency"),
+        Some(ws) => eprintln!(
+            "bloatlab server: browser test at the same addresses' / (latency probes on port {})",
+            ws.port()
+        ),
+        None if server.http_addr.is_some() || server.https_addr.is_some() => {
+            eprintln!("bloatlab server: no --ws port: the browser test at / cannot probe latency")
+        }
         None => {}
     }
     while !stop.load(Ordering::Relaxed) {
@@ -605,7 +693,14 @@ fn server(a: ServerArgs) -> ExitCode {
 }
 
 /// `bloatlab compare`: the runs, then the table (or JSON) and where the files went.
-fn compare(targets: Vec<String>, test: &str, length: f64, out_dir: PathBuf, json: bool, quiet: bool) -> ExitCode {
+fn compare(
+    targets: Vec<String>,
+    test: &str,
+    length: f64,
+    out_dir: PathBuf,
+    json: bool,
+    quiet: bool,
+) -> ExitCode {
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => return fail(format!("cannot find the bloatlab binary: {e}")),
@@ -613,13 +708,24 @@ fn compare(targets: Vec<String>, test: &str, length: f64, out_dir: PathBuf, json
     if !(length > 0.0 && length.is_finite()) {
         return fail("--length must be positive");
     }
-    let o = bloatlab_experiment::targets::TargetsOptions { exe, test: test.split_whitespace().map(String::from).collect(), length, out_dir, quiet, stop: stop_flag() };
+    let o = bloatlab_experiment::targets::TargetsOptions {
+        exe,
+        test: test.split_whitespace().map(String::from).collect(),
+        length,
+        out_dir,
+        quiet,
+        stop: stop_flag(),
+    };
     let c = match bloatlab_experiment::targets::compare_targets(&targets, &o) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
     if json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "runs": c.runs })).expect("summaries serialize"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "runs": c.runs }))
+                .expect("summaries serialize")
+        );
     } else {
         print!("{}", bloatlab_experiment::targets::text(&c.runs));
     }
@@ -682,43 +788,108 @@ fn test(a: TestArgs) -> ExitCode {
         probe_size: a.probe_size,
         rpm_interval: a.rpm_interval,
         rpm_sequential: a.sequential,
-        udp: (kind == TestKind::Udp).then_some(UdpParams { rate_bps: a.rate.unwrap_or(10_000_000), size: size as u16, pacing: a.pacing, bucket: a.bucket.as_secs_f64(), dscp: 0 }),
+        udp: (kind == TestKind::Udp).then_some(UdpParams {
+            rate_bps: a.rate.unwrap_or(10_000_000),
+            size: size as u16,
+            pacing: a.pacing,
+            bucket: a.bucket.as_secs_f64(),
+            dscp: 0,
+        }),
     };
-    if kind == TestKind::Udp && !(Duration::from_micros(100)..=Duration::from_secs(1)).contains(&a.bucket) {
+    if kind == TestKind::Udp
+        && !(Duration::from_micros(100)..=Duration::from_secs(1)).contains(&a.bucket)
+    {
         return usage("--bucket must be between 100us and 1s");
     }
     let progress = progress_mode(a.quiet);
     if kind == TestKind::Mtu {
-        let opts = Options { output: a.output, progress, stop: stop_flag(), key: None };
-        return finish_test(bloatlab_measure::mtu::run(&a.host, None, &opts), a.json, a.quiet, None);
+        let opts = Options {
+            output: a.output,
+            progress,
+            stop: stop_flag(),
+            key: None,
+        };
+        return finish_test(
+            bloatlab_measure::mtu::run(&a.host, None, &opts),
+            a.json,
+            a.quiet,
+            None,
+        );
     }
     if kind == TestKind::Writeback {
-        let wb = bloatlab_measure::writeback::WritebackParams { dir: PathBuf::from(&a.host), size, rate_bps: a.rate, fsync: a.fsync, idle: a.idle };
-        let opts = Options { output: a.output, progress, stop: stop_flag(), key: None };
-        return finish_test(bloatlab_measure::writeback::run(&wb, &opts), a.json, a.quiet, None);
+        let wb = bloatlab_measure::writeback::WritebackParams {
+            dir: PathBuf::from(&a.host),
+            size,
+            rate_bps: a.rate,
+            fsync: a.fsync,
+            idle: a.idle,
+        };
+        let opts = Options {
+            output: a.output,
+            progress,
+            stop: stop_flag(),
+            key: None,
+        };
+        return finish_test(
+            bloatlab_measure::writeback::run(&wb, &opts),
+            a.json,
+            a.quiet,
+            None,
+        );
     }
     let key = match load_key(a.key.as_deref()) {
         Ok(k) => k,
         Err(e) => return fail(e),
     };
     if a.locate {
-        let out_dir = a.output.as_deref().and_then(|p| p.parent()).filter(|p| !p.as_os_str().is_empty()).map_or_else(|| PathBuf::from("."), PathBuf::from);
-        return locate_cmd::with_test(&a.host, params, out_dir, a.json, Options { output: a.output, progress, stop: stop_flag(), key });
+        let out_dir = a
+            .output
+            .as_deref()
+            .and_then(|p| p.parent())
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), PathBuf::from);
+        return locate_cmd::with_test(
+            &a.host,
+            params,
+            out_dir,
+            a.json,
+            Options {
+                output: a.output,
+                progress,
+                stop: stop_flag(),
+                key,
+            },
+        );
     }
-    let opts = Options { output: a.output, progress, stop: stop_flag(), key };
+    let opts = Options {
+        output: a.output,
+        progress,
+        stop: stop_flag(),
+        key,
+    };
     let lab_at_start = lab_counters();
     let by_url = a.host.starts_with("https://") || a.host.starts_with("http://");
     if by_url && !matches!(kind, TestKind::Rpm) {
-        return usage("a URL target is for `test rpm` (a responsiveness config URL); other tests take HOST[:PORT] of a bloatlab server");
+        return usage(
+            "a URL target is for `test rpm` (a responsiveness config URL); other tests \
+            take HOST[:PORT] of a bloatlab server",
+        );
     }
     if a.http1 && !(by_url && matches!(kind, TestKind::Rpm)) {
         return usage("--http1.1 is for `test rpm` against a URL (the HTTP transport)");
     }
     if a.sequential && !(by_url && matches!(kind, TestKind::Rpm)) {
-        return usage("--sequential is for `test rpm` against a URL (the HTTP transport); a bloatlab server serves one too: its --https or --http port's /.well-known/nq");
+        return usage(
+            "--sequential is for `test rpm` against a URL (the HTTP transport); a \
+            bloatlab server serves one too: its --https or --http port's /.well-known/nq",
+        );
     }
     let outcome = if by_url {
-        let http = bloatlab_measure::http_rpm::HttpOptions { insecure: a.insecure, ca: a.ca.clone(), http1: a.http1 };
+        let http = bloatlab_measure::http_rpm::HttpOptions {
+            insecure: a.insecure,
+            ca: a.ca.clone(),
+            http1: a.http1,
+        };
         bloatlab_measure::http_rpm::run(&params, &a.host, &opts, &http)
     } else {
         bloatlab_measure::run(&params, &a.host, &opts)
@@ -728,7 +899,12 @@ fn test(a: TestArgs) -> ExitCode {
 
 /// Prints a finished test's summary (text or JSON) and events and says where its file is; the
 /// exit code says how it ended. `lab_at_start`: a network test's lab counters, to attach.
-fn finish_test(outcome: Result<bloatlab_measure::Outcome, bloatlab_measure::MeasureError>, json: bool, quiet: bool, lab_at_start: Option<Option<serde_json::Value>>) -> ExitCode {
+fn finish_test(
+    outcome: Result<bloatlab_measure::Outcome, bloatlab_measure::MeasureError>,
+    json: bool,
+    quiet: bool,
+    lab_at_start: Option<Option<serde_json::Value>>,
+) -> ExitCode {
     let mut outcome = match outcome {
         Ok(o) => o,
         Err(e) => return fail(e),
@@ -740,7 +916,10 @@ fn finish_test(outcome: Result<bloatlab_measure::Outcome, bloatlab_measure::Meas
     if !matches!(outcome.ended, Ended::Failed(_)) {
         let summary = outcome.result.summary.clone().unwrap_or_default();
         if json {
-            println!("{}", serde_json::to_string_pretty(&summary).expect("summary serializes"));
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&summary).expect("summary serializes")
+            );
         } else {
             print!("{}", summary_text(&summary, &outcome.result.metadata));
         }
@@ -760,7 +939,10 @@ fn finish_test(outcome: Result<bloatlab_measure::Outcome, bloatlab_measure::Meas
             eprintln!("bloatlab: interrupted; partial results kept in {path}");
             ExitCode::from(130)
         }
-        Ended::ServerLost(why) => fail(format!("{why} mid-test; partial results kept in {path}. Check that the server is still running")),
+        Ended::ServerLost(why) => fail(format!(
+            "{why} mid-test; partial results kept in {path}. \
+            Check that the server is still running"
+        )),
         Ended::Failed(why) => fail(format!("{why}; partial results kept in {path}")),
     }
 }

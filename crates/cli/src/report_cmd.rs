@@ -31,7 +31,14 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 }
 
 pub fn load(paths: &[PathBuf]) -> Result<Vec<RunView>, String> {
-    paths.iter().map(|p| bloatlab_result::read(p).map(|r| RunView::new(&r, &label_for(p))).map_err(|e| e.to_string())).collect()
+    paths
+        .iter()
+        .map(|p| {
+            bloatlab_result::read(p)
+                .map(|r| RunView::new(&r, &label_for(p)))
+                .map_err(|e| e.to_string())
+        })
+        .collect()
 }
 
 /// A locate file's chart data, `None` for anything else (result files go to `load`).
@@ -43,7 +50,11 @@ fn locate_view(p: &Path) -> Option<Result<bloatlab_report::hops::HopsView, Strin
 pub fn write_report(paths: &[PathBuf], out: &Path) -> Result<(), String> {
     let page = match (paths, paths.iter().find_map(|p| locate_view(p))) {
         ([_], Some(view)) => html::render_hops(&view?),
-        (_, Some(_)) => return Err("a locate file (bloatlab locate) makes a report of its own: give it alone".into()),
+        (_, Some(_)) => {
+            return Err(
+                "a locate file (bloatlab locate) makes a report of its own: give it alone".into(),
+            )
+        }
         (_, None) => html::render(&load(paths)?),
     };
     std::fs::write(out, page).map_err(|e| format!("{}: {e}", out.display()))
@@ -52,7 +63,10 @@ pub fn write_report(paths: &[PathBuf], out: &Path) -> Result<(), String> {
 pub fn report(paths: &[PathBuf], out: &Path) -> ExitCode {
     match write_report(paths, out) {
         Ok(()) => {
-            eprintln!("report written to {} (opens offline in any browser)", out.display());
+            eprintln!(
+                "report written to {} (opens offline in any browser)",
+                out.display()
+            );
             ExitCode::SUCCESS
         }
         Err(e) => fail(e),

@@ -130,13 +130,20 @@ fn usage(m: impl std::fmt::Display) -> ExitCode {
 fn read_inputs(files: &[PathBuf]) -> Result<(Vec<bloatlab_result::Summary>, bool), String> {
     let (mut runs, mut on_host) = (Vec::new(), false);
     for f in files {
-        let locate = std::fs::read(f).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()).filter(|v| v["format"] == "bloatlab-locate");
+        let locate = std::fs::read(f)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .filter(|v| v["format"] == "bloatlab-locate");
         if let Some(v) = locate {
             on_host |= v["verdict"]["hop"] == 0;
             continue;
         }
         let r = bloatlab_result::read(f).map_err(|e| e.to_string())?;
-        runs.push(r.summary.clone().unwrap_or_else(|| bloatlab_analyze::summarize(&r)));
+        runs.push(
+            r.summary
+                .clone()
+                .unwrap_or_else(|| bloatlab_analyze::summarize(&r)),
+        );
     }
     if runs.is_empty() {
         return Err("no result file among the inputs (a locate file alone has no rates)".into());
@@ -146,28 +153,59 @@ fn read_inputs(files: &[PathBuf]) -> Result<(Vec<bloatlab_result::Summary>, bool
 
 /// The rate that feeds a disk: `rate` when given, else the best goodput of the network results
 /// (a writeback result among them is skipped).
-fn feed_from(rate: Option<u64>, results: &[(PathBuf, bloatlab_result::ResultFile)]) -> Option<Feed> {
+fn feed_from(
+    rate: Option<u64>,
+    results: &[(PathBuf, bloatlab_result::ResultFile)],
+) -> Option<Feed> {
     let best = results
         .iter()
         .filter(|(_, r)| r.metadata.test != "writeback")
-        .map(|(f, r)| (f, r.summary.clone().unwrap_or_else(|| bloatlab_analyze::summarize(r))))
-        .flat_map(|(f, s)| [s.throughput_mbps.down, s.throughput_mbps.up].into_iter().flatten().map(move |m| (f, m)))
+        .map(|(f, r)| {
+            (
+                f,
+                r.summary
+                    .clone()
+                    .unwrap_or_else(|| bloatlab_analyze::summarize(r)),
+            )
+        })
+        .flat_map(|(f, s)| {
+            [s.throughput_mbps.down, s.throughput_mbps.up]
+                .into_iter()
+                .flatten()
+                .map(move |m| (f, m))
+        })
         .max_by(|x, y| x.1.total_cmp(&y.1));
     match (rate, best) {
-        (Some(bps), _) => Some(Feed { bps, from: "given with --rate".into() }),
-        (None, Some((f, m))) => Some(Feed { bps: (m * 1e6) as u64, from: format!("the best goodput measured in {}", f.display()) }),
+        (Some(bps), _) => Some(Feed {
+            bps,
+            from: "given with --rate".into(),
+        }),
+        (None, Some((f, m))) => Some(Feed {
+            bps: (m * 1e6) as u64,
+            from: format!("the best goodput measured in {}", f.display()),
+        }),
         (None, None) => None,
     }
 }
 
 /// Writeback advice from a writeback result, the feeding rate from --rate or the network
 /// results beside it.
-fn advise_writeback(a: &AdviseArgs, wb: &bloatlab_result::ResultFile, results: &[(PathBuf, bloatlab_result::ResultFile)]) -> ExitCode {
+fn advise_writeback(
+    a: &AdviseArgs,
+    wb: &bloatlab_result::ResultFile,
+    results: &[(PathBuf, bloatlab_result::ResultFile)],
+) -> ExitCode {
     match bloatlab_tune::writeback::advise(wb, feed_from(a.rate, results), a.nfs_block, a.rpm) {
-        Ok(adv) if a.json => println!("{}", serde_json::to_string_pretty(&adv).expect("serializes")),
+        Ok(adv) if a.json => println!(
+            "{}",
+            serde_json::to_string_pretty(&adv).expect("serializes")
+        ),
         Ok(adv) => {
             print!("{}", adv.text);
-            println!("\nnext: bloatlab config sysctl-writeback --rate {}bit", adv.feed.bps);
+            println!(
+                "\nnext: bloatlab config sysctl-writeback --rate {}bit",
+                adv.feed.bps
+            );
         }
         Err(e) => return fail(e),
     }
@@ -175,7 +213,11 @@ fn advise_writeback(a: &AdviseArgs, wb: &bloatlab_result::ResultFile, results: &
 }
 
 pub fn advise_cmd(a: AdviseArgs) -> ExitCode {
-    let results: Vec<(PathBuf, bloatlab_result::ResultFile)> = a.files.iter().filter_map(|f| bloatlab_result::read(f).ok().map(|r| (f.clone(), r))).collect();
+    let results: Vec<(PathBuf, bloatlab_result::ResultFile)> = a
+        .files
+        .iter()
+        .filter_map(|f| bloatlab_result::read(f).ok().map(|r| (f.clone(), r)))
+        .collect();
     if let Some((_, wb)) = results.iter().find(|(_, r)| r.metadata.test == "writeback") {
         return advise_writeback(&a, wb, &results);
     }
@@ -183,9 +225,19 @@ pub fn advise_cmd(a: AdviseArgs) -> ExitCode {
         Ok(x) => x,
         Err(e) => return fail(e),
     };
-    let advice = advise::advise(&runs, &Target { link: a.link, qdisc: a.qdisc, queue_on_host: on_host });
+    let advice = advise::advise(
+        &runs,
+        &Target {
+            link: a.link,
+            qdisc: a.qdisc,
+            queue_on_host: on_host,
+        },
+    );
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&advice).expect("serializes"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&advice).expect("serializes")
+        );
     } else {
         print!("{}", advice.text());
         let kind = match a.qdisc {
@@ -194,7 +246,11 @@ pub fn advise_cmd(a: AdviseArgs) -> ExitCode {
             Qdisc::HtbFifo => "tc-htb-fifo",
         };
         let files: Vec<String> = a.files.iter().map(|f| f.display().to_string()).collect();
-        println!("\nnext: bloatlab config {kind} --dev IFACE --link {} --from {}", a.link.cake_keyword(), files.join(" "));
+        println!(
+            "\nnext: bloatlab config {kind} --dev IFACE --link {} --from {}",
+            a.link.cake_keyword(),
+            files.join(" ")
+        );
     }
     ExitCode::SUCCESS
 }
@@ -208,40 +264,98 @@ pub fn config_cmd(a: ConfigArgs) -> ExitCode {
             Ok(x) => x,
             Err(e) => return fail(e),
         };
-        let adv = advise::advise(&runs, &Target { link: a.link, qdisc: Qdisc::Cake, queue_on_host: false });
+        let adv = advise::advise(
+            &runs,
+            &Target {
+                link: a.link,
+                qdisc: Qdisc::Cake,
+                queue_on_host: false,
+            },
+        );
         down = down.or(adv.down.as_ref().map(|d| d.rate_kbit));
         up = up.or(adv.up.as_ref().map(|d| d.rate_kbit));
         ack_filter |= adv.upload_ack_filter();
     }
-    if a.dev.is_empty() || a.dev.len() > 15 || !a.dev.chars().all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c)) {
-        return usage(format!("--dev `{}`: an interface name (at most 15 letters, digits, '-', '_', '.')", a.dev));
+    if a.dev.is_empty()
+        || a.dev.len() > 15
+        || !a
+            .dev
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c))
+    {
+        return usage(format!(
+            "--dev `{}`: an interface name (at most 15 letters, digits, '-', '_', '.')",
+            a.dev
+        ));
     }
-    let s = Shaping { dev: a.dev.clone(), down_kbit: down, up_kbit: up, link: a.link, ack_filter };
-    let needs_rates = !matches!(a.kind, Kind::NftDscp | Kind::SysctlWriteback | Kind::WifiOpenwrt | Kind::Openvpn | Kind::OpenvpnUp | Kind::WireguardMtu);
+    let s = Shaping {
+        dev: a.dev.clone(),
+        down_kbit: down,
+        up_kbit: up,
+        link: a.link,
+        ack_filter,
+    };
+    let needs_rates = !matches!(
+        a.kind,
+        Kind::NftDscp
+            | Kind::SysctlWriteback
+            | Kind::WifiOpenwrt
+            | Kind::Openvpn
+            | Kind::OpenvpnUp
+            | Kind::WireguardMtu
+    );
     if needs_rates && down.is_none() && up.is_none() {
-        return usage("give --down and/or --up (e.g. --down 57Mbit --up 3610kbit), or --from RESULT...");
+        return usage(
+            "give --down and/or --up (e.g. --down 57Mbit --up 3610kbit), or --from RESULT...",
+        );
     }
     let text = match a.kind {
         Kind::TcCake => config::tc_cake(&s),
         Kind::TcHtbFqcodel => config::tc_htb(&s, Leaf::FqCodel),
         Kind::TcHtbFifo => config::tc_htb(&s, Leaf::Fifo),
-        Kind::TcHtbClasses => config::tc_htb_classes(&s, if a.leaf == "fifo" { Leaf::Fifo } else { Leaf::FqCodel }),
+        Kind::TcHtbClasses => config::tc_htb_classes(
+            &s,
+            if a.leaf == "fifo" {
+                Leaf::Fifo
+            } else {
+                Leaf::FqCodel
+            },
+        ),
         Kind::OpenwrtSqm => config::openwrt_sqm(&s, a.qdisc == "cake"),
         Kind::Fireqos => config::fireqos(&s),
         Kind::NftDscp => config::nft_dscp(&s),
         Kind::SysctlWriteback => match a.rate {
-            Some(r) => config::sysctl_writeback(r, a.background_delay.as_nanos() as u64, a.delay.as_nanos() as u64),
-            None => return usage("sysctl-writeback needs --rate (the link the writes go to: 1Gibit, 100Mbit, ...)"),
+            Some(r) => config::sysctl_writeback(
+                r,
+                a.background_delay.as_nanos() as u64,
+                a.delay.as_nanos() as u64,
+            ),
+            None => {
+                return usage(
+                    "sysctl-writeback needs --rate (the link the writes go to: \
+                1Gibit, 100Mbit, ...)",
+                )
+            }
         },
         Kind::WifiOpenwrt => config::wifi_openwrt(),
         Kind::Openvpn => config::openvpn(a.mtu, a.rate),
         Kind::OpenvpnUp => match a.rate {
             Some(r) => config::openvpn_up(r),
-            None => return usage("openvpn-up needs --rate, the tunnel's goodput (bloatlab compare RAW TUNNEL measures it)"),
+            None => {
+                return usage(
+                    "openvpn-up needs --rate, the tunnel's goodput (bloatlab compare \
+                RAW TUNNEL measures it)",
+                )
+            }
         },
         Kind::WireguardMtu => match a.mtu {
             Some(m) if (576..=65_535).contains(&m) => config::wireguard_mtu(m),
-            _ => return usage("wireguard-mtu needs --mtu, the path MTU (576..65535; bloatlab test mtu HOST measures it)"),
+            _ => {
+                return usage(
+                    "wireguard-mtu needs --mtu, the path MTU (576..65535; bloatlab test \
+                mtu HOST measures it)",
+                )
+            }
         },
     };
     print!("{text}");
@@ -334,18 +448,47 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
     let vm = std::path::Path::new(bloatlab_tune::sysctl::VM_DIR);
     let state = std::path::Path::new(bloatlab_tune::apply::STATE_DIR);
     match c {
-        TuneCommand::Apply { sysctl: true, config: file, from, rate, verify, size, out_dir, json, .. } => apply_sysctl(vm, state, file, &from, rate, verify, size, out_dir, json),
-        TuneCommand::Rollback { sysctl: true, .. } => said(bloatlab_tune::sysctl::rollback(vm, state)),
-        TuneCommand::Status { sysctl: true, .. } => match bloatlab_tune::sysctl::status(vm, state) {
-            Ok(s) => {
-                println!("{s}");
-                ExitCode::SUCCESS
+        TuneCommand::Apply {
+            sysctl: true,
+            config: file,
+            from,
+            rate,
+            verify,
+            size,
+            out_dir,
+            json,
+            ..
+        } => apply_sysctl(vm, state, file, &from, rate, verify, size, out_dir, json),
+        TuneCommand::Rollback { sysctl: true, .. } => {
+            said(bloatlab_tune::sysctl::rollback(vm, state))
+        }
+        TuneCommand::Status { sysctl: true, .. } => {
+            match bloatlab_tune::sysctl::status(vm, state) {
+                Ok(s) => {
+                    println!("{s}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
             }
-            Err(e) => fail(e),
-        },
-        TuneCommand::Apply { dev, netns, config: file, from, link, verify, verify_netns, length, out_dir, json, .. } => {
+        }
+        TuneCommand::Apply {
+            dev,
+            netns,
+            config: file,
+            from,
+            link,
+            verify,
+            verify_netns,
+            length,
+            out_dir,
+            json,
+            ..
+        } => {
             let dev = dev.unwrap_or_default();
-            let iface = bloatlab_tune::apply::Iface { dev: dev.clone(), netns };
+            let iface = bloatlab_tune::apply::Iface {
+                dev: dev.clone(),
+                netns,
+            };
             let script = match (file, from.is_empty()) {
                 (Some(f), _) => match std::fs::read_to_string(&f) {
                     Ok(s) => s,
@@ -356,9 +499,22 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
                         Ok(x) => x,
                         Err(e) => return fail(e),
                     };
-                    let adv = advise::advise(&runs, &Target { link, qdisc: Qdisc::Cake, queue_on_host: false });
+                    let adv = advise::advise(
+                        &runs,
+                        &Target {
+                            link,
+                            qdisc: Qdisc::Cake,
+                            queue_on_host: false,
+                        },
+                    );
                     let ack_filter = adv.upload_ack_filter();
-                    let s = Shaping { dev, down_kbit: adv.down.map(|d| d.rate_kbit), up_kbit: adv.up.map(|d| d.rate_kbit), link, ack_filter };
+                    let s = Shaping {
+                        dev,
+                        down_kbit: adv.down.map(|d| d.rate_kbit),
+                        up_kbit: adv.up.map(|d| d.rate_kbit),
+                        link,
+                        ack_filter,
+                    };
                     let (script, said) = config::for_kernel(&s, bloatlab_tune::apply::kernel_has);
                     if let Some(said) = said {
                         eprintln!("{said}");
@@ -372,15 +528,29 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
                     Ok(e) => e,
                     Err(e) => return fail(format!("cannot find the bloatlab binary: {e}")),
                 };
-                let v = bloatlab_experiment::verify::Verify { exe, host, netns: verify_netns, length, out_dir };
+                let v = bloatlab_experiment::verify::Verify {
+                    exe,
+                    host,
+                    netns: verify_netns,
+                    length,
+                    out_dir,
+                };
                 return match bloatlab_experiment::verify::apply_verified(&iface, &script, &v) {
                     Ok(r) => {
                         if json {
                             println!("{}", serde_json::to_string_pretty(&r).expect("serializes"));
                         } else {
                             let row = |n: &str, s: &bloatlab_result::Summary| {
-                                let m = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}"));
-                                println!("{n:<7} added latency {:>7} ms   down {:>6} Mbit/s   up {:>6} Mbit/s", m(s.added_latency_ms), m(s.throughput_mbps.down), m(s.throughput_mbps.up));
+                                let m =
+                                    |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}"));
+                                println!(
+                                    "{n:<7} added latency {:>7} ms   down {:>6} Mbit/s   up \
+                                    {:>6} \
+                                    Mbit/s",
+                                    m(s.added_latency_ms),
+                                    m(s.throughput_mbps.down),
+                                    m(s.throughput_mbps.up)
+                                );
                             };
                             row("before", &r.before);
                             row("after", &r.after);
@@ -401,14 +571,24 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
                 Err(e) => fail(e),
             }
         }
-        TuneCommand::Rollback { dev, netns, .. } => said(bloatlab_tune::apply::rollback(&bloatlab_tune::apply::Iface { dev: dev.unwrap_or_default(), netns })),
-        TuneCommand::Status { dev, netns, .. } => match bloatlab_tune::apply::status(&bloatlab_tune::apply::Iface { dev: dev.unwrap_or_default(), netns }) {
-            Ok(s) => {
-                println!("{s}");
-                ExitCode::SUCCESS
+        TuneCommand::Rollback { dev, netns, .. } => said(bloatlab_tune::apply::rollback(
+            &bloatlab_tune::apply::Iface {
+                dev: dev.unwrap_or_default(),
+                netns,
+            },
+        )),
+        TuneCommand::Status { dev, netns, .. } => {
+            match bloatlab_tune::apply::status(&bloatlab_tune::apply::Iface {
+                dev: dev.unwrap_or_default(),
+                netns,
+            }) {
+                Ok(s) => {
+                    println!("{s}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
             }
-            Err(e) => fail(e),
-        },
+        }
     }
 }
 
@@ -439,34 +619,61 @@ fn apply_sysctl(
     json: bool,
 ) -> ExitCode {
     let (bg, fg) = match (file, from.is_empty()) {
-        (Some(f), _) => match std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display())).and_then(|t| bloatlab_tune::sysctl::parse_config(&t)) {
+        (Some(f), _) => match std::fs::read_to_string(&f)
+            .map_err(|e| format!("{}: {e}", f.display()))
+            .and_then(|t| bloatlab_tune::sysctl::parse_config(&t))
+        {
             Ok(v) => v,
             Err(e) => return fail(e),
         },
         (None, false) => {
-            let results: Vec<(PathBuf, bloatlab_result::ResultFile)> = match from.iter().map(|f| bloatlab_result::read(f).map(|r| (f.clone(), r)).map_err(|e| e.to_string())).collect() {
+            let results: Vec<(PathBuf, bloatlab_result::ResultFile)> = match from
+                .iter()
+                .map(|f| {
+                    bloatlab_result::read(f)
+                        .map(|r| (f.clone(), r))
+                        .map_err(|e| e.to_string())
+                })
+                .collect()
+            {
                 Ok(r) => r,
                 Err(e) => return fail(e),
             };
-            let Some((_, wb)) = results.iter().find(|(_, r)| r.metadata.test == "writeback") else { return usage("--sysctl --from needs a writeback result (bloatlab test writeback DIR -o FILE)") };
+            let Some((_, wb)) = results.iter().find(|(_, r)| r.metadata.test == "writeback") else {
+                return usage(
+                    "--sysctl --from needs a writeback result (bloatlab test writeback \
+                    DIR -o FILE)",
+                );
+            };
             match bloatlab_tune::writeback::advise(wb, feed_from(rate, &results), 1 << 20, None) {
                 Ok(a) => (a.dirty_background_bytes, a.dirty_bytes),
                 Err(e) => return fail(e),
             }
         }
-        (None, true) => return usage("give --config FILE (bloatlab config sysctl-writeback) or --from WRITEBACK-RESULT..."),
+        (None, true) => return usage(
+            "give --config FILE (bloatlab config sysctl-writeback) or --from WRITEBACK-RESULT...",
+        ),
     };
     let Some(dir) = verify else {
-        return said(
-            bloatlab_tune::sysctl::apply(vm, state, bg, fg)
-                .map(|r| format!("applied vm.dirty_background_bytes = {bg}, vm.dirty_bytes = {fg} over {} (tune rollback --sysctl restores it)", r.before.describe())),
-        );
+        return said(bloatlab_tune::sysctl::apply(vm, state, bg, fg).map(|r| {
+            format!(
+                "applied vm.dirty_background_bytes = {bg}, vm.dirty_bytes = {fg} \
+                    over {} (tune rollback --sysctl restores it)",
+                r.before.describe()
+            )
+        }));
     };
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => return fail(format!("cannot find the bloatlab binary: {e}")),
     };
-    let v = bloatlab_experiment::writeback_verify::WritebackVerify { exe, dir: PathBuf::from(dir), size, rate_bps: rate, out_dir };
+    let v = bloatlab_experiment::writeback_verify::WritebackVerify {
+        exe,
+        dir: PathBuf::from(dir),
+        size,
+        rate_bps: rate,
+        out_dir,
+    };
     match bloatlab_experiment::writeback_verify::apply_verified(vm, state, bg, fg, &v) {
         Ok(r) if json => {
             println!("{}", serde_json::to_string_pretty(&r).expect("serializes"));
@@ -477,7 +684,8 @@ fn apply_sysctl(
                 let m = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}"));
                 let w = s.writeback.as_ref();
                 println!(
-                    "{n:<7} dirty peak {:>7} MB   to the disk {:>7} Mbit/s   closing fsync {:>7} ms   small sync p99 {:>7} ms",
+                    "{n:<7} dirty peak {:>7} MB   to the disk {:>7} Mbit/s   closing fsync {:>7} \
+                        ms   small sync p99 {:>7} ms",
                     m(w.map(|w| w.dirty_peak_mb)),
                     m(s.stable_mbps),
                     m(s.fsync_ms),

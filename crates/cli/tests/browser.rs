@@ -23,7 +23,14 @@ const SERVER: &str = "10.77.0.2";
 const IDLE_S: u32 = 3;
 
 fn chromium() -> Option<&'static str> {
-    ["chromium", "chromium-browser", "google-chrome"].into_iter().find(|b| Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success()))
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| {
+            Command::new(b)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
 }
 
 /// A headless browser on the page, killed with all its processes on drop, and its DevTools
@@ -58,12 +65,28 @@ impl Browser {
     fn open(lab: &LabUp, bin: &str, profile: &Path, url: &str) -> Browser {
         let prefix = lab.exec("c");
         let mut cmd = Command::new(&prefix[0]);
-        cmd.args(&prefix[1..]).args([bin, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions", "--remote-debugging-pipe"]);
-        cmd.arg(format!("--user-data-dir={}", profile.display())).arg(url);
+        cmd.args(&prefix[1..]).args([
+            bin,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-extensions",
+            "--remote-debugging-pipe",
+        ]);
+        cmd.arg(format!("--user-data-dir={}", profile.display()))
+            .arg(url);
         // Chromium's own temporary directories (org.chromium.Chromium.*) outlive a killed browser:
         // beside the profile they go with the test's directory.
-        cmd.env("TMPDIR", profile.parent().expect("the profile is in the test's directory"));
-        cmd.stdout(Stdio::null()).stderr(Stdio::null()).process_group(0);
+        cmd.env(
+            "TMPDIR",
+            profile
+                .parent()
+                .expect("the profile is in the test's directory"),
+        );
+        cmd.stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0);
         let (cmd_read, cmd_write) = high_pipe();
         let (ans_read, ans_write) = high_pipe();
         // SAFETY: dup2 is async-signal-safe; the copies on 3 and 4 are not close-on-exec, so
@@ -99,7 +122,13 @@ impl Browser {
                 message.clear();
             }
         });
-        Browser { child, commands, answers, next_id: 0, session: None }
+        Browser {
+            child,
+            commands,
+            answers,
+            next_id: 0,
+            session: None,
+        }
     }
 
     /// One DevTools command (in the page's session once attached), its answer's `result`.
@@ -112,11 +141,16 @@ impl Browser {
         }
         let mut bytes = serde_json::to_vec(&m).unwrap();
         bytes.push(0);
-        self.commands.write_all(&bytes).expect("send a DevTools command");
+        self.commands
+            .write_all(&bytes)
+            .expect("send a DevTools command");
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let answer = self.answers.recv_timeout(left).unwrap_or_else(|_| panic!("no answer to {method} within 10 s"));
+            let answer = self
+                .answers
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no answer to {method} within 10 s"));
             if answer["id"] == id {
                 assert!(answer.get("error").is_none(), "{method}: {answer}");
                 return answer["result"].clone();
@@ -128,11 +162,28 @@ impl Browser {
     fn eval(&mut self, expression: &str) -> serde_json::Value {
         if self.session.is_none() {
             let targets = self.call("Target.getTargets", serde_json::json!({}));
-            let page = targets["targetInfos"].as_array().into_iter().flatten().find(|t| t["type"] == "page").expect("the browser has a page");
-            let attached = self.call("Target.attachToTarget", serde_json::json!({ "targetId": page["targetId"], "flatten": true }));
-            self.session = Some(attached["sessionId"].as_str().expect("a session").to_string());
+            let page = targets["targetInfos"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|t| t["type"] == "page")
+                .expect("the browser has a page");
+            let attached = self.call(
+                "Target.attachToTarget",
+                serde_json::json!({ "targetId": page["targetId"], "flatten": true }),
+            );
+            self.session = Some(
+                attached["sessionId"]
+                    .as_str()
+                    .expect("a session")
+                    .to_string(),
+            );
         }
-        self.call("Runtime.evaluate", serde_json::json!({ "expression": expression, "returnByValue": true }))["result"]["value"].clone()
+        self.call(
+            "Runtime.evaluate",
+            serde_json::json!({ "expression": expression, "returnByValue": true }),
+        )["result"]["value"]
+            .clone()
     }
 }
 
@@ -148,8 +199,15 @@ impl Drop for Browser {
 fn wait_result(dir: &Path, limit: Duration) -> Option<PathBuf> {
     let start = Instant::now();
     while start.elapsed() < limit {
-        let files = std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path());
-        if let Some(p) = files.into_iter().find(|p| p.to_string_lossy().ends_with(".json.gz")) {
+        let files = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path());
+        if let Some(p) = files
+            .into_iter()
+            .find(|p| p.to_string_lossy().ends_with(".json.gz"))
+        {
             return Some(p);
         }
         wait_ms(250);
@@ -159,7 +217,14 @@ fn wait_result(dir: &Path, limit: Duration) -> Option<PathBuf> {
 
 /// The page's result through FIFOs of `limit` packets at `down` Mbit/s / `up_kbit` kbit/s,
 /// with load phases of `load_s`.
-fn run_page(lab: &LabUp, limit: u32, down: u32, up_kbit: u32, load_s: u32, bin: &str) -> serde_json::Value {
+fn run_page(
+    lab: &LabUp,
+    limit: u32,
+    down: u32,
+    up_kbit: u32,
+    load_s: u32,
+    bin: &str,
+) -> serde_json::Value {
     lab.set("l", &[&format!("limit={limit}")]);
     lab.set("l", &[&format!("rate={down}mbit"), "--dir", "down"]);
     lab.set("l", &[&format!("rate={up_kbit}kbit"), "--dir", "up"]);
@@ -167,18 +232,36 @@ fn run_page(lab: &LabUp, limit: u32, down: u32, up_kbit: u32, load_s: u32, bin: 
     let kept = dir.0.join("results");
     let kept_s = kept.to_str().unwrap().to_string();
     let p = lab.exec("s");
-    let _srv = ServerProc::start(&p.iter().map(String::as_str).collect::<Vec<_>>(), "[::]:9461", &["-q", "--http", "8080", "--ws", "8081", "--keep-web-results", &kept_s]);
+    let _srv = ServerProc::start(
+        &p.iter().map(String::as_str).collect::<Vec<_>>(),
+        "[::]:9461",
+        &[
+            "-q",
+            "--http",
+            "8080",
+            "--ws",
+            "8081",
+            "--keep-web-results",
+            &kept_s,
+        ],
+    );
     let url = format!("http://{SERVER}:8080/?autostart=1&idle={IDLE_S}&length={load_s}");
     let mut browser = Browser::open(lab, bin, &dir.0.join("profile"), &url);
-    let file = wait_result(&kept, Duration::from_secs((IDLE_S + 3 * load_s + 60) as u64));
-    let file = file.unwrap_or_else(|| panic!("the page stored no result through a {limit}-packet FIFO within its time"));
+    let file = wait_result(
+        &kept,
+        Duration::from_secs((IDLE_S + 3 * load_s + 60) as u64),
+    );
+    let file = file.unwrap_or_else(|| {
+        panic!("the page stored no result through a {limit}-packet FIFO within its time")
+    });
     let r = bloatlab_result::read(&file).unwrap();
     assert_eq!(r.metadata.test, "web");
     shows_the_result(&mut browser, &r);
     drop(browser);
     let page = serde_json::to_value(r.summary.unwrap()).unwrap();
     eprintln!(
-        "{limit}-packet FIFO: page grades down {} up {} overall {}, added download {} upload {} both {} ms, goodput {} / {} Mbit/s, saturated {}",
+        "{limit}-packet FIFO: page grades down {} up {} overall {}, added download {} upload {} \
+            both {} ms, goodput {} / {} Mbit/s, saturated {}",
         page["grade_by_direction"]["down"],
         page["grade_by_direction"]["up"],
         page["grade"],
@@ -197,7 +280,10 @@ fn run_page(lab: &LabUp, limit: u32, down: u32, up_kbit: u32, load_s: u32, bin: 
 fn cli_added(lab: &LabUp, test: &str, load_s: u32) -> f64 {
     let (len, idle) = (load_s.to_string(), IDLE_S.to_string());
     let _srv = lab.server("s");
-    let added = f(&lab.test("c", &[test, SERVER, "-l", &len, "--idle", &idle]), "added_latency_ms");
+    let added = f(
+        &lab.test("c", &[test, SERVER, "-l", &len, "--idle", &idle]),
+        "added_latency_ms",
+    );
     eprintln!("CLI {test}: {added:.1} ms");
     added
 }
@@ -208,27 +294,68 @@ fn cli_added(lab: &LabUp, test: &str, load_s: u32) -> f64 {
 fn shows_the_result(browser: &mut Browser, r: &bloatlab_result::ResultFile) {
     let start = Instant::now();
     while browser.eval("window.bloatlab.status") != "done" {
-        assert!(start.elapsed() < Duration::from_secs(10), "the page is not done: {}", browser.eval("JSON.stringify({ status: window.bloatlab.status, error: window.bloatlab.error })"));
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the page is not done: {}",
+            browser.eval(
+                "JSON.stringify({ status: window.bloatlab.status, error: window.bloatlab.error })"
+            )
+        );
         wait_ms(250);
     }
-    let words = browser.eval("document.getElementById('words').innerText").as_str().unwrap_or_default().to_string();
-    let table = browser.eval("document.getElementById('phases').innerText").as_str().unwrap_or_default().to_string();
+    let words = browser
+        .eval("document.getElementById('words').innerText")
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let table = browser
+        .eval("document.getElementById('phases').innerText")
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     eprintln!("the page says: {}", words.replace("\n\n", " / "));
     let summary = r.summary.as_ref().unwrap();
-    for (word, grade) in [("downloading", &summary.grade_by_direction.down), ("uploading", &summary.grade_by_direction.up)] {
-        let line = words.lines().find(|l| l.starts_with(&format!("While {word}"))).unwrap_or_else(|| panic!("no line on {word}: {words}"));
-        assert!(line.contains(&format!("(grade {})", grade.as_deref().unwrap())), "{line}");
+    for (word, grade) in [
+        ("downloading", &summary.grade_by_direction.down),
+        ("uploading", &summary.grade_by_direction.up),
+    ] {
+        let line = words
+            .lines()
+            .find(|l| l.starts_with(&format!("While {word}")))
+            .unwrap_or_else(|| panic!("no line on {word}: {words}"));
+        assert!(
+            line.contains(&format!("(grade {})", grade.as_deref().unwrap())),
+            "{line}"
+        );
     }
-    let rows: Vec<&str> = table.lines().map(|l| l.split('\t').next().unwrap()).collect();
+    let rows: Vec<&str> = table
+        .lines()
+        .map(|l| l.split('\t').next().unwrap())
+        .collect();
     assert_eq!(rows, ["idle", "download", "upload", "both"], "{table}");
     let under_load = |name: &str| {
         let series = r.series.iter().find(|s| s.name == name).unwrap();
         let loaded = r.metadata.phases.iter().filter(|p| p.name != "idle");
-        loaded.map(|p| series.samples.iter().filter(|s| s.0 >= p.start + (0.2 * (p.end - p.start)).min(2.0) && s.0 <= p.end).count()).sum::<usize>()
+        loaded
+            .map(|p| {
+                series
+                    .samples
+                    .iter()
+                    .filter(|s| s.0 >= p.start + (0.2 * (p.end - p.start)).min(2.0) && s.0 <= p.end)
+                    .count()
+            })
+            .sum::<usize>()
     };
     let recovered = under_load("recovered ws");
-    let said = format!("{recovered} of {} probes under load", recovered + under_load("rtt ws"));
-    assert_eq!(words.contains(&said), recovered > 0, "wanted {said:?} (or nothing for none): {words}");
+    let said = format!(
+        "{recovered} of {} probes under load",
+        recovered + under_load("rtt ws")
+    );
+    assert_eq!(
+        words.contains(&said),
+        recovered > 0,
+        "wanted {said:?} (or nothing for none): {words}"
+    );
 }
 
 /// Within `rel` of the CLI's figure, or `abs` ms (small figures are mostly noise).
@@ -244,31 +371,73 @@ fn fifo_ms(packets: u32, mbps: f64) -> f64 {
 #[test]
 fn a_browser_grades_a_deep_fifo_down_and_a_short_one_up_as_the_cli_does() {
     let _g = serial();
-    let Some(bin) = chromium() else { return missing("the browser test runs in Chromium (apt install chromium)") };
-    let Some(lab) = LabUp::up("web", LINE) else { return };
+    let Some(bin) = chromium() else {
+        return missing("the browser test runs in Chromium (apt install chromium)");
+    };
+    let Some(lab) = LabUp::up("web", LINE) else {
+        return;
+    };
     // Deep: 100 packets at 5 / 2.5 Mbit/s hold 240 / 480 ms, few enough packets for cubic's
     // windows to fill much of them within 10 s phases (deeper ones in packets, e.g. 500 at
-    // 20 Mbit/s, stay far from full that long, for the CLI as for the page). Short: 20 packets at 20 / 10 Mbit/s hold
+    // 20 Mbit/s, stay far from full that long, for the CLI as for the page). Short: 20 packets at
+    // 20 / 10 Mbit/s hold
     // 12 / 24 ms, and enough packets that a WebSocket probe is rarely the one dropped.
     let deep = run_page(&lab, 100, 5, 2500, 10, bin);
     let short = run_page(&lab, 20, 20, 10_000, 8, bin);
     let (short_down, short_up) = (cli_added(&lab, "tcp-down", 8), cli_added(&lab, "tcp-up", 8));
     let grade = |s: &serde_json::Value| s["grade"].as_str().unwrap_or("-").to_string();
-    assert!(["D", "F"].contains(&grade(&deep).as_str()), "a 100-packet FIFO at 5/2.5 Mbit/s graded {}", grade(&deep));
-    assert!(["A+", "A"].contains(&grade(&short).as_str()), "a 20-packet FIFO at 20/10 Mbit/s graded {}", grade(&short));
+    assert!(
+        ["D", "F"].contains(&grade(&deep).as_str()),
+        "a 100-packet FIFO at 5/2.5 Mbit/s graded {}",
+        grade(&deep)
+    );
+    assert!(
+        ["A+", "A"].contains(&grade(&short).as_str()),
+        "a 20-packet FIFO at 20/10 Mbit/s graded {}",
+        grade(&short)
+    );
     // The page's load reaches the bottleneck: it fills the line as TCP can.
-    assert!(f(&short, "throughput_mbps.down") > 17.0 && f(&short, "throughput_mbps.up") > 8.5, "{}", short["throughput_mbps"]);
+    assert!(
+        f(&short, "throughput_mbps.down") > 17.0 && f(&short, "throughput_mbps.up") > 8.5,
+        "{}",
+        short["throughput_mbps"]
+    );
     // No more delay than the FIFOs hold (p50s: a TCP probe's retransmissions are in the tail).
     for (s, limit, down, up) in [(&deep, 100, 5.0, 2.5), (&short, 20, 20.0, 10.0)] {
-        let (d, u) = (f(s, "phase_added_latency_ms.download"), f(s, "phase_added_latency_ms.upload"));
-        assert!(d > 0.4 * fifo_ms(limit, down) && d <= 1.1 * fifo_ms(limit, down) + 5.0, "download phase {d:.1} ms, FIFO {} ms", fifo_ms(limit, down));
-        assert!(u > 0.3 * fifo_ms(limit, up) && u <= 1.1 * fifo_ms(limit, up) + 5.0, "upload phase {u:.1} ms, FIFO {} ms", fifo_ms(limit, up));
+        let (d, u) = (
+            f(s, "phase_added_latency_ms.download"),
+            f(s, "phase_added_latency_ms.upload"),
+        );
+        assert!(
+            d > 0.4 * fifo_ms(limit, down) && d <= 1.1 * fifo_ms(limit, down) + 5.0,
+            "download phase {d:.1} ms, FIFO {} ms",
+            fifo_ms(limit, down)
+        );
+        assert!(
+            u > 0.3 * fifo_ms(limit, up) && u <= 1.1 * fifo_ms(limit, up) + 5.0,
+            "upload phase {u:.1} ms, FIFO {} ms",
+            fifo_ms(limit, up)
+        );
     }
     // Where the queue is full (the short FIFOs), the page and the CLI measure the same queue:
     // within 15%, or 5 ms. Through the deep FIFOs neither fills them in 10 s and how far each
     // gets is the senders' (the browser's uploads: 380-404 ms against the CLI's 166; downloads
     // 135-167 against 125-131, BENCHMARKS.md): there the test asks only the grade and physics.
-    for (what, page, cli) in [("download", f(&short, "phase_added_latency_ms.download"), short_down), ("upload", f(&short, "phase_added_latency_ms.upload"), short_up)] {
-        assert!(agrees(page, cli, 0.15, 5.0), "{what}: page {page:.1} ms, CLI {cli:.1} ms");
+    for (what, page, cli) in [
+        (
+            "download",
+            f(&short, "phase_added_latency_ms.download"),
+            short_down,
+        ),
+        (
+            "upload",
+            f(&short, "phase_added_latency_ms.upload"),
+            short_up,
+        ),
+    ] {
+        assert!(
+            agrees(page, cli, 0.15, 5.0),
+            "{what}: page {page:.1} ms, CLI {cli:.1} ms"
+        );
     }
 }

@@ -10,12 +10,35 @@ use std::process::Command;
 /// pass through this namespace on their way into one (a lab's TUNs, `blt...`; a kernel-ref
 /// guest's taps, `kr...`).
 fn netns_and_links(lab: &str) -> (String, String) {
-    let all = String::from_utf8(Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).unwrap();
+    let all = String::from_utf8(
+        Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
     let prefix = format!("{}{lab}-", bloatlab_lab::NS_PREFIX);
-    let ns: String = all.lines().filter(|l| l.starts_with(&prefix)).map(|l| format!("{l}\n")).collect();
-    let links = String::from_utf8(Command::new("ip").args(["-o", "link", "show"]).output().unwrap().stdout).unwrap();
+    let ns: String = all
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let links = String::from_utf8(
+        Command::new("ip")
+            .args(["-o", "link", "show"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
     // Link lines carry counters-free state only; drop the per-line flags that can change.
-    let names: Vec<&str> = links.lines().filter_map(|l| l.split(':').nth(1)).map(str::trim).filter(|n| !n.starts_with("blt") && !n.starts_with("kr")).collect();
+    let names: Vec<&str> = links
+        .lines()
+        .filter_map(|l| l.split(':').nth(1))
+        .map(str::trim)
+        .filter(|n| !n.starts_with("blt") && !n.starts_with("kr"))
+        .collect();
     (ns, names.join(" "))
 }
 
@@ -30,7 +53,12 @@ both = { rate = "10mbit", limit = 1000 }
 
 /// The congestion control each bulk flow's sending socket had.
 fn flows_cc(result: &serde_json::Value) -> Vec<&str> {
-    result["metadata"]["flows"].as_array().unwrap().iter().map(|f| f["cc"].as_str().unwrap_or("?")).collect()
+    result["metadata"]["flows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["cc"].as_str().unwrap_or("?"))
+        .collect()
 }
 
 #[test]
@@ -38,32 +66,74 @@ fn goodput_follows_the_set_rate_and_lab_set_changes_it_live() {
     let _g = serial();
     let before = netns_and_links("rate");
     {
-        let Some(lab) = LabUp::up("rate", ONE_LINK) else { return };
+        let Some(lab) = LabUp::up("rate", ONE_LINK) else {
+            return;
+        };
         let _srv = lab.server("s");
         for mbps in [10.0, 50.0, 200.0] {
             lab.set("l", &[&format!("rate={mbps}mbit"), "--dir", "down"]);
-            let (s, result) = lab.test_and_result("c", &["tcp-down", "10.77.0.2", "--flows", "4", "-l", "6", "--idle", "0.5"]);
+            let (s, result) = lab.test_and_result(
+                "c",
+                &[
+                    "tcp-down",
+                    "10.77.0.2",
+                    "--flows",
+                    "4",
+                    "-l",
+                    "6",
+                    "--idle",
+                    "0.5",
+                ],
+            );
             let got = f(&s, "throughput_mbps.down");
             // cubic unless a host's settings say otherwise, whatever this machine's default.
             assert_eq!(flows_cc(&result), ["cubic"; 4]);
             // The rate is of IP packets; TCP carries 1448 payload bytes in each 1500.
             let want = mbps * 1448.0 / 1500.0;
-            assert!((got - want).abs() <= 0.02 * want, "at {mbps} Mbit/s: goodput {got}, want {want} +/- 2%");
+            assert!(
+                (got - want).abs() <= 0.02 * want,
+                "at {mbps} Mbit/s: goodput {got}, want {want} +/- 2%"
+            );
         }
         let st = lab.stats();
         assert!(st["links"]["l"]["down"]["tx_packets"].as_u64().unwrap() > 10_000);
-        assert_eq!(st["links"]["l"]["down"]["tun"]["dropped"], 0, "the TUN queue must not drop: {}", st["links"]["l"]["down"]);
+        assert_eq!(
+            st["links"]["l"]["down"]["tun"]["dropped"], 0,
+            "the TUN queue must not drop: {}",
+            st["links"]["l"]["down"]
+        );
     }
-    assert_eq!(netns_and_links("rate"), before, "teardown must leave namespaces and links as they were");
+    assert_eq!(
+        netns_and_links("rate"),
+        before,
+        "teardown must leave namespaces and links as they were"
+    );
 }
 
 #[test]
 fn idle_rtt_adds_the_configured_delay() {
     let _g = serial();
-    let Some(lab) = LabUp::up("delay", "name='d'\n[[link]]\nname='l'\na='c'\nb='s'\nboth={delay='10ms'}\n[host.s]\ncc='reno'\n") else { return };
+    let Some(lab) = LabUp::up(
+        "delay",
+        "name='d'\n[[link]]\nname='l'\na='c'\nb='s'\nboth={delay='10ms'}\n[host.s]\ncc='reno'\n",
+    ) else {
+        return;
+    };
     let _srv = lab.server("s");
     // A host's congestion control is what its settings say (the server's, sending here).
-    let (_, result) = lab.test_and_result("c", &["tcp-down", "10.77.0.2", "--flows", "2", "-l", "1", "--idle", "0"]);
+    let (_, result) = lab.test_and_result(
+        "c",
+        &[
+            "tcp-down",
+            "10.77.0.2",
+            "--flows",
+            "2",
+            "-l",
+            "1",
+            "--idle",
+            "0",
+        ],
+    );
     assert_eq!(flows_cc(&result), ["reno", "reno"]);
     let s = lab.test("c", &["ping", "10.77.0.2", "-l", "3", "--idle", "0"]);
     // Never below the configured 2 x 10 ms; above it only by the emulator's own forwarding
@@ -71,11 +141,17 @@ fn idle_rtt_adds_the_configured_delay() {
     // with the code of before and after issue #15; 0.44-0.65 on a noisier day, with the code
     // before and after issue #9 alike).
     let p50 = f(&s, "latency_ms.idle.p50");
-    assert!((20.0..=21.0).contains(&p50), "RTT p50 {p50} ms for 2 x 10 ms");
+    assert!(
+        (20.0..=21.0).contains(&p50),
+        "RTT p50 {p50} ms for 2 x 10 ms"
+    );
     // IPv6 takes the same path.
     let s6 = lab.test("c", &["ping", "[fd77:0:0:0::2]", "-l", "2", "--idle", "0"]);
     let p50 = f(&s6, "latency_ms.idle.p50");
-    assert!((20.0..=21.0).contains(&p50), "IPv6 RTT p50 {p50} ms for 2 x 10 ms");
+    assert!(
+        (20.0..=21.0).contains(&p50),
+        "IPv6 RTT p50 {p50} ms for 2 x 10 ms"
+    );
 }
 
 #[test]
@@ -85,15 +161,39 @@ fn a_saturated_link_keeps_its_standing_queue_in_the_model_not_in_the_tun_device(
     // keeps nearly full. Every millisecond of it must be in the model's queue (where sojourn
     // statistics and AQMs see it), none in the TUN device's transmit queue before the model.
     let topo = "name='sat'\n[[link]]\nname='l'\na='c'\nb='s'\nboth={rate='20mbit', limit=200}\n";
-    let Some(lab) = LabUp::up("sat", topo) else { return };
+    let Some(lab) = LabUp::up("sat", topo) else {
+        return;
+    };
     let _srv = lab.server("s");
-    let s = lab.test("c", &["tcp-down", "10.77.0.2", "--flows", "4", "--cc", "cubic", "-l", "8", "--idle", "1"]);
+    let s = lab.test(
+        "c",
+        &[
+            "tcp-down",
+            "10.77.0.2",
+            "--flows",
+            "4",
+            "--cc",
+            "cubic",
+            "-l",
+            "8",
+            "--idle",
+            "1",
+        ],
+    );
     let added = f(&s, "latency_ms.loaded.p50") - f(&s, "latency_ms.idle.p50");
-    assert!(added > 60.0 && added <= 121.0, "a 120 ms FIFO under cubic added {added} ms");
+    assert!(
+        added > 60.0 && added <= 121.0,
+        "a 120 ms FIFO under cubic added {added} ms"
+    );
     let down = &lab.stats()["links"]["l"]["down"];
     // The model's sojourn p90 covers the probes' added delay (the ACK direction has no queue):
     // the queueing the probes saw is the model's.
-    let sojourn_us: Vec<(f64, f64)> = down["sojourn"]["us"].as_array().unwrap().iter().map(|b| (b[0].as_f64().unwrap(), b[1].as_f64().unwrap())).collect();
+    let sojourn_us: Vec<(f64, f64)> = down["sojourn"]["us"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b[0].as_f64().unwrap(), b[1].as_f64().unwrap()))
+        .collect();
     let total: f64 = sojourn_us.iter().map(|b| b.1).sum();
     let mut seen = 0.0;
     let p90_ms = sojourn_us
@@ -105,7 +205,10 @@ fn a_saturated_link_keeps_its_standing_queue_in_the_model_not_in_the_tun_device(
         .unwrap()
         .0
         / 1000.0;
-    assert!(p90_ms >= added - 2.0 && p90_ms <= 121.0, "model sojourn p90 {p90_ms} ms, probes added {added} ms");
+    assert!(
+        p90_ms >= added - 2.0 && p90_ms <= 121.0,
+        "model sojourn p90 {p90_ms} ms, probes added {added} ms"
+    );
     // What waited in the TUN device: the sender's bursts, read within tens of microseconds (a
     // packet takes 0.6 ms on this link), never a queue, and nothing dropped there. Measured p99
     // 38-80 us alone, 1.5 ms once after the demo test; the maximum (2.7-14.7 ms) is a stall of
@@ -128,19 +231,45 @@ fn a_saturated_link_keeps_its_standing_queue_in_the_model_not_in_the_tun_device(
 #[test]
 fn a_driver_ring_below_fq_codel_holds_its_drain_time_and_bql_or_a_short_ring_cures_it() {
     let _g = serial();
-    let Some(lab) = LabUp::preset("ring", "wifi-ring") else { return };
+    let Some(lab) = LabUp::preset("ring", "wifi-ring") else {
+        return;
+    };
     let _srv = lab.server("server");
     lab.set("wifi", &["--dir", "up", "qdisc=fq_codel"]);
     let flood = |setting: &str| {
         lab.set("wifi", &["--dir", "up", setting]);
-        let s = lab.test("client", &["udp", "10.77.1.2", "--rate", "8mbit", "--size", "1472", "--pacing", "timer", "-l", "6", "--idle", "2", "--step", "0.1"]);
+        let s = lab.test(
+            "client",
+            &[
+                "udp",
+                "10.77.1.2",
+                "--rate",
+                "8mbit",
+                "--size",
+                "1472",
+                "--pacing",
+                "timer",
+                "-l",
+                "6",
+                "--idle",
+                "2",
+                "--step",
+                "0.1",
+            ],
+        );
         let goodput = f(&s, "throughput_mbps.up");
-        assert!(goodput > 0.97 * 5.888 && goodput < 5.9, "{setting}: {goodput} Mbit/s");
+        assert!(
+            goodput > 0.97 * 5.888 && goodput < 5.9,
+            "{setting}: {goodput} Mbit/s"
+        );
         f(&s, "added_latency_ms")
     };
     let check = |setting: &str, added: f64, physics: f64, within: f64| {
         eprintln!("{setting}: +{added:.1} ms, physics {physics:.1} ms");
-        assert!((added / physics - 1.0).abs() <= within, "{setting}: +{added} ms, physics {physics} ms (within {within})");
+        assert!(
+            (added / physics - 1.0).abs() <= within,
+            "{setting}: +{added} ms, physics {physics} ms (within {within})"
+        );
     };
     let ring_ms = |n: f64| (n - 1.0) * 0.98 * 2.0 + 1.0;
     check("ring=256", flood("ring=256"), ring_ms(256.0), 0.05);
@@ -148,7 +277,9 @@ fn a_driver_ring_below_fq_codel_holds_its_drain_time_and_bql_or_a_short_ring_cur
     lab.set("wifi", &["--dir", "up", "ring=256"]);
     let added = flood("bql=on");
     // The limit the ring settled at under this load (two to three packets), read after the run.
-    let limit = lab.stats()["links"]["wifi"]["up"]["bql_limit_bytes"].as_f64().expect("BQL reports its limit");
+    let limit = lab.stats()["links"]["wifi"]["up"]["bql_limit_bytes"]
+        .as_f64()
+        .expect("BQL reports its limit");
     assert!((1500.0..=4500.0).contains(&limit), "BQL limit {limit} B");
     check("bql=on", added, limit * 8.0 / 6e6 * 1e3 + 1.0, 0.15);
 }
@@ -167,15 +298,37 @@ fn unpaced_bursts_overflow_a_shallow_switch_and_a_paced_sender_loses_nothing() {
     // The loss's lower bound is the host sending at line rate: beside the guest and a build,
     // with both cores busy, one CI run's sender was slow enough to lose only 47.6%.
     let _g = quiet();
-    let Some(lab) = LabUp::preset("switch", "switch") else { return };
+    let Some(lab) = LabUp::preset("switch", "switch") else {
+        return;
+    };
     let _srv = lab.server("server");
     let udp = |pacing: &str| {
-        let before = lab.stats()["links"]["uplink"]["up"]["drops"]["overflow"].as_u64().unwrap();
-        let s = lab.test("client", &["udp", "10.77.2.2", "--rate", "20mbit", "--pacing", pacing, "-l", "5", "--idle", "1"]);
+        let before = lab.stats()["links"]["uplink"]["up"]["drops"]["overflow"]
+            .as_u64()
+            .unwrap();
+        let s = lab.test(
+            "client",
+            &[
+                "udp",
+                "10.77.2.2",
+                "--rate",
+                "20mbit",
+                "--pacing",
+                pacing,
+                "-l",
+                "5",
+                "--idle",
+                "1",
+            ],
+        );
         let st = lab.stats();
-        let overflow = st["links"]["uplink"]["up"]["drops"]["overflow"].as_u64().unwrap() - before;
+        let overflow = st["links"]["uplink"]["up"]["drops"]["overflow"]
+            .as_u64()
+            .unwrap()
+            - before;
         eprintln!(
-            "{pacing}: loss {:.1}% of {}, goodput {:.2} Mbit/s, switch overflow {overflow}, burst send {} recv {}, lan TUN {}",
+            "{pacing}: loss {:.1}% of {}, goodput {:.2} Mbit/s, switch overflow {overflow}, burst \
+                send {} recv {}, lan TUN {}",
             f(&s, "loss.percent"),
             s["loss"]["sent"],
             f(&s, "throughput_mbps.up"),
@@ -183,20 +336,41 @@ fn unpaced_bursts_overflow_a_shallow_switch_and_a_paced_sender_loses_nothing() {
             s["burst"]["recv"],
             st["links"]["lan"]["up"]["tun"]
         );
-        assert_eq!(st["links"]["lan"]["up"]["tun"]["dropped"], 0, "the host's own TUN queue must not be where packets go");
+        assert_eq!(
+            st["links"]["lan"]["up"]["tun"]["dropped"], 0,
+            "the host's own TUN queue must not be where packets go"
+        );
         (s, overflow)
     };
     let (bursty, overflow) = udp("burst:100ms");
     let loss = f(&bursty, "loss.percent");
-    assert!((50.0..=66.0).contains(&loss), "bursts lost {loss}% at the switch (physics: 64.5% at line rate, less if the host is slower)");
+    assert!(
+        (50.0..=66.0).contains(&loss),
+        "bursts lost {loss}% at the switch (physics: 64.5% at \
+        line rate, less if the host is slower)"
+    );
     let lost = bursty["loss"]["lost"].as_u64().unwrap();
-    assert!(overflow as f64 >= 0.95 * lost as f64, "the switch dropped {overflow} of the {lost} lost packets");
-    assert!(f(&bursty, "burst.send.peak_over_mean") > 8.0, "{}", bursty["burst"]);
+    assert!(
+        overflow as f64 >= 0.95 * lost as f64,
+        "the switch dropped {overflow} of the {lost} lost packets"
+    );
+    assert!(
+        f(&bursty, "burst.send.peak_over_mean") > 8.0,
+        "{}",
+        bursty["burst"]
+    );
     let (paced, _) = udp("timer");
     assert!(f(&paced, "loss.percent") < 0.5, "{}", paced["loss"]);
     let goodput = f(&paced, "throughput_mbps.up");
-    assert!((goodput - 20.0).abs() < 0.03 * 20.0, "paced goodput {goodput} Mbit/s of 20");
-    assert!(f(&paced, "burst.send.p99_over_mean") < 3.0, "{}", paced["burst"]);
+    assert!(
+        (goodput - 20.0).abs() < 0.03 * 20.0,
+        "paced goodput {goodput} Mbit/s of 20"
+    );
+    assert!(
+        f(&paced, "burst.send.p99_over_mean") < 3.0,
+        "{}",
+        paced["burst"]
+    );
 }
 
 /// `test mtu` through a router whose next link has a 1400-byte MTU: the router's kernel answers
@@ -207,30 +381,62 @@ fn unpaced_bursts_overflow_a_shallow_switch_and_a_paced_sender_loses_nothing() {
 fn test_mtu_finds_the_narrow_link_and_a_silent_black_hole() {
     let _g = serial();
     let topo = "name='mtu'\n[[link]]\nname='lan'\na='client'\nb='router'\n[[link]]\nname='line'\na='router'\nb='server'\nboth={mtu=1400}\n[host.router]\nicmp_ratelimit = 0\n";
-    let Some(lab) = LabUp::up("mtu", topo) else { return };
+    let Some(lab) = LabUp::up("mtu", topo) else {
+        return;
+    };
     // Echo sockets without privilege: the lab's hosts admit every group (lab up sets it).
     let p = lab.exec("client");
     let s = lab.test("client", &["mtu", "10.77.1.2"]);
-    assert_eq!((s["path_mtu"].as_u64(), s["blackhole"].as_bool()), (Some(1400), Some(false)), "{s}");
+    assert_eq!(
+        (s["path_mtu"].as_u64(), s["blackhole"].as_bool()),
+        (Some(1400), Some(false)),
+        "{s}"
+    );
     assert_eq!(s["advice"]["openvpn_mssfix"], 1372);
     let s6 = lab.test("client", &["mtu", "fd77:0:0:1::2"]);
-    assert_eq!((s6["path_mtu"].as_u64(), s6["blackhole"].as_bool()), (Some(1400), Some(false)), "{s6}");
+    assert_eq!(
+        (s6["path_mtu"].as_u64(), s6["blackhole"].as_bool()),
+        (Some(1400), Some(false)),
+        "{s6}"
+    );
     lab.set("line", &["mtu=1300"]);
     for host in ["10.77.1.2", "fd77:0:0:1::2"] {
         let s = lab.test("client", &["mtu", host]);
-        assert_eq!((s["path_mtu"].as_u64(), s["blackhole"].as_bool()), (Some(1300), Some(true)), "{host}: {s}");
+        assert_eq!(
+            (s["path_mtu"].as_u64(), s["blackhole"].as_bool()),
+            (Some(1300), Some(true)),
+            "{host}: {s}"
+        );
     }
-    assert!(lab.stats()["links"]["line"]["up"]["drops"]["mtu"].as_u64().unwrap() > 0, "the model dropped the large probes");
+    assert!(
+        lab.stats()["links"]["line"]["up"]["drops"]["mtu"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "the model dropped the large probes"
+    );
     // A path that drops everything: no size to search from, one line and a failing exit.
     lab.set("line", &["loss=100%"]);
-    let out = run(&p.iter().map(String::as_str).collect::<Vec<_>>(), &["test", "mtu", "10.77.1.2", "-q"]);
+    let out = run(
+        &p.iter().map(String::as_str).collect::<Vec<_>>(),
+        &["test", "mtu", "10.77.1.2", "-q"],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.trim().lines().count() == 1 && err.contains("no echo reply"), "{:?}: {err}", out.status);
+    assert!(
+        !out.status.success() && err.trim().lines().count() == 1 && err.contains("no echo reply"),
+        "{:?}: {err}",
+        out.status
+    );
 }
 
 /// The value below which `q` of a histogram's samples lie, from `lab stats`' [[value, count]].
 fn quantile(pairs: &serde_json::Value, q: f64) -> f64 {
-    let pairs: Vec<(f64, f64)> = pairs.as_array().unwrap().iter().map(|p| (p[0].as_f64().unwrap(), p[1].as_f64().unwrap())).collect();
+    let pairs: Vec<(f64, f64)> = pairs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_f64().unwrap(), p[1].as_f64().unwrap()))
+        .collect();
     let total: f64 = pairs.iter().map(|p| p.1).sum();
     let mut seen = 0.0;
     pairs
@@ -252,36 +458,85 @@ fn quantile(pairs: &serde_json::Value, q: f64) -> f64 {
 fn super_packets_queue_and_drop_per_wire_segment() {
     let _g = serial();
     let run = |offload: bool| {
-        let topo = format!("name = \"gso\"\noffload = {offload}\n[[link]]\nname = \"line\"\na = \"c\"\nb = \"s\"\nboth = {{ rate = \"20mbit\", limit = 50 }}\n");
+        let topo = format!(
+            "name = \"gso\"\noffload = {offload}\n[[link]]\nname = \"line\"\na = \
+            \"c\"\nb = \"s\"\nboth = {{ rate = \"20mbit\", limit = 50 }}\n"
+        );
         let lab = LabUp::up(if offload { "gso-on" } else { "gso-off" }, &topo)?;
         let _srv = lab.server("s");
-        let s = lab.test("c", &["tcp-down", "10.77.0.2", "--flows", "2", "-l", "6", "--idle", "1"]);
+        let s = lab.test(
+            "c",
+            &[
+                "tcp-down",
+                "10.77.0.2",
+                "--flows",
+                "2",
+                "-l",
+                "6",
+                "--idle",
+                "1",
+            ],
+        );
         let down = lab.stats()["links"]["line"]["down"].clone();
-        let (mbps, sojourn_ms) = (f(&s, "throughput_mbps.down"), quantile(&down["sojourn"]["us"], 0.5) / 1000.0);
-        eprintln!("offload {offload}: {mbps:.2} Mbit/s, sojourn p50 {sojourn_ms:.1} ms, queue max {}, overflow {}, TUN {}", down["max_queue_packets"], down["drops"]["overflow"], down["tun"]);
+        let (mbps, sojourn_ms) = (
+            f(&s, "throughput_mbps.down"),
+            quantile(&down["sojourn"]["us"], 0.5) / 1000.0,
+        );
+        eprintln!(
+            "offload {offload}: {mbps:.2} Mbit/s, sojourn p50 {sojourn_ms:.1} ms, queue max \
+            {}, overflow {}, TUN \
+            {}",
+            down["max_queue_packets"], down["drops"]["overflow"], down["tun"]
+        );
         Some((mbps, sojourn_ms, down))
     };
-    let Some((on_mbps, on_ms, on)) = run(true) else { return };
-    let Some((off_mbps, off_ms, off)) = run(false) else { return };
+    let Some((on_mbps, on_ms, on)) = run(true) else {
+        return;
+    };
+    let Some((off_mbps, off_ms, off)) = run(false) else {
+        return;
+    };
     // The server's kernel handed over super-packets only with offload: fewer reads for the
     // same data. Cubic sizes them to about 1 ms of its rate, at least 2 segments (Linux's
     // tcp_tso_autosize): 6246 reads against 10 959 measured (BBR gave 4132 against 11 003).
     // They leave one segment per write all the same: at 20 Mbit/s segments are 0.6 ms apart,
     // more than the 100 us a delivery may wait.
     let reads = |d: &serde_json::Value| d["tun"]["reads"].as_u64().unwrap();
-    assert!(on["tun"]["super_packets_in"].as_u64().unwrap() > 100, "{}", on["tun"]);
-    assert!(reads(&on) * 4 < reads(&off) * 3, "{} reads with super-packets, {} without", reads(&on), reads(&off));
+    assert!(
+        on["tun"]["super_packets_in"].as_u64().unwrap() > 100,
+        "{}",
+        on["tun"]
+    );
+    assert!(
+        reads(&on) * 4 < reads(&off) * 3,
+        "{} reads with super-packets, {} without",
+        reads(&on),
+        reads(&off)
+    );
     assert_eq!(off["tun"]["super_packets_in"].as_u64(), Some(0));
     for (d, mbps, ms) in [(&on, on_mbps, on_ms), (&off, off_mbps, off_ms)] {
         // The FIFO's limit is in wire packets: never more than 50, and full enough to drop.
-        assert!(d["max_queue_packets"].as_u64().unwrap() <= 50, "{}", d["max_queue_packets"]);
+        assert!(
+            d["max_queue_packets"].as_u64().unwrap() <= 50,
+            "{}",
+            d["max_queue_packets"]
+        );
         assert!(d["drops"]["overflow"].as_u64().unwrap() > 0);
         // 1448 of every 1500 bytes are payload: 19.3 Mbit/s at most.
         assert!(mbps > 18.0 && mbps < 19.35, "{mbps} Mbit/s");
-        assert!(ms > 10.0 && ms <= 30.5, "sojourn p50 {ms} ms in a 30 ms FIFO");
+        assert!(
+            ms > 10.0 && ms <= 30.5,
+            "sojourn p50 {ms} ms in a 30 ms FIFO"
+        );
     }
-    assert!((on_mbps - off_mbps).abs() < 0.03 * off_mbps, "goodput {on_mbps} with super-packets, {off_mbps} without");
-    assert!((on_ms - off_ms).abs() < 0.2 * off_ms, "sojourn p50 {on_ms} ms with super-packets, {off_ms} without");
+    assert!(
+        (on_mbps - off_mbps).abs() < 0.03 * off_mbps,
+        "goodput {on_mbps} with super-packets, {off_mbps} without"
+    );
+    assert!(
+        (on_ms - off_ms).abs() < 0.2 * off_ms,
+        "sojourn p50 {on_ms} ms with super-packets, {off_ms} without"
+    );
 }
 
 #[test]
@@ -305,13 +560,30 @@ a = "isp"
 b = "server"
 both = { delay = "10ms" }
 "#;
-    let Some(lab) = LabUp::up("chain", topo) else { return };
+    let Some(lab) = LabUp::up("chain", topo) else {
+        return;
+    };
     let _srv = lab.server("server");
-    let s = lab.test("laptop", &["tcp-down", "10.77.2.2", "--flows", "2", "-l", "5", "--idle", "1"]);
+    let s = lab.test(
+        "laptop",
+        &[
+            "tcp-down",
+            "10.77.2.2",
+            "--flows",
+            "2",
+            "-l",
+            "5",
+            "--idle",
+            "1",
+        ],
+    );
     let idle = f(&s, "latency_ms.idle.p50");
     // Six TUN traversals each way add 1-1.5 ms here (33.1-33.5 measured with the code before
     // and after issue #9 alike); 35.2 once while CI had just run the emulated kernel.
-    assert!(idle > 32.0 && idle < 36.0, "2 x (1 + 5 + 10) ms plus serialisation: {idle}");
+    assert!(
+        idle > 32.0 && idle < 36.0,
+        "2 x (1 + 5 + 10) ms plus serialisation: {idle}"
+    );
     // The 20 Mbit/s hop is the bottleneck.
     let down = f(&s, "throughput_mbps.down");
     assert!(down > 17.5 && down < 20.0, "{down}");
@@ -321,16 +593,32 @@ both = { delay = "10ms" }
         assert!(n > 5000, "{link} forwarded {n} packets");
     }
     // The result file holds the emulator's counters (ground truth beside the measurement).
-    let files: Vec<_> = std::fs::read_dir(tmp_path("")).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("chain-tcp-down")).collect();
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(files[0].path()).unwrap()).unwrap();
+    let files: Vec<_> = std::fs::read_dir(tmp_path(""))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("chain-tcp-down")
+        })
+        .collect();
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(files[0].path()).unwrap()).unwrap();
     let lab = &r["metadata"]["lab"];
-    let sent = |at: &str| lab[at]["links"]["wan"]["down"]["tx_packets"].as_u64().unwrap();
+    let sent = |at: &str| {
+        lab[at]["links"]["wan"]["down"]["tx_packets"]
+            .as_u64()
+            .unwrap()
+    };
     assert!(sent("at_end") - sent("at_start") > 5000, "{lab}");
 }
 
 /// SIGKILLs a lab's background process, as a reboot or the OOM killer would.
 fn kill_lab_process(name: &str) {
-    let info: serde_json::Value = serde_json::from_slice(&std::fs::read(format!("/run/bloatlab/labs/{name}/info.json")).unwrap()).unwrap();
+    let info: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(format!("/run/bloatlab/labs/{name}/info.json")).unwrap(),
+    )
+    .unwrap();
     unsafe { libc::kill(info["pid"].as_i64().unwrap() as i32, libc::SIGKILL) };
     wait_ms(300);
 }
@@ -341,7 +629,9 @@ fn a_killed_lab_neither_blocks_its_name_nor_outlives_down_all() {
     // `lab down --all` below takes down other binaries' labs too: none may be up meanwhile.
     let _all = AllLabs::take();
     let before = netns_and_links("killed");
-    let Some(lab) = LabUp::up("killed", ONE_LINK) else { return };
+    let Some(lab) = LabUp::up("killed", ONE_LINK) else {
+        return;
+    };
     kill_lab_process("killed");
     std::mem::forget(lab);
     // `lab up` clears what the dead process left (its namespaces survive it) and comes up.
@@ -353,11 +643,24 @@ fn a_killed_lab_neither_blocks_its_name_nor_outlives_down_all() {
     // `--all` also takes down any lab that was up before this test (CI once ran beside a
     // benchmark's lab), so nothing may be left that was not there before, and nothing of ours.
     let (ns, links) = netns_and_links("killed");
-    assert!(ns.lines().all(|l| before.0.lines().any(|b| b == l)), "namespaces left: {ns}");
+    assert!(
+        ns.lines().all(|l| before.0.lines().any(|b| b == l)),
+        "namespaces left: {ns}"
+    );
     assert!(!ns.contains("bl-killed-"), "{ns}");
-    assert!(links.split(' ').all(|l| before.1.split(' ').any(|b| b == l)), "links left: {links}");
+    assert!(
+        links
+            .split(' ')
+            .all(|l| before.1.split(' ').any(|b| b == l)),
+        "links left: {links}"
+    );
     assert!(!std::path::Path::new("/run/bloatlab/labs/killed").exists());
-    assert!(!std::env::temp_dir().join("bloatlab-lab-killed.log").exists(), "the killed lab's log is removed with it");
+    assert!(
+        !std::env::temp_dir()
+            .join("bloatlab-lab-killed.log")
+            .exists(),
+        "the killed lab's log is removed with it"
+    );
 }
 
 /// The whole loop on the cable line: measure, locate, advise, apply (the emulator's CAKE on the
@@ -371,54 +674,132 @@ fn demo_measures_locates_advises_applies_and_verifies() {
     let before = netns_and_links("demo");
     let dir = tmp_path("demo");
     std::fs::create_dir_all(&dir).unwrap();
-    let out = run(&[], &["lab", "demo", "--json", "-q", "-l", "15", "--out-dir", dir.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(
+        &[],
+        &[
+            "lab",
+            "demo",
+            "--json",
+            "-q",
+            "-l",
+            "15",
+            "--out-dir",
+            dir.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v = json(&out);
     let fifo_added = f(&v, "before.added_latency_ms");
     let cake_added = f(&v, "after.added_latency_ms");
-    eprintln!("demo: +{fifo_added:.1} -> +{cake_added:.1} ms; before {} after {}; {}", v["before"]["throughput_mbps"], v["after"]["throughput_mbps"], v["reason"]);
+    eprintln!(
+        "demo: +{fifo_added:.1} -> +{cake_added:.1} ms; before {} after {}; {}",
+        v["before"]["throughput_mbps"], v["after"]["throughput_mbps"], v["reason"]
+    );
     // A 1000-packet FIFO at 4 Mbit/s holds 3 s; the upload alone keeps hundreds of ms in it.
     assert!(fifo_added > 100.0, "modem FIFO added only {fifo_added} ms");
     // The locate step names the modem: the link into hop 2 (the server), both ways, as cubic
     // (the lab hosts' congestion control) fills the downstream 0.2 s as well as the upstream 3 s.
     let verdict = &v["located"]["verdict"];
-    assert_eq!((verdict["hop"].as_u64(), verdict["direction"].as_str()), (Some(2), Some("both")), "{verdict}");
+    assert_eq!(
+        (verdict["hop"].as_u64(), verdict["direction"].as_str()),
+        (Some(2), Some("both")),
+        "{verdict}"
+    );
     // Advice: 95% of what the download and upload alone measured (57 and 3.7 Mbit/s through
     // the 60/4 Mbit/s line with its DOCSIS framing), not of rrul's starved download.
     let (down_kbit, up_kbit) = (f(&v, "advice.down.rate_kbit"), f(&v, "advice.up.rate_kbit"));
-    assert!((50_000.0..57_000.0).contains(&down_kbit) && (3_300.0..3_800.0).contains(&up_kbit), "{down_kbit} / {up_kbit}");
+    assert!(
+        (50_000.0..57_000.0).contains(&down_kbit) && (3_300.0..3_800.0).contains(&up_kbit),
+        "{down_kbit} / {up_kbit}"
+    );
     // The download's ACKs would take 37% of that upload: CAKE filters the redundant ones there.
-    assert_eq!(v["advice"]["up"]["ack_filter"], true, "{}", v["advice"]["up"]["reason"]);
-    assert!(v["applied"].as_str().unwrap().contains(&format!("cake bandwidth {up_kbit}kbit docsis ack-filter'")), "{}", v["applied"]);
+    assert_eq!(
+        v["advice"]["up"]["ack_filter"], true,
+        "{}",
+        v["advice"]["up"]["reason"]
+    );
+    assert!(
+        v["applied"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("cake bandwidth {up_kbit}kbit docsis ack-filter'")),
+        "{}",
+        v["applied"]
+    );
     // Shaped below the line, the standing queue is gone: measured +6.0 ms against +680 (113x).
-    assert!(cake_added * 10.0 < fifo_added, "CAKE at the advised rates added {cake_added} ms");
+    assert!(
+        cake_added * 10.0 < fifo_added,
+        "CAKE at the advised rates added {cake_added} ms"
+    );
     assert_eq!(v["kept"], true, "{}", v["reason"]);
     // The shaper's ceiling for payload is 1448/1518 of its rate (DOCSIS-framed full packets):
     // 51.8 Mbit/s at 54.3; measured 47.8, the rest going to CAKE's ingress-mode drops.
     let ceiling = down_kbit / 1000.0 * 1448.0 / 1518.0;
-    assert!(f(&v, "after.throughput_mbps.down") > 0.85 * ceiling, "{} of a {ceiling:.1} Mbit/s ceiling", v["after"]["throughput_mbps"]);
+    assert!(
+        f(&v, "after.throughput_mbps.down") > 0.85 * ceiling,
+        "{} of a {ceiling:.1} Mbit/s ceiling",
+        v["after"]["throughput_mbps"]
+    );
     // Upload goodput: below the 4 Mbit/s line, yet moving in both runs. Measured 3.5 through
     // the FIFO (whose seconds of upload starve the download's ACKs: 4.7 Mbit/s down).
     for run in ["before", "after"] {
         let up = f(&v, &format!("{run}.throughput_mbps.up"));
-        assert!(up > 1.0 && up < 4.0, "{run}: upload {up} Mbit/s on a 4 Mbit/s line");
+        assert!(
+            up > 1.0 && up < 4.0,
+            "{run}: upload {up} Mbit/s on a 4 Mbit/s line"
+        );
     }
     // Behind the shaper every download ACK the filter leaves costs 70 bytes of the upload's
-    // rate (DOCSIS: 52 + 18; `ack_share`). Unfiltered, at one ACK per two segments, the upload's payload
+    // rate (DOCSIS: 52 + 18; `ack_share`). Unfiltered, at one ACK per two segments, the upload's
+    // payload
     // could have at most what they leave; the filter lets it have more (measured 2.5 Mbit/s
     // where that ceiling was 2.2; without the filter 1.6-1.9).
-    let acks = bloatlab_tune::advise::ack_share((f(&v, "after.throughput_mbps.down") * 1000.0) as u64, up_kbit as u64, bloatlab_tune::link::LinkType::Docsis);
+    let acks = bloatlab_tune::advise::ack_share(
+        (f(&v, "after.throughput_mbps.down") * 1000.0) as u64,
+        up_kbit as u64,
+        bloatlab_tune::link::LinkType::Docsis,
+    );
     let unfiltered = up_kbit / 1000.0 * (1.0 - acks) * 1448.0 / 1518.0;
     let up_after = f(&v, "after.throughput_mbps.up");
-    assert!(up_after > unfiltered, "upload {up_after:.2} Mbit/s after: no more than unfiltered ACKs would leave it ({unfiltered:.2})");
-    let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
-    assert_eq!(names.iter().filter(|n| n.ends_with(".json.gz")).count(), 4, "before, after and locate's two phases: {names:?}");
-    assert_eq!(names.iter().filter(|n| n.starts_with("bloatlab-locate-") && n.ends_with(".json")).count(), 1, "{names:?}");
+    assert!(
+        up_after > unfiltered,
+        "upload {up_after:.2} Mbit/s after: no more than unfiltered \
+        ACKs would leave it ({unfiltered:.2})"
+    );
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(
+        names.iter().filter(|n| n.ends_with(".json.gz")).count(),
+        4,
+        "before, after and locate's two phases: {names:?}"
+    );
+    assert_eq!(
+        names
+            .iter()
+            .filter(|n| n.starts_with("bloatlab-locate-") && n.ends_with(".json"))
+            .count(),
+        1,
+        "{names:?}"
+    );
     let html: Vec<&String> = names.iter().filter(|n| n.ends_with(".html")).collect();
     assert_eq!(html.len(), 1, "the before/after report: {names:?}");
     let page = std::fs::read_to_string(dir.join(html[0])).unwrap();
-    for heading in ["Verdict: kept", "Where the queue is", "Advice (bloatlab advise)", "Applied on `router`"] {
-        assert!(page.contains(&format!("<h2>{heading}")), "report lacks {heading}");
+    for heading in [
+        "Verdict: kept",
+        "Where the queue is",
+        "Advice (bloatlab advise)",
+        "Applied on `router`",
+    ] {
+        assert!(
+            page.contains(&format!("<h2>{heading}")),
+            "report lacks {heading}"
+        );
     }
     assert_eq!(netns_and_links("demo"), before);
 }
@@ -436,27 +817,92 @@ fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting
     let before = netns_and_links("compare");
     let dir = tmp_path("compare");
     std::fs::create_dir_all(&dir).unwrap();
-    let out = run(&[], &["lab", "compare", "cable", "--fix", "fifo,htb-fq_codel,cake", "-l", "10", "--json", "-q", "--out-dir", dir.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(
+        &[],
+        &[
+            "lab",
+            "compare",
+            "cable",
+            "--fix",
+            "fifo,htb-fq_codel,cake",
+            "-l",
+            "10",
+            "--json",
+            "-q",
+            "--out-dir",
+            dir.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v = json(&out);
     let runs = v["runs"].as_array().unwrap();
     let names: Vec<&str> = runs.iter().map(|r| r["fix"].as_str().unwrap()).collect();
     assert_eq!(names, ["fifo", "htb-fq_codel", "cake"]);
-    let class = |i: usize, c: &str| f(&runs[i]["summary"], &format!("added_latency_ms_by_class.{c}"));
-    eprintln!("compare: {}", runs.iter().map(|r| format!("{} {}", r["fix"], r["summary"]["added_latency_ms_by_class"])).collect::<Vec<_>>().join("; "));
+    let class = |i: usize, c: &str| {
+        f(
+            &runs[i]["summary"],
+            &format!("added_latency_ms_by_class.{c}"),
+        )
+    };
+    eprintln!(
+        "compare: {}",
+        runs.iter()
+            .map(|r| format!("{} {}", r["fix"], r["summary"]["added_latency_ms_by_class"]))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
     // A 1000-packet FIFO at 4 Mbit/s holds 3 s; the upload keeps hundreds of ms in it.
-    assert!(class(0, "be") > 100.0, "the line as is added only {} ms", class(0, "be"));
+    assert!(
+        class(0, "be") > 100.0,
+        "the line as is added only {} ms",
+        class(0, "be")
+    );
     for i in [1, 2] {
         // Measured 9.8 (fq_codel) and 11.7 ms (CAKE) with 10 s loads.
-        assert!(class(i, "be") < 20.0, "{}: best effort +{} ms", names[i], class(i, "be"));
-        assert!(f(&runs[i]["summary"], "throughput_mbps.down") > 45.0, "{}: {}", names[i], runs[i]["summary"]["throughput_mbps"]);
+        assert!(
+            class(i, "be") < 20.0,
+            "{}: best effort +{} ms",
+            names[i],
+            class(i, "be")
+        );
+        assert!(
+            f(&runs[i]["summary"], "throughput_mbps.down") > 45.0,
+            "{}: {}",
+            names[i],
+            runs[i]["summary"]["throughput_mbps"]
+        );
     }
-    assert!((class(1, "bk") - class(1, "be")).abs() < 5.0, "fq_codel has no classes: {} vs {}", class(1, "bk"), class(1, "be"));
+    assert!(
+        (class(1, "bk") - class(1, "be")).abs() < 5.0,
+        "fq_codel has no classes: {} vs {}",
+        class(1, "bk"),
+        class(1, "be")
+    );
     // Measured +75 ms for CS1 against +11.7 for best effort.
-    assert!(class(2, "bk") > class(2, "be") + 20.0, "CAKE's bulk tin: {} vs {}", class(2, "bk"), class(2, "be"));
-    let files: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
-    assert_eq!(files.iter().filter(|n| n.ends_with(".json.gz")).count(), 3, "{files:?}");
-    assert_eq!(files.iter().filter(|n| n.ends_with(".html")).count(), 1, "{files:?}");
+    assert!(
+        class(2, "bk") > class(2, "be") + 20.0,
+        "CAKE's bulk tin: {} vs {}",
+        class(2, "bk"),
+        class(2, "be")
+    );
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(
+        files.iter().filter(|n| n.ends_with(".json.gz")).count(),
+        3,
+        "{files:?}"
+    );
+    assert_eq!(
+        files.iter().filter(|n| n.ends_with(".html")).count(),
+        1,
+        "{files:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(netns_and_links("compare"), before);
 }
@@ -470,12 +916,30 @@ fn lab_run_passes_the_exit_code_and_tears_down() {
     let before = netns_and_links("runlab");
     // Another lab up beside it (as CI's other test binaries have theirs): `lab exec` without
     // --lab must still take the lab it runs in, not say that several are up.
-    let Some(_other) = LabUp::up("runother", ONE_LINK) else { return };
+    let Some(_other) = LabUp::up("runother", ONE_LINK) else {
+        return;
+    };
     let file = tmp_path("run.toml");
     std::fs::write(&file, ONE_LINK.replace("\"one\"", "\"runlab\"")).unwrap();
     // The command finds the lab through BLOATLAB_LAB_SOCKET and runs inside one of its hosts.
     let script = format!("{BIN} lab exec c -- ip -o addr show dev l | grep -q 10.77.0.1 && exit 3");
-    let out = run(&[], &["lab", "run", file.to_str().unwrap(), "--", "sh", "-c", &script]);
-    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(
+        &[],
+        &[
+            "lab",
+            "run",
+            file.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(netns_and_links("runlab"), before);
 }

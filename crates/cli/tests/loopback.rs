@@ -11,10 +11,33 @@ fn ping_json_has_the_documented_fields_and_a_readable_result_file() {
     let _g = serial();
     let srv = ServerProc::start(&[], "127.0.0.1:0", &[]);
     let out_file = tmp_path("ping.json.gz");
-    let out = run(&[], &["test", "ping", &srv.addr, "-l", "2", "--json", "-q", "-o", out_file.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(
+        &[],
+        &[
+            "test",
+            "ping",
+            &srv.addr,
+            "-l",
+            "2",
+            "--json",
+            "-q",
+            "-o",
+            out_file.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let s = json(&out);
-    for k in ["throughput_mbps", "latency_ms", "added_latency_ms", "grade", "partial"] {
+    for k in [
+        "throughput_mbps",
+        "latency_ms",
+        "added_latency_ms",
+        "grade",
+        "partial",
+    ] {
         assert!(s.get(k).is_some(), "summary lacks {k}: {s}");
     }
     let p50 = f(&s, "latency_ms.idle.p50");
@@ -22,14 +45,33 @@ fn ping_json_has_the_documented_fields_and_a_readable_result_file() {
     assert!(f(&s, "latency_ms.idle.p99") >= p50);
     assert_eq!(s["partial"], false);
     // 2 s at 10 ms: about 200 probes, none lost on loopback.
-    assert!((150.0..=210.0).contains(&f(&s, "loss.sent")), "{}", s["loss"]);
+    assert!(
+        (150.0..=210.0).contains(&f(&s, "loss.sent")),
+        "{}",
+        s["loss"]
+    );
     assert_eq!(f(&s, "loss.lost"), 0.0);
     let r = bloatlab_result_read(&out_file);
     assert_eq!(r["format"], "bloatlab-result");
     assert_eq!(r["partial"], false);
-    assert!(r["metadata"]["clock_offset"]["uncertainty_ms"].as_f64().unwrap() < 1.0);
-    let names: Vec<&str> = r["series"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
-    assert!(names.contains(&"rtt udp-be") && names.contains(&"owd up udp-be") && names.contains(&"tcp-connect"), "{names:?}");
+    assert!(
+        r["metadata"]["clock_offset"]["uncertainty_ms"]
+            .as_f64()
+            .unwrap()
+            < 1.0
+    );
+    let names: Vec<&str> = r["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"rtt udp-be")
+            && names.contains(&"owd up udp-be")
+            && names.contains(&"tcp-connect"),
+        "{names:?}"
+    );
 }
 
 #[test]
@@ -37,9 +79,31 @@ fn rrul_records_each_dscp_mark_as_the_sockets_carry_it() {
     let _g = serial();
     let srv = ServerProc::start(&[], "127.0.0.1:0", &[]);
     let out_file = tmp_path("rrul-dscp.json.gz");
-    let out = run(&[], &["test", "rrul", &srv.addr, "-l", "2", "--idle", "0.5", "-q", "-o", out_file.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("DSCP"), "no mark refused on loopback: {}", String::from_utf8_lossy(&out.stderr));
+    let out = run(
+        &[],
+        &[
+            "test",
+            "rrul",
+            &srv.addr,
+            "-l",
+            "2",
+            "--idle",
+            "0.5",
+            "-q",
+            "-o",
+            out_file.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("DSCP"),
+        "no mark refused on loopback: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r = bloatlab_result_read(&out_file);
     // Read back from each sending socket: the client's for uploads, the server's for downloads
     // and replies. Linux lets any process set any DSCP, so each holds as requested.
@@ -74,7 +138,12 @@ fn bloatlab_result_read(path: &std::path::Path) -> serde_json::Value {
 
 fn flate2_read(gz: &[u8], out: &mut Vec<u8>) {
     // gzip -dc keeps this test free of a compression dependency.
-    let mut child = std::process::Command::new("gzip").arg("-dc").stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut child = std::process::Command::new("gzip")
+        .arg("-dc")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     use std::io::Write;
     child.stdin.take().unwrap().write_all(gz).unwrap();
     *out = child.wait_with_output().unwrap().stdout;
@@ -87,8 +156,25 @@ fn ipv6_bracket_form_works() {
         return missing("no IPv6 loopback on this machine");
     }
     let srv = ServerProc::start(&[], "[::1]:0", &["-q"]);
-    let out = run(&[], &["test", "ping", &srv.addr, "-l", "1", "--json", "-q", "-o", tmp_path("v6.json").to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(
+        &[],
+        &[
+            "test",
+            "ping",
+            &srv.addr,
+            "-l",
+            "1",
+            "--json",
+            "-q",
+            "-o",
+            tmp_path("v6.json").to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(f(&json(&out), "latency_ms.idle.p50") > 0.0);
 }
 
@@ -98,7 +184,10 @@ fn unreachable_server_is_one_clear_line_and_exit_1() {
     let out = run(&[], &["test", "ping", "127.0.0.1:9", "-l", "1", "-q"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cannot reach 127.0.0.1:9") && err.contains("bloatlab server"), "{err}");
+    assert!(
+        err.contains("cannot reach 127.0.0.1:9") && err.contains("bloatlab server"),
+        "{err}"
+    );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
 
@@ -113,13 +202,35 @@ fn usage_errors_exit_2() {
 #[test]
 fn busy_and_over_long_tests_are_refused_on_the_control_channel() {
     let _g = serial();
-    let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q", "--max-tests", "1", "--max-duration", "20"]);
+    let srv = ServerProc::start(
+        &[],
+        "127.0.0.1:0",
+        &["-q", "--max-tests", "1", "--max-duration", "20"],
+    );
     let out = run(&[], &["test", "ping", &srv.addr, "-l", "60", "-q"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("refused") && err.contains("limit of 20 s"), "{err}");
+    assert!(
+        err.contains("refused") && err.contains("limit of 20 s"),
+        "{err}"
+    );
 
-    let mut first = command(&[], &["test", "ping", &srv.addr, "-l", "4", "-q", "-o", tmp_path("busy1.json").to_str().unwrap()]).stdout(std::process::Stdio::null()).spawn().unwrap();
+    let mut first = command(
+        &[],
+        &[
+            "test",
+            "ping",
+            &srv.addr,
+            "-l",
+            "4",
+            "-q",
+            "-o",
+            tmp_path("busy1.json").to_str().unwrap(),
+        ],
+    )
+    .stdout(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
     wait_ms(700);
     let out = run(&[], &["test", "ping", &srv.addr, "-l", "1", "-q"]);
     let _ = first.wait();
@@ -144,7 +255,10 @@ fn wrong_protocol_is_named() {
     let out = run(&[], &["test", "ping", &addr, "-l", "1", "-q"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("does not speak this bloatlab protocol"), "{err}");
+    assert!(
+        err.contains("does not speak this bloatlab protocol"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -152,23 +266,51 @@ fn ctrl_c_keeps_a_partial_result_and_prints_the_summary() {
     let _g = serial();
     let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q"]);
     let out_file = tmp_path("interrupted.json");
-    let child = command(&[], &["test", "tcp-down", &srv.addr, "--flows", "1", "-l", "20", "--idle", "1", "--json", "-q", "-o", out_file.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = command(
+        &[],
+        &[
+            "test",
+            "tcp-down",
+            &srv.addr,
+            "--flows",
+            "1",
+            "-l",
+            "20",
+            "--idle",
+            "1",
+            "--json",
+            "-q",
+            "-o",
+            out_file.to_str().unwrap(),
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
     wait_ms(3000);
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let s = json(&out);
     assert_eq!(s["partial"], true);
-    assert!(f(&s, "throughput_mbps.down") > 100.0, "loopback download {s}");
+    assert!(
+        f(&s, "throughput_mbps.down") > 100.0,
+        "loopback download {s}"
+    );
     let r = bloatlab_result_read(&out_file);
     assert_eq!(r["partial"], true);
     let end = r["metadata"]["phases"][1]["end"].as_f64().unwrap();
-    assert!(end > 1.5 && end < 5.0, "load phase cut at the interrupt, not at 21 s: {end}");
+    assert!(
+        end > 1.5 && end < 5.0,
+        "load phase cut at the interrupt, not at 21 s: {end}"
+    );
 }
 
 #[test]
@@ -176,17 +318,37 @@ fn server_killed_mid_test_is_reported_and_partial_results_kept() {
     let _g = serial();
     let mut srv = ServerProc::start(&[], "127.0.0.1:0", &["-q"]);
     let out_file = tmp_path("lost.json");
-    let child = command(&[], &["test", "tcp-up", &srv.addr, "--flows", "1", "-l", "20", "--idle", "1", "--json", "-q", "-o", out_file.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = command(
+        &[],
+        &[
+            "test",
+            "tcp-up",
+            &srv.addr,
+            "--flows",
+            "1",
+            "-l",
+            "20",
+            "--idle",
+            "1",
+            "--json",
+            "-q",
+            "-o",
+            out_file.to_str().unwrap(),
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
     wait_ms(3000);
     srv.kill();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("mid-test") && err.contains("partial results kept"), "{err}");
+    assert!(
+        err.contains("mid-test") && err.contains("partial results kept"),
+        "{err}"
+    );
     assert_eq!(json(&out)["partial"], true);
     assert_eq!(bloatlab_result_read(&out_file)["partial"], true);
 }
@@ -196,7 +358,8 @@ fn udp_echo_answers_nothing_without_a_live_token() {
     let _g = serial();
     let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q"]);
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-    sock.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
     // Garbage, and a well-formed probe with a made-up token.
     sock.send_to(&[0u8; 200], &srv.addr).unwrap();
     let probe = bloatlab_proto::probe::Probe {
@@ -214,21 +377,58 @@ fn udp_echo_answers_nothing_without_a_live_token() {
     probe.encode(&mut buf).unwrap();
     sock.send_to(&buf, &srv.addr).unwrap();
     let mut rx = [0u8; 2048];
-    assert!(sock.recv_from(&mut rx).is_err(), "server answered a probe without a token");
+    assert!(
+        sock.recv_from(&mut rx).is_err(),
+        "server answered a probe without a token"
+    );
 }
 
 #[test]
 fn progress_is_plain_lines_when_stdout_is_not_a_terminal() {
     let _g = serial();
     let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q"]);
-    let out = run(&[], &["test", "ping", &srv.addr, "-l", "3", "--idle", "0", "-o", tmp_path("lines.json").to_str().unwrap()]);
+    let out = run(
+        &[],
+        &[
+            "test",
+            "ping",
+            &srv.addr,
+            "-l",
+            "3",
+            "--idle",
+            "0",
+            "-o",
+            tmp_path("lines.json").to_str().unwrap(),
+        ],
+    );
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     // One line per second, no carriage-return redraws; the summary on stdout.
-    assert!(err.contains("1.0/3 s") && err.contains("2.0/3 s") && !err.contains('\r'), "{err}");
+    assert!(
+        err.contains("1.0/3 s") && err.contains("2.0/3 s") && !err.contains('\r'),
+        "{err}"
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("Latency (round trip)"));
-    let quiet = run(&[], &["test", "ping", &srv.addr, "-l", "1", "--idle", "0", "-q", "-o", tmp_path("quiet.json").to_str().unwrap()]);
-    assert!(quiet.stderr.is_empty(), "{}", String::from_utf8_lossy(&quiet.stderr));
+    let quiet = run(
+        &[],
+        &[
+            "test",
+            "ping",
+            &srv.addr,
+            "-l",
+            "1",
+            "--idle",
+            "0",
+            "-q",
+            "-o",
+            tmp_path("quiet.json").to_str().unwrap(),
+        ],
+    );
+    assert!(
+        quiet.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&quiet.stderr)
+    );
 }
 
 #[test]
@@ -238,10 +438,16 @@ fn a_different_protocol_version_is_refused_with_the_reason() {
     // A client of a future version talking to this server.
     let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q"]);
     let mut s = std::net::TcpStream::connect(&srv.addr).unwrap();
-    s.write_all(b"{\"type\":\"hello\",\"magic\":\"bloatlab\",\"version\":999,\"client_version\":\"9.9\"}\n").unwrap();
+    s.write_all(
+        b"{\"type\":\"hello\",\"magic\":\"bloatlab\",\"version\":999,\"client_version\":\"9.9\"}\n",
+    )
+    .unwrap();
     let mut line = String::new();
     BufReader::new(&s).read_line(&mut line).unwrap();
-    assert!(line.contains("refused") && line.contains("version"), "{line}");
+    assert!(
+        line.contains("refused") && line.contains("version"),
+        "{line}"
+    );
 
     // A server of a future version answering this client.
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -250,14 +456,20 @@ fn a_different_protocol_version_is_refused_with_the_reason() {
         if let Ok((mut s, _)) = l.accept() {
             let mut hello = String::new();
             BufReader::new(&s).read_line(&mut hello).unwrap();
-            let _ = s.write_all(b"{\"type\":\"refused\",\"reason\":\"version\",\"message\":\"this server speaks protocol version 2 only\"}\n");
+            let _ = s.write_all(
+                b"{\"type\":\"refused\",\"reason\":\"version\",\"message\":\"this \
+                server speaks protocol version 2 only\"}\n",
+            );
             wait_ms(300);
         }
     });
     let out = run(&[], &["test", "ping", &addr, "-l", "1", "-q"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("protocol version 2") && err.trim().lines().count() == 1, "{err}");
+    assert!(
+        err.contains("protocol version 2") && err.trim().lines().count() == 1,
+        "{err}"
+    );
 }
 
 /// `test udp` on loopback, where nothing smooths or drops: a timer-paced sender is smooth at
@@ -270,8 +482,31 @@ fn udp_load_reports_goodput_loss_and_the_burst_profile_at_both_ends() {
     let srv = ServerProc::start(&[], "127.0.0.1:0", &["--max-udp-rate", "50"]);
     let udp = |pacing: &str| {
         let out_file = tmp_path(&format!("udp-{}.json.gz", pacing.replace(':', "-")));
-        let out = run(&[], &["test", "udp", &srv.addr, "--rate", "20mbit", "--pacing", pacing, "-l", "3", "--idle", "0.5", "--json", "-q", "-o", out_file.to_str().unwrap()]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = run(
+            &[],
+            &[
+                "test",
+                "udp",
+                &srv.addr,
+                "--rate",
+                "20mbit",
+                "--pacing",
+                pacing,
+                "-l",
+                "3",
+                "--idle",
+                "0.5",
+                "--json",
+                "-q",
+                "-o",
+                out_file.to_str().unwrap(),
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         (json(&out), bloatlab_result_read(&out_file))
     };
     let (smooth, file) = udp("timer");
@@ -279,31 +514,80 @@ fn udp_load_reports_goodput_loss_and_the_burst_profile_at_both_ends() {
     assert_eq!(f(&smooth, "loss.percent"), 0.0, "{}", smooth["loss"]);
     assert_eq!(smooth["udp"]["received"], smooth["udp"]["sent"]);
     // 20 Mbit/s of 1024-byte payloads for 3 s: 7324 packets.
-    assert!((7200.0..=7330.0).contains(&f(&smooth, "udp.sent")), "{}", smooth["udp"]);
+    assert!(
+        (7200.0..=7330.0).contains(&f(&smooth, "udp.sent")),
+        "{}",
+        smooth["udp"]
+    );
     let goodput = f(&smooth, "throughput_mbps.up");
-    assert!((goodput - 20.0).abs() < 0.5, "goodput {goodput} Mbit/s of 20");
-    assert!(f(&smooth, "burst.send.p99_over_mean") < 3.0 && f(&smooth, "burst.recv.p99_over_mean") < 3.0, "{}", smooth["burst"]);
+    assert!(
+        (goodput - 20.0).abs() < 0.5,
+        "goodput {goodput} Mbit/s of 20"
+    );
+    assert!(
+        f(&smooth, "burst.send.p99_over_mean") < 3.0
+            && f(&smooth, "burst.recv.p99_over_mean") < 3.0,
+        "{}",
+        smooth["burst"]
+    );
     let u = &file["metadata"]["udp"];
-    let bytes = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).sum::<u64>();
-    assert_eq!(bytes(&u["send_bytes"]), 1024 * u["sent"].as_u64().unwrap(), "every send in a bucket");
-    assert_eq!(bytes(&u["server"]["recv_bytes"]), u["server"]["bytes"].as_u64().unwrap());
-    assert!(file["series"].as_array().unwrap().iter().any(|s| s["name"] == "udp up"));
+    let bytes = |v: &serde_json::Value| {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .sum::<u64>()
+    };
+    assert_eq!(
+        bytes(&u["send_bytes"]),
+        1024 * u["sent"].as_u64().unwrap(),
+        "every send in a bucket"
+    );
+    assert_eq!(
+        bytes(&u["server"]["recv_bytes"]),
+        u["server"]["bytes"].as_u64().unwrap()
+    );
+    assert!(file["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["name"] == "udp up"));
 
     let (bursty, _) = udp("burst:100ms");
     eprintln!("burst: {} {}", bursty["udp"], bursty["burst"]);
     assert_eq!(f(&bursty, "loss.percent"), 0.0, "{}", bursty["loss"]);
     // 244 packets every 100 ms, sent within a millisecond or two: a bucket in each period holds
     // most of them, 50-100 times the mean.
-    assert!(f(&bursty, "burst.send.peak_over_mean") > 20.0 && f(&bursty, "burst.recv.peak_over_mean") > 20.0, "{}", bursty["burst"]);
+    assert!(
+        f(&bursty, "burst.send.peak_over_mean") > 20.0
+            && f(&bursty, "burst.recv.peak_over_mean") > 20.0,
+        "{}",
+        bursty["burst"]
+    );
 
     let (fq, file) = udp("fq");
     assert_eq!(fq["udp"]["pacing"], "timer", "this kernel has no fq qdisc");
-    let events: Vec<&str> = file["events"].as_array().unwrap().iter().map(|e| e["what"].as_str().unwrap()).collect();
+    let events: Vec<&str> = file["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["what"].as_str().unwrap())
+        .collect();
     assert!(events.iter().any(|e| e.contains("is not fq")), "{events:?}");
 
-    let out = run(&[], &["test", "udp", &srv.addr, "--rate", "60mbit", "-l", "1", "--idle", "0", "-q"]);
+    let out = run(
+        &[],
+        &[
+            "test", "udp", &srv.addr, "--rate", "60mbit", "-l", "1", "--idle", "0", "-q",
+        ],
+    );
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("UDP load of 60.0 Mbit/s exceeds this server's limit of 50.0 Mbit/s"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("UDP load of 60.0 Mbit/s exceeds this server's limit of 50.0 Mbit/s"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// `bloatlab compare`: one test against each target, a table with each one's efficiency
@@ -317,16 +601,76 @@ fn compare_runs_the_test_against_each_target_and_reports_efficiency() {
     let (v4, v6) = (format!("127.0.0.1:{port}"), format!("[::1]:{port}"));
     let dir = tmp_path("compare");
     std::fs::create_dir_all(&dir).unwrap();
-    let out = run(&[], &["compare", &v4, &v6, "--test", "tcp-down --flows 2 --idle 0.5", "-l", "2", "--out-dir", dir.to_str().unwrap(), "--json", "-q"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(
+        &[],
+        &[
+            "compare",
+            &v4,
+            &v6,
+            "--test",
+            "tcp-down --flows 2 --idle 0.5",
+            "-l",
+            "2",
+            "--out-dir",
+            dir.to_str().unwrap(),
+            "--json",
+            "-q",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v = json(&out);
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.iter().map(|r| r["target"].as_str().unwrap()).collect::<Vec<_>>(), [v4.as_str(), v6.as_str()]);
-    assert!(runs.iter().all(|r| f(&r["summary"], "throughput_mbps.down") > 10.0), "{v}");
-    let files: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
-    assert_eq!(files.iter().filter(|f| f.ends_with(".json.gz")).count(), 2, "{files:?}");
-    assert!(files.iter().any(|f| f.starts_with("bloatlab-compare-") && f.ends_with(".html")), "{files:?}");
-    let text = run(&[], &["compare", &v4, &v6, "--test", "tcp-down --idle 0.5", "-l", "1", "--out-dir", dir.to_str().unwrap(), "-q"]);
-    assert!(String::from_utf8_lossy(&text.stdout).lines().any(|l| l.starts_with("efficiency vs first") && l.contains("100%")), "{}", String::from_utf8_lossy(&text.stdout));
+    assert_eq!(
+        runs.iter()
+            .map(|r| r["target"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        [v4.as_str(), v6.as_str()]
+    );
+    assert!(
+        runs.iter()
+            .all(|r| f(&r["summary"], "throughput_mbps.down") > 10.0),
+        "{v}"
+    );
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(
+        files.iter().filter(|f| f.ends_with(".json.gz")).count(),
+        2,
+        "{files:?}"
+    );
+    assert!(
+        files
+            .iter()
+            .any(|f| f.starts_with("bloatlab-compare-") && f.ends_with(".html")),
+        "{files:?}"
+    );
+    let text = run(
+        &[],
+        &[
+            "compare",
+            &v4,
+            &v6,
+            "--test",
+            "tcp-down --idle 0.5",
+            "-l",
+            "1",
+            "--out-dir",
+            dir.to_str().unwrap(),
+            "-q",
+        ],
+    );
+    assert!(
+        String::from_utf8_lossy(&text.stdout)
+            .lines()
+            .any(|l| l.starts_with("efficiency vs first") && l.contains("100%")),
+        "{}",
+        String::from_utf8_lossy(&text.stdout)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -19,15 +19,33 @@ const SERVER_LINE: &str = "10.77.0.2";
 const SHAPER: &str = "1000000";
 
 fn have(cmd: &str) -> bool {
-    Command::new("sh").args(["-c", &format!("command -v {cmd}")]).stdout(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// A self-signed P-256 certificate for one end and its SHA-256 fingerprint, which the other
 /// end pins (OpenVPN 2.6's peer-fingerprint mode: no CA).
 fn certificate(dir: &Path, host: &str) -> String {
-    let (key, crt) = (dir.join(format!("{host}.key")), dir.join(format!("{host}.crt")));
+    let (key, crt) = (
+        dir.join(format!("{host}.key")),
+        dir.join(format!("{host}.crt")),
+    );
     let out = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+        ])
         .arg(format!("/CN={host}"))
         .arg("-keyout")
         .arg(&key)
@@ -35,9 +53,23 @@ fn certificate(dir: &Path, host: &str) -> String {
         .arg(&crt)
         .output()
         .unwrap();
-    assert!(out.status.success(), "openssl req: {}", String::from_utf8_lossy(&out.stderr));
-    let out = Command::new("openssl").args(["x509", "-noout", "-fingerprint", "-sha256", "-in"]).arg(&crt).output().unwrap();
-    String::from_utf8(out.stdout).unwrap().trim().split_once('=').expect("sha256 Fingerprint=AA:BB:...").1.to_string()
+    assert!(
+        out.status.success(),
+        "openssl req: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new("openssl")
+        .args(["x509", "-noout", "-fingerprint", "-sha256", "-in"])
+        .arg(&crt)
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .split_once('=')
+        .expect("sha256 Fingerprint=AA:BB:...")
+        .1
+        .to_string()
 }
 
 /// Both ends of a tunnel, killed on drop (they are not in the lab's namespaces' process list:
@@ -72,39 +104,97 @@ impl Ends {
     fn start(&self, lab: &LabUp, n: u8, options: &[&str]) -> Tunnel {
         let mut tunnel = Tunnel(Vec::new());
         let mut logs = Vec::new();
-        let (server, client, port) = (tunnel_server(n), format!("10.{}.0.2", 8 + n), (1194 + u16::from(n)).to_string());
+        let (server, client, port) = (
+            tunnel_server(n),
+            format!("10.{}.0.2", 8 + n),
+            (1194 + u16::from(n)).to_string(),
+        );
         for (i, host) in ["server", "client"].into_iter().enumerate() {
             let log = self.dir.join(format!("{host}{n}.log"));
             let _ = std::fs::remove_file(&log);
             let mut cmd: Vec<String> = lab.exec(host);
             cmd.push("openvpn".into());
             cmd.extend(options.iter().map(|s| s.to_string()));
-            let d = |f: &str| self.dir.join(format!("{host}.{f}")).to_str().unwrap().to_string();
+            let d = |f: &str| {
+                self.dir
+                    .join(format!("{host}.{f}"))
+                    .to_str()
+                    .unwrap()
+                    .to_string()
+            };
             let dev = format!("tun{n}");
-            cmd.extend(["--dev", &dev, "--proto", "udp", "--disable-dco", "--verb", "3", "--cert", &d("crt"), "--key", &d("key")].map(String::from));
-            cmd.extend(["--peer-fingerprint".to_string(), self.fingerprints[1 - i].clone(), "--log".into(), log.to_str().unwrap().into()]);
+            cmd.extend(
+                [
+                    "--dev",
+                    &dev,
+                    "--proto",
+                    "udp",
+                    "--disable-dco",
+                    "--verb",
+                    "3",
+                    "--cert",
+                    &d("crt"),
+                    "--key",
+                    &d("key"),
+                ]
+                .map(String::from),
+            );
+            cmd.extend([
+                "--peer-fingerprint".to_string(),
+                self.fingerprints[1 - i].clone(),
+                "--log".into(),
+                log.to_str().unwrap().into(),
+            ]);
             let role: [&str; 8] = match host {
-                "server" => ["--tls-server", "--dh", "none", "--ifconfig", &server, &client, "--lport", &port],
-                _ => ["--tls-client", "--ifconfig", &client, &server, "--remote", SERVER_LINE, &port, "--nobind"],
+                "server" => [
+                    "--tls-server",
+                    "--dh",
+                    "none",
+                    "--ifconfig",
+                    &server,
+                    &client,
+                    "--lport",
+                    &port,
+                ],
+                _ => [
+                    "--tls-client",
+                    "--ifconfig",
+                    &client,
+                    &server,
+                    "--remote",
+                    SERVER_LINE,
+                    &port,
+                    "--nobind",
+                ],
             };
             cmd.extend(role.iter().map(|s| s.to_string()));
             // What OpenVPN says before its log is open (a bad option) goes to its stdout.
             let early = std::fs::File::create(log.with_extension("early")).unwrap();
-            let cmd = Command::new(&cmd[0]).args(&cmd[1..]).stdin(Stdio::null()).stdout(early.try_clone().unwrap()).stderr(early).spawn();
+            let cmd = Command::new(&cmd[0])
+                .args(&cmd[1..])
+                .stdin(Stdio::null())
+                .stdout(early.try_clone().unwrap())
+                .stderr(early)
+                .spawn();
             tunnel.0.push(cmd.unwrap());
             logs.push(log);
         }
         let deadline = Instant::now() + Duration::from_secs(20);
         for (i, log) in logs.iter().enumerate() {
             loop {
-                let text = String::from_utf8_lossy(&std::fs::read(log).unwrap_or_default()).into_owned();
+                let text =
+                    String::from_utf8_lossy(&std::fs::read(log).unwrap_or_default()).into_owned();
                 if text.contains("Initialization Sequence Completed") {
                     break;
                 }
                 let exited = tunnel.0[i].try_wait().unwrap().is_some();
                 if exited || Instant::now() > deadline {
-                    let early = std::fs::read_to_string(log.with_extension("early")).unwrap_or_default();
-                    panic!("OpenVPN did not come up ({}):\n{early}{text}", log.display());
+                    let early =
+                        std::fs::read_to_string(log.with_extension("early")).unwrap_or_default();
+                    panic!(
+                        "OpenVPN did not come up ({}):\n{early}{text}",
+                        log.display()
+                    );
                 }
                 wait_ms(100);
             }
@@ -122,17 +212,33 @@ fn compare(lab: &LabUp, targets: &[&str], test: &str, length: &str) -> serde_jso
     let out_dir = tmp_path("compare");
     let mut args = vec!["compare"];
     args.extend_from_slice(targets);
-    args.extend(["--test", test, "-l", length, "--json", "-q", "--out-dir", out_dir.to_str().unwrap()]);
+    args.extend([
+        "--test",
+        test,
+        "-l",
+        length,
+        "--json",
+        "-q",
+        "--out-dir",
+        out_dir.to_str().unwrap(),
+    ]);
     let p = lab.exec("client");
     let out = run(&p.iter().map(String::as_str).collect::<Vec<_>>(), &args);
     let _ = std::fs::remove_dir_all(&out_dir);
-    assert!(out.status.success(), "compare: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "compare: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     json(&out)
 }
 
 /// Both directions' goodput together (a one-way test has one).
 fn goodput(s: &serde_json::Value) -> f64 {
-    ["down", "up"].iter().filter_map(|d| s["throughput_mbps"][d].as_f64()).sum()
+    ["down", "up"]
+        .iter()
+        .filter_map(|d| s["throughput_mbps"][d].as_f64())
+        .sum()
 }
 
 /// `bloatlab config KIND ARGS...` into a file in the test's directory.
@@ -140,7 +246,11 @@ fn config(args: &[&str], file: &Path) {
     let mut all = vec!["config"];
     all.extend_from_slice(args);
     let out = run(&[], &all);
-    assert!(out.status.success(), "config {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "config {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     std::fs::write(file, &out.stdout).unwrap();
 }
 
@@ -153,12 +263,16 @@ fn openvpn_through_the_lab_its_cost_its_queue_and_its_mtu() {
         missing("the tunnel test needs openvpn and openssl (apt install openvpn openssl)");
         return;
     }
-    let Some(lab) = LabUp::up("ovpn", LINE) else { return };
+    let Some(lab) = LabUp::up("ovpn", LINE) else {
+        return;
+    };
     let _server = lab.server("server");
     let ends = Ends::new();
 
     // The raw path's MTU, for the generated settings below.
-    let raw_mtu = lab.test("client", &["mtu", SERVER_LINE])["path_mtu"].as_u64().unwrap();
+    let raw_mtu = lab.test("client", &["mtu", SERVER_LINE])["path_mtu"]
+        .as_u64()
+        .unwrap();
     assert_eq!(raw_mtu, 1500);
 
     // The recipe's tunnel on a line that is the bottleneck: each tunnel packet carries about
@@ -173,7 +287,8 @@ fn openvpn_through_the_lab_its_cost_its_queue_and_its_mtu() {
     let efficiency = goodput(&tun["summary"]) / goodput(&raw["summary"]);
     let per_gbit = |r: &serde_json::Value| f(r, "cpu.cpu_s_per_gbit");
     eprintln!(
-        "efficiency {:.3} ({:.1} of {:.1} Mbit/s); CPU s per Gbit raw {:.2}, tunnel {:.2}; busy {:.0}% / {:.0}%",
+        "efficiency {:.3} ({:.1} of {:.1} Mbit/s); CPU s per Gbit raw {:.2}, tunnel {:.2}; busy \
+            {:.0}% / {:.0}%",
         efficiency,
         goodput(&tun["summary"]),
         goodput(&raw["summary"]),
@@ -182,31 +297,65 @@ fn openvpn_through_the_lab_its_cost_its_queue_and_its_mtu() {
         f(raw, "cpu.busy_percent"),
         f(tun, "cpu.busy_percent")
     );
-    assert!((0.85..0.99).contains(&efficiency), "efficiency {efficiency}");
-    assert!(per_gbit(tun) > per_gbit(raw), "encrypting costs CPU: {} vs {}", per_gbit(tun), per_gbit(raw));
+    assert!(
+        (0.85..0.99).contains(&efficiency),
+        "efficiency {efficiency}"
+    );
+    assert!(
+        per_gbit(tun) > per_gbit(raw),
+        "encrypting costs CPU: {} vs {}",
+        per_gbit(tun),
+        per_gbit(raw)
+    );
     drop(fast);
 
     // OpenVPN as the bottleneck (a slow router's, through its own shaper) with the recipe's
     // 15000-packet ring; its goodput, as a user would measure it for the settings below.
     let _recipe = ends.start(&lab, 0, &["--txqueuelen", "15000", "--shaper", SHAPER]);
-    let tunnel_mbps = f(&lab.test("client", &["tcp-down", &tunnel_server(0), "-l", "5"]), "throughput_mbps.down");
+    let tunnel_mbps = f(
+        &lab.test("client", &["tcp-down", &tunnel_server(0), "-l", "5"]),
+        "throughput_mbps.down",
+    );
 
     // The generated settings for that tunnel, on a second one beside it: the path's MTU from
     // test mtu, the tunnel's goodput from the run above.
-    let (conf, up) = (ends.dir.join("bloatlab.conf"), ends.dir.join("bloatlab-up.sh"));
+    let (conf, up) = (
+        ends.dir.join("bloatlab.conf"),
+        ends.dir.join("bloatlab-up.sh"),
+    );
     let rate = format!("{tunnel_mbps:.1}mbit");
-    config(&["openvpn", "--mtu", &raw_mtu.to_string(), "--rate", &rate], &conf);
+    config(
+        &["openvpn", "--mtu", &raw_mtu.to_string(), "--rate", &rate],
+        &conf,
+    );
     config(&["openvpn-up", "--rate", &rate], &up);
     std::fs::set_permissions(&up, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     // The script where the settings expect it: here the test's directory, not /etc/openvpn.
-    let text = std::fs::read_to_string(&conf).unwrap().replace("/etc/openvpn/bloatlab-tunnel-qdisc.sh", up.to_str().unwrap());
+    let text = std::fs::read_to_string(&conf).unwrap().replace(
+        "/etc/openvpn/bloatlab-tunnel-qdisc.sh",
+        up.to_str().unwrap(),
+    );
     std::fs::write(&conf, &text).unwrap();
-    let ring: f64 = text.lines().find_map(|l| l.strip_prefix("txqueuelen ")).expect("a txqueuelen line").parse().unwrap();
-    let _generated = ends.start(&lab, 1, &["--config", conf.to_str().unwrap(), "--shaper", SHAPER]);
+    let ring: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("txqueuelen "))
+        .expect("a txqueuelen line")
+        .parse()
+        .unwrap();
+    let _generated = ends.start(
+        &lab,
+        1,
+        &["--config", conf.to_str().unwrap(), "--shaper", SHAPER],
+    );
 
     // RRUL through both in one compare. Loss-based TCP (CUBIC, the default of most hosts; BBR
     // keeps its own queue short) fills the recipe's ring for seconds.
-    let c = compare(&lab, &[&tunnel_server(0), &tunnel_server(1)], "rrul --cc cubic", "10");
+    let c = compare(
+        &lab,
+        &[&tunnel_server(0), &tunnel_server(1)],
+        "rrul --cc cubic",
+        "10",
+    );
     let runs = c["runs"].as_array().unwrap();
     let (bloated, fixed) = (&runs[0]["summary"], &runs[1]["summary"]);
     // A probe crosses both ends' rings, each at most `ring` packets of 1552 bytes on the wire
@@ -214,16 +363,32 @@ fn openvpn_through_the_lab_its_cost_its_queue_and_its_mtu() {
     let ring_ms = ring * 1552.0 * 8.0 / (tunnel_mbps * 1e6) * 1e3;
     let (before, after) = (f(bloated, "added_latency_ms"), f(fixed, "added_latency_ms"));
     eprintln!(
-        "tunnel {tunnel_mbps:.1} Mbit/s; txqueuelen 15000: +{before:.0} ms, {:.1} Mbit/s; generated (txqueuelen {ring}, {ring_ms:.1} ms each end): +{after:.1} ms, {:.1} Mbit/s",
+        "tunnel {tunnel_mbps:.1} Mbit/s; txqueuelen 15000: +{before:.0} ms, {:.1} Mbit/s; \
+            generated (txqueuelen {ring}, {ring_ms:.1} ms each end): +{after:.1} ms, {:.1} Mbit/s",
         goodput(bloated),
         goodput(fixed)
     );
     // 10 s of CUBIC filling an 18 s ring: +440 and +460 ms measured (+1061 ms over 15 s).
-    assert!(before > 200.0, "a 15000-packet ring at {tunnel_mbps:.1} Mbit/s fills for seconds: +{before} ms");
-    assert!(after < 2.0 * ring_ms + 10.0 && after < before / 10.0, "+{after} ms through two {ring_ms:.1} ms rings");
-    assert!(goodput(fixed) > 0.9 * goodput(bloated), "no less throughput: {} vs {}", goodput(fixed), goodput(bloated));
+    assert!(
+        before > 200.0,
+        "a 15000-packet ring at {tunnel_mbps:.1} Mbit/s fills for seconds: +{before} ms"
+    );
+    assert!(
+        after < 2.0 * ring_ms + 10.0 && after < before / 10.0,
+        "+{after} ms through two {ring_ms:.1} ms rings"
+    );
+    assert!(
+        goodput(fixed) > 0.9 * goodput(bloated),
+        "no less throughput: {} vs {}",
+        goodput(fixed),
+        goodput(bloated)
+    );
 
     // The tunnel's MTU: the generated tun-mtu, with the mssfix that follows for a tunnel inside it.
     let m = lab.test("client", &["mtu", &tunnel_server(1)]);
-    assert_eq!((m["path_mtu"].as_u64(), m["blackhole"].as_bool()), (Some(1500), Some(false)), "{m}");
+    assert_eq!(
+        (m["path_mtu"].as_u64(), m["blackhole"].as_bool()),
+        (Some(1500), Some(false)),
+        "{m}"
+    );
 }

@@ -32,7 +32,9 @@ impl Apply {
         match s {
             "kernel" | "tc" | "htb" => Ok(Apply::Kernel),
             other => match Fix::parse(other)? {
-                Fix::Fifo => Err("--fix fifo changes nothing: want cake, fq_codel or kernel".into()),
+                Fix::Fifo => {
+                    Err("--fix fifo changes nothing: want cake, fq_codel or kernel".into())
+                }
                 f => Ok(Apply::Emulated(f)),
             },
         }
@@ -104,23 +106,57 @@ fn locate(s: &Session, o: &Options, length: f64) -> Result<Located, String> {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", s.namespace("client")])
         .arg(&o.exe)
-        .args(["locate", &s.target, "--phases", "download,upload", "-l", &length.to_string(), "--idle", "2", "--json", "--out-dir"])
+        .args([
+            "locate",
+            &s.target,
+            "--phases",
+            "download,upload",
+            "-l",
+            &length.to_string(),
+            "--idle",
+            "2",
+            "--json",
+            "--out-dir",
+        ])
         .arg(&o.out_dir)
         .stdout(Stdio::piped())
-        .stderr(if o.quiet { Stdio::null() } else { Stdio::inherit() });
+        .stderr(if o.quiet {
+            Stdio::null()
+        } else {
+            Stdio::inherit()
+        });
     if o.quiet {
         cmd.arg("-q");
     }
-    let out = cmd.output().map_err(|e| format!("cannot run locate: {e}"))?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|_| format!("locate failed (exit {:?})", out.status.code()))?;
-    let files = v["phases"].as_array().map(|p| p.iter().filter_map(|p| p["file"].as_str().map(PathBuf::from)).collect()).unwrap_or_default();
-    Ok(Located { verdict: v["verdict"].clone(), file: v["file"].as_str().map(PathBuf::from).unwrap_or_default(), phase_files: files })
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run locate: {e}"))?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|_| format!("locate failed (exit {:?})", out.status.code()))?;
+    let files = v["phases"]
+        .as_array()
+        .map(|p| {
+            p.iter()
+                .filter_map(|p| p["file"].as_str().map(PathBuf::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Located {
+        verdict: v["verdict"].clone(),
+        file: v["file"].as_str().map(PathBuf::from).unwrap_or_default(),
+        phase_files: files,
+    })
 }
 
 /// The verdict in words, with its caveats.
 pub fn verdict_text(v: &serde_json::Value) -> String {
     let mut t = v["text"].as_str().unwrap_or("no verdict").to_string();
-    for c in v["caveats"].as_array().into_iter().flatten().filter_map(|c| c.as_str()) {
+    for c in v["caveats"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.as_str())
+    {
         t += &format!("\nnote: {c}");
     }
     t
@@ -142,18 +178,39 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
     let mut files = Vec::new();
 
     // 1. The line as it is.
-    let before_file = o.out_dir.join(format!("bloatlab-{name}-before-{stamp}.json.gz"));
-    o.say(&format!("1/5 measure: {} through `{name}` as it is ({} s load after 5 s idle)", o.test.join(" "), o.length));
+    let before_file = o
+        .out_dir
+        .join(format!("bloatlab-{name}-before-{stamp}.json.gz"));
+    o.say(&format!(
+        "1/5 measure: {} through `{name}` as it is ({} s load after 5 s idle)",
+        o.test.join(" "),
+        o.length
+    ));
     let before = session.run_test(o, &before_file)?;
     files.push(before_file.clone());
-    let mut d = Demo { before, after: None, located: None, advice: None, applied: None, kept: false, reason: String::new(), files, report: Err("not written".into()), interrupted: false };
+    let mut d = Demo {
+        before,
+        after: None,
+        located: None,
+        advice: None,
+        applied: None,
+        kept: false,
+        reason: String::new(),
+        files,
+        report: Err("not written".into()),
+        interrupted: false,
+    };
     let mut sections = Vec::new();
     let finish = |mut d: Demo, sections: Vec<Section>, after: Option<(String, PathBuf)>| {
         let mut runs = vec![("line as it is", before_file.as_path())];
         if let Some((label, file)) = &after {
             runs.push((label.as_str(), file.as_path()));
         }
-        d.report = write_report(&runs, &sections, &o.out_dir.join(format!("bloatlab-{name}-demo-{stamp}.html")));
+        d.report = write_report(
+            &runs,
+            &sections,
+            &o.out_dir.join(format!("bloatlab-{name}-demo-{stamp}.html")),
+        );
         if let Ok(p) = &d.report {
             d.files.push(p.clone());
         }
@@ -166,17 +223,26 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
 
     // 2. Where the queue is; its load phases measure each direction alone for the advice.
     let loc_len = (o.length / 2.0).clamp(6.0, 20.0);
-    o.say(&format!("2/5 locate: download, then upload, {loc_len} s each, while probing every hop"));
+    o.say(&format!(
+        "2/5 locate: download, then upload, {loc_len} s each, while probing every hop"
+    ));
     let located = locate(&session, o, loc_len)?;
     let where_text = verdict_text(&located.verdict);
     o.say(&where_text);
-    sections.push(Section { title: "Where the queue is (bloatlab locate)".into(), text: where_text });
+    sections.push(Section {
+        title: "Where the queue is (bloatlab locate)".into(),
+        text: where_text,
+    });
     d.files.push(located.file.clone());
     d.files.extend(located.phase_files.iter().cloned());
     let mut runs = vec![d.before.clone()];
     for f in &located.phase_files {
         let r = bloatlab_result::read(f).map_err(|e| e.to_string())?;
-        runs.push(r.summary.clone().unwrap_or_else(|| bloatlab_analyze::summarize(&r)));
+        runs.push(
+            r.summary
+                .clone()
+                .unwrap_or_else(|| bloatlab_analyze::summarize(&r)),
+        );
     }
     let on_host = located.verdict["hop"] == 0;
     d.located = Some(located);
@@ -185,7 +251,10 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
     }
 
     // 3. Advice, for what the router can run.
-    let iface = Iface { dev: router_dev.clone(), netns: Some(session.namespace(&router).to_string()) };
+    let iface = Iface {
+        dev: router_dev.clone(),
+        netns: Some(session.namespace(&router).to_string()),
+    };
     let qdisc = match how {
         Apply::Emulated(Fix::Cake | Fix::CakeAckFilter) => Qdisc::Cake,
         Apply::Emulated(_) => Qdisc::HtbFqCodel,
@@ -193,10 +262,24 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
         Apply::Kernel if apply::kernel_has("fq_codel") => Qdisc::HtbFqCodel,
         Apply::Kernel => Qdisc::HtbFifo,
     };
-    let advice = advise::advise(&runs, &Target { link, qdisc, queue_on_host: on_host });
+    let advice = advise::advise(
+        &runs,
+        &Target {
+            link,
+            qdisc,
+            queue_on_host: on_host,
+        },
+    );
     o.say(&format!("3/5 advise:\n{}", advice.text().trim_end()));
-    sections.push(Section { title: "Advice (bloatlab advise)".into(), text: advice.text() });
-    let shaper = Shaper { up_kbit: advice.up.as_ref().map(|a| a.rate_kbit), down_kbit: advice.down.as_ref().map(|a| a.rate_kbit), ack_filter: advice.upload_ack_filter() };
+    sections.push(Section {
+        title: "Advice (bloatlab advise)".into(),
+        text: advice.text(),
+    });
+    let shaper = Shaper {
+        up_kbit: advice.up.as_ref().map(|a| a.rate_kbit),
+        down_kbit: advice.down.as_ref().map(|a| a.rate_kbit),
+        ack_filter: advice.upload_ack_filter(),
+    };
     d.advice = Some(advice);
 
     // 4. Apply on the router.
@@ -208,21 +291,38 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
             for s in &emulated {
                 session.lab.shared.set(&s.link, s.dir, &s.kv)?;
             }
-            emulated.iter().map(|s| s.command()).collect::<Vec<_>>().join("\n")
+            emulated
+                .iter()
+                .map(|s| s.command())
+                .collect::<Vec<_>>()
+                .join("\n")
         }
         Apply::Kernel => {
-            let shaping = Shaping { dev: router_dev.clone(), down_kbit: shaper.down_kbit, up_kbit: shaper.up_kbit, link, ack_filter: shaper.ack_filter };
+            let shaping = Shaping {
+                dev: router_dev.clone(),
+                down_kbit: shaper.down_kbit,
+                up_kbit: shaper.up_kbit,
+                link,
+                ack_filter: shaper.ack_filter,
+            };
             let (script, said) = config::for_kernel(&shaping, apply::kernel_has);
             if let Some(said) = said {
                 o.say(&said);
             }
             apply::apply(&iface, &script)?;
             kernel_guard = Some(KernelApplied(iface.clone()));
-            format!("# on the router ({}), as bloatlab tune apply --dev {router_dev} runs it:\n{script}", iface.netns.as_deref().unwrap_or(""))
+            format!(
+                "# on the router ({}), as bloatlab tune apply --dev {router_dev} runs \
+                it:\n{script}",
+                iface.netns.as_deref().unwrap_or("")
+            )
         }
     };
     o.say(&format!("4/5 apply on `{router}`:\n{applied}"));
-    sections.push(Section { title: format!("Applied on `{router}`"), text: applied.clone() });
+    sections.push(Section {
+        title: format!("Applied on `{router}`"),
+        text: applied.clone(),
+    });
     d.applied = Some(applied);
     if stopped() {
         return finish(d, sections, None);
@@ -230,8 +330,14 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
 
     // 5. Verify: the same test again, kept only if it helped.
     let after_label = how.label();
-    let after_file = o.out_dir.join(format!("bloatlab-{name}-after-{stamp}.json.gz"));
-    o.say(&format!("5/5 verify: {} again ({} s load after 5 s idle)", o.test.join(" "), o.length));
+    let after_file = o
+        .out_dir
+        .join(format!("bloatlab-{name}-after-{stamp}.json.gz"));
+    o.say(&format!(
+        "5/5 verify: {} again ({} s load after 5 s idle)",
+        o.test.join(" "),
+        o.length
+    ));
     let after = session.run_test(o, &after_file)?;
     d.files.push(after_file.clone());
     let (kept, mut reason) = crate::verify::judge(&d.before, &after);
@@ -242,8 +348,22 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
         drop(kernel_guard.take());
         reason += "; rolled back";
     }
-    o.say(&format!("{}: {reason}", if kept { "kept" } else { "not kept" }));
-    sections.insert(0, Section { title: if kept { "Verdict: kept" } else { "Verdict: rolled back" }.into(), text: reason.clone() });
+    o.say(&format!(
+        "{}: {reason}",
+        if kept { "kept" } else { "not kept" }
+    ));
+    sections.insert(
+        0,
+        Section {
+            title: if kept {
+                "Verdict: kept"
+            } else {
+                "Verdict: rolled back"
+            }
+            .into(),
+            text: reason.clone(),
+        },
+    );
     d.after = Some(after);
     d.kept = kept;
     d.reason = reason;

@@ -67,11 +67,18 @@ impl Options {
 pub fn compare(topo: Topology, fixes: &[Fix], o: &Options) -> Result<Comparison, String> {
     for host in ["client", "server"] {
         if !topo.hosts.iter().any(|h| h == host) {
-            return Err(format!("topology `{}` has no host named `{host}`: the experiment tests from `client` to `server`", topo.name));
+            return Err(format!(
+                "topology `{}` has no host named `{host}`: the experiment tests \
+                from `client` to `server`",
+                topo.name
+            ));
         }
     }
     // Every placement is checked before the lab goes up.
-    let placements = fixes.iter().map(|f| place(&topo, *f).map(|s| (*f, s))).collect::<Result<Vec<_>, _>>()?;
+    let placements = fixes
+        .iter()
+        .map(|f| place(&topo, *f).map(|s| (*f, s)))
+        .collect::<Result<Vec<_>, _>>()?;
     let topo_name = topo.name.clone();
     let session = Session::up(topo, o)?;
     let stamp = stamp();
@@ -96,10 +103,24 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &Options) -> Result<Comparison,
             failure = Some(e);
             break;
         }
-        let file = o.out_dir.join(format!("bloatlab-{topo_name}-{}-{stamp}.json.gz", fix.name()));
-        o.say(&format!("{}/{}: {} through `{topo_name}` with {} ({} s load after 5 s idle)", i + 1, placements.len(), o.test.join(" "), fix.label(), o.length));
+        let file = o.out_dir.join(format!(
+            "bloatlab-{topo_name}-{}-{stamp}.json.gz",
+            fix.name()
+        ));
+        o.say(&format!(
+            "{}/{}: {} through `{topo_name}` with {} ({} s load after 5 s idle)",
+            i + 1,
+            placements.len(),
+            o.test.join(" "),
+            fix.label(),
+            o.length
+        ));
         match session.run_test(o, &file) {
-            Ok(summary) => runs.push(Run { fix: *fix, summary, file }),
+            Ok(summary) => runs.push(Run {
+                fix: *fix,
+                summary,
+                file,
+            }),
             Err(e) => {
                 failure = Some(e);
                 break;
@@ -112,9 +133,21 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &Options) -> Result<Comparison,
             return Err(e);
         }
     }
-    let views: Vec<(&str, &Path)> = runs.iter().map(|r| (r.fix.label(), r.file.as_path())).collect();
-    let report = write_report(&views, &[], &o.out_dir.join(format!("bloatlab-{topo_name}-compare-{stamp}.html")));
-    Ok(Comparison { runs, report, interrupted: o.stop.load(Ordering::Relaxed) })
+    let views: Vec<(&str, &Path)> = runs
+        .iter()
+        .map(|r| (r.fix.label(), r.file.as_path()))
+        .collect();
+    let report = write_report(
+        &views,
+        &[],
+        &o.out_dir
+            .join(format!("bloatlab-{topo_name}-compare-{stamp}.html")),
+    );
+    Ok(Comparison {
+        runs,
+        report,
+        interrupted: o.stop.load(Ordering::Relaxed),
+    })
 }
 
 /// A lab that is up, with its control socket and a bloatlab server in host `server`; the
@@ -131,11 +164,22 @@ impl Session {
     fn up(topo: Topology, o: &Options) -> Result<Session, String> {
         std::fs::create_dir_all(&o.out_dir).map_err(|e| format!("{}: {e}", o.out_dir.display()))?;
         let lab = Lab::up(topo, &o.lab_name).map_err(|e| e.to_string())?;
-        control::serve(lab.shared.clone(), &lab.info().socket.clone(), lab.stop_flag(), Arc::new(AtomicBool::new(false))).map_err(|e| format!("control socket: {e}"))?;
+        control::serve(
+            lab.shared.clone(),
+            &lab.info().socket.clone(),
+            lab.stop_flag(),
+            Arc::new(AtomicBool::new(false)),
+        )
+        .map_err(|e| format!("control socket: {e}"))?;
         let info = lab.info().clone();
         let server = start_server(&o.exe, &info, "server")?;
         let target = info.hosts["server"].ipv4[0].clone();
-        Ok(Session { lab, server, info, target })
+        Ok(Session {
+            lab,
+            server,
+            info,
+            target,
+        })
     }
 
     /// `bloatlab test ...` (`o.test`) from the client host; its JSON summary.
@@ -157,28 +201,50 @@ impl Drop for Session {
 
 /// The links some fix changes: restored before each run so that runs do not inherit.
 fn topo_links_touched(placements: &[(Fix, Vec<Setting>)]) -> Vec<String> {
-    let mut links: Vec<String> = placements.iter().flat_map(|(_, s)| s.iter().map(|s| s.link.clone())).collect();
+    let mut links: Vec<String> = placements
+        .iter()
+        .flat_map(|(_, s)| s.iter().map(|s| s.link.clone()))
+        .collect();
     links.sort();
     links.dedup();
     links
 }
 
 /// One HTML report of the labelled result files, with `sections` under the summary.
-fn write_report(runs: &[(&str, &Path)], sections: &[html::Section], out: &Path) -> Result<PathBuf, String> {
+fn write_report(
+    runs: &[(&str, &Path)],
+    sections: &[html::Section],
+    out: &Path,
+) -> Result<PathBuf, String> {
     if runs.is_empty() {
         return Err("no run finished".into());
     }
-    let views = runs.iter().map(|(label, file)| bloatlab_result::read(file).map(|f| RunView::new(&f, label)).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
-    std::fs::write(out, html::render_with(&views, sections)).map_err(|e| format!("{}: {e}", out.display()))?;
+    let views = runs
+        .iter()
+        .map(|(label, file)| {
+            bloatlab_result::read(file)
+                .map(|f| RunView::new(&f, label))
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    std::fs::write(out, html::render_with(&views, sections))
+        .map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(out.to_path_buf())
 }
 
 /// Runs a `bloatlab test ... --json` command (stdout and stderr captured) and reads its
 /// summary; errors name the run by `tag`.
 fn summary_of(mut cmd: Command, tag: &str) -> Result<Summary, String> {
-    let out = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).output().map_err(|e| format!("cannot run the {tag} test: {e}"))?;
+    let out = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("cannot run the {tag} test: {e}"))?;
     if !out.status.success() {
-        return Err(format!("the {tag} test failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!(
+            "the {tag} test failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
     serde_json::from_slice(&out.stdout).map_err(|e| format!("the {tag} test's summary: {e}"))
 }
@@ -213,7 +279,13 @@ fn start_server(exe: &Path, info: &LabInfo, host: &str) -> Result<Child, String>
 }
 
 /// `bloatlab test ...` from the client host; its JSON summary.
-fn run_test(exe: &Path, info: &LabInfo, server: &str, o: &Options, out: &Path) -> Result<Summary, String> {
+fn run_test(
+    exe: &Path,
+    info: &LabInfo,
+    server: &str,
+    o: &Options,
+    out: &Path,
+) -> Result<Summary, String> {
     let ns = &info.hosts["client"].namespace;
     let (kind, extra) = o.test.split_first().ok_or("no test named")?;
     let mut cmd = Command::new("ip");
@@ -228,6 +300,9 @@ fn run_test(exe: &Path, info: &LabInfo, server: &str, o: &Options, out: &Path) -
     if o.quiet {
         cmd.arg("-q");
     }
-    let out = cmd.output().map_err(|e| format!("cannot run the test: {e}"))?;
-    serde_json::from_slice(&out.stdout).map_err(|_| format!("the {kind} run failed (exit {:?})", out.status.code()))
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run the test: {e}"))?;
+    serde_json::from_slice(&out.stdout)
+        .map_err(|_| format!("the {kind} run failed (exit {:?})", out.status.code()))
 }

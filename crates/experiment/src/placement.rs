@@ -29,7 +29,9 @@ impl Fix {
             "htb-fq_codel" | "fq_codel" | "htb+fq_codel" => Ok(Fix::HtbFqCodel),
             "cake" => Ok(Fix::Cake),
             "cake+ack-filter" | "cake-ack-filter" => Ok(Fix::CakeAckFilter),
-            other => Err(format!("fix `{other}`: want fifo, htb-fq_codel, cake or cake+ack-filter")),
+            other => Err(format!(
+                "fix `{other}`: want fifo, htb-fq_codel, cake or cake+ack-filter"
+            )),
         }
     }
 
@@ -73,8 +75,23 @@ pub struct Shaper {
 impl Setting {
     /// The same as a `bloatlab lab set` command line.
     pub fn command(&self) -> String {
-        let kv: Vec<String> = self.kv.iter().map(|(k, v)| if v.contains(' ') { format!("{k}='{v}'") } else { format!("{k}={v}") }).collect();
-        format!("bloatlab lab set {} --dir {} {}", self.link, self.dir, kv.join(" "))
+        let kv: Vec<String> = self
+            .kv
+            .iter()
+            .map(|(k, v)| {
+                if v.contains(' ') {
+                    format!("{k}='{v}'")
+                } else {
+                    format!("{k}={v}")
+                }
+            })
+            .collect();
+        format!(
+            "bloatlab lab set {} --dir {} {}",
+            self.link,
+            self.dir,
+            kv.join(" ")
+        )
     }
 }
 
@@ -93,8 +110,19 @@ pub fn slowest(topo: &Topology) -> Result<&LinkSpec, String> {
 /// each way.
 pub fn place(topo: &Topology, fix: Fix) -> Result<Vec<Setting>, String> {
     let spec = slowest(topo)?;
-    let kbit = |r: &Rate| r.mean_bps().map(|bps| (bps as f64 * SHAPER_SHARE / 1000.0).round() as u64);
-    place_at(topo, fix, Shaper { up_kbit: kbit(&spec.up.rate), down_kbit: kbit(&spec.down.rate), ack_filter: false })
+    let kbit = |r: &Rate| {
+        r.mean_bps()
+            .map(|bps| (bps as f64 * SHAPER_SHARE / 1000.0).round() as u64)
+    };
+    place_at(
+        topo,
+        fix,
+        Shaper {
+            up_kbit: kbit(&spec.up.rate),
+            down_kbit: kbit(&spec.down.rate),
+            ack_filter: false,
+        },
+    )
 }
 
 /// The settings that put `fix` in front of the slowest link as `shaper` says, counting that
@@ -120,16 +148,29 @@ pub fn place_at(topo: &Topology, fix: Fix, shaper: Shaper) -> Result<Vec<Setting
                 None
             }
         })
-        .ok_or_else(|| format!("the slowest link `{}` starts at `{router}`, which has no other link: add a router hop in front of it to hold the shaper", spec.name))?;
+        .ok_or_else(|| {
+            format!(
+                "the slowest link `{}` starts at `{router}`, which has no other \
+            link: add a router hop in front of it to hold the shaper",
+                spec.name
+            )
+        })?;
     let away_from_router = if toward_router == "up" { "down" } else { "up" };
     let mut out = Vec::new();
-    for (dir, kbit, ingress, line) in [(toward_router, shaper.up_kbit, false, &spec.up), (away_from_router, shaper.down_kbit, true, &spec.down)] {
+    for (dir, kbit, ingress, line) in [
+        (toward_router, shaper.up_kbit, false, &spec.up),
+        (away_from_router, shaper.down_kbit, true, &spec.down),
+    ] {
         let Some(kbit) = kbit else { continue };
         let kv: Vec<(&str, String)> = match fix {
             Fix::HtbFqCodel => {
                 // Quantum 300 as simple.qos: with 1514 a round through 8 bulk flows at a few
                 // Mbit/s outlasts a 10 ms probe interval, and probes lose their sparse priority.
-                let mut kv = vec![("rate", format!("{kbit}kbit")), ("qdisc", "fq_codel".into()), ("quantum", "300".into())];
+                let mut kv = vec![
+                    ("rate", format!("{kbit}kbit")),
+                    ("qdisc", "fq_codel".into()),
+                    ("quantum", "300".into()),
+                ];
                 kv.push(("overhead", line.overhead.to_string()));
                 if line.atm {
                     kv.push(("atm", "on".into()));
@@ -153,7 +194,11 @@ pub fn place_at(topo: &Topology, fix: Fix, shaper: Shaper) -> Result<Vec<Setting
             }
             Fix::Fifo => unreachable!(),
         };
-        out.push(Setting { link: front.name.clone(), dir, kv: kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect() });
+        out.push(Setting {
+            link: front.name.clone(),
+            dir,
+            kv: kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        });
     }
     Ok(out)
 }
@@ -178,33 +223,84 @@ mod tests {
         assert_eq!(cake.len(), 2);
         assert_eq!((cake[0].link.as_str(), cake[0].dir), ("lan", "up"));
         assert_eq!(kv(&cake[0]), [("qdisc", "cake bandwidth 3800kbit docsis")]);
-        assert_eq!(kv(&cake[1]), [("qdisc", "cake bandwidth 57000kbit docsis ingress")]);
+        assert_eq!(
+            kv(&cake[1]),
+            [("qdisc", "cake bandwidth 57000kbit docsis ingress")]
+        );
         let htb = place(&t, Fix::HtbFqCodel).unwrap();
-        assert_eq!(kv(&htb[1]), [("rate", "57000kbit"), ("qdisc", "fq_codel"), ("quantum", "300"), ("overhead", "18")]);
+        assert_eq!(
+            kv(&htb[1]),
+            [
+                ("rate", "57000kbit"),
+                ("qdisc", "fq_codel"),
+                ("quantum", "300"),
+                ("overhead", "18")
+            ]
+        );
         assert!(place(&t, Fix::Fifo).unwrap().is_empty());
         // Advised rates instead of the line's, one direction only.
-        let adv = place_at(&t, Fix::Cake, Shaper { up_kbit: Some(3325), down_kbit: None, ack_filter: false }).unwrap();
+        let adv = place_at(
+            &t,
+            Fix::Cake,
+            Shaper {
+                up_kbit: Some(3325),
+                down_kbit: None,
+                ack_filter: false,
+            },
+        )
+        .unwrap();
         assert_eq!(adv.len(), 1);
-        assert_eq!(adv[0].command(), "bloatlab lab set lan --dir up qdisc='cake bandwidth 3325kbit docsis'");
+        assert_eq!(
+            adv[0].command(),
+            "bloatlab lab set lan --dir up qdisc='cake bandwidth 3325kbit docsis'"
+        );
         // The ACK filter goes on the upload only.
-        let acks = place_at(&t, Fix::Cake, Shaper { up_kbit: Some(3325), down_kbit: Some(54_000), ack_filter: true }).unwrap();
-        assert_eq!(kv(&acks[0]), [("qdisc", "cake bandwidth 3325kbit docsis ack-filter")]);
-        assert_eq!(kv(&acks[1]), [("qdisc", "cake bandwidth 54000kbit docsis ingress")]);
+        let acks = place_at(
+            &t,
+            Fix::Cake,
+            Shaper {
+                up_kbit: Some(3325),
+                down_kbit: Some(54_000),
+                ack_filter: true,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            kv(&acks[0]),
+            [("qdisc", "cake bandwidth 3325kbit docsis ack-filter")]
+        );
+        assert_eq!(
+            kv(&acks[1]),
+            [("qdisc", "cake bandwidth 54000kbit docsis ingress")]
+        );
         let fix = place(&t, Fix::parse("cake+ack-filter").unwrap()).unwrap();
-        assert_eq!(kv(&fix[0]), [("qdisc", "cake bandwidth 3800kbit docsis ack-filter")]);
-        assert_eq!(kv(&fix[1]), [("qdisc", "cake bandwidth 57000kbit docsis ingress")]);
+        assert_eq!(
+            kv(&fix[0]),
+            [("qdisc", "cake bandwidth 3800kbit docsis ack-filter")]
+        );
+        assert_eq!(
+            kv(&fix[1]),
+            [("qdisc", "cake bandwidth 57000kbit docsis ingress")]
+        );
     }
 
     #[test]
     fn atm_lines_keep_their_framing_and_the_lte_trace_counts_at_its_mean() {
         let dsl = place(&topo("dsl"), Fix::Cake).unwrap();
-        assert_eq!(kv(&dsl[0]), [("qdisc", "cake bandwidth 950kbit overhead 40 atm")]);
+        assert_eq!(
+            kv(&dsl[0]),
+            [("qdisc", "cake bandwidth 950kbit overhead 40 atm")]
+        );
         let t = topo("lte");
         let mean = t.links[1].down.rate.mean_bps().unwrap();
         assert!((mean as f64 / 1e6 - 15.2).abs() < 0.2, "{mean}");
         let lte = place(&t, Fix::HtbFqCodel).unwrap();
         let want = format!("{}kbit", (mean as f64 * SHAPER_SHARE / 1000.0).round());
-        assert_eq!(kv(&lte[1])[0], ("rate", want.as_str()), "95% of the trace's mean");
+        assert_eq!(
+            kv(&lte[1])[0],
+            ("rate", want.as_str()),
+            "95% of the trace's mean"
+        );
     }
 
     #[test]
@@ -212,8 +308,17 @@ mod tests {
         // wifi-slow: the 6 Mbit/s Wi-Fi hop joins the client to the router directly.
         let e = place(&topo("wifi-slow"), Fix::Cake).unwrap_err();
         assert!(e.contains("`wifi`") && e.contains("router hop"), "{e}");
-        let flipped = Topology::from_toml("[[link]]\nname='wan'\na='router'\nb='server'\nboth={rate='10mbit'}\n[[link]]\nname='lan'\na='router'\nb='client'\n", &presets::read_file).unwrap();
+        let flipped = Topology::from_toml(
+            "[[link]]\nname='wan'\na='router'\nb='server'\nboth={rate='10mbit'}\n\
+             [[link]]\nname='lan'\na='router'\nb='client'\n",
+            &presets::read_file,
+        )
+        .unwrap();
         let s = place(&flipped, Fix::Cake).unwrap();
-        assert_eq!((s[0].link.as_str(), s[0].dir, s[1].dir), ("lan", "down", "up"), "router->client is the lan's up");
+        assert_eq!(
+            (s[0].link.as_str(), s[0].dir, s[1].dir),
+            ("lan", "down", "up"),
+            "router->client is the lan's up"
+        );
     }
 }

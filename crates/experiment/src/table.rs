@@ -5,9 +5,21 @@ use bloatlab_result::Summary;
 type Row = (&'static str, fn(&Summary) -> Option<f64>, usize);
 
 const ROWS: [Row; 11] = [
-    ("idle latency p50, ms", |s| s.latency_ms.idle.map(|p| p.p50), 1),
-    ("loaded latency p50, ms", |s| s.latency_ms.loaded.map(|p| p.p50), 1),
-    ("loaded latency p99, ms", |s| s.latency_ms.loaded.map(|p| p.p99), 1),
+    (
+        "idle latency p50, ms",
+        |s| s.latency_ms.idle.map(|p| p.p50),
+        1,
+    ),
+    (
+        "loaded latency p50, ms",
+        |s| s.latency_ms.loaded.map(|p| p.p50),
+        1,
+    ),
+    (
+        "loaded latency p99, ms",
+        |s| s.latency_ms.loaded.map(|p| p.p99),
+        1,
+    ),
     ("added latency, ms", |s| s.added_latency_ms, 1),
     ("  best effort, ms", |s| s.added_latency_ms_by_class.be, 1),
     ("  voice (EF), ms", |s| s.added_latency_ms_by_class.ef, 1),
@@ -15,7 +27,11 @@ const ROWS: [Row; 11] = [
     ("download, Mbit/s", |s| s.throughput_mbps.down, 1),
     ("upload, Mbit/s", |s| s.throughput_mbps.up, 1),
     ("probe loss, %", |s| Some(s.loss.percent), 1),
-    ("TCP retransmits (up)", |s| s.tcp_retransmits.map(|v| v as f64), 0),
+    (
+        "TCP retransmits (up)",
+        |s| s.tcp_retransmits.map(|v| v as f64),
+        0,
+    ),
 ];
 
 /// Runs side by side under their labels; rows no run has are left out, counts print whole.
@@ -32,7 +48,10 @@ pub fn table(runs: &[(&str, &Summary)]) -> String {
         }
         out += &format!("{name:<26}");
         for (_, s) in runs {
-            out += &format!("{:>width$}", f(s).map_or("-".to_string(), |v| format!("{v:.decimals$}")));
+            out += &format!(
+                "{:>width$}",
+                f(s).map_or("-".to_string(), |v| format!("{v:.decimals$}"))
+            );
         }
         out += "\n";
     }
@@ -49,9 +68,17 @@ mod tests {
 
     #[test]
     fn counts_print_whole_and_missing_rows_are_left_out() {
-        let s = Summary { tcp_retransmits: Some(393), added_latency_ms: Some(12.345), ..Default::default() };
+        let s = Summary {
+            tcp_retransmits: Some(393),
+            added_latency_ms: Some(12.345),
+            ..Default::default()
+        };
         let t = table(&[("line as is", &s), ("CAKE 95%", &s)]);
-        let row = |name: &str| t.lines().find(|l| l.starts_with(name)).map(|l| l.split_whitespace().last().unwrap().to_string());
+        let row = |name: &str| {
+            t.lines()
+                .find(|l| l.starts_with(name))
+                .map(|l| l.split_whitespace().last().unwrap().to_string())
+        };
         assert_eq!(row("TCP retransmits").as_deref(), Some("393"));
         assert_eq!(row("added latency").as_deref(), Some("12.3"));
         assert_eq!(row("  voice"), None, "no run had EF probes");

@@ -50,12 +50,20 @@ pub struct CpuTicks {
 /// already inside user); idle and iowait are the time no task ran.
 pub fn parse_proc_stat(text: &str) -> Option<CpuTicks> {
     let line = text.lines().find(|l| l.starts_with("cpu "))?;
-    let v: Vec<u64> = line.split_whitespace().skip(1).take(8).map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
     if v.len() < 5 {
         return None;
     }
     let total: u64 = v.iter().sum();
-    Some(CpuTicks { busy: total - v[3] - v[4], total })
+    Some(CpuTicks {
+        busy: total - v[3] - v[4],
+        total,
+    })
 }
 
 fn host_cpu() -> Option<CpuTicks> {
@@ -78,12 +86,21 @@ pub struct CpuUse {
 }
 
 /// The CPU between two readings for a run that delivered `goodput_mbps` for `load_s`.
-pub fn cpu_use(before: CpuTicks, after: CpuTicks, goodput_mbps: Option<f64>, load_s: f64) -> Option<CpuUse> {
+pub fn cpu_use(
+    before: CpuTicks,
+    after: CpuTicks,
+    goodput_mbps: Option<f64>,
+    load_s: f64,
+) -> Option<CpuUse> {
     let busy = after.busy.checked_sub(before.busy)?;
     let total = after.total.checked_sub(before.total).filter(|t| *t > 0)?;
     let cpu_s = busy as f64 / USER_HZ;
     let gbit = goodput_mbps.map(|g| g * load_s / 1e3).filter(|g| *g > 0.0);
-    Some(CpuUse { busy_percent: 100.0 * busy as f64 / total as f64, cpu_s, cpu_s_per_gbit: gbit.map(|g| cpu_s / g) })
+    Some(CpuUse {
+        busy_percent: 100.0 * busy as f64 / total as f64,
+        cpu_s,
+        cpu_s_per_gbit: gbit.map(|g| cpu_s / g),
+    })
 }
 
 /// Goodput of a run, both directions together, Mbit/s.
@@ -96,37 +113,77 @@ fn goodput(s: &Summary) -> Option<f64> {
 
 /// Each run's goodput as a share of the first run's.
 pub fn efficiency(runs: &[TargetRun]) -> Vec<Option<f64>> {
-    let first = runs.first().and_then(|r| goodput(&r.summary)).filter(|g| *g > 0.0);
-    runs.iter().map(|r| Some(goodput(&r.summary)? / first?)).collect()
+    let first = runs
+        .first()
+        .and_then(|r| goodput(&r.summary))
+        .filter(|g| *g > 0.0);
+    runs.iter()
+        .map(|r| Some(goodput(&r.summary)? / first?))
+        .collect()
 }
 
 /// The table of the runs with an efficiency row.
 pub fn text(runs: &[TargetRun]) -> String {
-    let labelled: Vec<(&str, &Summary)> = runs.iter().map(|r| (r.target.as_str(), &r.summary)).collect();
+    let labelled: Vec<(&str, &Summary)> = runs
+        .iter()
+        .map(|r| (r.target.as_str(), &r.summary))
+        .collect();
     let mut t = table::table(&labelled);
-    let width = runs.iter().map(|r| r.target.len()).max().unwrap_or(0).max(12) + 2;
+    let width = runs
+        .iter()
+        .map(|r| r.target.len())
+        .max()
+        .unwrap_or(0)
+        .max(12)
+        + 2;
     t += &format!("{:<26}", "efficiency vs first");
     for e in efficiency(runs) {
-        t += &format!("{:>width$}", e.map_or("-".to_string(), |e| format!("{:.0}%", e * 100.0)));
+        t += &format!(
+            "{:>width$}",
+            e.map_or("-".to_string(), |e| format!("{:.0}%", e * 100.0))
+        );
     }
     let cpu_row = |name: &str, cell: &dyn Fn(&CpuUse) -> Option<String>| {
-        let cells: String = runs.iter().map(|r| format!("{:>width$}", r.cpu.as_ref().and_then(cell).unwrap_or_else(|| "-".into()))).collect();
+        let cells: String = runs
+            .iter()
+            .map(|r| {
+                format!(
+                    "{:>width$}",
+                    r.cpu.as_ref().and_then(cell).unwrap_or_else(|| "-".into())
+                )
+            })
+            .collect();
         format!("\n{name:<26}{cells}")
     };
-    t += &cpu_row("host CPU busy, %", &|c| Some(format!("{:.0}", c.busy_percent)));
-    t += &cpu_row("CPU s per Gbit", &|c| c.cpu_s_per_gbit.map(|v| format!("{v:.2}")));
+    t += &cpu_row("host CPU busy, %", &|c| {
+        Some(format!("{:.0}", c.busy_percent))
+    });
+    t += &cpu_row("CPU s per Gbit", &|c| {
+        c.cpu_s_per_gbit.map(|v| format!("{v:.2}"))
+    });
     t + "\n"
 }
 
 fn run_one(o: &TargetsOptions, target: &str, out: &Path) -> Result<Summary, String> {
     let (kind, extra) = o.test.split_first().ok_or("no test named")?;
     let mut cmd = Command::new(&o.exe);
-    cmd.args(["test", kind, target]).args(extra).args(["-l", &o.length.to_string(), "--json", "-o"]).arg(out).stdout(Stdio::piped());
+    cmd.args(["test", kind, target])
+        .args(extra)
+        .args(["-l", &o.length.to_string(), "--json", "-o"])
+        .arg(out)
+        .stdout(Stdio::piped());
     if o.quiet {
         cmd.arg("-q");
     }
-    let out = cmd.output().map_err(|e| format!("cannot run the test: {e}"))?;
-    serde_json::from_slice(&out.stdout).map_err(|_| format!("the {kind} run against {target} failed (exit {:?})", out.status.code()))
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run the test: {e}"))?;
+    serde_json::from_slice(&out.stdout).map_err(|_| {
+        format!(
+            "the {kind} run against {target} failed (exit {:?})",
+            out.status.code()
+        )
+    })
 }
 
 /// Runs the test against each target in turn and writes one report of them all.
@@ -139,23 +196,58 @@ pub fn compare_targets(targets: &[String], o: &TargetsOptions) -> Result<TargetC
             break;
         }
         if !o.quiet {
-            eprintln!("{}/{}: {} against {target} ({} s load)", i + 1, targets.len(), o.test.join(" "), o.length);
+            eprintln!(
+                "{}/{}: {} against {target} ({} s load)",
+                i + 1,
+                targets.len(),
+                o.test.join(" "),
+                o.length
+            );
         }
-        let safe: String = target.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '_' }).collect();
-        let file = o.out_dir.join(format!("bloatlab-compare-{i}-{safe}-{stamp}.json.gz"));
+        let safe: String = target
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let file = o
+            .out_dir
+            .join(format!("bloatlab-compare-{i}-{safe}-{stamp}.json.gz"));
         let before = host_cpu();
         match run_one(o, target, &file) {
             Ok(summary) => {
-                let cpu = before.zip(host_cpu()).and_then(|(b, a)| cpu_use(b, a, goodput(&summary), o.length));
-                runs.push(TargetRun { target: target.clone(), summary, cpu, file })
+                let cpu = before
+                    .zip(host_cpu())
+                    .and_then(|(b, a)| cpu_use(b, a, goodput(&summary), o.length));
+                runs.push(TargetRun {
+                    target: target.clone(),
+                    summary,
+                    cpu,
+                    file,
+                })
             }
             Err(e) if runs.is_empty() || !o.stop.load(Ordering::Relaxed) => return Err(e),
             Err(_) => break,
         }
     }
-    let views: Vec<(&str, &Path)> = runs.iter().map(|r| (r.target.as_str(), r.file.as_path())).collect();
-    let report = write_report(&views, &[], &o.out_dir.join(format!("bloatlab-compare-{stamp}.html")));
-    Ok(TargetComparison { runs, report, interrupted: o.stop.load(Ordering::Relaxed) })
+    let views: Vec<(&str, &Path)> = runs
+        .iter()
+        .map(|r| (r.target.as_str(), r.file.as_path()))
+        .collect();
+    let report = write_report(
+        &views,
+        &[],
+        &o.out_dir.join(format!("bloatlab-compare-{stamp}.html")),
+    );
+    Ok(TargetComparison {
+        runs,
+        report,
+        interrupted: o.stop.load(Ordering::Relaxed),
+    })
 }
 
 #[cfg(test)]
@@ -166,35 +258,73 @@ mod tests {
         let mut s = Summary::default();
         s.throughput_mbps.down = down;
         s.throughput_mbps.up = up;
-        TargetRun { target: target.into(), summary: s, cpu: None, file: PathBuf::new() }
+        TargetRun {
+            target: target.into(),
+            summary: s,
+            cpu: None,
+            file: PathBuf::new(),
+        }
     }
 
     /// Two readings of /proc/stat one second apart on a two-core host, one core busy: 50%, one
     /// CPU second, and over 0.5 Gbit (50 Mbit/s for 10 s) two seconds per gigabit.
     #[test]
     fn cpu_from_two_readings_of_proc_stat() {
-        let before = parse_proc_stat("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\n").unwrap();
-        assert_eq!(before, CpuTicks { busy: 150, total: 1000 });
+        let before =
+            parse_proc_stat("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\n")
+                .unwrap();
+        assert_eq!(
+            before,
+            CpuTicks {
+                busy: 150,
+                total: 1000
+            }
+        );
         let after = parse_proc_stat("cpu  170 0 80 890 60 0 0 0 0 0\n").unwrap();
         let c = cpu_use(before, after, Some(50.0), 10.0).unwrap();
         assert_eq!((c.busy_percent, c.cpu_s), (50.0, 1.0));
         assert!((c.cpu_s_per_gbit.unwrap() - 2.0).abs() < 1e-12);
-        assert_eq!(cpu_use(after, before, None, 1.0), None, "a counter that went back is no reading");
-        assert_eq!(parse_proc_stat("cpu0 1 2 3 4 5\n"), None, "only the all-cores line counts");
-        let mut runs = [run("raw", Some(50.0), None), run("tunnel", Some(45.0), None)];
+        assert_eq!(
+            cpu_use(after, before, None, 1.0),
+            None,
+            "a counter that went back is no reading"
+        );
+        assert_eq!(
+            parse_proc_stat("cpu0 1 2 3 4 5\n"),
+            None,
+            "only the all-cores line counts"
+        );
+        let mut runs = [
+            run("raw", Some(50.0), None),
+            run("tunnel", Some(45.0), None),
+        ];
         runs[1].cpu = Some(c);
         let t = text(&runs);
-        assert!(t.lines().any(|l| l.starts_with("CPU s per Gbit") && l.trim_end().ends_with("2.00")), "{t}");
+        assert!(
+            t.lines()
+                .any(|l| l.starts_with("CPU s per Gbit") && l.trim_end().ends_with("2.00")),
+            "{t}"
+        );
     }
 
     /// The seed's tunnel: 930 Mbit/s through OpenVPN on a 940 Mbit/s path is 99%.
     #[test]
     fn efficiency_is_each_runs_goodput_over_the_first() {
-        let runs = [run("raw", Some(940.0), None), run("tunnel", Some(930.0), None), run("wifi", None, None)];
+        let runs = [
+            run("raw", Some(940.0), None),
+            run("tunnel", Some(930.0), None),
+            run("wifi", None, None),
+        ];
         let e = efficiency(&runs);
         assert!((e[1].unwrap() - 930.0 / 940.0).abs() < 1e-12);
         assert_eq!((e[0], e[2]), (Some(1.0), None));
-        assert!(text(&runs).lines().any(|l| l.starts_with("efficiency vs first") && l.contains("99%")));
-        assert_eq!(efficiency(&[run("down", None, None), run("x", Some(1.0), None)]), [None, None], "no first goodput, no shares");
+        assert!(text(&runs)
+            .lines()
+            .any(|l| l.starts_with("efficiency vs first") && l.contains("99%")));
+        assert_eq!(
+            efficiency(&[run("down", None, None), run("x", Some(1.0), None)]),
+            [None, None],
+            "no first goodput, no shares"
+        );
     }
 }

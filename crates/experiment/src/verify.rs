@@ -38,7 +38,10 @@ pub struct Verified {
 }
 
 fn measure(v: &Verify, tag: &str) -> Result<Summary, String> {
-    let file = v.out_dir.join(format!("bloatlab-tune-{tag}-{}.json.gz", std::process::id()));
+    let file = v.out_dir.join(format!(
+        "bloatlab-tune-{tag}-{}.json.gz",
+        std::process::id()
+    ));
     let mut c = match &v.netns {
         Some(ns) => {
             let mut c = Command::new("ip");
@@ -47,7 +50,19 @@ fn measure(v: &Verify, tag: &str) -> Result<Summary, String> {
         }
         None => Command::new(&v.exe),
     };
-    c.args(["test", "rrul-be", &v.host, "-l", &v.length.to_string(), "--idle", "3", "--json", "-q", "-o"]).arg(&file);
+    c.args([
+        "test",
+        "rrul-be",
+        &v.host,
+        "-l",
+        &v.length.to_string(),
+        "--idle",
+        "3",
+        "--json",
+        "-q",
+        "-o",
+    ])
+    .arg(&file);
     crate::summary_of(c, tag)
 }
 
@@ -58,23 +73,53 @@ pub fn judge(before: &Summary, after: &Summary) -> (bool, String) {
         return (false, "a test measured no latency under load".into());
     };
     if a > b {
-        return (false, format!("latency under load got worse: +{a:.1} ms after, +{b:.1} ms before"));
+        return (
+            false,
+            format!("latency under load got worse: +{a:.1} ms after, +{b:.1} ms before"),
+        );
     }
-    let total = |s: &Summary| s.throughput_mbps.down.unwrap_or(0.0) + s.throughput_mbps.up.unwrap_or(0.0);
+    let total =
+        |s: &Summary| s.throughput_mbps.down.unwrap_or(0.0) + s.throughput_mbps.up.unwrap_or(0.0);
     if total(after) < KEEP_GOODPUT * total(before) {
-        return (false, format!("goodput fell to {:.1} Mbit/s from {:.1} in all (below {:.0}%)", total(after), total(before), KEEP_GOODPUT * 100.0));
+        return (
+            false,
+            format!(
+                "goodput fell to {:.1} Mbit/s from {:.1} in all (below {:.0}%)",
+                total(after),
+                total(before),
+                KEEP_GOODPUT * 100.0
+            ),
+        );
     }
-    for (name, b, a) in [("download", before.throughput_mbps.down, after.throughput_mbps.down), ("upload", before.throughput_mbps.up, after.throughput_mbps.up)] {
+    for (name, b, a) in [
+        (
+            "download",
+            before.throughput_mbps.down,
+            after.throughput_mbps.down,
+        ),
+        (
+            "upload",
+            before.throughput_mbps.up,
+            after.throughput_mbps.up,
+        ),
+    ] {
         if let (Some(b), Some(a)) = (b, a) {
             if a < KEEP_DIRECTION * b {
-                return (false, format!("{name} goodput fell to {a:.1} Mbit/s from {b:.1} (below {:.0}%)", KEEP_DIRECTION * 100.0));
+                return (
+                    false,
+                    format!(
+                        "{name} goodput fell to {a:.1} Mbit/s from {b:.1} (below {:.0}%)",
+                        KEEP_DIRECTION * 100.0
+                    ),
+                );
             }
         }
     }
     (
         true,
         format!(
-            "latency under load +{a:.1} ms after, +{b:.1} ms before ({:.1}x less); goodput {:.1} Mbit/s after, {:.1} before",
+            "latency under load +{a:.1} ms after, +{b:.1} ms before ({:.1}x less); goodput {:.1} \
+                Mbit/s after, {:.1} before",
             if a > 0.0 { b / a } else { f64::INFINITY },
             total(after),
             total(before)
@@ -99,7 +144,12 @@ pub fn apply_verified(iface: &Iface, script: &str, v: &Verify) -> Result<Verifie
         apply::rollback(iface)?;
         reason += "; rolled back";
     }
-    Ok(Verified { before, after, kept, reason })
+    Ok(Verified {
+        before,
+        after,
+        kept,
+        reason,
+    })
 }
 
 #[cfg(test)]
@@ -107,7 +157,10 @@ mod tests {
     use super::*;
 
     fn s(added: f64, down: f64, up: f64) -> Summary {
-        let mut s = Summary { added_latency_ms: Some(added), ..Default::default() };
+        let mut s = Summary {
+            added_latency_ms: Some(added),
+            ..Default::default()
+        };
         s.throughput_mbps.down = Some(down);
         s.throughput_mbps.up = Some(up);
         s
@@ -119,10 +172,19 @@ mod tests {
         // The download recovers from 6 to 52 Mbit/s, the upload gives up ACK room: kept.
         assert!(judge(&s(120.0, 5.9, 3.6), &s(24.0, 51.8, 1.6)).0);
         let (kept, why) = judge(&s(120.0, 6.1, 3.6), &s(21.0, 51.8, 0.0));
-        assert!(!kept && why.starts_with("upload goodput fell to 0.0 Mbit/s from 3.6 (below 25%)"), "{why}");
+        assert!(
+            !kept && why.starts_with("upload goodput fell to 0.0 Mbit/s from 3.6 (below 25%)"),
+            "{why}"
+        );
         let (kept, why) = judge(&s(600.0, 57.0, 3.7), &s(700.0, 52.0, 3.3));
-        assert!(!kept && why.starts_with("latency under load got worse"), "{why}");
+        assert!(
+            !kept && why.starts_with("latency under load got worse"),
+            "{why}"
+        );
         let (kept, why) = judge(&s(600.0, 57.0, 3.7), &s(12.0, 40.0, 3.3));
-        assert!(!kept && why.starts_with("goodput fell to 43.3 Mbit/s from 60.7 in all"), "{why}");
+        assert!(
+            !kept && why.starts_with("goodput fell to 43.3 Mbit/s from 60.7 in all"),
+            "{why}"
+        );
     }
 }

@@ -34,9 +34,24 @@ pub struct SysctlVerified {
 }
 
 fn measure(v: &WritebackVerify, tag: &str) -> Result<Summary, String> {
-    let file = v.out_dir.join(format!("bloatlab-tune-writeback-{tag}-{}.json.gz", std::process::id()));
+    let file = v.out_dir.join(format!(
+        "bloatlab-tune-writeback-{tag}-{}.json.gz",
+        std::process::id()
+    ));
     let mut c = Command::new(&v.exe);
-    c.arg("test").arg("writeback").arg(&v.dir).args(["--size", &v.size.to_string(), "--idle", "1", "--json", "-q", "-o"]).arg(&file);
+    c.arg("test")
+        .arg("writeback")
+        .arg(&v.dir)
+        .args([
+            "--size",
+            &v.size.to_string(),
+            "--idle",
+            "1",
+            "--json",
+            "-q",
+            "-o",
+        ])
+        .arg(&file);
     if let Some(r) = v.rate_bps {
         c.args(["--rate", &format!("{r}bit")]);
     }
@@ -58,25 +73,49 @@ fn sync_wait(s: &Summary) -> Option<f64> {
 /// `KEEP_STABLE` of its rate, and a synced write not wait much longer ([`sync_wait`]).
 pub fn judge(before: &Summary, after: &Summary) -> (bool, String) {
     let peak = |s: &Summary| s.writeback.as_ref().map(|w| w.dirty_peak_mb);
-    let (Some(pb), Some(pa), Some(sb), Some(sa)) = (peak(before), peak(after), before.stable_mbps, after.stable_mbps) else {
+    let (Some(pb), Some(pa), Some(sb), Some(sa)) = (
+        peak(before),
+        peak(after),
+        before.stable_mbps,
+        after.stable_mbps,
+    ) else {
         return (false, "a test did not complete".into());
     };
     if pa >= pb {
-        return (false, format!("the page cache held as much as before at its fullest ({pa:.0} MB dirty after, {pb:.0} MB before)"));
+        return (
+            false,
+            format!(
+                "the page cache held as much as before at its fullest ({pa:.0} MB \
+            dirty after, {pb:.0} MB before)"
+            ),
+        );
     }
     if sa < KEEP_STABLE * sb {
-        return (false, format!("the rate to stable storage fell to {sa:.0} Mbit/s from {sb:.0} (below {:.0}%)", KEEP_STABLE * 100.0));
+        return (
+            false,
+            format!(
+                "the rate to stable storage fell to {sa:.0} Mbit/s from {sb:.0} (below {:.0}%)",
+                KEEP_STABLE * 100.0
+            ),
+        );
     }
     if let (Some(b), Some(a)) = (sync_wait(before), sync_wait(after)) {
         if a > KEEP_SYNC_WAIT * b + SYNC_WAIT_SLACK_MS {
-            return (false, format!("synced writes waited longer: {a:.1} ms after, {b:.1} ms before (the small probes' p99 or the closing fsync)"));
+            return (
+                false,
+                format!(
+                    "synced writes waited longer: {a:.1} ms after, {b:.1} ms before \
+                (the small probes' p99 or the closing fsync)"
+                ),
+            );
         }
     }
     let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.1}"));
     (
         true,
         format!(
-            "the cache held {pa:.0} MB dirty at most (before {pb:.0}); stable storage {sa:.0} Mbit/s (before {sb:.0}); synced writes waited {} ms at most (before {})",
+            "the cache held {pa:.0} MB dirty at most (before {pb:.0}); stable storage {sa:.0} \
+                Mbit/s (before {sb:.0}); synced writes waited {} ms at most (before {})",
             ms(sync_wait(after)),
             ms(sync_wait(before))
         ),
@@ -101,11 +140,21 @@ impl Drop for Restore<'_> {
 
 /// Measures, applies the two byte thresholds, measures again; rolls back unless `judge`
 /// keeps them.
-pub fn apply_verified(vm: &Path, state: &Path, background_bytes: u64, bytes: u64, v: &WritebackVerify) -> Result<SysctlVerified, String> {
+pub fn apply_verified(
+    vm: &Path,
+    state: &Path,
+    background_bytes: u64,
+    bytes: u64,
+    v: &WritebackVerify,
+) -> Result<SysctlVerified, String> {
     std::fs::create_dir_all(&v.out_dir).map_err(|e| format!("{}: {e}", v.out_dir.display()))?;
     let before = measure(v, "before")?;
     sysctl::apply(vm, state, background_bytes, bytes)?;
-    let mut restore = Restore { vm, state, armed: true };
+    let mut restore = Restore {
+        vm,
+        state,
+        armed: true,
+    };
     let after = measure(v, "after").map_err(|e| format!("{e}; rolled back"))?;
     let (kept, mut reason) = judge(&before, &after);
     if kept {
@@ -114,7 +163,12 @@ pub fn apply_verified(vm: &Path, state: &Path, background_bytes: u64, bytes: u64
     } else {
         reason += "; rolled back";
     }
-    Ok(SysctlVerified { before, after, kept, reason })
+    Ok(SysctlVerified {
+        before,
+        after,
+        kept,
+        reason,
+    })
 }
 
 #[cfg(test)]
@@ -124,9 +178,15 @@ mod tests {
 
     fn s(peak: f64, stable: f64, p99: f64, fsync: f64) -> Summary {
         Summary {
-            writeback: Some(WritebackStart { dirty_peak_mb: peak, ..Default::default() }),
+            writeback: Some(WritebackStart {
+                dirty_peak_mb: peak,
+                ..Default::default()
+            }),
             stable_mbps: Some(stable),
-            small_sync_ms: Some(Percentiles { p99, ..Default::default() }),
+            small_sync_ms: Some(Percentiles {
+                p99,
+                ..Default::default()
+            }),
             fsync_ms: Some(fsync),
             ..Default::default()
         }
@@ -134,10 +194,20 @@ mod tests {
 
     #[test]
     fn kept_only_when_the_cache_holds_less_and_the_disk_keeps_its_pace() {
-        assert!(judge(&s(1100.0, 450.0, 900.0, 15_000.0), &s(34.0, 470.0, 40.0, 300.0)).0, "the seed's case: 44 -> 56 MB/s");
+        assert!(
+            judge(
+                &s(1100.0, 450.0, 900.0, 15_000.0),
+                &s(34.0, 470.0, 40.0, 300.0)
+            )
+            .0,
+            "the seed's case: 44 -> 56 MB/s"
+        );
         let (kept, why) = judge(&s(268.0, 1000.0, 60.0, 120.0), &s(34.0, 650.0, 20.0, 20.0));
         assert!(!kept && why.contains("fell to 650"), "{why}");
-        assert!(!judge(&s(34.0, 800.0, 1.0, 10.0), &s(34.0, 800.0, 1.0, 10.0)).0, "no less in the cache");
+        assert!(
+            !judge(&s(34.0, 800.0, 1.0, 10.0), &s(34.0, 800.0, 1.0, 10.0)).0,
+            "no less in the cache"
+        );
         // Measured here: probes 1.2 -> 13 ms, but the fsync 62.7 -> 16.6 ms: the wait moved
         // from the end into the run and got shorter.
         assert!(judge(&s(141.6, 770.0, 1.2, 62.7), &s(33.6, 796.0, 13.0, 16.6)).0);

@@ -2,7 +2,8 @@
 //! model can be checked against Linux's on the very same arrivals (scripts/bench-kernel-ref.sh
 //! captures them at the kernel router with `--capture`).
 //!
-//!   cargo run --release -p bloatlab-lab-model --example autorate_replay -- PCAP [OPTIONS] [STEP_MS]
+//!   cargo run --release -p bloatlab-lab-model --example autorate_replay -- PCAP [OPTIONS]
+//! [STEP_MS]
 //!
 //! PCAP: Ethernet frames as `tcpdump -w` writes them (microsecond or nanosecond stamps; headers
 //! are enough, the original length is used). OPTIONS: CAKE's words as tc reads them, default
@@ -45,9 +46,21 @@ fn read_pcap(bytes: &[u8]) -> Result<Vec<Frame>, String> {
     let mut frames = Vec::new();
     let mut at = 24;
     while let Some(rec) = bytes.get(at..at + 16) {
-        let (secs, frac, caplen, len) = (word(&rec[..4]), word(&rec[4..8]), word(&rec[8..12]), word(&rec[12..16]));
-        let sub_ns = if nanos { frac as u64 } else { frac as u64 * 1000 };
-        frames.push(Frame { at_ns: secs as u64 * 1_000_000_000 + sub_ns, len: len as usize });
+        let (secs, frac, caplen, len) = (
+            word(&rec[..4]),
+            word(&rec[4..8]),
+            word(&rec[8..12]),
+            word(&rec[12..16]),
+        );
+        let sub_ns = if nanos {
+            frac as u64
+        } else {
+            frac as u64 * 1000
+        };
+        frames.push(Frame {
+            at_ns: secs as u64 * 1_000_000_000 + sub_ns,
+            len: len as usize,
+        });
         at += 16 + caplen as usize;
     }
     Ok(frames)
@@ -76,11 +89,20 @@ fn main() -> ExitCode {
         eprintln!("usage: autorate_replay PCAP [CAKE OPTIONS] [STEP_MS]");
         return ExitCode::from(2);
     };
-    let words = args.get(1).map_or("bandwidth 38mbit besteffort autorate-ingress ingress", |s| s.as_str());
+    let words = args.get(1).map_or(
+        "bandwidth 38mbit besteffort autorate-ingress ingress",
+        |s| s.as_str(),
+    );
     let run = || -> Result<(), String> {
         let step_ms = match args.get(2) {
             None => 250,
-            Some(s) => s.parse::<u64>().ok().filter(|ms| (1..=60_000).contains(ms)).ok_or(format!("STEP_MS `{s}`: want whole milliseconds, 1 to 60000"))?,
+            Some(s) => s
+                .parse::<u64>()
+                .ok()
+                .filter(|ms| (1..=60_000).contains(ms))
+                .ok_or(format!(
+                    "STEP_MS `{s}`: want whole milliseconds, 1 to 60000"
+                ))?,
         };
         let step_ns = step_ms * 1_000_000;
         let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;

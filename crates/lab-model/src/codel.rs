@@ -18,7 +18,12 @@ pub struct CodelParams {
 
 impl Default for CodelParams {
     fn default() -> Self {
-        CodelParams { target_ns: 5 * MS, interval_ns: 100 * MS, mtu: 1514, ecn: false }
+        CodelParams {
+            target_ns: 5 * MS,
+            interval_ns: 100 * MS,
+            mtu: 1514,
+            ecn: false,
+        }
     }
 }
 
@@ -76,7 +81,15 @@ impl CodelState {
     /// state machine says. `others` is what the rest of the qdisc holds (FQ-CoDel's other
     /// flows; 0 for plain CoDel): the one-MTU rule looks at the whole backlog, as Linux does.
     /// Like Linux, there is no cap on drops in one dequeue: the control law spaces them.
-    pub fn dequeue(&mut self, queue: &mut VecDeque<Packet>, bytes: &mut usize, others: usize, now: u64, params: &CodelParams, stats: &mut DirStats) -> Option<Packet> {
+    pub fn dequeue(
+        &mut self,
+        queue: &mut VecDeque<Packet>,
+        bytes: &mut usize,
+        others: usize,
+        now: u64,
+        params: &CodelParams,
+        stats: &mut DirStats,
+    ) -> Option<Packet> {
         let pop = |q: &mut VecDeque<Packet>, b: &mut usize| {
             let p = q.pop_front()?;
             *b -= p.frame_len;
@@ -99,7 +112,8 @@ impl CodelState {
                     self.rec_inv_sqrt = newton_step(self.rec_inv_sqrt, self.count);
                     if params.ecn && p.mark_ce() {
                         stats.ecn_marks += 1;
-                        self.drop_next = control_law(self.drop_next, params.interval_ns, self.rec_inv_sqrt);
+                        self.drop_next =
+                            control_law(self.drop_next, params.interval_ns, self.rec_inv_sqrt);
                         return Some(p);
                     }
                     stats.drops.aqm += 1;
@@ -115,7 +129,8 @@ impl CodelState {
                     if !ok {
                         self.dropping = false;
                     } else {
-                        self.drop_next = control_law(self.drop_next, params.interval_ns, self.rec_inv_sqrt);
+                        self.drop_next =
+                            control_law(self.drop_next, params.interval_ns, self.rec_inv_sqrt);
                     }
                 }
             }
@@ -170,13 +185,22 @@ pub struct Codel {
 
 impl Codel {
     pub fn new(limit: Limit, params: CodelParams) -> Codel {
-        Codel { queue: VecDeque::new(), bytes: 0, limit, params, state: CodelState::default() }
+        Codel {
+            queue: VecDeque::new(),
+            bytes: 0,
+            limit,
+            params,
+            state: CodelState::default(),
+        }
     }
 }
 
 impl Qdisc for Codel {
     fn enqueue(&mut self, mut pkt: Packet, now: u64, stats: &mut DirStats) {
-        if self.limit.exceeded(self.queue.len() + 1, self.bytes + pkt.frame_len) {
+        if self
+            .limit
+            .exceeded(self.queue.len() + 1, self.bytes + pkt.frame_len)
+        {
             stats.drops.overflow += 1;
             return;
         }
@@ -186,7 +210,14 @@ impl Qdisc for Codel {
     }
 
     fn dequeue(&mut self, now: u64, stats: &mut DirStats) -> Option<Packet> {
-        self.state.dequeue(&mut self.queue, &mut self.bytes, 0, now, &self.params, stats)
+        self.state.dequeue(
+            &mut self.queue,
+            &mut self.bytes,
+            0,
+            now,
+            &self.params,
+            stats,
+        )
     }
 
     fn packets(&self) -> usize {
@@ -220,14 +251,24 @@ mod tests {
         assert_eq!(gaps_us[..4], [99_998, 50_001, 56_250, 48_779]);
         for (i, gap) in gaps_us.iter().enumerate().skip(8) {
             let exact = 100_000.0 / ((i + 1) as f64).sqrt();
-            assert!((*gap as f64 / exact - 1.0).abs() < 0.01, "count {}: {gap} us, exact {exact:.0}", i + 1);
+            assert!(
+                (*gap as f64 / exact - 1.0).abs() < 0.01,
+                "count {}: {gap} us, exact {exact:.0}",
+                i + 1
+            );
         }
     }
 
-    /// Reno-like flows (additive increase per RTT, halve once per RTT on a drop) start with windows far above the path's BDP, and keep the 10 Mbit/s link
+    /// Reno-like flows (additive increase per RTT, halve once per RTT on a drop) start with windows
+    /// far above the path's BDP, and keep the 10 Mbit/s link
     /// persistently overloaded. Returns the sojourn of every packet sent after 10 s and the
     /// times of CoDel's drops.
-    fn reno_through(q: &mut dyn Qdisc, flows: usize, base_rtt: u64, secs: u64) -> (Vec<u64>, Vec<u64>) {
+    fn reno_through(
+        q: &mut dyn Qdisc,
+        flows: usize,
+        base_rtt: u64,
+        secs: u64,
+    ) -> (Vec<u64>, Vec<u64>) {
         use std::cmp::Reverse;
         use std::collections::BinaryHeap;
         let tx = 1_200_000u64; // 1500 B at 10 Mbit/s
@@ -292,13 +333,22 @@ mod tests {
         sojourns.sort();
         let median = sojourns[sojourns.len() / 2];
         let target = CodelParams::default().target_ns;
-        assert!(median >= target && median <= 2 * target, "median sojourn {} ms", median as f64 / 1e6);
-        // Signal k comes the sum of the first k gaps of `control_law_spacing_follows_linux_newton_steps`
+        assert!(
+            median >= target && median <= 2 * target,
+            "median sojourn {} ms",
+            median as f64 / 1e6
+        );
+        // Signal k comes the sum of the first k gaps of
+        // `control_law_spacing_follows_linux_newton_steps`
         // after the first; the
         // schedule runs from the due times, dequeues (every 1.2 ms here) can only be late.
         let since_first = |k: usize| (drops[k] - drops[0]) as f64 / 1e6;
         for (k, want) in [(1, 99.998), (2, 150.0), (3, 206.25), (4, 255.029)] {
-            assert!(since_first(k) >= want - 0.01 && since_first(k) <= want + 1.3, "drop {k}: {} ms after the first, control law says {want}", since_first(k));
+            assert!(
+                since_first(k) >= want - 0.01 && since_first(k) <= want + 1.3,
+                "drop {k}: {} ms after the first, control law says {want}",
+                since_first(k)
+            );
         }
     }
 
@@ -309,12 +359,19 @@ mod tests {
         let (mut sojourns, _) = reno_through(&mut q, 8, 100 * MS, 30);
         sojourns.sort();
         let median = sojourns[sojourns.len() / 2];
-        assert!(median > 600 * MS && median <= 1200 * MS, "median sojourn {} ms", median / MS);
+        assert!(
+            median > 600 * MS && median <= 1200 * MS,
+            "median sojourn {} ms",
+            median / MS
+        );
     }
 
     #[test]
     fn ecn_capable_packets_are_marked_not_dropped() {
-        let params = CodelParams { ecn: true, ..Default::default() };
+        let params = CodelParams {
+            ecn: true,
+            ..Default::default()
+        };
         let mut q = Codel::new(Limit::packets(100_000), params);
         let mut st = DirStats::default();
         for i in 0..2000 {

@@ -11,7 +11,10 @@ use crate::MS;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ConfigError {
-    #[error("unknown key `{0}` (keys: rate, delay, jitter, reorder, loss, ge, mtu, overhead, atm, qdisc, limit, target, interval, ecn, flows, quantum, ring, bql, seed)")]
+    #[error(
+        "unknown key `{0}` (keys: rate, delay, jitter, reorder, loss, ge, mtu, overhead, atm, \
+        qdisc, limit, target, interval, ecn, flows, quantum, ring, bql, seed)"
+    )]
     Key(String),
     #[error("{0}")]
     Value(String),
@@ -63,7 +66,15 @@ pub struct QdiscConfig {
 
 impl Default for QdiscConfig {
     fn default() -> Self {
-        QdiscConfig { kind: QdiscKind::Fifo, limit: None, target_ns: 5 * MS, interval_ns: 100 * MS, ecn: None, flows: 1024, quantum: 1514 }
+        QdiscConfig {
+            kind: QdiscKind::Fifo,
+            limit: None,
+            target_ns: 5 * MS,
+            interval_ns: 100 * MS,
+            ecn: None,
+            flows: 1024,
+            quantum: 1514,
+        }
     }
 }
 
@@ -120,7 +131,9 @@ pub fn parse_rate(s: &str) -> Result<u64, ConfigError> {
 
 /// Nanoseconds: "7.5ms", "100us", "2s", "0" (`bloatlab_units`).
 pub fn parse_time_ns(s: &str) -> Result<u64, ConfigError> {
-    bloatlab_units::parse_duration(s).map(|d| d.as_nanos() as u64).map_err(ConfigError::Value)
+    bloatlab_units::parse_duration(s)
+        .map(|d| d.as_nanos() as u64)
+        .map_err(ConfigError::Value)
 }
 
 fn parse_fraction(s: &str) -> Result<f64, ConfigError> {
@@ -131,7 +144,9 @@ fn parse_fraction(s: &str) -> Result<f64, ConfigError> {
     };
     match v {
         Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
-        _ => Err(ConfigError::Value(format!("probability `{s}`: want e.g. 1% or 0.01"))),
+        _ => Err(ConfigError::Value(format!(
+            "probability `{s}`: want e.g. 1% or 0.01"
+        ))),
     }
 }
 
@@ -144,29 +159,57 @@ fn parse_bool(s: &str) -> Result<bool, ConfigError> {
 }
 
 fn parse_usize(s: &str, what: &str) -> Result<usize, ConfigError> {
-    s.trim().parse().map_err(|_| ConfigError::Value(format!("{what} `{s}`: want a whole number")))
+    s.trim()
+        .parse()
+        .map_err(|_| ConfigError::Value(format!("{what} `{s}`: want a whole number")))
 }
 
 /// "1000" or "1000p" packets, "64kb"/"1mb"/"3000b" bytes, "100ms" time. Sizes follow tc:
 /// `k`/`kb` = 1024 bytes, `m`/`mb` = 1024 * 1024 (tc-qdisc "UNITS").
 pub fn parse_limit(s: &str) -> Result<BufferLimit, ConfigError> {
     let t = s.trim().to_ascii_lowercase();
-    let bad = || ConfigError::Value(format!("limit `{s}`: want packets (1000), bytes (64kb) or time (100ms)"));
+    let bad = || {
+        ConfigError::Value(format!(
+            "limit `{s}`: want packets (1000), bytes (64kb) or time (100ms)"
+        ))
+    };
     if t.ends_with("ms") || t.ends_with("us") || (t.ends_with('s') && !t.ends_with("bs")) {
         return parse_time_ns(&t).map(BufferLimit::Time);
     }
-    for (suf, m) in [("kb", 1024usize), ("mb", 1 << 20), ("gb", 1 << 30), ("k", 1024), ("m", 1 << 20), ("g", 1 << 30), ("b", 1)] {
+    for (suf, m) in [
+        ("kb", 1024usize),
+        ("mb", 1 << 20),
+        ("gb", 1 << 30),
+        ("k", 1024),
+        ("m", 1 << 20),
+        ("g", 1 << 30),
+        ("b", 1),
+    ] {
         if let Some(n) = t.strip_suffix(suf) {
-            return n.trim().parse::<usize>().map(|v| BufferLimit::Bytes(v * m)).map_err(|_| bad());
+            return n
+                .trim()
+                .parse::<usize>()
+                .map(|v| BufferLimit::Bytes(v * m))
+                .map_err(|_| bad());
         }
     }
-    t.trim_end_matches('p').parse::<usize>().ok().filter(|&n| n > 0).map(BufferLimit::Packets).ok_or_else(bad)
+    t.trim_end_matches('p')
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n > 0)
+        .map(BufferLimit::Packets)
+        .ok_or_else(bad)
 }
 
 impl DirConfig {
     /// Applies one `key=value`. `read_file` loads trace and schedule files named by
     /// `rate=trace:PATH` / `rate=schedule:PATH` (the only I/O, injected by the caller).
-    pub fn set(&mut self, key: &str, value: &str, read_file: &dyn Fn(&str) -> Result<String, String>) -> Result<(), ConfigError> {
+    pub fn set(
+        &mut self,
+        key: &str,
+        value: &str,
+        read_file: &dyn Fn(&str) -> Result<String, String>,
+    ) -> Result<(), ConfigError> {
         let v = value.trim();
         match key.trim() {
             "rate" => {
@@ -185,13 +228,24 @@ impl DirConfig {
             "reorder" => self.reorder = parse_bool(v)?,
             "loss" => {
                 let p = parse_fraction(v)?;
-                self.loss = if p == 0.0 { Loss::None } else { Loss::Random(p) };
+                self.loss = if p == 0.0 {
+                    Loss::None
+                } else {
+                    Loss::Random(p)
+                };
             }
             "ge" => {
                 // p[,r[,1-h[,1-k]]] as netem's gemodel, with its defaults.
                 let parts: Vec<f64> = v.split(',').map(parse_fraction).collect::<Result<_, _>>()?;
-                let p = *parts.first().ok_or_else(|| ConfigError::Value("ge needs p".into()))?;
-                self.loss = Loss::GilbertElliott { p, r: parts.get(1).copied().unwrap_or(1.0 - p), bad_loss: parts.get(2).copied().unwrap_or(1.0), good_loss: parts.get(3).copied().unwrap_or(0.0) };
+                let p = *parts
+                    .first()
+                    .ok_or_else(|| ConfigError::Value("ge needs p".into()))?;
+                self.loss = Loss::GilbertElliott {
+                    p,
+                    r: parts.get(1).copied().unwrap_or(1.0 - p),
+                    bad_loss: parts.get(2).copied().unwrap_or(1.0),
+                    good_loss: parts.get(3).copied().unwrap_or(0.0),
+                };
             }
             "mtu" => {
                 let m = parse_usize(v, "mtu")?;
@@ -206,12 +260,22 @@ impl DirConfig {
                 let (kind, options) = v.split_once(char::is_whitespace).unwrap_or((v, ""));
                 self.qdisc.kind = match kind {
                     "cake" => QdiscKind::Cake(CakeParams::parse(options)?),
-                    _ if !options.trim().is_empty() => return Err(ConfigError::Value(format!("qdisc `{v}`: only cake takes options here; set the others with their own keys (limit, target, ...)"))),
+                    _ if !options.trim().is_empty() => {
+                        return Err(ConfigError::Value(format!(
+                            "qdisc `{v}`: only cake takes options here; \
+                             set the others with their own keys (limit, target, ...)"
+                        )))
+                    }
                     "fifo" | "pfifo" | "droptail" => QdiscKind::Fifo,
                     "fifo-headdrop" | "drophead" => QdiscKind::FifoHeadDrop,
                     "codel" => QdiscKind::Codel,
                     "fq_codel" | "fq-codel" => QdiscKind::FqCodel,
-                    _ => return Err(ConfigError::Value(format!("qdisc `{v}`: want fifo, fifo-headdrop, codel, fq_codel or \"cake [options as tc takes them]\""))),
+                    _ => {
+                        return Err(ConfigError::Value(format!(
+                            "qdisc `{v}`: want fifo, \
+                        fifo-headdrop, codel, fq_codel or \"cake [options as tc takes them]\""
+                        )))
+                    }
                 }
             }
             "limit" => self.qdisc.limit = Some(parse_limit(v)?),
@@ -223,12 +287,18 @@ impl DirConfig {
             "ring" => {
                 let n = parse_usize(v, "ring")?;
                 if n > 65536 {
-                    return Err(ConfigError::Value(format!("ring {n}: at most 65536 entries")));
+                    return Err(ConfigError::Value(format!(
+                        "ring {n}: at most 65536 entries"
+                    )));
                 }
                 self.ring = n;
             }
             "bql" => self.bql = parse_bool(v)?,
-            "seed" => self.seed = v.parse().map_err(|_| ConfigError::Value(format!("seed `{v}`")))?,
+            "seed" => {
+                self.seed = v
+                    .parse()
+                    .map_err(|_| ConfigError::Value(format!("seed `{v}`")))?
+            }
             other => return Err(ConfigError::Key(other.to_string())),
         }
         Ok(())
@@ -257,9 +327,15 @@ impl DirConfig {
         match self.qdisc.limit {
             None => Limit::packets(default_packets),
             Some(BufferLimit::Packets(n)) => Limit::packets(n),
-            Some(BufferLimit::Bytes(b)) => Limit { packets: None, bytes: Some(b) },
+            Some(BufferLimit::Bytes(b)) => Limit {
+                packets: None,
+                bytes: Some(b),
+            },
             Some(BufferLimit::Time(ns)) => match self.rate.mean_bps() {
-                Some(bps) => Limit { packets: None, bytes: Some(((bps as u128 * ns as u128) / 8_000_000_000) as usize) },
+                Some(bps) => Limit {
+                    packets: None,
+                    bytes: Some(((bps as u128 * ns as u128) / 8_000_000_000) as usize),
+                },
                 None => Limit::packets(default_packets),
             },
         }
@@ -267,7 +343,12 @@ impl DirConfig {
 
     pub fn build_qdisc(&self) -> Box<dyn Qdisc> {
         let q = &self.qdisc;
-        let codel = CodelParams { target_ns: q.target_ns, interval_ns: q.interval_ns, mtu: self.mtu + 14, ecn: q.ecn.unwrap_or(false) };
+        let codel = CodelParams {
+            target_ns: q.target_ns,
+            interval_ns: q.interval_ns,
+            mtu: self.mtu + 14,
+            ecn: q.ecn.unwrap_or(false),
+        };
         match q.kind {
             QdiscKind::Fifo => Box::new(Fifo::new(self.limit(1000), false)),
             QdiscKind::FifoHeadDrop => Box::new(Fifo::new(self.limit(1000), true)),
@@ -280,7 +361,10 @@ impl DirConfig {
                     quantum: q.quantum,
                     limit: lim.packets.unwrap_or(d.limit),
                     memory_limit: lim.bytes.unwrap_or(d.memory_limit),
-                    codel: CodelParams { ecn: q.ecn.unwrap_or(true), ..codel },
+                    codel: CodelParams {
+                        ecn: q.ecn.unwrap_or(true),
+                        ..codel
+                    },
                     seed: self.seed,
                     ..d
                 }))
@@ -294,14 +378,26 @@ impl DirConfig {
         let rate = match &self.rate {
             Rate::Unlimited => "unlimited".to_string(),
             Rate::BitsPerSecond(b) => format!("{} Mbit/s", *b as f64 / 1e6),
-            Rate::Trace { opportunities_ms, period_ms } => {
-                format!("trace ({} opportunities / {} ms, mean {:.1} Mbit/s)", opportunities_ms.len(), period_ms, self.rate.mean_bps().unwrap_or(0) as f64 / 1e6)
+            Rate::Trace {
+                opportunities_ms,
+                period_ms,
+            } => {
+                format!(
+                    "trace ({} opportunities / {} ms, mean {:.1} Mbit/s)",
+                    opportunities_ms.len(),
+                    period_ms,
+                    self.rate.mean_bps().unwrap_or(0) as f64 / 1e6
+                )
             }
             Rate::Schedule(s) => format!("schedule of {} rates", s.len()),
         };
         let mut out = format!("{rate}, delay {} ms", self.delay_ns as f64 / 1e6);
         if self.jitter_ns > 0 {
-            out += &format!(" +/- {} ms{}", self.jitter_ns as f64 / 1e6, if self.reorder { " (reordering)" } else { "" });
+            out += &format!(
+                " +/- {} ms{}",
+                self.jitter_ns as f64 / 1e6,
+                if self.reorder { " (reordering)" } else { "" }
+            );
         }
         match self.loss {
             Loss::None => {}
@@ -323,10 +419,18 @@ impl DirConfig {
         };
         out += &format!(", {qdisc}");
         if self.ring_entries() > 0 {
-            out += &format!(", ring {}{}", self.ring_entries(), if self.bql { " with BQL" } else { "" });
+            out += &format!(
+                ", ring {}{}",
+                self.ring_entries(),
+                if self.bql { " with BQL" } else { "" }
+            );
         }
         if self.overhead > 0 || self.atm {
-            out += &format!(", overhead {} B{}", self.overhead, if self.atm { " ATM" } else { "" });
+            out += &format!(
+                ", overhead {} B{}",
+                self.overhead,
+                if self.atm { " ATM" } else { "" }
+            );
         }
         out
     }
@@ -344,13 +448,20 @@ mod tests {
     fn parses_units() {
         assert_eq!(parse_rate("60mbit"), Ok(60_000_000));
         assert_eq!(parse_rate("1.5Mbit"), Ok(1_500_000));
-        assert!(parse_rate("64000").is_err(), "a bare number: tc reads bit/s, people Mbit/s");
+        assert!(
+            parse_rate("64000").is_err(),
+            "a bare number: tc reads bit/s, people Mbit/s"
+        );
         assert!(parse_rate("fast").is_err());
         assert_eq!(parse_time_ns("7.5ms"), Ok(7_500_000));
         assert_eq!(parse_time_ns("0"), Ok(0));
         assert!(parse_time_ns("7").is_err(), "a bare number is ambiguous");
         assert_eq!(parse_limit("1000"), Ok(BufferLimit::Packets(1000)));
-        assert_eq!(parse_limit("64kb"), Ok(BufferLimit::Bytes(65_536)), "tc: kb = 1024 bytes");
+        assert_eq!(
+            parse_limit("64kb"),
+            Ok(BufferLimit::Bytes(65_536)),
+            "tc: kb = 1024 bytes"
+        );
         assert_eq!(parse_limit("1m"), Ok(BufferLimit::Bytes(1 << 20)));
         assert_eq!(parse_limit("100ms"), Ok(BufferLimit::Time(100 * MS)));
     }
@@ -359,18 +470,44 @@ mod tests {
     fn set_rejects_unknown_keys_and_bad_values_with_their_names() {
         let mut c = DirConfig::default();
         assert!(matches!(c.set("speed", "1", &no_files), Err(ConfigError::Key(k)) if k == "speed"));
-        assert!(c.set("qdisc", "red", &no_files).unwrap_err().to_string().contains("fq_codel"));
-        c.set("qdisc", "cake bandwidth 57mbit docsis ack-filter", &no_files).unwrap();
-        assert!(matches!(c.qdisc.kind, QdiscKind::Cake(p) if p.bandwidth_bps == 57_000_000 && p.overhead == Some(18)));
-        assert!(c.set("qdisc", "cake bandwidth fast", &no_files).unwrap_err().to_string().contains("fast"));
+        assert!(c
+            .set("qdisc", "red", &no_files)
+            .unwrap_err()
+            .to_string()
+            .contains("fq_codel"));
+        c.set(
+            "qdisc",
+            "cake bandwidth 57mbit docsis ack-filter",
+            &no_files,
+        )
+        .unwrap();
+        assert!(matches!(c.qdisc.kind, QdiscKind::Cake(p)
+                if p.bandwidth_bps == 57_000_000 && p.overhead == Some(18)));
+        assert!(c
+            .set("qdisc", "cake bandwidth fast", &no_files)
+            .unwrap_err()
+            .to_string()
+            .contains("fast"));
         assert!(c.set("qdisc", "fq_codel quantum 300", &no_files).is_err());
         c.set("ge", "0.01", &no_files).unwrap();
-        assert_eq!(c.loss, Loss::GilbertElliott { p: 0.01, r: 0.99, bad_loss: 1.0, good_loss: 0.0 });
+        assert_eq!(
+            c.loss,
+            Loss::GilbertElliott {
+                p: 0.01,
+                r: 0.99,
+                bad_loss: 1.0,
+                good_loss: 0.0
+            }
+        );
     }
 
     #[test]
     fn atm_framing_rounds_up_to_cells() {
-        let c = DirConfig { overhead: 40, atm: true, ..Default::default() };
+        let c = DirConfig {
+            overhead: 40,
+            atm: true,
+            ..Default::default()
+        };
         // 1500 + 40 = 1540 -> 33 cells = 1749 bytes.
         assert_eq!(c.wire_bytes(1500), 1749);
     }
@@ -380,6 +517,12 @@ mod tests {
         let mut c = DirConfig::default();
         c.set("rate", "8mbit", &no_files).unwrap();
         c.set("limit", "100ms", &no_files).unwrap();
-        assert_eq!(c.limit(1000), Limit { packets: None, bytes: Some(100_000) });
+        assert_eq!(
+            c.limit(1000),
+            Limit {
+                packets: None,
+                bytes: Some(100_000)
+            }
+        );
     }
 }

@@ -63,7 +63,10 @@ impl Dql {
     }
 
     pub fn stats(&self) -> DqlStats {
-        DqlStats { limit_bytes: self.limit, inflight_bytes: self.num_queued - self.num_completed }
+        DqlStats {
+            limit_bytes: self.limit,
+            inflight_bytes: self.num_queued - self.num_completed,
+        }
     }
 
     /// `dql_completed`: `bytes` left the ring at `now`; the limit grows when the ring ran dry
@@ -83,8 +86,13 @@ impl Dql {
             self.lowest_slack = u64::MAX;
         } else if inprogress > 0 && prev_inprogress > 0 && !all_prev_completed {
             // Busy the whole interval: the excess over twice what completed is slack.
-            let slack = (limit + self.prev_ovlimit).saturating_sub(2 * (completed - self.num_completed));
-            let slack_last_objs = if self.prev_ovlimit > 0 { self.prev_last_obj_cnt.saturating_sub(self.prev_ovlimit) } else { 0 };
+            let slack =
+                (limit + self.prev_ovlimit).saturating_sub(2 * (completed - self.num_completed));
+            let slack_last_objs = if self.prev_ovlimit > 0 {
+                self.prev_last_obj_cnt.saturating_sub(self.prev_ovlimit)
+            } else {
+                0
+            };
             self.lowest_slack = self.lowest_slack.min(slack.max(slack_last_objs));
             if now > self.slack_start_ns + self.slack_hold_ns {
                 limit = limit.saturating_sub(self.lowest_slack);
@@ -118,7 +126,13 @@ mod tests {
         d.queued(1500);
         assert!(d.stopped(), "over a zero limit after one packet");
         d.completed(1500, 1_000);
-        assert_eq!(d.stats(), DqlStats { limit_bytes: 1500, inflight_bytes: 0 });
+        assert_eq!(
+            d.stats(),
+            DqlStats {
+                limit_bytes: 1500,
+                inflight_bytes: 0
+            }
+        );
         assert!(!d.stopped());
     }
 

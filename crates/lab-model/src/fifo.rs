@@ -15,13 +15,22 @@ pub struct Fifo {
 
 impl Fifo {
     pub fn new(limit: Limit, head_drop: bool) -> Fifo {
-        Fifo { queue: VecDeque::new(), bytes: 0, limit, head_drop }
+        Fifo {
+            queue: VecDeque::new(),
+            bytes: 0,
+            limit,
+            head_drop,
+        }
     }
 }
 
 impl Qdisc for Fifo {
     fn enqueue(&mut self, mut pkt: Packet, now: u64, stats: &mut DirStats) {
-        if !self.head_drop && self.limit.exceeded(self.queue.len() + 1, self.bytes + pkt.frame_len) {
+        if !self.head_drop
+            && self
+                .limit
+                .exceeded(self.queue.len() + 1, self.bytes + pkt.frame_len)
+        {
             stats.drops.overflow += 1;
             return;
         }
@@ -29,7 +38,10 @@ impl Qdisc for Fifo {
         self.bytes += pkt.frame_len;
         self.queue.push_back(pkt);
         while self.limit.exceeded(self.queue.len(), self.bytes) {
-            let old = self.queue.pop_front().expect("over a limit means not empty");
+            let old = self
+                .queue
+                .pop_front()
+                .expect("over a limit means not empty");
             self.bytes -= old.frame_len;
             stats.drops.overflow += 1;
         }
@@ -65,7 +77,9 @@ mod tests {
 
     fn seqs(q: &mut Fifo) -> Vec<u16> {
         let mut st = DirStats::default();
-        std::iter::from_fn(|| q.dequeue(0, &mut st)).map(|p| u16::from_be_bytes([p.data[20], p.data[21]])).collect()
+        std::iter::from_fn(|| q.dequeue(0, &mut st))
+            .map(|p| u16::from_be_bytes([p.data[20], p.data[21]]))
+            .collect()
     }
 
     #[test]
@@ -83,7 +97,13 @@ mod tests {
 
     #[test]
     fn byte_limit_counts_bytes() {
-        let mut q = Fifo::new(Limit { packets: None, bytes: Some(3000) }, false);
+        let mut q = Fifo::new(
+            Limit {
+                packets: None,
+                bytes: Some(3000),
+            },
+            false,
+        );
         let mut st = DirStats::default();
         for i in 0..3 {
             q.enqueue(udp4(1500, i, 9, 0), 0, &mut st);

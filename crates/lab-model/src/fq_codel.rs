@@ -22,7 +22,18 @@ pub struct FqCodelParams {
 
 impl Default for FqCodelParams {
     fn default() -> Self {
-        FqCodelParams { flows: 1024, quantum: 1514, limit: 10_240, memory_limit: 32 << 20, drop_batch: 64, codel: CodelParams { ecn: true, ..Default::default() }, seed: 0 }
+        FqCodelParams {
+            flows: 1024,
+            quantum: 1514,
+            limit: 10_240,
+            memory_limit: 32 << 20,
+            drop_batch: 64,
+            codel: CodelParams {
+                ecn: true,
+                ..Default::default()
+            },
+            seed: 0,
+        }
     }
 }
 
@@ -52,14 +63,31 @@ pub struct FqCodel {
 
 impl FqCodel {
     pub fn new(params: FqCodelParams) -> FqCodel {
-        let flows = (0..params.flows.max(1)).map(|_| Flow { queue: VecDeque::new(), bytes: 0, deficit: 0, codel: CodelState::default(), list: List::None }).collect();
-        FqCodel { params, flows, new_flows: VecDeque::new(), old_flows: VecDeque::new(), packets: 0, bytes: 0 }
+        let flows = (0..params.flows.max(1))
+            .map(|_| Flow {
+                queue: VecDeque::new(),
+                bytes: 0,
+                deficit: 0,
+                codel: CodelState::default(),
+                list: List::None,
+            })
+            .collect();
+        FqCodel {
+            params,
+            flows,
+            new_flows: VecDeque::new(),
+            old_flows: VecDeque::new(),
+            packets: 0,
+            bytes: 0,
+        }
     }
 
     /// Linux's fat-flow drop: from the head of the flow with the largest backlog, until half of
     /// it is gone or `drop_batch` packets; CoDel of that flow is told to signal harder.
     fn drop_from_fattest(&mut self, stats: &mut DirStats) {
-        let Some((idx, _)) = self.flows.iter().enumerate().max_by_key(|(_, f)| f.bytes) else { return };
+        let Some((idx, _)) = self.flows.iter().enumerate().max_by_key(|(_, f)| f.bytes) else {
+            return;
+        };
         let f = &mut self.flows[idx];
         let threshold = f.bytes / 2;
         let mut dropped = 0;
@@ -118,7 +146,14 @@ impl Qdisc for FqCodel {
             }
             let (before_pk, before_b) = (f.queue.len(), f.bytes);
             let others = self.bytes - f.bytes;
-            let got = f.codel.dequeue(&mut f.queue, &mut f.bytes, others, now, &self.params.codel, stats);
+            let got = f.codel.dequeue(
+                &mut f.queue,
+                &mut f.bytes,
+                others,
+                now,
+                &self.params.codel,
+                stats,
+            );
             // CoDel may have dropped packets on the way: keep the totals in step.
             self.packets -= before_pk - f.queue.len();
             self.bytes -= before_b - f.bytes;
@@ -205,7 +240,11 @@ mod tests {
         }
         let worst = *sparse_sojourns.iter().max().unwrap();
         assert!(worst < MS + tx, "sparse flow waited {} us", worst / 1000);
-        assert!(sparse_sojourns.len() >= 440, "{} sparse packets", sparse_sojourns.len());
+        assert!(
+            sparse_sojourns.len() >= 440,
+            "{} sparse packets",
+            sparse_sojourns.len()
+        );
         // The link stayed busy with bulk traffic (all but the sparse share).
         let busy = bulk_bytes as f64 * 800.0 / (10_000 * MS) as f64;
         assert!(busy > 0.95, "bulk used {busy:.3} of the link");
@@ -220,7 +259,13 @@ mod tests {
     /// above target for longer than an interval, and CoDel acts on it.
     #[test]
     fn a_thin_flow_behind_a_busy_qdisc_is_not_exempt_from_codel() {
-        let mut q = FqCodel::new(FqCodelParams { codel: CodelParams { ecn: false, ..Default::default() }, ..Default::default() });
+        let mut q = FqCodel::new(FqCodelParams {
+            codel: CodelParams {
+                ecn: false,
+                ..Default::default()
+            },
+            ..Default::default()
+        });
         let mut st = DirStats::default();
         let tx = 12 * MS; // 1500 B at 1 Mbit/s
         let (mut t, mut next_thin) = (0u64, 0u64);
@@ -242,15 +287,33 @@ mod tests {
             }
             t += tx;
         }
-        let thin_queued = q.flows.iter().map(|f| f.queue.iter().filter(|p| u16::from_be_bytes([p.data[20], p.data[21]]) == 4000).count()).sum::<usize>();
+        let thin_queued = q
+            .flows
+            .iter()
+            .map(|f| {
+                f.queue
+                    .iter()
+                    .filter(|p| u16::from_be_bytes([p.data[20], p.data[21]]) == 4000)
+                    .count()
+            })
+            .sum::<usize>();
         let thin_dropped = thin_sent - thin_got - thin_queued;
-        assert!(thin_dropped > 0, "the thin flow lost nothing to CoDel ({thin_sent} sent)");
-        assert!(thin_dropped < thin_sent / 4, "{thin_dropped} of {thin_sent} thin packets dropped");
+        assert!(
+            thin_dropped > 0,
+            "the thin flow lost nothing to CoDel ({thin_sent} sent)"
+        );
+        assert!(
+            thin_dropped < thin_sent / 4,
+            "{thin_dropped} of {thin_sent} thin packets dropped"
+        );
     }
 
     #[test]
     fn overflow_drops_from_the_fattest_flow() {
-        let params = FqCodelParams { limit: 100, ..Default::default() };
+        let params = FqCodelParams {
+            limit: 100,
+            ..Default::default()
+        };
         let mut q = FqCodel::new(params);
         let mut st = DirStats::default();
         for _ in 0..100 {

@@ -44,14 +44,26 @@ pub struct VnetHdr {
 impl VnetHdr {
     pub fn from_bytes(b: &[u8; VNET_HDR_LEN]) -> VnetHdr {
         let u = |i: usize| u16::from_ne_bytes([b[i], b[i + 1]]);
-        VnetHdr { flags: b[0], gso_type: b[1], hdr_len: u(2), gso_size: u(4), csum_start: u(6), csum_offset: u(8) }
+        VnetHdr {
+            flags: b[0],
+            gso_type: b[1],
+            hdr_len: u(2),
+            gso_size: u(4),
+            csum_start: u(6),
+            csum_offset: u(8),
+        }
     }
 
     pub fn to_bytes(self) -> [u8; VNET_HDR_LEN] {
         let mut b = [0u8; VNET_HDR_LEN];
         b[0] = self.flags;
         b[1] = self.gso_type;
-        for (i, v) in [(2, self.hdr_len), (4, self.gso_size), (6, self.csum_start), (8, self.csum_offset)] {
+        for (i, v) in [
+            (2, self.hdr_len),
+            (4, self.gso_size),
+            (6, self.csum_start),
+            (8, self.csum_offset),
+        ] {
             b[i..i + 2].copy_from_slice(&v.to_ne_bytes());
         }
         b
@@ -76,7 +88,11 @@ pub struct Payload {
 
 impl std::fmt::Debug for Payload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Payload {{ train {} segment {}, {} bytes at {} }}", self.train, self.index, self.len, self.start)
+        write!(
+            f,
+            "Payload {{ train {} segment {}, {} bytes at {} }}",
+            self.train, self.index, self.len, self.start
+        )
     }
 }
 
@@ -136,7 +152,11 @@ impl Layout {
         let l4 = vnet.csum_start as usize;
         // The IP header must be whole and end where TCP begins (IPv6 may have extension
         // headers in between, which the segments carry unchanged).
-        let ip_ok = if v4 { d.len() >= 20 && d[9] == 6 && l4 == ((d[0] & 0x0f) as usize) * 4 && l4 >= 20 } else { d.len() >= 40 && l4 >= 40 };
+        let ip_ok = if v4 {
+            d.len() >= 20 && d[9] == 6 && l4 == ((d[0] & 0x0f) as usize) * 4 && l4 >= 20
+        } else {
+            d.len() >= 40 && l4 >= 40
+        };
         if !ip_ok || d.len() < l4 + 20 {
             return None;
         }
@@ -180,7 +200,11 @@ pub fn split(vnet: &VnetHdr, buf: Arc<Vec<u8>>, train: u64) -> Option<Vec<Packet
     }
     let d = buf.as_slice();
     let lay = Layout::of(d, vnet)?;
-    let declared = if lay.v4 { u16::from_be_bytes([d[2], d[3]]) as usize } else { 40 + u16::from_be_bytes([d[4], d[5]]) as usize };
+    let declared = if lay.v4 {
+        u16::from_be_bytes([d[2], d[3]]) as usize
+    } else {
+        40 + u16::from_be_bytes([d[4], d[5]]) as usize
+    };
     let body = d.len() - lay.hdr;
     if declared != d.len() || body == 0 {
         return None;
@@ -189,7 +213,14 @@ pub fn split(vnet: &VnetHdr, buf: Arc<Vec<u8>>, train: u64) -> Option<Vec<Packet
     let count = body.div_ceil(mss);
     let seq = u32::from_be_bytes(d[lay.l4 + 4..lay.l4 + 8].try_into().expect("4 bytes"));
     let id = u16::from_be_bytes([d[4], d[5]]);
-    let seg_vnet = VnetHdr { flags: F_NEEDS_CSUM, gso_type: GSO_NONE, hdr_len: lay.hdr as u16, gso_size: 0, csum_start: lay.l4 as u16, csum_offset: TCP_CSUM_OFFSET };
+    let seg_vnet = VnetHdr {
+        flags: F_NEEDS_CSUM,
+        gso_type: GSO_NONE,
+        hdr_len: lay.hdr as u16,
+        gso_size: 0,
+        csum_start: lay.l4 as u16,
+        csum_offset: TCP_CSUM_OFFSET,
+    };
     let mut out = Vec::with_capacity(count);
     for k in 0..count {
         let start = lay.hdr + k * mss;
@@ -198,7 +229,8 @@ pub fn split(vnet: &VnetHdr, buf: Arc<Vec<u8>>, train: u64) -> Option<Vec<Packet
         if lay.v4 {
             h[4..6].copy_from_slice(&id.wrapping_add(k as u16).to_be_bytes());
         }
-        h[lay.l4 + 4..lay.l4 + 8].copy_from_slice(&seq.wrapping_add((k * mss) as u32).to_be_bytes());
+        h[lay.l4 + 4..lay.l4 + 8]
+            .copy_from_slice(&seq.wrapping_add((k * mss) as u32).to_be_bytes());
         let flags = &mut h[lay.l4 + 13];
         if k > 0 {
             *flags &= !TCP_CWR;
@@ -207,8 +239,17 @@ pub fn split(vnet: &VnetHdr, buf: Arc<Vec<u8>>, train: u64) -> Option<Vec<Packet
             *flags &= !(TCP_FIN | TCP_PSH);
         }
         lay.finish(&mut h, len);
-        let payload = Payload { buf: buf.clone(), start, len, train, index: k as u32 };
-        out.push(Packet { payload: Some(payload), ..Packet::with_vnet(h, seg_vnet) });
+        let payload = Payload {
+            buf: buf.clone(),
+            start,
+            len,
+            train,
+            index: k as u32,
+        };
+        out.push(Packet {
+            payload: Some(payload),
+            ..Packet::with_vnet(h, seg_vnet)
+        });
     }
     Some(out)
 }
@@ -222,7 +263,11 @@ pub struct Write {
 
 impl Write {
     fn of(p: Packet) -> Write {
-        Write { vnet: p.vnet, head: p.data, payload: p.payload.map(|s| (s.buf, s.start..s.start + s.len)) }
+        Write {
+            vnet: p.vnet,
+            head: p.data,
+            payload: p.payload.map(|s| (s.buf, s.start..s.start + s.len)),
+        }
     }
 
     /// Wire segments this write carries.
@@ -238,7 +283,12 @@ impl Write {
 /// with the same IP header bytes that the link may change (ECN, DSCP).
 fn continues(a: &Packet, b: &Packet) -> bool {
     match (&a.payload, &b.payload) {
-        (Some(x), Some(y)) => x.train == y.train && y.index == x.index + 1 && a.data.len() == b.data.len() && a.data[..2] == b.data[..2],
+        (Some(x), Some(y)) => {
+            x.train == y.train
+                && y.index == x.index + 1
+                && a.data.len() == b.data.len()
+                && a.data[..2] == b.data[..2]
+        }
         _ => false,
     }
 }
@@ -250,17 +300,40 @@ fn merge(run: Vec<Packet>) -> Write {
     let last_flags = last_flags_of(run.last().expect("a run"));
     let mut first = run.into_iter();
     let head = first.next().expect("a run");
-    let seg = head.payload.as_ref().expect("segments have payloads").clone();
+    let seg = head
+        .payload
+        .as_ref()
+        .expect("segments have payloads")
+        .clone();
     let mss = seg.len;
-    let end = first.last().and_then(|p| p.payload).map_or(seg.start + seg.len, |s| s.start + s.len);
+    let end = first
+        .last()
+        .and_then(|p| p.payload)
+        .map_or(seg.start + seg.len, |s| s.start + s.len);
     let v4 = head.data[0] >> 4 == 4;
-    let lay = Layout { v4, l4: head.vnet.csum_start as usize, hdr: head.data.len() };
+    let lay = Layout {
+        v4,
+        l4: head.vnet.csum_start as usize,
+        hdr: head.data.len(),
+    };
     let mut h = head.data;
     h[lay.l4 + 13] = (h[lay.l4 + 13] & !(TCP_FIN | TCP_PSH)) | (last_flags & (TCP_FIN | TCP_PSH));
     lay.finish(&mut h, end - seg.start);
-    let ecn = if h[lay.l4 + 13] & TCP_CWR != 0 { GSO_ECN } else { 0 };
-    let vnet = VnetHdr { gso_type: if v4 { GSO_TCPV4 } else { GSO_TCPV6 } | ecn, gso_size: mss as u16, ..head.vnet };
-    Write { vnet, head: h, payload: Some((seg.buf, seg.start..end)) }
+    let ecn = if h[lay.l4 + 13] & TCP_CWR != 0 {
+        GSO_ECN
+    } else {
+        0
+    };
+    let vnet = VnetHdr {
+        gso_type: if v4 { GSO_TCPV4 } else { GSO_TCPV6 } | ecn,
+        gso_size: mss as u16,
+        ..head.vnet
+    };
+    Write {
+        vnet,
+        head: h,
+        payload: Some((seg.buf, seg.start..end)),
+    }
 }
 
 /// The writes that deliver `packets`, all due at once: consecutive unchanged segments of each
@@ -273,7 +346,11 @@ pub fn coalesce(packets: impl IntoIterator<Item = Packet>) -> Vec<Write> {
     let mut runs: Vec<Vec<Packet>> = Vec::new();
     let flush = |runs: &mut Vec<Vec<Packet>>, out: &mut Vec<Write>| {
         for mut run in runs.drain(..) {
-            out.push(if run.len() == 1 { Write::of(run.pop().expect("one")) } else { merge(run) });
+            out.push(if run.len() == 1 {
+                Write::of(run.pop().expect("one"))
+            } else {
+                merge(run)
+            });
         }
     };
     for p in packets {
@@ -282,7 +359,10 @@ pub fn coalesce(packets: impl IntoIterator<Item = Packet>) -> Vec<Write> {
             out.push(Write::of(p));
             continue;
         }
-        match runs.iter_mut().find(|r| continues(r.last().expect("runs are not empty"), &p)) {
+        match runs
+            .iter_mut()
+            .find(|r| continues(r.last().expect("runs are not empty"), &p))
+        {
             Some(run) => run.push(p),
             None => runs.push(vec![p]),
         }
@@ -331,7 +411,14 @@ mod tests {
         for (i, b) in d[hdr..].iter_mut().enumerate() {
             *b = i as u8;
         }
-        let vnet = VnetHdr { flags: F_NEEDS_CSUM, gso_type: if v4 { GSO_TCPV4 } else { GSO_TCPV6 }, hdr_len: hdr as u16, gso_size: 1448, csum_start: l4 as u16, csum_offset: 16 };
+        let vnet = VnetHdr {
+            flags: F_NEEDS_CSUM,
+            gso_type: if v4 { GSO_TCPV4 } else { GSO_TCPV6 },
+            hdr_len: hdr as u16,
+            gso_size: 1448,
+            csum_start: l4 as u16,
+            csum_offset: 16,
+        };
         (vnet, d)
     }
 
@@ -350,7 +437,11 @@ mod tests {
 
     /// RFC 793/8200 check of a whole TCP segment: pseudo-header plus segment sum to 0xffff.
     fn tcp_checksum_ok(w: &[u8]) -> bool {
-        let (src, dst, l4) = if w[0] >> 4 == 4 { (&w[12..16], &w[16..20], 20) } else { (&w[8..24], &w[24..40], 40) };
+        let (src, dst, l4) = if w[0] >> 4 == 4 {
+            (&w[12..16], &w[16..20], 20)
+        } else {
+            (&w[8..24], &w[24..40], 40)
+        };
         let len = (w.len() - l4) as u32;
         fold(sum16(src) + sum16(dst) + 6 + (len >> 16) + (len & 0xffff) + sum16(&w[l4..])) == 0xffff
     }
@@ -362,7 +453,10 @@ mod tests {
             let hdr = d.len() - 4000;
             let segs = split(&vnet, Arc::new(d.clone()), 9).expect("a TCP super-packet");
             // 4000 bytes at 1448 per segment: 1448, 1448, 1104.
-            assert_eq!(segs.iter().map(|p| p.len() - hdr).collect::<Vec<_>>(), [1448, 1448, 1104]);
+            assert_eq!(
+                segs.iter().map(|p| p.len() - hdr).collect::<Vec<_>>(),
+                [1448, 1448, 1104]
+            );
             let l4 = vnet.csum_start as usize;
             for (k, p) in segs.iter().enumerate() {
                 let w = wire(p);
@@ -370,9 +464,17 @@ mod tests {
                 let seq = u32::from_be_bytes(w[l4 + 4..l4 + 8].try_into().unwrap());
                 assert_eq!(seq, 1000 + 1448 * k as u32);
                 let start = hdr + 1448 * k;
-                assert_eq!(&w[hdr..], &d[start..start + p.len() - hdr], "payload of segment {k}");
+                assert_eq!(
+                    &w[hdr..],
+                    &d[start..start + p.len() - hdr],
+                    "payload of segment {k}"
+                );
                 let flags = w[l4 + 13];
-                assert_eq!((flags & TCP_CWR != 0, flags & TCP_PSH != 0), (k == 0, k == 2), "flags of segment {k}");
+                assert_eq!(
+                    (flags & TCP_CWR != 0, flags & TCP_PSH != 0),
+                    (k == 0, k == 2),
+                    "flags of segment {k}"
+                );
                 if v4 {
                     assert_eq!(u16::from_be_bytes([w[2], w[3]]) as usize, w.len());
                     assert_eq!(u16::from_be_bytes([w[4], w[5]]), 7 + k as u16);
@@ -394,7 +496,10 @@ mod tests {
             let writes = coalesce(segs);
             assert_eq!(writes.len(), 1);
             let w = &writes[0];
-            assert_eq!((w.vnet.gso_type, w.vnet.gso_size, w.segments()), (vnet.gso_type | GSO_ECN, 1448, 7));
+            assert_eq!(
+                (w.vnet.gso_type, w.vnet.gso_size, w.segments()),
+                (vnet.gso_type | GSO_ECN, 1448, 7)
+            );
             let (buf, range) = w.payload.as_ref().unwrap();
             let mut whole = w.head.clone();
             whole.extend_from_slice(&buf[range.clone()]);
@@ -402,8 +507,13 @@ mod tests {
             // for the same length: the same partial value the kernel would put there.
             let l4 = vnet.csum_start as usize;
             let mut expect = d.clone();
-            let (src, dst) = if v4 { (&d[12..16], &d[16..20]) } else { (&d[8..24], &d[24..40]) };
-            expect[l4 + 16..l4 + 18].copy_from_slice(&pseudo_header_csum(src, dst, d.len() - l4).to_be_bytes());
+            let (src, dst) = if v4 {
+                (&d[12..16], &d[16..20])
+            } else {
+                (&d[8..24], &d[24..40])
+            };
+            expect[l4 + 16..l4 + 18]
+                .copy_from_slice(&pseudo_header_csum(src, dst, d.len() - l4).to_be_bytes());
             assert_eq!(whole, expect);
         }
     }
@@ -416,15 +526,24 @@ mod tests {
         assert!(segs[3].mark_ce()); // segment 4 marked
         let writes = coalesce(segs);
         // Segments 0-1 merged; 3 alone (4 differs from it); 4 alone (marked); 5-6 merged.
-        let shape: Vec<(usize, u8)> = writes.iter().map(|w| (w.segments(), w.vnet.gso_type)).collect();
-        assert_eq!(shape, [(2, GSO_TCPV4), (1, GSO_NONE), (1, GSO_NONE), (2, GSO_TCPV4)]);
+        let shape: Vec<(usize, u8)> = writes
+            .iter()
+            .map(|w| (w.segments(), w.vnet.gso_type))
+            .collect();
+        assert_eq!(
+            shape,
+            [(2, GSO_TCPV4), (1, GSO_NONE), (1, GSO_NONE), (2, GSO_TCPV4)]
+        );
         // The lone segments keep their own headers and partial checksums; PSH only on the last.
         let l4 = 20;
         assert_eq!(writes[3].head[l4 + 13] & TCP_PSH, TCP_PSH);
         assert_eq!(writes[0].head[l4 + 13] & TCP_PSH, 0);
         assert_eq!(writes[2].head[1] & 3, 3, "the marked one is CE");
         let seq = |w: &Write| u32::from_be_bytes(w.head[l4 + 4..l4 + 8].try_into().unwrap());
-        assert_eq!(writes.iter().map(seq).collect::<Vec<_>>(), [1000, 1000 + 3 * 1448, 1000 + 4 * 1448, 1000 + 5 * 1448]);
+        assert_eq!(
+            writes.iter().map(seq).collect::<Vec<_>>(),
+            [1000, 1000 + 3 * 1448, 1000 + 4 * 1448, 1000 + 5 * 1448]
+        );
     }
 
     /// Two flows served in turn, as FQ-CoDel does: each flow's segments merge past the other's,
@@ -440,9 +559,21 @@ mod tests {
             order.extend([x, y]);
         }
         order.insert(4, ack);
-        let shape: Vec<(Option<u64>, usize)> = coalesce(order).iter().map(|w| (w.payload.as_ref().map(|_| w.head[5] as u64), w.segments())).collect();
+        let shape: Vec<(Option<u64>, usize)> = coalesce(order)
+            .iter()
+            .map(|w| (w.payload.as_ref().map(|_| w.head[5] as u64), w.segments()))
+            .collect();
         // a0 b0 a1 b1 | ack | a2 b2 a3 b3: IPv4 ids tell the segments apart (7 + index).
-        assert_eq!(shape, [(Some(7), 2), (Some(7), 2), (None, 1), (Some(9), 2), (Some(9), 2)]);
+        assert_eq!(
+            shape,
+            [
+                (Some(7), 2),
+                (Some(7), 2),
+                (None, 1),
+                (Some(9), 2),
+                (Some(9), 2)
+            ]
+        );
     }
 
     #[test]
@@ -463,9 +594,18 @@ mod tests {
             let n = d.len();
             d[(x >> 20) as usize % n] ^= (x >> 40) as u8;
             vnet.gso_size = (x >> 32) as u16 % 2000;
-            vnet.csum_start = if x & 2 == 0 { vnet.csum_start } else { (x >> 48) as u16 % 80 };
+            vnet.csum_start = if x & 2 == 0 {
+                vnet.csum_start
+            } else {
+                (x >> 48) as u16 % 80
+            };
             if let Some(segs) = split(&vnet, Arc::new(d.clone()), 1) {
-                assert_eq!(segs.iter().map(|p| p.payload.as_ref().unwrap().len).sum::<usize>(), n - segs[0].data.len());
+                assert_eq!(
+                    segs.iter()
+                        .map(|p| p.payload.as_ref().unwrap().len)
+                        .sum::<usize>(),
+                    n - segs[0].data.len()
+                );
                 coalesce(segs);
             }
         }

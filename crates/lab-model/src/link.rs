@@ -86,7 +86,11 @@ impl Direction {
     pub fn reconfigure(&mut self, cfg: DirConfig, now: u64) {
         self.pump(now);
         let framing = (cfg.overhead, cfg.atm) != (self.cfg.overhead, self.cfg.atm);
-        if cfg.qdisc != self.cfg.qdisc || cfg.rate != self.cfg.rate || cfg.mtu != self.cfg.mtu || framing {
+        if cfg.qdisc != self.cfg.qdisc
+            || cfg.rate != self.cfg.rate
+            || cfg.mtu != self.cfg.mtu
+            || framing
+        {
             let mut fresh = cfg.build_qdisc();
             for mut p in self.qdisc.drain() {
                 p.frame_len = cfg.wire_bytes(p.len());
@@ -117,7 +121,12 @@ impl Direction {
         match self.cfg.loss {
             Loss::None => false,
             Loss::Random(p) => self.rng.random::<f64>() < p,
-            Loss::GilbertElliott { p, r, bad_loss, good_loss } => {
+            Loss::GilbertElliott {
+                p,
+                r,
+                bad_loss,
+                good_loss,
+            } => {
                 let flip = self.rng.random::<f64>();
                 self.ge_bad = if self.ge_bad { flip >= r } else { flip < p };
                 self.rng.random::<f64>() < if self.ge_bad { bad_loss } else { good_loss }
@@ -152,7 +161,11 @@ impl Direction {
         self.stats.rx_bytes += pkt.len() as u64;
         self.seq += 1;
         let deliver = now + hold_ns + self.cfg.delay_ns;
-        self.in_flight.push(Reverse(InFlight { deliver_ns: deliver, seq: self.seq, pkt }));
+        self.in_flight.push(Reverse(InFlight {
+            deliver_ns: deliver,
+            seq: self.seq,
+            pkt,
+        }));
     }
 
     /// When the qdisc may next hand a packet down: once every queued packet has arrived
@@ -170,7 +183,9 @@ impl Direction {
             (Some(d), Some(&(depart, _))) if d.stopped() => depart,
             _ => 0,
         };
-        slot.max(bytes).max(self.last_arrival).max(self.qdisc.next_ready())
+        slot.max(bytes)
+            .max(self.last_arrival)
+            .max(self.qdisc.next_ready())
     }
 
     /// Takes the packets that have left by `t` out of the ring, completing them in order.
@@ -198,7 +213,9 @@ impl Direction {
                 // Completions so far did not restart the queue: wait for the next.
                 continue;
             }
-            let Some(p) = self.qdisc.dequeue(t, &mut self.stats) else { break };
+            let Some(p) = self.qdisc.dequeue(t, &mut self.stats) else {
+                break;
+            };
             self.stats.sojourn.record(t - p.enqueued_ns);
             // In a ring the packet waits for those ahead of it; without one the link is free.
             let start = t.max(self.busy_until);
@@ -222,7 +239,11 @@ impl Direction {
             }
             self.last_delivery = self.last_delivery.max(deliver);
             self.seq += 1;
-            self.in_flight.push(Reverse(InFlight { deliver_ns: deliver, seq: self.seq, pkt: p }));
+            self.in_flight.push(Reverse(InFlight {
+                deliver_ns: deliver,
+                seq: self.seq,
+                pkt: p,
+            }));
         }
         self.complete_ring(now);
         self.stats.ring_packets = self.ring.len();
@@ -239,7 +260,11 @@ impl Direction {
     /// The next packet due at the far end by `now`, if any.
     pub fn poll(&mut self, now: u64) -> Option<Packet> {
         self.pump(now);
-        if self.in_flight.peek().is_some_and(|Reverse(f)| f.deliver_ns <= now) {
+        if self
+            .in_flight
+            .peek()
+            .is_some_and(|Reverse(f)| f.deliver_ns <= now)
+        {
             let Reverse(f) = self.in_flight.pop().unwrap();
             self.stats.tx_packets += 1;
             self.stats.tx_bytes += f.pkt.len() as u64;
@@ -307,9 +332,18 @@ mod tests {
         assert_eq!(out.last().unwrap().0, 600 * MS);
         // The last packet waits behind 999 others: 999 x 1500 B x 8 / 20 Mbit/s = 599.4 ms; the
         // median one behind 499: 299.4 ms (each within the histogram's 1%).
-        let (p100, p50) = (d.stats.sojourn.quantile_us(1.0).unwrap(), d.stats.sojourn.quantile_us(0.5).unwrap());
-        assert!((p100 as f64 - 599_400.0).abs() < 5_994.0, "max sojourn {p100} us");
-        assert!((p50 as f64 - 299_400.0).abs() < 2_994.0, "median sojourn {p50} us");
+        let (p100, p50) = (
+            d.stats.sojourn.quantile_us(1.0).unwrap(),
+            d.stats.sojourn.quantile_us(0.5).unwrap(),
+        );
+        assert!(
+            (p100 as f64 - 599_400.0).abs() < 5_994.0,
+            "max sojourn {p100} us"
+        );
+        assert!(
+            (p50 as f64 - 299_400.0).abs() < 2_994.0,
+            "median sojourn {p50} us"
+        );
         assert_eq!(d.stats.max_queue_packets, 999);
     }
 
@@ -331,13 +365,20 @@ mod tests {
     #[test]
     fn jitter_without_reorder_keeps_order_and_with_reorder_does_not() {
         for reorder in [false, true] {
-            let mut d = dir(&[("delay", "20ms"), ("jitter", "10ms"), ("reorder", if reorder { "on" } else { "off" })]);
+            let mut d = dir(&[
+                ("delay", "20ms"),
+                ("jitter", "10ms"),
+                ("reorder", if reorder { "on" } else { "off" }),
+            ]);
             for i in 0..200u16 {
                 d.arrive(udp4(100, i, 2, 0), i as u64 * MS / 10);
             }
             let mut out = Vec::new();
             drain(&mut d, &mut out);
-            let ports: Vec<u16> = out.iter().map(|(_, p)| u16::from_be_bytes([p.data[20], p.data[21]])).collect();
+            let ports: Vec<u16> = out
+                .iter()
+                .map(|(_, p)| u16::from_be_bytes([p.data[20], p.data[21]]))
+                .collect();
             let in_order = ports.windows(2).all(|w| w[0] < w[1]);
             assert_eq!(in_order, !reorder, "reorder={reorder}");
             assert!(out.iter().all(|(t, _)| *t >= 10 * MS && *t <= 50 * MS));
@@ -379,9 +420,22 @@ mod tests {
     /// (scripts/kernel-ref.sh, iperf3 -u), lost 0.92 %, 1.8 %, 45 % and 16 % for these rows.
     #[test]
     fn ge_loss_rates_match_netem_in_linux() {
-        for (ge, kernel) in [("1%", 0.0092), ("1%,30%,50%,0%", 0.018), ("10%,10%,80%,10%", 0.45), ("10%,10%,20%,10%", 0.16)] {
+        for (ge, kernel) in [
+            ("1%", 0.0092),
+            ("1%,30%,50%,0%", 0.018),
+            ("10%,10%,80%,10%", 0.45),
+            ("10%,10%,20%,10%", 0.16),
+        ] {
             let mut d = dir(&[("ge", ge)]);
-            let Loss::GilbertElliott { p, r, bad_loss, good_loss } = d.config().loss else { unreachable!() };
+            let Loss::GilbertElliott {
+                p,
+                r,
+                bad_loss,
+                good_loss,
+            } = d.config().loss
+            else {
+                unreachable!()
+            };
             let bad = p / (p + r);
             let theory = bad * bad_loss + (1.0 - bad) * good_loss;
             let n = 200_000;
@@ -391,8 +445,14 @@ mod tests {
             let lab = d.stats.drops.loss as f64 / n as f64;
             // Bursty losses vary more than binomial ones: 10 % of the rate, at least 0.2 points.
             let tolerance = (0.1 * theory).max(0.002);
-            assert!((lab - theory).abs() < tolerance, "ge {ge}: lab {lab} theory {theory}");
-            assert!((kernel - theory).abs() < 2.0 * tolerance, "ge {ge}: kernel {kernel} theory {theory}");
+            assert!(
+                (lab - theory).abs() < tolerance,
+                "ge {ge}: lab {lab} theory {theory}"
+            );
+            assert!(
+                (kernel - theory).abs() < 2.0 * tolerance,
+                "ge {ge}: kernel {kernel} theory {theory}"
+            );
         }
     }
 
@@ -426,17 +486,26 @@ mod tests {
     fn a_driver_ring_holds_what_the_qdisc_cannot_see() {
         let own = 100 * 8 * 1000 / 10; // 100 B at 10 Mbit/s, ns
         let (long, d) = sparse_packet_delay(&[("ring", "256")]);
-        assert!(long >= 306 * MS && long <= 307_200_000 + own + 1_300_000, "ring 256: {long} ns");
+        assert!(
+            long >= 306 * MS && long <= 307_200_000 + own + 1_300_000,
+            "ring 256: {long} ns"
+        );
         assert_eq!(d.stats.max_ring_packets, 256);
         // The ring's wait is where the time went; the qdisc's own queue kept CoDel's target.
         let ring_p50 = d.stats.ring_sojourn.quantile_us(0.5).unwrap();
-        assert!((ring_p50 as f64 - 306_000.0).abs() < 4_000.0, "ring sojourn p50 {ring_p50} us");
+        assert!(
+            (ring_p50 as f64 - 306_000.0).abs() < 4_000.0,
+            "ring sojourn p50 {ring_p50} us"
+        );
         let (short, d) = sparse_packet_delay(&[("ring", "2")]);
         assert!(short <= 2_400_000 + own + 1_300_000, "ring 2: {short} ns");
         assert_eq!(d.stats.max_ring_packets, 2);
         let (none, d) = sparse_packet_delay(&[]);
         assert!(none <= 1_200_000 + own, "no ring: {none} ns");
-        assert_eq!((d.stats.max_ring_packets, d.stats.ring_sojourn.count()), (0, 0));
+        assert_eq!(
+            (d.stats.max_ring_packets, d.stats.ring_sojourn.count()),
+            (0, 0)
+        );
     }
 
     /// BQL on the same 256-entry ring: the ring takes only the bytes that cover one completion
@@ -445,10 +514,21 @@ mod tests {
     #[test]
     fn bql_keeps_the_ring_short_and_the_queue_in_the_qdisc() {
         let (delay, d) = sparse_packet_delay(&[("ring", "256"), ("bql", "on")]);
-        eprintln!("BQL: sparse packet after {delay} ns, ring at most {} packets, limit {:?} B", d.stats.max_ring_packets, d.stats.bql_limit_bytes);
+        eprintln!(
+            "BQL: sparse packet after {delay} ns, ring at most {} packets, limit {:?} B",
+            d.stats.max_ring_packets, d.stats.bql_limit_bytes
+        );
         assert!(delay <= 5 * 1_200_000, "with BQL: {delay} ns");
-        assert!(d.stats.max_ring_packets <= 4, "ring held {}", d.stats.max_ring_packets);
-        assert!(d.stats.bql_limit_bytes.is_some_and(|l| l <= 3 * 1500), "{:?}", d.stats.bql_limit_bytes);
+        assert!(
+            d.stats.max_ring_packets <= 4,
+            "ring held {}",
+            d.stats.max_ring_packets
+        );
+        assert!(
+            d.stats.bql_limit_bytes.is_some_and(|l| l <= 3 * 1500),
+            "{:?}",
+            d.stats.bql_limit_bytes
+        );
     }
 
     /// FQ-CoDel shares the link in frame bytes, as Linux's deficits count `qdisc_pkt_len`: with
@@ -456,7 +536,12 @@ mod tests {
     /// one 1500-byte packet of a bulk flow (29.1 if the framing were left out).
     #[test]
     fn fq_codel_deficits_count_the_framing() {
-        let mut d = dir(&[("rate", "10mbit"), ("qdisc", "fq_codel"), ("overhead", "14"), ("target", "10s")]);
+        let mut d = dir(&[
+            ("rate", "10mbit"),
+            ("qdisc", "fq_codel"),
+            ("overhead", "14"),
+            ("target", "10s"),
+        ]);
         for _ in 0..200 {
             d.arrive(udp4(1500, 1, 2, 0), 0);
         }
@@ -475,7 +560,10 @@ mod tests {
             }
         }
         let per_round = acks as f64 / bulk as f64;
-        assert!((per_round - 1514.0 / 66.0).abs() < 0.5, "{per_round} ACKs per bulk packet");
+        assert!(
+            (per_round - 1514.0 / 66.0).abs() < 0.5,
+            "{per_round} ACKs per bulk packet"
+        );
     }
 
     /// A time limit is link time, framing included: on an ATM line a 1500-byte packet with 40
@@ -484,7 +572,12 @@ mod tests {
     /// waits no more than the 100 ms asked for.
     #[test]
     fn a_time_limit_counts_overhead_and_atm_cells() {
-        let mut d = dir(&[("rate", "8mbit"), ("atm", "on"), ("overhead", "40"), ("limit", "100ms")]);
+        let mut d = dir(&[
+            ("rate", "8mbit"),
+            ("atm", "on"),
+            ("overhead", "40"),
+            ("limit", "100ms"),
+        ]);
         for _ in 0..200 {
             d.arrive(udp4(1500, 1, 2, 0), 0);
         }
@@ -493,7 +586,11 @@ mod tests {
         let frame_ns = 1749 * 8 * 1000 / 8; // ns at 8 Mbit/s
         assert_eq!(out.len(), 1 + 57, "one on the wire, 57 queued");
         let last_wait = out.last().unwrap().0 - frame_ns;
-        assert!(last_wait <= 100 * MS && last_wait > 95 * MS, "last packet waited {} ms", last_wait as f64 / 1e6);
+        assert!(
+            last_wait <= 100 * MS && last_wait > 95 * MS,
+            "last packet waited {} ms",
+            last_wait as f64 / 1e6
+        );
     }
 
     #[test]
@@ -517,6 +614,10 @@ mod tests {
         drain(&mut d, &mut out);
         assert_eq!(out.len(), 10);
         assert_eq!(d.qdisc_name(), "fq_codel");
-        assert!(out.last().unwrap().0 < 15 * MS, "rest drained at 100 Mbit/s: {}", out.last().unwrap().0);
+        assert!(
+            out.last().unwrap().0 < 15 * MS,
+            "rest drained at 100 Mbit/s: {}",
+            out.last().unwrap().0
+        );
     }
 }

@@ -26,12 +26,21 @@ impl Packet {
     /// A packet accounted at its IP length (a link without overhead).
     pub fn new(data: Vec<u8>) -> Packet {
         let frame_len = data.len();
-        Packet { data, payload: None, vnet: VnetHdr::default(), enqueued_ns: 0, frame_len }
+        Packet {
+            data,
+            payload: None,
+            vnet: VnetHdr::default(),
+            enqueued_ns: 0,
+            frame_len,
+        }
     }
 
     /// A whole packet as read from a TUN device with its virtio header (no GSO).
     pub fn with_vnet(data: Vec<u8>, vnet: VnetHdr) -> Packet {
-        Packet { vnet, ..Packet::new(data) }
+        Packet {
+            vnet,
+            ..Packet::new(data)
+        }
     }
 
     /// Bytes of the IP packet on the wire (headers and payload).
@@ -196,7 +205,10 @@ mod tests {
         assert_eq!(p.dscp(), 46);
         p.clear_dscp();
         assert_eq!((p.dscp(), p.ecn()), (0, 2));
-        assert_eq!(u16::from_be_bytes([p.data[10], p.data[11]]), ipv4_checksum(&p.data[..20]));
+        assert_eq!(
+            u16::from_be_bytes([p.data[10], p.data[11]]),
+            ipv4_checksum(&p.data[..20])
+        );
     }
 
     #[test]

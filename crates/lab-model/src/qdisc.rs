@@ -37,7 +37,10 @@ pub struct Limit {
 
 impl Limit {
     pub fn packets(n: usize) -> Limit {
-        Limit { packets: Some(n), bytes: None }
+        Limit {
+            packets: Some(n),
+            bytes: None,
+        }
     }
 
     pub fn exceeded(&self, packets: usize, bytes: usize) -> bool {

@@ -30,15 +30,28 @@ impl Rate {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let t: u64 = line.parse().map_err(|_| ConfigError::Value(format!("trace line {}: `{line}` is not a millisecond count", n + 1)))?;
+            let t: u64 = line.parse().map_err(|_| {
+                ConfigError::Value(format!(
+                    "trace line {}: `{line}` is not a millisecond count",
+                    n + 1
+                ))
+            })?;
             if ops.last().is_some_and(|&last| t < last) {
-                return Err(ConfigError::Value(format!("trace line {}: timestamps must not decrease", n + 1)));
+                return Err(ConfigError::Value(format!(
+                    "trace line {}: timestamps must not decrease",
+                    n + 1
+                )));
             }
             ops.push(t);
         }
         match ops.last() {
-            Some(&period_ms) if period_ms > 0 => Ok(Rate::Trace { opportunities_ms: ops, period_ms }),
-            _ => Err(ConfigError::Value("trace needs at least one line and a last timestamp above 0".into())),
+            Some(&period_ms) if period_ms > 0 => Ok(Rate::Trace {
+                opportunities_ms: ops,
+                period_ms,
+            }),
+            _ => Err(ConfigError::Value(
+                "trace needs at least one line and a last timestamp above 0".into(),
+            )),
         }
     }
 
@@ -49,7 +62,12 @@ impl Rate {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let bad = || ConfigError::Value(format!("schedule line {}: want `SECONDS RATE`, got `{line}`", n + 1));
+            let bad = || {
+                ConfigError::Value(format!(
+                    "schedule line {}: want `SECONDS RATE`, got `{line}`",
+                    n + 1
+                ))
+            };
             let (t, r) = line.split_once(char::is_whitespace).ok_or_else(bad)?;
             let secs: f64 = t.trim().parse().map_err(|_| bad())?;
             if !(secs >= 0.0 && secs.is_finite()) {
@@ -69,8 +87,16 @@ impl Rate {
         match self {
             Rate::Unlimited => None,
             Rate::BitsPerSecond(b) => Some(*b),
-            Rate::Trace { opportunities_ms, period_ms } => Some(opportunities_ms.len() as u64 * TRACE_OPPORTUNITY_BYTES as u64 * 8 * 1000 / period_ms),
-            Rate::Schedule(steps) => Some(steps.iter().map(|s| s.1).sum::<u64>() / steps.len() as u64),
+            Rate::Trace {
+                opportunities_ms,
+                period_ms,
+            } => Some(
+                opportunities_ms.len() as u64 * TRACE_OPPORTUNITY_BYTES as u64 * 8 * 1000
+                    / period_ms,
+            ),
+            Rate::Schedule(steps) => {
+                Some(steps.iter().map(|s| s.1).sum::<u64>() / steps.len() as u64)
+            }
         }
     }
 }
@@ -88,24 +114,40 @@ pub struct Serializer {
 
 impl Serializer {
     pub fn new(rate: Rate, origin_ns: u64) -> Serializer {
-        Serializer { rate, origin_ns, op_index: 0, op_left: TRACE_OPPORTUNITY_BYTES }
+        Serializer {
+            rate,
+            origin_ns,
+            op_index: 0,
+            op_left: TRACE_OPPORTUNITY_BYTES,
+        }
     }
 
     fn op_time(&self, index: u64) -> u64 {
-        let Rate::Trace { opportunities_ms, period_ms } = &self.rate else { unreachable!() };
+        let Rate::Trace {
+            opportunities_ms,
+            period_ms,
+        } = &self.rate
+        else {
+            unreachable!()
+        };
         let n = opportunities_ms.len() as u64;
         self.origin_ns + ((index / n) * period_ms + opportunities_ms[(index % n) as usize]) * MS
     }
 
     /// Departure time of `wire_bytes` starting at `start_ns`.
     pub fn departure(&mut self, start_ns: u64, wire_bytes: usize) -> u64 {
-        let at_rate = |bps: u64| start_ns + (wire_bytes as u64 * 8 * 1_000_000_000).div_ceil(bps.max(1));
+        let at_rate =
+            |bps: u64| start_ns + (wire_bytes as u64 * 8 * 1_000_000_000).div_ceil(bps.max(1));
         match &self.rate {
             Rate::Unlimited => start_ns,
             Rate::BitsPerSecond(bps) => at_rate(*bps),
             Rate::Schedule(steps) => {
                 let since = start_ns.saturating_sub(self.origin_ns);
-                let bps = steps.iter().take_while(|s| s.0 <= since).last().map_or(steps[0].1, |s| s.1);
+                let bps = steps
+                    .iter()
+                    .take_while(|s| s.0 <= since)
+                    .last()
+                    .map_or(steps[0].1, |s| s.1);
                 at_rate(bps)
             }
             Rate::Trace { .. } => {
@@ -140,7 +182,10 @@ mod tests {
     #[test]
     fn trace_of_one_opportunity_per_ms_is_12_mbit() {
         let mut s = Serializer::new(Rate::parse_trace("1\n2\n3\n4\n").unwrap(), 0);
-        assert_eq!(Rate::parse_trace("1\n2\n3\n4\n").unwrap().mean_bps(), Some(12_032_000));
+        assert_eq!(
+            Rate::parse_trace("1\n2\n3\n4\n").unwrap().mean_bps(),
+            Some(12_032_000)
+        );
         // Back to back 1500-byte packets leave one per opportunity, looping after 4 ms.
         let mut t = 0;
         let mut deps = Vec::new();

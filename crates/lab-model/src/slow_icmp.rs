@@ -18,12 +18,17 @@ pub fn icmp_error_source(data: &[u8]) -> Option<IpAddr> {
         4 if data.len() >= 20 => {
             let ihl = usize::from(data[0] & 0x0f) * 4;
             let ty = *data.get(ihl)?;
-            (data[9] == 1 && matches!(ty, 3 | 11 | 12)).then(|| IpAddr::V4(Ipv4Addr::new(data[12], data[13], data[14], data[15])))
+            (data[9] == 1 && matches!(ty, 3 | 11 | 12))
+                .then(|| IpAddr::V4(Ipv4Addr::new(data[12], data[13], data[14], data[15])))
         }
         // Extension headers are not followed: an ICMPv6 error from a router carries none.
         6 if data.len() >= 41 => {
             let ty = data[40];
-            (data[6] == 58 && (1..=4).contains(&ty)).then(|| IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&data[8..24]).expect("16 bytes"))))
+            (data[6] == 58 && (1..=4).contains(&ty)).then(|| {
+                IpAddr::V6(Ipv6Addr::from(
+                    <[u8; 16]>::try_from(&data[8..24]).expect("16 bytes"),
+                ))
+            })
         }
         _ => None,
     }
@@ -39,13 +44,21 @@ pub struct SlowIcmp {
 
 impl SlowIcmp {
     pub fn new(addrs: Vec<IpAddr>, delay_ns: u64) -> SlowIcmp {
-        SlowIcmp { addrs, delay_ns, recent: VecDeque::new() }
+        SlowIcmp {
+            addrs,
+            delay_ns,
+            recent: VecDeque::new(),
+        }
     }
 
     /// Notes a packet the host sends at `now`; how long to hold it before it enters the link:
     /// the delay for the host's own ICMP errors while it is busy, else 0.
     pub fn hold(&mut self, data: &[u8], now: u64) -> u64 {
-        while self.recent.front().is_some_and(|&t| now.saturating_sub(t) > BUSY_WINDOW_NS) {
+        while self
+            .recent
+            .front()
+            .is_some_and(|&t| now.saturating_sub(t) > BUSY_WINDOW_NS)
+        {
             self.recent.pop_front();
         }
         let busy = self.recent.len() >= BUSY_PACKETS;
@@ -85,13 +98,26 @@ mod tests {
 
     #[test]
     fn errors_are_told_from_echoes_and_other_traffic() {
-        assert_eq!(icmp_error_source(&icmp4([10, 77, 0, 2], 11)), Some("10.77.0.2".parse().unwrap()));
-        assert_eq!(icmp_error_source(&icmp4([10, 77, 0, 2], 3)), Some("10.77.0.2".parse().unwrap()));
-        assert_eq!(icmp_error_source(&icmp4([10, 77, 0, 2], 0)), None, "echo reply");
+        assert_eq!(
+            icmp_error_source(&icmp4([10, 77, 0, 2], 11)),
+            Some("10.77.0.2".parse().unwrap())
+        );
+        assert_eq!(
+            icmp_error_source(&icmp4([10, 77, 0, 2], 3)),
+            Some("10.77.0.2".parse().unwrap())
+        );
+        assert_eq!(
+            icmp_error_source(&icmp4([10, 77, 0, 2], 0)),
+            None,
+            "echo reply"
+        );
         let v6: Ipv6Addr = "fd77::2".parse().unwrap();
         assert_eq!(icmp_error_source(&icmp6(v6, 3)), Some(IpAddr::V6(v6)));
         assert_eq!(icmp_error_source(&icmp6(v6, 129)), None, "echo reply");
-        assert_eq!(icmp_error_source(&crate::packet::udp4(100, 1, 2, 0).data), None);
+        assert_eq!(
+            icmp_error_source(&crate::packet::udp4(100, 1, 2, 0).data),
+            None
+        );
         assert_eq!(icmp_error_source(&[0x45, 0, 0]), None, "truncated");
     }
 
@@ -107,7 +133,11 @@ mod tests {
             s.hold(&data, MS + i * MS);
         }
         assert_eq!(s.hold(&own, 201 * MS), 300 * MS);
-        assert_eq!(s.hold(&forwarded, 202 * MS), 0, "another router's answer passes");
+        assert_eq!(
+            s.hold(&forwarded, 202 * MS),
+            0,
+            "another router's answer passes"
+        );
         // Quiet for longer than the window: idle again.
         assert_eq!(s.hold(&own, 400 * MS), 0);
     }

@@ -32,7 +32,9 @@ const SOJOURN_MAX_US: u64 = 3_600_000_000;
 
 impl Default for SojournHistogram {
     fn default() -> Self {
-        SojournHistogram { hist: Histogram::new_with_max(SOJOURN_MAX_US, 2).expect("valid HDR bounds") }
+        SojournHistogram {
+            hist: Histogram::new_with_max(SOJOURN_MAX_US, 2).expect("valid HDR bounds"),
+        }
     }
 }
 
@@ -51,7 +53,15 @@ impl SojournHistogram {
     }
 
     fn buckets(&self) -> Vec<(u64, u64)> {
-        self.hist.iter_recorded().map(|v| (self.hist.highest_equivalent(v.value_iterated_to()), v.count_at_value())).collect()
+        self.hist
+            .iter_recorded()
+            .map(|v| {
+                (
+                    self.hist.highest_equivalent(v.value_iterated_to()),
+                    v.count_at_value(),
+                )
+            })
+            .collect()
     }
 }
 
@@ -111,8 +121,16 @@ mod tests {
             h.record(i * 37_000);
         }
         let near = |got: u64, want: f64| (got as f64 - want).abs() <= want * 0.01;
-        assert!(near(h.quantile_us(0.5).unwrap(), 18_500.0), "{:?}", h.quantile_us(0.5));
-        assert!(near(h.quantile_us(0.99).unwrap(), 36_630.0), "{:?}", h.quantile_us(0.99));
+        assert!(
+            near(h.quantile_us(0.5).unwrap(), 18_500.0),
+            "{:?}",
+            h.quantile_us(0.5)
+        );
+        assert!(
+            near(h.quantile_us(0.99).unwrap(), 36_630.0),
+            "{:?}",
+            h.quantile_us(0.99)
+        );
         assert!(near(h.quantile_us(1.0).unwrap(), 37_000.0));
         assert_eq!(SojournHistogram::default().quantile_us(0.5), None);
     }

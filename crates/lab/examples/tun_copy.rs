@@ -14,7 +14,11 @@ fn copy(from: RawFd, to: RawFd, offload: bool) {
     loop {
         match read_packet(from, offload, &mut buf) {
             Ok(Some(vnet)) => {
-                let w = Write { vnet, head: std::mem::take(&mut buf), payload: None };
+                let w = Write {
+                    vnet,
+                    head: std::mem::take(&mut buf),
+                    payload: None,
+                };
                 let _ = write_packet(to, offload, &w);
                 buf = w.head;
             }
@@ -28,15 +32,35 @@ fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let offload = args.iter().any(|a| a == "--offload");
     let ns: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
-    let [a, b] = ns[..] else { return Err("usage: tun_copy NS_A NS_B [--offload]".into()) };
+    let [a, b] = ns[..] else {
+        return Err("usage: tun_copy NS_A NS_B [--offload]".into());
+    };
     let pid = std::process::id();
     let mut tuns = Vec::new();
     for (i, n) in [a, b].into_iter().enumerate() {
         let name = format!("blc{pid}{i}");
         let t = Tun::create(&name, offload).map_err(|e| format!("{name}: {e}"))?;
         ip(&["link", "set", "dev", &name, "netns", n])?;
-        ip(&["-n", n, "link", "set", "dev", &name, "txqueuelen", "256", "up"])?;
-        ip(&["-n", n, "addr", "add", &format!("10.78.0.{}/24", i + 1), "dev", &name])?;
+        ip(&[
+            "-n",
+            n,
+            "link",
+            "set",
+            "dev",
+            &name,
+            "txqueuelen",
+            "256",
+            "up",
+        ])?;
+        ip(&[
+            "-n",
+            n,
+            "addr",
+            "add",
+            &format!("10.78.0.{}/24", i + 1),
+            "dev",
+            &name,
+        ])?;
         tuns.push(t);
     }
     let (x, y) = (tuns[0].raw(), tuns[1].raw());

@@ -14,7 +14,11 @@ use std::time::Duration;
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum Request {
     Stats,
-    Set { link: String, dir: String, settings: Vec<(String, String)> },
+    Set {
+        link: String,
+        dir: String,
+        settings: Vec<(String, String)>,
+    },
     Down,
 }
 
@@ -28,40 +32,75 @@ pub struct Response {
 }
 
 /// Serves requests until `stop` is set; a `down` request sets `down`.
-pub fn serve(shared: Arc<Shared>, path: &Path, stop: Arc<AtomicBool>, down: Arc<AtomicBool>) -> std::io::Result<std::thread::JoinHandle<()>> {
+pub fn serve(
+    shared: Arc<Shared>,
+    path: &Path,
+    stop: Arc<AtomicBool>,
+    down: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)?;
     listener.set_nonblocking(true)?;
-    std::thread::Builder::new().name("lab-control".into()).spawn(move || {
-        while !stop.load(Ordering::Relaxed) {
-            match listener.accept() {
-                Ok((s, _)) => {
-                    let _ = s.set_nonblocking(false);
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-                    handle(s, &shared, &down);
+    std::thread::Builder::new()
+        .name("lab-control".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        let _ = s.set_nonblocking(false);
+                        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                        handle(s, &shared, &down);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
                 }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
-        }
-    })
+        })
 }
 
 fn handle(s: UnixStream, shared: &Shared, down: &AtomicBool) {
     let mut line = String::new();
     let Ok(mut w) = s.try_clone() else { return };
-    if BufReader::new(s).take(1 << 20).read_line(&mut line).is_err() {
+    if BufReader::new(s)
+        .take(1 << 20)
+        .read_line(&mut line)
+        .is_err()
+    {
         return;
     }
     let resp = match serde_json::from_str::<Request>(&line) {
-        Err(e) => Response { ok: false, message: Some(format!("bad request: {e}")), stats: None },
-        Ok(Request::Stats) => Response { ok: true, message: None, stats: Some(shared.stats()) },
-        Ok(Request::Set { link, dir, settings }) => match shared.set(&link, &dir, &settings) {
-            Ok(m) => Response { ok: true, message: Some(m), stats: None },
-            Err(m) => Response { ok: false, message: Some(m), stats: None },
+        Err(e) => Response {
+            ok: false,
+            message: Some(format!("bad request: {e}")),
+            stats: None,
+        },
+        Ok(Request::Stats) => Response {
+            ok: true,
+            message: None,
+            stats: Some(shared.stats()),
+        },
+        Ok(Request::Set {
+            link,
+            dir,
+            settings,
+        }) => match shared.set(&link, &dir, &settings) {
+            Ok(m) => Response {
+                ok: true,
+                message: Some(m),
+                stats: None,
+            },
+            Err(m) => Response {
+                ok: false,
+                message: Some(m),
+                stats: None,
+            },
         },
         Ok(Request::Down) => {
             down.store(true, Ordering::Relaxed);
-            Response { ok: true, message: Some("going down".into()), stats: None }
+            Response {
+                ok: true,
+                message: Some("going down".into()),
+                stats: None,
+            }
         }
     };
     let mut out = serde_json::to_vec(&resp).expect("plain data");
@@ -73,12 +112,15 @@ use std::io::Read;
 
 /// Sends one request to the lab listening at `path`.
 pub fn request(path: &Path, req: &Request) -> Result<Response, String> {
-    let mut s = UnixStream::connect(path).map_err(|e| format!("cannot reach the lab at {}: {e}", path.display()))?;
+    let mut s = UnixStream::connect(path)
+        .map_err(|e| format!("cannot reach the lab at {}: {e}", path.display()))?;
     let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
     let mut line = serde_json::to_vec(req).expect("plain data");
     line.push(b'\n');
     s.write_all(&line).map_err(|e| e.to_string())?;
     let mut resp = String::new();
-    BufReader::new(s).read_line(&mut resp).map_err(|e| e.to_string())?;
+    BufReader::new(s)
+        .read_line(&mut resp)
+        .map_err(|e| e.to_string())?;
     serde_json::from_str(&resp).map_err(|e| format!("bad answer from the lab: {e}"))
 }

@@ -36,7 +36,14 @@ pub struct TunQueue {
 impl Default for TunQueue {
     fn default() -> Self {
         let h = || Histogram::new_with_max(1 << 30, 2).expect("valid HDR bounds");
-        TunQueue { packets: h(), wait_us: h(), reads: 0, super_in: 0, writes: 0, super_out: 0 }
+        TunQueue {
+            packets: h(),
+            wait_us: h(),
+            reads: 0,
+            super_in: 0,
+            writes: 0,
+            super_out: 0,
+        }
     }
 }
 
@@ -89,7 +96,14 @@ struct Calls {
 /// Hands what one read brought to the model: a super-packet's wire segments (the buffer moves
 /// into them, `buf` gets a fresh one), else the packet, held first if its host is slow to send
 /// its own ICMP errors.
-fn arrive(dir: &mut Direction, buf: &mut Vec<u8>, vnet: gso::VnetHdr, train: u64, slow_icmp: Option<&mut SlowIcmp>, now: u64) -> bool {
+fn arrive(
+    dir: &mut Direction,
+    buf: &mut Vec<u8>,
+    vnet: gso::VnetHdr,
+    train: u64,
+    slow_icmp: Option<&mut SlowIcmp>,
+    now: u64,
+) -> bool {
     if vnet.is_tcp_gso() {
         let whole = std::sync::Arc::new(std::mem::replace(buf, Vec::with_capacity(READ_BUF)));
         match gso::split(&vnet, whole.clone(), train) {
@@ -108,8 +122,21 @@ fn arrive(dir: &mut Direction, buf: &mut Vec<u8>, vnet: gso::VnetHdr, train: u64
     false
 }
 
-pub fn spawn(name: String, ends: Ends, txqueuelen: usize, model: Arc<Mutex<Direction>>, tun_queue: Arc<Mutex<TunQueue>>, stop: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
-    let Ends { from, to, offload, rx_batch_ns, mut slow_icmp } = ends;
+pub fn spawn(
+    name: String,
+    ends: Ends,
+    txqueuelen: usize,
+    model: Arc<Mutex<Direction>>,
+    tun_queue: Arc<Mutex<TunQueue>>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<JoinHandle<()>> {
+    let Ends {
+        from,
+        to,
+        offload,
+        rx_batch_ns,
+        mut slow_icmp,
+    } = ends;
     std::thread::Builder::new().name(name).spawn(move || {
         // Without this nanosleep-style waits wake ~50 us late (see the TUN reference notes).
         // SAFETY: prctl with plain integer arguments.
@@ -135,11 +162,17 @@ pub fn spawn(name: String, ends: Ends, txqueuelen: usize, model: Arc<Mutex<Direc
                     Ok(Some(vnet)) => {
                         let now = mono_ns();
                         trains += 1;
-                        calls.super_in += arrive(&mut dir, &mut buf, vnet, trains, slow_icmp.as_mut(), now) as u64;
+                        calls.super_in +=
+                            arrive(&mut dir, &mut buf, vnet, trains, slow_icmp.as_mut(), now)
+                                as u64;
                         calls.reads += 1;
                         reads += 1;
                         since_empty += 1;
-                        let entered_after = if read_times.len() == txqueuelen { empty_at.max(read_times[0]) } else { empty_at };
+                        let entered_after = if read_times.len() == txqueuelen {
+                            empty_at.max(read_times[0])
+                        } else {
+                            empty_at
+                        };
                         longest_wait = longest_wait.max(now - entered_after);
                         read_times.push_back(now);
                         if read_times.len() > txqueuelen {
@@ -172,11 +205,20 @@ pub fn spawn(name: String, ends: Ends, txqueuelen: usize, model: Arc<Mutex<Direc
             if calls.reads + calls.writes > 0 {
                 let mut q = tun_queue.lock().unwrap_or_else(|e| e.into_inner());
                 let c = std::mem::take(&mut calls);
-                (q.reads, q.super_in, q.writes, q.super_out) = (q.reads + c.reads, q.super_in + c.super_in, q.writes + c.writes, q.super_out + c.super_out);
+                (q.reads, q.super_in, q.writes, q.super_out) = (
+                    q.reads + c.reads,
+                    q.super_in + c.super_in,
+                    q.writes + c.writes,
+                    q.super_out + c.super_out,
+                );
             }
             // Deliveries due within `rx_batch_ns` of a wake-up wait for the next, as a NIC's
             // interrupt moderation holds them: the model's times stay exact (it catches up).
-            let wait = dir.next_wakeup().map_or(IDLE_WAIT_NS, |t| t.saturating_sub(mono_ns()).max(rx_batch_ns).min(IDLE_WAIT_NS));
+            let wait = dir.next_wakeup().map_or(IDLE_WAIT_NS, |t| {
+                t.saturating_sub(mono_ns())
+                    .max(rx_batch_ns)
+                    .min(IDLE_WAIT_NS)
+            });
             drop(dir);
             // Asleep, the thread wakes as soon as a packet comes: the device was empty until it
             // woke (by a packet or by its timeout, when ppoll found nothing readable).

@@ -85,21 +85,50 @@ pub fn namespace(lab: &str, host: &str) -> String {
 /// Routes link `subnet`'s IPv4 and IPv6 prefixes (`Topology::addrs`) out of `dev` in namespace
 /// `ns`, its TCP senders using congestion control `cc` (`congctl`).
 fn route_to_subnet(ns: &str, subnet: usize, dev: &str, cc: &str) -> Result<(), String> {
-    ip(&["-n", ns, "route", "add", &format!("10.77.{subnet}.0/24"), "dev", dev, "congctl", cc])?;
-    ip(&["-n", ns, "-6", "route", "add", &format!("fd77:0:0:{subnet:x}::/64"), "dev", dev, "congctl", cc])
+    ip(&[
+        "-n",
+        ns,
+        "route",
+        "add",
+        &format!("10.77.{subnet}.0/24"),
+        "dev",
+        dev,
+        "congctl",
+        cc,
+    ])?;
+    ip(&[
+        "-n",
+        ns,
+        "-6",
+        "route",
+        "add",
+        &format!("fd77:0:0:{subnet:x}::/64"),
+        "dev",
+        dev,
+        "congctl",
+        cc,
+    ])
 }
 
 fn pid_alive(pid: u32) -> bool {
     // A killed lab process whose parent has not reaped it yet is a zombie: signal 0 still
     // finds it, but it holds nothing. /proc says so (state `Z` after the command's `)`).
-    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z'))).unwrap_or(false);
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false);
     // SAFETY: signal 0 only checks existence.
     !zombie && unsafe { libc::kill(pid as i32, 0) == 0 }
 }
 
 /// Labs whose state is present, with whether their process still runs.
 pub fn running() -> Vec<(LabInfo, bool)> {
-    let Ok(dir) = std::fs::read_dir(STATE_DIR) else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir(STATE_DIR) else {
+        return Vec::new();
+    };
     dir.filter_map(|e| {
         let text = std::fs::read_to_string(e.ok()?.path().join("info.json")).ok()?;
         let info: LabInfo = serde_json::from_str(&text).ok()?;
@@ -114,13 +143,22 @@ impl Lab {
         let setup = |e: String| LabError::Setup(e);
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            return Err(setup("the lab needs root (network namespaces and TUN devices)".into()));
+            return Err(setup(
+                "the lab needs root (network namespaces and TUN devices)".into(),
+            ));
         }
         if !std::path::Path::new("/dev/net/tun").exists() {
-            return Err(setup("/dev/net/tun is missing: this kernel or container has no TUN support".into()));
+            return Err(setup(
+                "/dev/net/tun is missing: this kernel or container has no TUN support".into(),
+            ));
         }
-        if name.is_empty() || name.len() > 12 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
-            return Err(setup(format!("lab name `{name}`: use up to 12 letters, digits or '-'")));
+        if name.is_empty()
+            || name.len() > 12
+            || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
+            return Err(setup(format!(
+                "lab name `{name}`: use up to 12 letters, digits or '-'"
+            )));
         }
         let dir = state_dir(name);
         if let Some((info, alive)) = running().into_iter().find(|(i, _)| i.name == name) {
@@ -132,7 +170,11 @@ impl Lab {
             remove_remains(&info);
         }
         let taken: Vec<String> = ns::list();
-        if topo.hosts.iter().any(|h| taken.contains(&namespace(name, h))) {
+        if topo
+            .hosts
+            .iter()
+            .any(|h| taken.contains(&namespace(name, h)))
+        {
             return Err(LabError::Exists(name.to_string()));
         }
         std::fs::create_dir_all(&dir).map_err(|e| setup(format!("{}: {e}", dir.display())))?;
@@ -147,8 +189,21 @@ impl Lab {
                 down_tun: Arc::default(),
             })
             .collect();
-        let info = LabInfo { name: name.into(), topology: topo.name.clone(), pid: std::process::id(), socket: dir.join("control.sock"), hosts: BTreeMap::new() };
-        let mut lab = Lab { shared: Arc::new(Shared { topo, info, links }), stop: Arc::new(AtomicBool::new(false)), threads: Vec::new(), tuns: Vec::new(), namespaces: Vec::new(), state_dir: dir };
+        let info = LabInfo {
+            name: name.into(),
+            topology: topo.name.clone(),
+            pid: std::process::id(),
+            socket: dir.join("control.sock"),
+            hosts: BTreeMap::new(),
+        };
+        let mut lab = Lab {
+            shared: Arc::new(Shared { topo, info, links }),
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Vec::new(),
+            tuns: Vec::new(),
+            namespaces: Vec::new(),
+            state_dir: dir,
+        };
         // On any error below, dropping `lab` removes what was built so far.
         lab.build().map_err(setup)?;
         Ok(lab)
@@ -175,8 +230,20 @@ impl Lab {
                 ns::sysctl(&n, "net.ipv4.icmp_ratelimit", &ms.to_string())?;
                 ns::sysctl(&n, "net.ipv6.icmp.ratelimit", &ms.to_string())?;
             }
-            let cc = topo.host_settings.get(h).and_then(|s| s.cc.clone()).unwrap_or_else(|| DEFAULT_CC.to_string());
-            hosts.insert(h.clone(), HostInfo { namespace: n, ipv4: Vec::new(), ipv6: Vec::new(), cc });
+            let cc = topo
+                .host_settings
+                .get(h)
+                .and_then(|s| s.cc.clone())
+                .unwrap_or_else(|| DEFAULT_CC.to_string());
+            hosts.insert(
+                h.clone(),
+                HostInfo {
+                    namespace: n,
+                    ipv4: Vec::new(),
+                    ipv6: Vec::new(),
+                    cc,
+                },
+            );
         }
         let tag = std::process::id() % 100_000;
         for (i, l) in topo.links.iter().enumerate() {
@@ -190,13 +257,45 @@ impl Lab {
                 ip(&["link", "set", "dev", &tmp, "netns", &n])?;
                 ip(&["-n", &n, "link", "set", "dev", &tmp, "name", &l.name])?;
                 let mtu = if side == "a" { l.up.mtu } else { l.down.mtu };
-                ip(&["-n", &n, "link", "set", "dev", &l.name, "mtu", &mtu.to_string(), "txqueuelen", &TUN_TXQUEUELEN.to_string(), "up"])?;
+                ip(&[
+                    "-n",
+                    &n,
+                    "link",
+                    "set",
+                    "dev",
+                    &l.name,
+                    "mtu",
+                    &mtu.to_string(),
+                    "txqueuelen",
+                    &TUN_TXQUEUELEN.to_string(),
+                    "up",
+                ])?;
                 let (v4, v6) = topo.addrs(i, host);
                 let hi = hosts.get_mut(host.as_str()).expect("host listed");
                 // The link's own subnet is routed by us, not by the kernel, to carry the host's
                 // congestion control (`congctl`, below).
-                ip(&["-n", &n, "addr", "add", &format!("{v4}/24"), "dev", &l.name, "noprefixroute"])?;
-                ip(&["-n", &n, "-6", "addr", "add", &format!("{v6}/64"), "dev", &l.name, "nodad", "noprefixroute"])?;
+                ip(&[
+                    "-n",
+                    &n,
+                    "addr",
+                    "add",
+                    &format!("{v4}/24"),
+                    "dev",
+                    &l.name,
+                    "noprefixroute",
+                ])?;
+                ip(&[
+                    "-n",
+                    &n,
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{v6}/64"),
+                    "dev",
+                    &l.name,
+                    "nodad",
+                    "noprefixroute",
+                ])?;
                 route_to_subnet(&n, i, &l.name, &hi.cc)?;
                 hi.ipv4.push(v4);
                 hi.ipv6.push(v6);
@@ -217,17 +316,50 @@ impl Lab {
         let slow_icmp = |host: &str| {
             let delay = topo.host_settings.get(host).and_then(|s| s.icmp_delay_ns)?;
             let h = &hosts[host];
-            let addrs = h.ipv4.iter().chain(&h.ipv6).filter_map(|a| a.parse().ok()).collect();
+            let addrs = h
+                .ipv4
+                .iter()
+                .chain(&h.ipv6)
+                .filter_map(|a| a.parse().ok())
+                .collect();
             Some(SlowIcmp::new(addrs, delay))
         };
         for (i, l) in topo.links.iter().enumerate() {
             let (a, b) = (self.tuns[2 * i].raw(), self.tuns[2 * i + 1].raw());
             let rt = &self.shared.links[i];
-            let up = forward::Ends { from: a, to: b, offload: topo.offload, rx_batch_ns: topo.rx_usecs * 1000, slow_icmp: slow_icmp(&l.a) };
-            let t1 = forward::spawn(format!("{}-up", l.name), up, TUN_TXQUEUELEN as usize, rt.up.clone(), rt.up_tun.clone(), self.stop.clone()).map_err(|e| e.to_string())?;
+            let up = forward::Ends {
+                from: a,
+                to: b,
+                offload: topo.offload,
+                rx_batch_ns: topo.rx_usecs * 1000,
+                slow_icmp: slow_icmp(&l.a),
+            };
+            let t1 = forward::spawn(
+                format!("{}-up", l.name),
+                up,
+                TUN_TXQUEUELEN as usize,
+                rt.up.clone(),
+                rt.up_tun.clone(),
+                self.stop.clone(),
+            )
+            .map_err(|e| e.to_string())?;
             self.threads.push(t1);
-            let down = forward::Ends { from: b, to: a, offload: topo.offload, rx_batch_ns: topo.rx_usecs * 1000, slow_icmp: slow_icmp(&l.b) };
-            let t2 = forward::spawn(format!("{}-down", l.name), down, TUN_TXQUEUELEN as usize, rt.down.clone(), rt.down_tun.clone(), self.stop.clone()).map_err(|e| e.to_string())?;
+            let down = forward::Ends {
+                from: b,
+                to: a,
+                offload: topo.offload,
+                rx_batch_ns: topo.rx_usecs * 1000,
+                slow_icmp: slow_icmp(&l.b),
+            };
+            let t2 = forward::spawn(
+                format!("{}-down", l.name),
+                down,
+                TUN_TXQUEUELEN as usize,
+                rt.down.clone(),
+                rt.down_tun.clone(),
+                self.stop.clone(),
+            )
+            .map_err(|e| e.to_string())?;
             self.threads.push(t2);
         }
         let shared = Arc::get_mut(&mut self.shared).expect("not shared yet");
@@ -248,8 +380,23 @@ impl Lab {
 
 impl Shared {
     /// `lab set LINK key=value...` on `dir` ("up", "down" or "both").
-    pub fn set(&self, link: &str, dir: &str, settings: &[(String, String)]) -> Result<String, String> {
-        let i = self.topo.link(link).ok_or_else(|| format!("no link `{link}` (links: {})", self.topo.links.iter().map(|l| l.name.as_str()).collect::<Vec<_>>().join(", ")))?;
+    pub fn set(
+        &self,
+        link: &str,
+        dir: &str,
+        settings: &[(String, String)],
+    ) -> Result<String, String> {
+        let i = self.topo.link(link).ok_or_else(|| {
+            format!(
+                "no link `{link}` (links: {})",
+                self.topo
+                    .links
+                    .iter()
+                    .map(|l| l.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
         let rt = &self.links[i];
         let targets: Vec<&Arc<Mutex<Direction>>> = match dir {
             "up" => vec![&rt.up],
@@ -262,24 +409,35 @@ impl Shared {
         for d in &targets {
             let mut cfg = d.lock().unwrap_or_else(|e| e.into_inner()).config().clone();
             for (k, v) in settings {
-                cfg.set(k, v, &crate::presets::read_file).map_err(|e| e.to_string())?;
+                cfg.set(k, v, &crate::presets::read_file)
+                    .map_err(|e| e.to_string())?;
             }
             updated.push(cfg);
         }
         let mut out = Vec::new();
         for (d, cfg) in targets.iter().zip(updated) {
             out.push(cfg.describe());
-            d.lock().unwrap_or_else(|e| e.into_inner()).reconfigure(cfg, mono_ns());
+            d.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .reconfigure(cfg, mono_ns());
         }
         Ok(format!("{link} {dir}: {}", out.join(" | ")))
     }
 
     /// Puts both directions of a link back as the topology defined them.
     pub fn restore(&self, link: &str) -> Result<(), String> {
-        let i = self.topo.link(link).ok_or_else(|| format!("no link `{link}`"))?;
+        let i = self
+            .topo
+            .link(link)
+            .ok_or_else(|| format!("no link `{link}`"))?;
         let spec = &self.topo.links[i];
-        for (d, cfg) in [(&self.links[i].up, &spec.up), (&self.links[i].down, &spec.down)] {
-            d.lock().unwrap_or_else(|e| e.into_inner()).reconfigure(cfg.clone(), mono_ns());
+        for (d, cfg) in [
+            (&self.links[i].up, &spec.up),
+            (&self.links[i].down, &spec.down),
+        ] {
+            d.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .reconfigure(cfg.clone(), mono_ns());
         }
         Ok(())
     }
@@ -289,15 +447,27 @@ impl Shared {
         let mut links = serde_json::Map::new();
         for (l, rt) in self.topo.links.iter().zip(&self.links) {
             let mut dirs = serde_json::Map::new();
-            for (dname, d, tun, sender) in [("up", &rt.up, &rt.up_tun, &l.a), ("down", &rt.down, &rt.down_tun, &l.b)] {
+            for (dname, d, tun, sender) in [
+                ("up", &rt.up, &rt.up_tun, &l.a),
+                ("down", &rt.down, &rt.down_tun, &l.b),
+            ] {
                 let (stats, config, qdisc, cake) = {
                     let g = d.lock().unwrap_or_else(|e| e.into_inner());
-                    (g.stats.clone(), g.config().describe(), g.qdisc_name(), g.cake_stats())
+                    (
+                        g.stats.clone(),
+                        g.config().describe(),
+                        g.qdisc_name(),
+                        g.cake_stats(),
+                    )
                 };
                 let tun_drops = ns::tx_dropped(&namespace(&self.info.name, sender), &l.name);
                 let ((packets_p99, packets_max), (wait_p99, wait_max), calls) = {
                     let t = tun.lock().unwrap_or_else(|e| e.into_inner());
-                    (t.packets(), t.wait_us(), [t.reads, t.super_in, t.writes, t.super_out])
+                    (
+                        t.packets(),
+                        t.wait_us(),
+                        [t.reads, t.super_in, t.writes, t.super_out],
+                    )
                 };
                 let mut v = serde_json::to_value(&stats).expect("plain data");
                 v["config"] = config.into();
@@ -367,9 +537,16 @@ pub fn down_all() -> Vec<String> {
             removed.push(format!("namespace {n}"));
         }
     }
-    if let Ok(out) = std::process::Command::new("ip").args(["-o", "link", "show", "type", "tun"]).output() {
+    if let Ok(out) = std::process::Command::new("ip")
+        .args(["-o", "link", "show", "type", "tun"])
+        .output()
+    {
         for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let dev = line.split(':').nth(1).map(|s| s.trim().split('@').next().unwrap_or("").to_string()).unwrap_or_default();
+            let dev = line
+                .split(':')
+                .nth(1)
+                .map(|s| s.trim().split('@').next().unwrap_or("").to_string())
+                .unwrap_or_default();
             if dev.starts_with("blt") && ip(&["link", "del", &dev]).is_ok() {
                 removed.push(format!("device {dev}"));
             }

@@ -5,7 +5,8 @@ pub const PRESETS: &[(&str, &str)] = &[
         "cable",
         r#"
 name = "cable"
-description = "DOCSIS cable 60/4 Mbit/s, 15 ms base RTT, 1000-packet modem FIFO; a home router on a gigabit LAN"
+description = """DOCSIS cable 60/4 Mbit/s, 15 ms base RTT, 1000-packet modem FIFO; a home router \
+on a gigabit LAN"""
 [[link]]
 name = "lan"
 a = "client"
@@ -39,7 +40,8 @@ both = { rate = "900mbit", delay = "2.5ms", limit = 1000 }
         "dsl",
         r#"
 name = "dsl"
-description = "ADSL2+ 16/1 Mbit/s with ATM framing (PPPoE LLC, 40 B), 30 ms base RTT, 300-packet modem FIFO"
+description = """ADSL2+ 16/1 Mbit/s with ATM framing (PPPoE LLC, 40 B), 30 ms base RTT, \
+300-packet modem FIFO"""
 [[link]]
 name = "lan"
 a = "client"
@@ -57,7 +59,8 @@ down = { rate = "16mbit" }
         "wifi-slow",
         r#"
 name = "wifi-slow"
-description = "A 6 Mbit/s Wi-Fi hop with a deep 1000-packet driver queue, behind a 100/20 Mbit/s WAN with 20 ms base RTT"
+description = """A 6 Mbit/s Wi-Fi hop with a deep 1000-packet driver queue, behind a 100/20 \
+Mbit/s WAN with 20 ms base RTT"""
 [[link]]
 name = "wifi"
 a = "client"
@@ -76,7 +79,10 @@ down = { rate = "100mbit" }
         "wifi-ring",
         r#"
 name = "wifi-ring"
-description = "Gettys' 802.11g experiments: a 6 Mbit/s Wi-Fi hop with a 1000-packet transmit queue above a 256-entry driver ring (up to 2.5 s full; the ring alone 0.5 s, out of any qdisc's reach: try qdisc=fq_codel, then ring=10 or bql=on), behind a 100/20 Mbit/s WAN with 20 ms base RTT"
+description = """Gettys' 802.11g experiments: a 6 Mbit/s Wi-Fi hop with a 1000-packet transmit \
+queue above a 256-entry driver ring (up to 2.5 s full; the ring alone 0.5 s, out of any qdisc's \
+reach: try qdisc=fq_codel, then ring=10 or bql=on), behind a 100/20 Mbit/s WAN with 20 ms base \
+RTT"""
 [[link]]
 name = "wifi"
 a = "client"
@@ -95,7 +101,8 @@ down = { rate = "100mbit" }
         "lte",
         r#"
 name = "lte"
-description = "LTE: download follows a 10 s looping trace (5..30 Mbit/s), 5 Mbit/s up, 50 ms base RTT, deep buffers"
+description = """LTE: download follows a 10 s looping trace (5..30 Mbit/s), 5 Mbit/s up, 50 ms \
+base RTT, deep buffers"""
 [[link]]
 name = "lan"
 a = "client"
@@ -113,7 +120,9 @@ down = { rate = "trace:builtin:lte" }
         "wifi",
         r#"
 name = "wifi"
-description = "A Wi-Fi backhaul: download in 4 ms aggregates at 40 Mbit/s that drops to 10 Mbit/s for 10 s of every 20 (looping trace), 8 Mbit/s up, 20 ms base RTT, 1000-packet driver queue; a router on a gigabit LAN"
+description = """A Wi-Fi backhaul: download in 4 ms aggregates at 40 Mbit/s that drops to 10 \
+Mbit/s for 10 s of every 20 (looping trace), 8 Mbit/s up, 20 ms base RTT, 1000-packet driver \
+queue; a router on a gigabit LAN"""
 [[link]]
 name = "lan"
 a = "client"
@@ -131,7 +140,9 @@ down = { rate = "trace:builtin:wifi" }
         "home",
         r#"
 name = "home"
-description = "A laptop on Wi-Fi (40 Mbit/s, 1000-packet driver queue) to a home router, a 50/10 Mbit/s access line with a 1000-packet modem FIFO to the ISP's router, its core at 1 Gbit/s to the server; 20 ms base RTT. Three hops to locate bloat on (bloatlab locate)"
+description = """A laptop on Wi-Fi (40 Mbit/s, 1000-packet driver queue) to a home router, a \
+50/10 Mbit/s access line with a 1000-packet modem FIFO to the ISP's router, its core at 1 Gbit/s \
+to the server; 20 ms base RTT. Three hops to locate bloat on (bloatlab locate)"""
 [[link]]
 name = "wifi"
 a = "client"
@@ -155,7 +166,10 @@ both = { rate = "1gbit", delay = "2ms", limit = 1000 }
         "switch",
         r#"
 name = "switch"
-description = "A host on gigabit Ethernet into a switch whose 100 Mbit/s uplink port buffers 64 KB, then a 50 Mbit/s line with 20 ms base RTT and a 1000-packet FIFO: a sender's unpaced bursts overflow the switch (test udp --rate 45mbit --pacing burst:100ms loses most of its packets there; --pacing timer none)"
+description = """A host on gigabit Ethernet into a switch whose 100 Mbit/s uplink port buffers \
+64 KB, then a 50 Mbit/s line with 20 ms base RTT and a 1000-packet FIFO: a sender's unpaced \
+bursts overflow the switch (test udp --rate 45mbit --pacing burst:100ms loses most of its \
+packets there; --pacing timer none)"""
 [[link]]
 name = "lan"
 a = "client"
@@ -197,7 +211,13 @@ pub fn lte_trace() -> String {
 /// aggregate every 4 ms (an A-MPDU per TXOP), so that a receiver sees bursts and gaps.
 pub fn wifi_trace() -> String {
     // Opportunities (1500 bytes) delivered by millisecond t: 40 Mbit/s is 10/3 per ms.
-    let by = |t: u64| if t <= 10_000 { t * 10 / 3 } else { 100_000 / 3 + (t - 10_000) * 5 / 6 };
+    let by = |t: u64| {
+        if t <= 10_000 {
+            t * 10 / 3
+        } else {
+            100_000 / 3 + (t - 10_000) * 5 / 6
+        }
+    };
     let mut out = String::new();
     for t in (4..=20_000u64).step_by(4) {
         for _ in by(t - 4)..by(t) {
@@ -244,10 +264,20 @@ mod tests {
     fn wifi_trace_steps_from_40_to_10_mbit_in_4_ms_aggregates() {
         let text = wifi_trace();
         let ts: Vec<u64> = text.lines().map(|l| l.parse().unwrap()).collect();
-        let mbit = |from: u64, to: u64| ts.iter().filter(|&&t| t > from && t <= to).count() as f64 * 12_000.0 / ((to - from) as f64 * 1e3);
+        let mbit = |from: u64, to: u64| {
+            ts.iter().filter(|&&t| t > from && t <= to).count() as f64 * 12_000.0
+                / ((to - from) as f64 * 1e3)
+        };
         assert!((mbit(0, 10_000) - 40.0).abs() < 0.1, "{}", mbit(0, 10_000));
-        assert!((mbit(10_000, 20_000) - 10.0).abs() < 0.1, "{}", mbit(10_000, 20_000));
-        assert!(ts.iter().all(|t| t % 4 == 0), "deliveries only at aggregate times");
+        assert!(
+            (mbit(10_000, 20_000) - 10.0).abs() < 0.1,
+            "{}",
+            mbit(10_000, 20_000)
+        );
+        assert!(
+            ts.iter().all(|t| t % 4 == 0),
+            "deliveries only at aggregate times"
+        );
         assert_eq!(*ts.last().unwrap(), 20_000, "the trace's period is 20 s");
     }
 

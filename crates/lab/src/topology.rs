@@ -79,7 +79,11 @@ pub enum TopologyError {
     #[error("topology: {0}")]
     Toml(String),
     #[error("link {link}, {dir}: {err}")]
-    Setting { link: String, dir: &'static str, err: ConfigError },
+    Setting {
+        link: String,
+        dir: &'static str,
+        err: ConfigError,
+    },
     #[error("topology: {0}")]
     Shape(String),
 }
@@ -114,15 +118,26 @@ fn name_ok(s: &str) -> bool {
     !s.is_empty() && s.len() <= 12 && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
 }
 
-fn host_settings(doc: &toml::Table, hosts: &[String]) -> Result<BTreeMap<String, HostSettings>, TopologyError> {
+fn host_settings(
+    doc: &toml::Table,
+    hosts: &[String],
+) -> Result<BTreeMap<String, HostSettings>, TopologyError> {
     let mut out = BTreeMap::new();
-    let Some(table) = doc.get("host") else { return Ok(out) };
-    let table = table.as_table().ok_or_else(|| TopologyError::Shape("`host` must be a table of hosts: [host.NAME]".into()))?;
+    let Some(table) = doc.get("host") else {
+        return Ok(out);
+    };
+    let table = table.as_table().ok_or_else(|| {
+        TopologyError::Shape("`host` must be a table of hosts: [host.NAME]".into())
+    })?;
     for (h, kv) in table {
         if !hosts.contains(h) {
-            return Err(TopologyError::Shape(format!("[host.{h}]: no link has a host named `{h}`")));
+            return Err(TopologyError::Shape(format!(
+                "[host.{h}]: no link has a host named `{h}`"
+            )));
         }
-        let kv = kv.as_table().ok_or_else(|| TopologyError::Shape(format!("[host.{h}] must be a table")))?;
+        let kv = kv
+            .as_table()
+            .ok_or_else(|| TopologyError::Shape(format!("[host.{h}] must be a table")))?;
         let mut st = HostSettings::default();
         for (k, v) in kv {
             match k.as_str() {
@@ -130,21 +145,40 @@ fn host_settings(doc: &toml::Table, hosts: &[String]) -> Result<BTreeMap<String,
                     let ms = v
                         .as_integer()
                         .filter(|m| (0..=60_000).contains(m))
-                        .ok_or_else(|| TopologyError::Shape(format!("[host.{h}] icmp_ratelimit: want milliseconds 0..60000 (0: no limit), got {v}")))?;
+                        .ok_or_else(|| {
+                            TopologyError::Shape(format!(
+                                "[host.{h}] icmp_ratelimit: \
+                            want milliseconds 0..60000 (0: no limit), got {v}"
+                            ))
+                        })?;
                     st.icmp_ratelimit_ms = Some(ms as u32);
                 }
                 "icmp_delay" => {
                     let text = value_text(v);
-                    let ns = bloatlab_lab_model::config::parse_time_ns(&text).map_err(|e| TopologyError::Shape(format!("[host.{h}] icmp_delay: {e}")))?;
+                    let ns = bloatlab_lab_model::config::parse_time_ns(&text)
+                        .map_err(|e| TopologyError::Shape(format!("[host.{h}] icmp_delay: {e}")))?;
                     st.icmp_delay_ns = Some(ns);
                 }
                 "cc" => {
                     // TCP_CA_NAME_MAX is 16 with its NUL.
-                    let name = v.as_str().filter(|s| !s.is_empty() && s.len() < 16 && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
-                    let name = name.ok_or_else(|| TopologyError::Shape(format!("[host.{h}] cc: want a congestion control's name (cubic, bbr, reno), got {v}")))?;
+                    let name = v.as_str().filter(|s| {
+                        !s.is_empty()
+                            && s.len() < 16
+                            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    });
+                    let name = name.ok_or_else(|| {
+                        TopologyError::Shape(format!(
+                            "[host.{h}] cc: \
+                        want a congestion control's name (cubic, bbr, reno), got {v}"
+                        ))
+                    })?;
                     st.cc = Some(name.to_string());
                 }
-                other => return Err(TopologyError::Shape(format!("[host.{h}]: unknown setting `{other}` (known: icmp_ratelimit, icmp_delay, cc)"))),
+                other => {
+                    return Err(TopologyError::Shape(format!(
+                    "[host.{h}]: unknown setting `{other}` (known: icmp_ratelimit, icmp_delay, cc)"
+                )))
+                }
             }
         }
         out.insert(h.clone(), st);
@@ -153,32 +187,63 @@ fn host_settings(doc: &toml::Table, hosts: &[String]) -> Result<BTreeMap<String,
 }
 
 impl Topology {
-    pub fn from_toml(text: &str, read_file: &dyn Fn(&str) -> Result<String, String>) -> Result<Topology, TopologyError> {
-        let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| TopologyError::Toml(toml_error(text, &e)))?;
-        let name = doc.get("name").and_then(|v| v.as_str()).unwrap_or("lab").to_string();
-        let description = doc.get("description").and_then(|v| v.as_str()).unwrap_or("").to_string();
+    pub fn from_toml(
+        text: &str,
+        read_file: &dyn Fn(&str) -> Result<String, String>,
+    ) -> Result<Topology, TopologyError> {
+        let doc: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| TopologyError::Toml(toml_error(text, &e)))?;
+        let name = doc
+            .get("name")
+            .and_then(|v| v.as_str())
+            .unwrap_or("lab")
+            .to_string();
+        let description = doc
+            .get("description")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string();
         let offload = match doc.get("offload") {
             None => true,
-            Some(v) => v.as_bool().ok_or_else(|| TopologyError::Shape(format!("offload: want true or false, got {v}")))?,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                TopologyError::Shape(format!("offload: want true or false, got {v}"))
+            })?,
         };
         let rx_usecs = match doc.get("rx_usecs") {
             None => DEFAULT_RX_USECS,
-            Some(v) => v.as_integer().filter(|u| (0..=10_000).contains(u)).ok_or_else(|| TopologyError::Shape(format!("rx_usecs: want microseconds 0..10000, got {v}")))? as u64,
+            Some(v) => v
+                .as_integer()
+                .filter(|u| (0..=10_000).contains(u))
+                .ok_or_else(|| {
+                    TopologyError::Shape(format!("rx_usecs: want microseconds 0..10000, got {v}"))
+                })? as u64,
         };
-        let links_v = doc.get("link").and_then(|v| v.as_array()).ok_or_else(|| TopologyError::Shape("no [[link]] entries".into()))?;
+        let links_v = doc
+            .get("link")
+            .and_then(|v| v.as_array())
+            .ok_or_else(|| TopologyError::Shape("no [[link]] entries".into()))?;
         let mut hosts: Vec<String> = Vec::new();
         let mut links = Vec::new();
         for (i, l) in links_v.iter().enumerate() {
-            let t = l.as_table().ok_or_else(|| TopologyError::Shape(format!("link {i} is not a table")))?;
+            let t = l
+                .as_table()
+                .ok_or_else(|| TopologyError::Shape(format!("link {i} is not a table")))?;
             let s = |k: &str| t.get(k).and_then(|v| v.as_str()).map(str::to_string);
             let lname = s("name").unwrap_or_else(|| format!("link{i}"));
             let (a, b) = match (s("a"), s("b")) {
                 (Some(a), Some(b)) if a != b => (a, b),
-                _ => return Err(TopologyError::Shape(format!("link {lname} needs two different hosts `a` and `b`"))),
+                _ => {
+                    return Err(TopologyError::Shape(format!(
+                        "link {lname} needs two different hosts `a` and `b`"
+                    )))
+                }
             };
             for n in [&lname, &a, &b] {
                 if !name_ok(n) {
-                    return Err(TopologyError::Shape(format!("name `{n}`: use up to 12 letters, digits or '-'")));
+                    return Err(TopologyError::Shape(format!(
+                        "name `{n}`: use up to 12 letters, digits or '-'"
+                    )));
                 }
             }
             let mut up = DirConfig::default();
@@ -187,14 +252,26 @@ impl Topology {
             down.seed = 2 * i as u64 + 2;
             for (section, targets) in [("both", 3u8), ("up", 1), ("down", 2)] {
                 let Some(kv) = t.get(section) else { continue };
-                let kv = kv.as_table().ok_or_else(|| TopologyError::Shape(format!("link {lname}: `{section}` must be a table")))?;
+                let kv = kv.as_table().ok_or_else(|| {
+                    TopologyError::Shape(format!("link {lname}: `{section}` must be a table"))
+                })?;
                 for (k, v) in kv {
                     let v = value_text(v);
                     if targets & 1 != 0 {
-                        up.set(k, &v, read_file).map_err(|err| TopologyError::Setting { link: lname.clone(), dir: "up", err })?;
+                        up.set(k, &v, read_file)
+                            .map_err(|err| TopologyError::Setting {
+                                link: lname.clone(),
+                                dir: "up",
+                                err,
+                            })?;
                     }
                     if targets & 2 != 0 {
-                        down.set(k, &v, read_file).map_err(|err| TopologyError::Setting { link: lname.clone(), dir: "down", err })?;
+                        down.set(k, &v, read_file)
+                            .map_err(|err| TopologyError::Setting {
+                                link: lname.clone(),
+                                dir: "down",
+                                err,
+                            })?;
                     }
                 }
             }
@@ -206,13 +283,27 @@ impl Topology {
             if links.iter().any(|x: &LinkSpec| x.name == lname) {
                 return Err(TopologyError::Shape(format!("two links named {lname}")));
             }
-            links.push(LinkSpec { name: lname, a, b, up, down });
+            links.push(LinkSpec {
+                name: lname,
+                a,
+                b,
+                up,
+                down,
+            });
         }
         if links.len() > 250 {
             return Err(TopologyError::Shape("at most 250 links".into()));
         }
         let host_settings = host_settings(&doc, &hosts)?;
-        Ok(Topology { name, description, hosts, links, host_settings, offload, rx_usecs })
+        Ok(Topology {
+            name,
+            description,
+            hosts,
+            links,
+            host_settings,
+            offload,
+            rx_usecs,
+        })
     }
 
     pub fn link(&self, name: &str) -> Option<usize> {
@@ -300,7 +391,10 @@ mod tests {
         assert_eq!(r["laptop"], vec![(1, 0), (2, 0)]);
         assert_eq!(r["router"], vec![(2, 1)]);
         assert_eq!(r["server"], vec![(0, 2), (1, 2)]);
-        assert_eq!(t.addrs(2, "server"), ("10.77.2.2".into(), "fd77:0:0:2::2".into()));
+        assert_eq!(
+            t.addrs(2, "server"),
+            ("10.77.2.2".into(), "fd77:0:0:2::2".into())
+        );
         assert_eq!(t.links[2].up.delay_ns, 10_000_000);
         assert_eq!(t.links[2].down.delay_ns, 0);
     }
@@ -308,13 +402,24 @@ mod tests {
     #[test]
     fn host_settings_name_a_known_host_and_a_known_key() {
         let links = "[[link]]\nname='l'\na='c'\nb='r'\n";
-        let t = Topology::from_toml(&format!("{links}[host.r]\nicmp_ratelimit = 0\nicmp_delay = '300ms'\n"), &nofile).unwrap();
+        let t = Topology::from_toml(
+            &format!("{links}[host.r]\nicmp_ratelimit = 0\nicmp_delay = '300ms'\n"),
+            &nofile,
+        )
+        .unwrap();
         assert_eq!(t.host_settings["r"].icmp_ratelimit_ms, Some(0));
         assert_eq!(t.host_settings["r"].icmp_delay_ns, Some(300_000_000));
         let t = Topology::from_toml(&format!("{links}[host.c]\ncc = 'bbr'\n"), &nofile).unwrap();
         assert_eq!(t.host_settings["c"].cc.as_deref(), Some("bbr"));
-        assert!(Topology::from_toml(&format!("{links}[host.c]\ncc = 'bbr; reboot'\n"), &nofile).is_err());
-        let e = |extra: &str| Topology::from_toml(&format!("{links}{extra}"), &nofile).unwrap_err().to_string();
+        assert!(
+            Topology::from_toml(&format!("{links}[host.c]\ncc = 'bbr; reboot'\n"), &nofile)
+                .is_err()
+        );
+        let e = |extra: &str| {
+            Topology::from_toml(&format!("{links}{extra}"), &nofile)
+                .unwrap_err()
+                .to_string()
+        };
         assert!(e("[host.x]\nicmp_ratelimit = 0\n").contains("no link has a host named `x`"));
         assert!(e("[host.r]\nicmp_rate = 0\n").contains("unknown setting `icmp_rate`"));
         assert!(e("[host.r]\nicmp_ratelimit = -1\n").contains("want milliseconds"));
@@ -325,22 +430,33 @@ mod tests {
         let links = "[[link]]\nname='l'\na='c'\nb='r'\n";
         let t = Topology::from_toml(links, &nofile).unwrap();
         assert_eq!((t.offload, t.rx_usecs), (true, 100));
-        let t = Topology::from_toml(&format!("offload = false\nrx_usecs = 0\n{links}"), &nofile).unwrap();
+        let t = Topology::from_toml(&format!("offload = false\nrx_usecs = 0\n{links}"), &nofile)
+            .unwrap();
         assert_eq!((t.offload, t.rx_usecs), (false, 0));
-        let e = |top: &str| Topology::from_toml(&format!("{top}\n{links}"), &nofile).unwrap_err().to_string();
+        let e = |top: &str| {
+            Topology::from_toml(&format!("{top}\n{links}"), &nofile)
+                .unwrap_err()
+                .to_string()
+        };
         assert!(e("offload = 'yes'").contains("want true or false"));
         assert!(e("rx_usecs = 20000").contains("want microseconds 0..10000"));
     }
 
     #[test]
     fn a_toml_error_is_one_line_with_its_place() {
-        let e = Topology::from_toml("name = 'x'\n[[link]\n", &nofile).unwrap_err().to_string();
+        let e = Topology::from_toml("name = 'x'\n[[link]\n", &nofile)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("line 2, column") && !e.contains('\n'), "{e}");
     }
 
     #[test]
     fn errors_name_the_link_and_direction() {
-        let e = Topology::from_toml("[[link]]\nname='x'\na='p'\nb='q'\nup={rate='fast'}", &nofile).unwrap_err();
+        let e = Topology::from_toml(
+            "[[link]]\nname='x'\na='p'\nb='q'\nup={rate='fast'}",
+            &nofile,
+        )
+        .unwrap_err();
         assert!(e.to_string().starts_with("link x, up: rate `fast`"), "{e}");
         assert!(Topology::from_toml("name='x'", &nofile).is_err());
     }

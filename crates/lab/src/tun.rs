@@ -32,17 +32,29 @@ impl Tun {
     /// Creates the device `name` in the calling thread's network namespace.
     pub fn create(name: &str, offload: bool) -> io::Result<Tun> {
         if name.len() >= libc::IFNAMSIZ {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("interface name {name} too long")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("interface name {name} too long"),
+            ));
         }
         // SAFETY: a NUL-terminated path and plain flags.
-        let raw = unsafe { libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC) };
+        let raw = unsafe {
+            libc::open(
+                c"/dev/net/tun".as_ptr(),
+                libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            )
+        };
         if raw < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: `raw` is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let vnet = if offload { IFF_VNET_HDR } else { 0 };
-        let mut req = IfReq { name: [0; libc::IFNAMSIZ], flags: (libc::IFF_TUN | libc::IFF_NO_PI | vnet) as libc::c_short, _pad: [0; 22] };
+        let mut req = IfReq {
+            name: [0; libc::IFNAMSIZ],
+            flags: (libc::IFF_TUN | libc::IFF_NO_PI | vnet) as libc::c_short,
+            _pad: [0; 22],
+        };
         req.name[..name.len()].copy_from_slice(name.as_bytes());
         // SAFETY: TUNSETIFF reads and writes an ifreq, which `req` is laid out as.
         if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF, &mut req) } < 0 {
@@ -52,7 +64,10 @@ impl Tun {
         if offload && unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETOFFLOAD, TCP_OFFLOADS) } < 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(Tun { fd, name: name.to_string() })
+        Ok(Tun {
+            fd,
+            name: name.to_string(),
+        })
     }
 
     pub fn raw(&self) -> RawFd {
@@ -67,7 +82,16 @@ pub fn read_packet(fd: RawFd, vnet: bool, buf: &mut Vec<u8>) -> io::Result<Optio
     debug_assert!(buf.capacity() >= READ_BUF);
     let mut hdr = [0u8; VNET_HDR_LEN];
     let skip = if vnet { VNET_HDR_LEN } else { 0 };
-    let iov = [libc::iovec { iov_base: hdr.as_mut_ptr().cast(), iov_len: skip }, libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.capacity() }];
+    let iov = [
+        libc::iovec {
+            iov_base: hdr.as_mut_ptr().cast(),
+            iov_len: skip,
+        },
+        libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.capacity(),
+        },
+    ];
     loop {
         // SAFETY: both iovecs point at writable memory of their lengths (the second at the
         // vector's spare capacity); readv writes at most that.
@@ -76,7 +100,11 @@ pub fn read_packet(fd: RawFd, vnet: bool, buf: &mut Vec<u8>) -> io::Result<Optio
             let n = (n as usize).saturating_sub(skip);
             // SAFETY: readv initialised the first `n` bytes of the spare capacity.
             unsafe { buf.set_len(n) };
-            return Ok(Some(if vnet { VnetHdr::from_bytes(&hdr) } else { VnetHdr::default() }));
+            return Ok(Some(if vnet {
+                VnetHdr::from_bytes(&hdr)
+            } else {
+                VnetHdr::default()
+            }));
         }
         let e = io::Error::last_os_error();
         match e.kind() {
@@ -92,9 +120,18 @@ pub fn write_packet(fd: RawFd, vnet: bool, w: &Write) -> io::Result<()> {
     let hdr = w.vnet.to_bytes();
     let payload: &[u8] = w.payload.as_ref().map_or(&[], |(buf, r)| &buf[r.clone()]);
     let iov = [
-        libc::iovec { iov_base: hdr.as_ptr() as *mut _, iov_len: if vnet { VNET_HDR_LEN } else { 0 } },
-        libc::iovec { iov_base: w.head.as_ptr() as *mut _, iov_len: w.head.len() },
-        libc::iovec { iov_base: payload.as_ptr() as *mut _, iov_len: payload.len() },
+        libc::iovec {
+            iov_base: hdr.as_ptr() as *mut _,
+            iov_len: if vnet { VNET_HDR_LEN } else { 0 },
+        },
+        libc::iovec {
+            iov_base: w.head.as_ptr() as *mut _,
+            iov_len: w.head.len(),
+        },
+        libc::iovec {
+            iov_base: payload.as_ptr() as *mut _,
+            iov_len: payload.len(),
+        },
     ];
     // SAFETY: the iovecs point at live, readable memory of their lengths; writev only reads.
     let n = unsafe { libc::writev(fd, iov.as_ptr(), 3) };
@@ -106,8 +143,15 @@ pub fn write_packet(fd: RawFd, vnet: bool, w: &Write) -> io::Result<()> {
 
 /// Waits until `fd` is readable or `timeout_ns` passed (nanosecond resolution, unlike poll).
 pub fn wait_readable(fd: RawFd, timeout_ns: u64) {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    let ts = libc::timespec { tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t, tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long };
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
     // SAFETY: one valid pollfd and a valid timespec; no signal mask change.
     unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
 }

@@ -38,7 +38,9 @@ fn names(addrs: &[IpAddr]) -> std::collections::HashMap<IpAddr, String> {
     drop(tx);
     let until = std::time::Instant::now() + NAME_DEADLINE;
     let mut out = std::collections::HashMap::new();
-    while let Ok((a, n)) = rx.recv_timeout(until.saturating_duration_since(std::time::Instant::now())) {
+    while let Ok((a, n)) =
+        rx.recv_timeout(until.saturating_duration_since(std::time::Instant::now()))
+    {
         if let Some(n) = n {
             out.insert(a, n);
         }
@@ -137,7 +139,11 @@ pub struct Located {
 
 fn loaded(v: &[f64]) -> Option<Loaded> {
     let p = bloatlab_analyze::stats::percentiles(v.iter().copied())?;
-    Some(Loaded { p50_ms: p.p50, p90_ms: p.p90, answered: p.samples })
+    Some(Loaded {
+        p50_ms: p.p50,
+        p90_ms: p.p90,
+        answered: p.samples,
+    })
 }
 
 fn hop_reports(hops: &[verdict::HopObs]) -> Vec<HopReport> {
@@ -150,22 +156,34 @@ fn hop_reports(hops: &[verdict::HopObs]) -> Vec<HopReport> {
             destination: h.destination,
             answered: h.answered,
             sent: h.sent,
-            idle_p50_ms: bloatlab_analyze::stats::percentiles(h.idle.iter().copied()).map(|p| p.p50),
-            phases: PhaseStats { download: loaded(&h.loaded[0]), upload: loaded(&h.loaded[1]), both: loaded(&h.loaded[2]) },
+            idle_p50_ms: bloatlab_analyze::stats::percentiles(h.idle.iter().copied())
+                .map(|p| p.p50),
+            phases: PhaseStats {
+                download: loaded(&h.loaded[0]),
+                upload: loaded(&h.loaded[1]),
+                both: loaded(&h.loaded[2]),
+            },
         })
         .collect()
 }
 
 /// Idle and loaded windows of a finished test, in wall-clock seconds.
 fn windows(r: &bloatlab_result::ResultFile, load: Load) -> Option<Windows> {
-    let start = humantime::parse_rfc3339(&r.metadata.start_time).ok()?.duration_since(SystemTime::UNIX_EPOCH).ok()?.as_secs_f64();
+    let start = humantime::parse_rfc3339(&r.metadata.start_time)
+        .ok()?
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .ok()?
+        .as_secs_f64();
     let phase = |n: &str| r.metadata.phases.iter().find(|p| p.name == n);
     let idle = phase("idle")?;
     let l = phase("load")?;
     let ramp = RAMP.min((l.end - l.start) / 2.0);
     Some(Windows {
         load,
-        idle: (start + idle.start + 0.5_f64.min(idle.end / 2.0), start + idle.end),
+        idle: (
+            start + idle.start + 0.5_f64.min(idle.end / 2.0),
+            start + idle.end,
+        ),
         loaded: (start + l.start + ramp, start + l.end),
         up_mbps: r.summary.as_ref().and_then(|s| s.throughput_mbps.up),
     })
@@ -187,13 +205,18 @@ fn end_to_end(runs: &[(Load, Summary)]) -> verdict::EndToEnd {
 
 fn resolve(host: &str) -> Result<(String, IpAddr), String> {
     let (h, port) = bloatlab_measure::target::split_host_port(host, bloatlab_proto::DEFAULT_PORT)?;
-    let addr = (h.as_str(), port).to_socket_addrs().map_err(|e| format!("cannot resolve {h}: {e}"))?.next().ok_or_else(|| format!("cannot resolve {h}: no addresses"))?;
+    let addr = (h.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {h}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("cannot resolve {h}: no addresses"))?;
     Ok((h, addr.ip()))
 }
 
 fn write(path: &Path, l: &Located) -> Result<(), String> {
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(l).expect("serializes")).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::write(&tmp, serde_json::to_vec_pretty(l).expect("serializes"))
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
@@ -201,10 +224,18 @@ fn write(path: &Path, l: &Located) -> Result<(), String> {
 /// writes the locate file. Each phase's test writes its own result file as it runs, so a
 /// killed locate keeps those. Ctrl-C (`o.test.stop`) or a failed phase ends it early with
 /// the verdict of what was measured (`partial`).
-pub fn locate(host: &str, tests: &[(Load, Params)], o: &Options) -> Result<(Located, PathBuf), String> {
+pub fn locate(
+    host: &str,
+    tests: &[(Load, Params)],
+    o: &Options,
+) -> Result<(Located, PathBuf), String> {
     let (name, ip) = resolve(host)?;
     std::fs::create_dir_all(&o.out_dir).map_err(|e| format!("{}: {e}", o.out_dir.display()))?;
-    let stamp = humantime::format_rfc3339_seconds(SystemTime::now()).to_string().replace([':', '-'], "").trim_end_matches('Z').to_string();
+    let stamp = humantime::format_rfc3339_seconds(SystemTime::now())
+        .to_string()
+        .replace([':', '-'], "")
+        .trim_end_matches('Z')
+        .to_string();
     let path = o.out_dir.join(format!("bloatlab-locate-{stamp}.json"));
     let mut cfg = HopConfig::new(ip);
     cfg.max_hops = o.max_hops;
@@ -220,7 +251,8 @@ pub fn locate(host: &str, tests: &[(Load, Params)], o: &Options) -> Result<(Loca
         max_hops: o.max_hops,
         probes: if o.icmp { "icmp" } else { "udp" }.into(),
     };
-    let prober = HopProber::start(cfg).map_err(|e| format!("cannot probe the hops to {ip}: {e}"))?;
+    let prober =
+        HopProber::start(cfg).map_err(|e| format!("cannot probe the hops to {ip}: {e}"))?;
     let sampler = LocalQueueSampler::start(ip, Duration::from_millis(200));
     let mut runs: Vec<(Load, Summary)> = Vec::new();
     let mut phases = Vec::new();
@@ -231,14 +263,29 @@ pub fn locate(host: &str, tests: &[(Load, Params)], o: &Options) -> Result<(Loca
             break;
         }
         if o.verbose {
-            eprintln!("locate {}/{}: {} load ({}, {} s after {} s idle)", i + 1, tests.len(), load.name(), params.test.name(), params.length, params.idle);
+            eprintln!(
+                "locate {}/{}: {} load ({}, {} s after {} s idle)",
+                i + 1,
+                tests.len(),
+                load.name(),
+                params.test.name(),
+                params.length,
+                params.idle
+            );
         }
         // One phase (`test --locate`) keeps the result file the user named.
         let file = match (&o.test.output, tests.len()) {
             (Some(named), 1) => named.clone(),
-            _ => o.out_dir.join(format!("bloatlab-locate-{stamp}-{}.json.gz", load.name())),
+            _ => o
+                .out_dir
+                .join(format!("bloatlab-locate-{stamp}-{}.json.gz", load.name())),
         };
-        let topts = bloatlab_measure::Options { output: Some(file.clone()), progress: o.test.progress, stop: o.test.stop.clone(), key: o.test.key.clone() };
+        let topts = bloatlab_measure::Options {
+            output: Some(file.clone()),
+            progress: o.test.progress,
+            stop: o.test.stop.clone(),
+            key: o.test.key.clone(),
+        };
         match bloatlab_measure::run(params, host, &topts) {
             Ok(out) => {
                 let s = out.result.summary.clone().unwrap_or_default();
@@ -263,13 +310,25 @@ pub fn locate(host: &str, tests: &[(Load, Params)], o: &Options) -> Result<(Loca
             }
         }
     }
-    let probes = prober.finish().map_err(|e| format!("hop probing failed: {e}"))?;
+    let probes = prober
+        .finish()
+        .map_err(|e| format!("hop probing failed: {e}"))?;
     let local_q = sampler.map(|s| s.finish());
     let obs = observe::hops(&probes, &wins);
     let local_obs = local_q.as_ref().map(|q| observe::local(q, &wins));
     let v = verdict::verdict(&obs, local_obs.as_ref(), &end_to_end(&runs));
     let partial = failure.is_some() || runs.len() < tests.len();
-    let located = Located { format: FORMAT.into(), version: VERSION, metadata: meta, phases, hops: hop_reports(&obs), local: local_q, verdict: v, partial, probes };
+    let located = Located {
+        format: FORMAT.into(),
+        version: VERSION,
+        metadata: meta,
+        phases,
+        hops: hop_reports(&obs),
+        local: local_q,
+        verdict: v,
+        partial,
+        probes,
+    };
     write(&path, &located)?;
     match failure {
         Some(e) if runs.is_empty() => Err(e),

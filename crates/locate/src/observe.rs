@@ -24,7 +24,11 @@ pub fn hops(probes: &[HopProbe], windows: &[Windows]) -> Vec<HopObs> {
     (1..=top)
         .map(|ttl| {
             let mine: Vec<&HopProbe> = probes.iter().filter(|p| p.ttl == ttl).collect();
-            let mut h = HopObs { ttl, sent: mine.len() as u32, ..Default::default() };
+            let mut h = HopObs {
+                ttl,
+                sent: mine.len() as u32,
+                ..Default::default()
+            };
             for p in &mine {
                 let Some(rtt) = p.rtt_ms else { continue };
                 h.answered += 1;
@@ -46,10 +50,20 @@ pub fn hops(probes: &[HopProbe], windows: &[Windows]) -> Vec<HopObs> {
 /// Median backlog of this host's queue per load phase, as the delay it means at the
 /// phase's upload rate.
 pub fn local(q: &LocalQueue, windows: &[Windows]) -> LocalObs {
-    let mut out = LocalObs { interface: q.interface.clone(), ..Default::default() };
+    let mut out = LocalObs {
+        interface: q.interface.clone(),
+        ..Default::default()
+    };
     for w in windows {
-        let mut bytes: Vec<f64> = q.samples.iter().filter(|s| within(s.t_unix, w.loaded)).map(|s| s.backlog_bytes as f64).collect();
-        let Some(mbps) = w.up_mbps.filter(|m| *m > 0.0) else { continue };
+        let mut bytes: Vec<f64> = q
+            .samples
+            .iter()
+            .filter(|s| within(s.t_unix, w.loaded))
+            .map(|s| s.backlog_bytes as f64)
+            .collect();
+        let Some(mbps) = w.up_mbps.filter(|m| *m > 0.0) else {
+            continue;
+        };
         if bytes.is_empty() {
             continue;
         }
@@ -66,28 +80,60 @@ mod tests {
     use bloatlab_measure::localq::QueueSample;
 
     fn probe(ttl: u8, t: f64, rtt: Option<f64>) -> HopProbe {
-        HopProbe { ttl, sent_unix: t, rtt_ms: rtt, from: rtt.map(|_| format!("10.0.0.{ttl}").parse().unwrap()), reached: ttl == 2 }
+        HopProbe {
+            ttl,
+            sent_unix: t,
+            rtt_ms: rtt,
+            from: rtt.map(|_| format!("10.0.0.{ttl}").parse().unwrap()),
+            reached: ttl == 2,
+        }
     }
 
     #[test]
     fn probes_fall_in_the_window_they_were_sent_in() {
-        let w = [Windows { load: Load::Upload, idle: (0.0, 5.0), loaded: (7.0, 20.0), up_mbps: Some(4.0) }];
-        let probes = [probe(1, 1.0, Some(1.0)), probe(1, 6.0, Some(50.0)), probe(1, 8.0, Some(90.0)), probe(1, 9.0, None), probe(2, 8.5, Some(95.0))];
+        let w = [Windows {
+            load: Load::Upload,
+            idle: (0.0, 5.0),
+            loaded: (7.0, 20.0),
+            up_mbps: Some(4.0),
+        }];
+        let probes = [
+            probe(1, 1.0, Some(1.0)),
+            probe(1, 6.0, Some(50.0)),
+            probe(1, 8.0, Some(90.0)),
+            probe(1, 9.0, None),
+            probe(2, 8.5, Some(95.0)),
+        ];
         let h = hops(&probes, &w);
         assert_eq!(h.len(), 2);
         assert_eq!((h[0].sent, h[0].answered), (4, 3));
         assert_eq!(h[0].idle, vec![1.0]);
-        assert_eq!(h[0].loaded[Load::Upload as usize], vec![90.0], "the ramp (5-7 s) counts nowhere");
+        assert_eq!(
+            h[0].loaded[Load::Upload as usize],
+            vec![90.0],
+            "the ramp (5-7 s) counts nowhere"
+        );
         assert!(h[1].destination && !h[0].destination);
     }
 
     #[test]
     fn a_backlog_becomes_delay_at_the_upload_rate() {
         // 50 full packets (75 kB) at 4 Mbit/s: 150 ms.
-        let w = [Windows { load: Load::Upload, idle: (0.0, 5.0), loaded: (7.0, 20.0), up_mbps: Some(4.0) }];
+        let w = [Windows {
+            load: Load::Upload,
+            idle: (0.0, 5.0),
+            loaded: (7.0, 20.0),
+            up_mbps: Some(4.0),
+        }];
         let q = LocalQueue {
             interface: "wlan0".into(),
-            samples: (0..30).map(|i| QueueSample { t_unix: 6.0 + i as f64 * 0.5, backlog_bytes: 75_000, backlog_packets: 50 }).collect(),
+            samples: (0..30)
+                .map(|i| QueueSample {
+                    t_unix: 6.0 + i as f64 * 0.5,
+                    backlog_bytes: 75_000,
+                    backlog_packets: 50,
+                })
+                .collect(),
             ..Default::default()
         };
         let l = local(&q, &w);

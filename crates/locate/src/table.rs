@@ -13,10 +13,22 @@ fn pair(l: Option<Loaded>) -> String {
 
 pub fn text(l: &Located) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "Path to {} ({}), round trip per hop, ms (loaded: p50/p90):", l.metadata.target, l.metadata.address);
-    let _ = writeln!(o, "{:>3}  {:<40} {:>9} {:>8} {:>11} {:>11} {:>11}", "hop", "address", "answers", "idle p50", "download", "upload", "both");
+    let _ = writeln!(
+        o,
+        "Path to {} ({}), round trip per hop, ms (loaded: p50/p90):",
+        l.metadata.target, l.metadata.address
+    );
+    let _ = writeln!(
+        o,
+        "{:>3}  {:<40} {:>9} {:>8} {:>11} {:>11} {:>11}",
+        "hop", "address", "answers", "idle p50", "download", "upload", "both"
+    );
     for h in &l.hops {
-        let named = |a: std::net::IpAddr| h.name.as_ref().map_or(a.to_string(), |n| format!("{n} ({a})"));
+        let named = |a: std::net::IpAddr| {
+            h.name
+                .as_ref()
+                .map_or(a.to_string(), |n| format!("{n} ({a})"))
+        };
         let addr = match (h.address, h.destination) {
             (Some(a), true) => format!("{} (destination)", named(a)),
             (Some(a), false) => named(a),
@@ -35,18 +47,39 @@ pub fn text(l: &Located) -> String {
         );
     }
     for p in &l.phases {
-        let _ = writeln!(o, "{} load ({}): path adds {} ms; {} / {} Mbit/s down / up", p.load.name(), p.test, ms(p.added_latency_ms), ms(p.throughput_down_mbps), ms(p.throughput_up_mbps));
+        let _ = writeln!(
+            o,
+            "{} load ({}): path adds {} ms; {} / {} Mbit/s down / up",
+            p.load.name(),
+            p.test,
+            ms(p.added_latency_ms),
+            ms(p.throughput_down_mbps),
+            ms(p.throughput_up_mbps)
+        );
     }
     if let Some(q) = &l.local {
-        let max = q.samples.iter().map(|s| s.backlog_packets).max().unwrap_or(0);
-        let _ = writeln!(o, "this host's queue on {}: at most {max} packets (txqueuelen {})", q.interface, q.txqueuelen.map_or("?".into(), |t| t.to_string()));
+        let max = q
+            .samples
+            .iter()
+            .map(|s| s.backlog_packets)
+            .max()
+            .unwrap_or(0);
+        let _ = writeln!(
+            o,
+            "this host's queue on {}: at most {max} packets (txqueuelen {})",
+            q.interface,
+            q.txqueuelen.map_or("?".into(), |t| t.to_string())
+        );
     }
     let _ = writeln!(o, "\n{}", l.verdict.text);
     for c in &l.verdict.caveats {
         let _ = writeln!(o, "  note: {c}");
     }
     if l.partial {
-        let _ = writeln!(o, "  note: the run ended early; the verdict uses the phases that finished");
+        let _ = writeln!(
+            o,
+            "  note: the run ended early; the verdict uses the phases that finished"
+        );
     }
     o
 }

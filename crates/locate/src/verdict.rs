@@ -121,7 +121,9 @@ fn median(v: &[f64]) -> Option<f64> {
 
 impl HopObs {
     pub fn idle_p50(&self) -> Option<f64> {
-        (self.idle.len() >= MIN_ANSWERS).then(|| median(&self.idle)).flatten()
+        (self.idle.len() >= MIN_ANSWERS)
+            .then(|| median(&self.idle))
+            .flatten()
     }
     /// Loaded p50 minus idle p50, when both have enough answers.
     pub fn added(&self, load: Load) -> Option<f64> {
@@ -139,7 +141,12 @@ fn path_added(hops: &[HopObs], e2e: &EndToEnd, load: Load) -> Option<f64> {
 }
 
 /// Where the queue filled by `load` sits, if the path bloats under it.
-fn locate(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd, load: Load) -> Option<Finding> {
+fn locate(
+    hops: &[HopObs],
+    local: Option<&LocalObs>,
+    e2e: &EndToEnd,
+    load: Load,
+) -> Option<Finding> {
     let path = path_added(hops, e2e, load)?;
     if path < BLOAT_MS {
         return None;
@@ -148,9 +155,19 @@ fn locate(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd, load: Load)
     let local_delay = local.and_then(|l| l.delay_ms[load.index()]);
     if let Some(d) = local_delay.filter(|d| *d >= need) {
         let confidence = (d / path).min(1.0);
-        return Some(Finding { hop: 0, address: None, direction: Direction::None, added_ms: d, path_added_ms: path, confidence: round2(confidence) });
+        return Some(Finding {
+            hop: 0,
+            address: None,
+            direction: Direction::None,
+            added_ms: d,
+            path_added_ms: path,
+            confidence: round2(confidence),
+        });
     }
-    let seen: Vec<(&HopObs, f64)> = hops.iter().filter_map(|h| h.added(load).map(|a| (h, a))).collect();
+    let seen: Vec<(&HopObs, f64)> = hops
+        .iter()
+        .filter_map(|h| h.added(load).map(|a| (h, a)))
+        .collect();
     for (i, &(h, a)) in seen.iter().enumerate() {
         if a < need {
             continue;
@@ -162,16 +179,35 @@ fn locate(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd, load: Load)
         if !later.is_empty() && 2 * agreeing <= later.len() {
             continue;
         }
-        let before = if i == 0 { local_delay.unwrap_or(0.0).max(0.0) } else { seen[i - 1].1.max(0.0) };
+        let before = if i == 0 {
+            local_delay.unwrap_or(0.0).max(0.0)
+        } else {
+            seen[i - 1].1.max(0.0)
+        };
         let added = (a - before).max(0.0);
         let n = h.loaded[load.index()].len();
         let idle = h.idle_p50().unwrap_or(0.0);
-        let above = h.loaded[load.index()].iter().filter(|&&x| x - idle >= need / 2.0).count() as f64 / n as f64;
-        let consistency = if later.is_empty() { 1.0 } else { agreeing as f64 / later.len() as f64 };
+        let above = h.loaded[load.index()]
+            .iter()
+            .filter(|&&x| x - idle >= need / 2.0)
+            .count() as f64
+            / n as f64;
+        let consistency = if later.is_empty() {
+            1.0
+        } else {
+            agreeing as f64 / later.len() as f64
+        };
         let samples = (n as f64 / 8.0).min(1.0);
         let share = (added / path).clamp(0.0, 1.0);
         let confidence = samples * above * consistency * share.sqrt();
-        return Some(Finding { hop: h.ttl, address: h.address, direction: Direction::None, added_ms: added, path_added_ms: path, confidence: round2(confidence) });
+        return Some(Finding {
+            hop: h.ttl,
+            address: h.address,
+            direction: Direction::None,
+            added_ms: added,
+            path_added_ms: path,
+            confidence: round2(confidence),
+        });
     }
     None
 }
@@ -185,9 +221,15 @@ fn round2(x: f64) -> f64 {
 /// still filling the hop's median can exceed the path's: then the place holds all of it.
 fn share_words(f: &Finding) -> String {
     if f.added_ms >= f.path_added_ms {
-        format!("it holds all of the {:.0} ms the path adds, its own answers +{:.0} ms", f.path_added_ms, f.added_ms)
+        format!(
+            "it holds all of the {:.0} ms the path adds, its own answers +{:.0} ms",
+            f.path_added_ms, f.added_ms
+        )
     } else {
-        format!("it adds {:.0} ms of the path's {:.0} ms", f.added_ms, f.path_added_ms)
+        format!(
+            "it adds {:.0} ms of the path's {:.0} ms",
+            f.added_ms, f.path_added_ms
+        )
     }
 }
 
@@ -197,11 +239,22 @@ fn hop_words(f: &Finding, hops: &[HopObs]) -> String {
     }
     let addr = |h: &HopObs| h.address.map_or("?".to_string(), |a| a.to_string());
     let to = hops.iter().find(|h| h.ttl == f.hop);
-    let from = hops.iter().rev().find(|h| h.ttl < f.hop && h.idle_p50().is_some());
-    let to_words = to.map_or(format!("hop {}", f.hop), |h| format!("hop {} ({})", h.ttl, addr(h)));
+    let from = hops
+        .iter()
+        .rev()
+        .find(|h| h.ttl < f.hop && h.idle_p50().is_some());
+    let to_words = to.map_or(format!("hop {}", f.hop), |h| {
+        format!("hop {} ({})", h.ttl, addr(h))
+    });
     match from {
-        Some(p) if p.ttl + 1 == f.hop => format!("the link from hop {} ({}) to {to_words}", p.ttl, addr(p)),
-        Some(p) => format!("the path from hop {} ({}) to {to_words} (hops between did not answer)", p.ttl, addr(p)),
+        Some(p) if p.ttl + 1 == f.hop => {
+            format!("the link from hop {} ({}) to {to_words}", p.ttl, addr(p))
+        }
+        Some(p) => format!(
+            "the path from hop {} ({}) to {to_words} (hops between did not answer)",
+            p.ttl,
+            addr(p)
+        ),
         None => format!("the link from this host to {to_words}"),
     }
 }
@@ -212,9 +265,15 @@ pub fn verdict(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd) -> Ver
     let mut caveats = Vec::new();
     for h in hops {
         if h.sent > 0 && h.answered == 0 {
-            caveats.push(format!("hop {} never answered ({} probes): a silent router", h.ttl, h.sent));
+            caveats.push(format!(
+                "hop {} never answered ({} probes): a silent router",
+                h.ttl, h.sent
+            ));
         } else if h.sent > 0 && (h.answered as f64) < 0.8 * h.sent as f64 {
-            caveats.push(format!("hop {} answered {} of {} probes (ICMP rate limit or loss)", h.ttl, h.answered, h.sent));
+            caveats.push(format!(
+                "hop {} answered {} of {} probes (ICMP rate limit or loss)",
+                h.ttl, h.answered, h.sent
+            ));
         }
     }
     let down = locate(hops, local, e2e, Load::Download);
@@ -242,7 +301,10 @@ pub fn verdict(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd) -> Ver
         }
     }
     // Only both loads ran (`test rrul --locate`): the one-way delays tell the direction.
-    if found.is_empty() && path_added(hops, e2e, Load::Download).is_none() && path_added(hops, e2e, Load::Upload).is_none() {
+    if found.is_empty()
+        && path_added(hops, e2e, Load::Download).is_none()
+        && path_added(hops, e2e, Load::Upload).is_none()
+    {
         if let Some(mut f) = locate(hops, local, e2e, Load::Both) {
             f.direction = match e2e.owd_added_ms {
                 Some((d, u)) if d >= BLOAT_MS && u >= BLOAT_MS => Direction::Both,
@@ -259,23 +321,54 @@ pub fn verdict(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd) -> Ver
         // much. The lateness is the hop's own ICMP generation (whatever queue lies beyond).
         for load in Load::ALL {
             let Some(a) = h.added(load) else { continue };
-            let next = hops[i + 1..].iter().find_map(|x| x.added(load).map(|n| (x.ttl, n)));
+            let next = hops[i + 1..]
+                .iter()
+                .find_map(|x| x.added(load).map(|n| (x.ttl, n)));
             if let Some((next_ttl, n)) = next.filter(|&(_, n)| a >= BLOAT_MS && n < a / 2.0) {
-                caveats.push(format!("hop {} answers {:.0} ms late under {} load but hop {next_ttl} behind it only {:.0} ms: it is slow to send ICMP, not a queue", h.ttl, a, load.name(), n.max(0.0)));
+                caveats.push(format!(
+                    "hop {} answers {:.0} ms late under {} load but hop \
+                    {next_ttl} behind it only {:.0} ms: it is slow to send ICMP, not a \
+                    queue",
+                    h.ttl,
+                    a,
+                    load.name(),
+                    n.max(0.0)
+                ));
                 break;
             }
         }
     }
     let Some(first) = found.first().cloned() else {
-        let worst = Load::ALL.iter().filter_map(|&l| path_added(hops, e2e, l)).fold(f64::NAN, f64::max);
+        let worst = Load::ALL
+            .iter()
+            .filter_map(|&l| path_added(hops, e2e, l))
+            .fold(f64::NAN, f64::max);
         let text = if worst.is_nan() {
-            "Not enough answers to judge: no hop and no end-to-end probe gave idle and loaded round trips.".to_string()
+            "Not enough answers to judge: no hop and no end-to-end probe gave idle and loaded \
+                round trips."
+                .to_string()
         } else if worst >= BLOAT_MS {
-            format!("The path adds {worst:.0} ms under load, but no hop answered often enough to place the queue ({MIN_ANSWERS} loaded and idle answers each): run longer phases (-l).")
+            format!(
+                "The path adds {worst:.0} ms under load, but no hop answered often enough to \
+                place the queue ({MIN_ANSWERS} loaded and idle answers each): run longer phases \
+                (-l)."
+            )
         } else {
-            format!("No hop bloats: the path adds at most {worst:.0} ms under load (below {BLOAT_MS:.0} ms).")
+            format!(
+                "No hop bloats: the path adds at most {worst:.0} ms under load (below \
+                {BLOAT_MS:.0} ms)."
+            )
         };
-        return Verdict { hop: None, address: None, direction: Direction::None, added_ms: worst.max(0.0), confidence: 0.0, text, also: vec![], caveats };
+        return Verdict {
+            hop: None,
+            address: None,
+            direction: Direction::None,
+            added_ms: worst.max(0.0),
+            confidence: 0.0,
+            text,
+            also: vec![],
+            caveats,
+        };
     };
     let dir_words = |d: Direction| match d {
         Direction::Down => "download direction",
@@ -287,11 +380,30 @@ pub fn verdict(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd) -> Ver
         Some((d, u)) => format!("under download load {d}; under upload load {u}"),
         None => format!("{} under load", share_words(&first)),
     };
-    let mut text = format!("The bloat is on {}, {}: {adds} (confidence {:.2}).", hop_words(&first, hops), dir_words(first.direction), first.confidence);
+    let mut text = format!(
+        "The bloat is on {}, {}: {adds} (confidence {:.2}).",
+        hop_words(&first, hops),
+        dir_words(first.direction),
+        first.confidence
+    );
     for f in &found[1..] {
-        text += &format!(" Also {}, {}: +{:.0} ms.", hop_words(f, hops), dir_words(f.direction), f.added_ms);
+        text += &format!(
+            " Also {}, {}: +{:.0} ms.",
+            hop_words(f, hops),
+            dir_words(f.direction),
+            f.added_ms
+        );
     }
-    Verdict { hop: Some(first.hop), address: first.address, direction: first.direction, added_ms: round2(first.added_ms), confidence: first.confidence, text, also: found[1..].to_vec(), caveats }
+    Verdict {
+        hop: Some(first.hop),
+        address: first.address,
+        direction: first.direction,
+        added_ms: round2(first.added_ms),
+        confidence: first.confidence,
+        text,
+        also: found[1..].to_vec(),
+        caveats,
+    }
 }
 
 #[cfg(test)]
@@ -300,7 +412,11 @@ mod tests {
 
     /// A hop with `n` idle answers at `idle` ms and `n` answers per load at idle + added.
     fn hop(ttl: u8, idle: f64, down: f64, up: f64, n: usize) -> HopObs {
-        let jitter = |base: f64| (0..n).map(|i| base + (i % 5) as f64 * 0.3).collect::<Vec<_>>();
+        let jitter = |base: f64| {
+            (0..n)
+                .map(|i| base + (i % 5) as f64 * 0.3)
+                .collect::<Vec<_>>()
+        };
         HopObs {
             ttl,
             address: Some(format!("10.77.{}.2", ttl - 1).parse().unwrap()),
@@ -308,53 +424,118 @@ mod tests {
             sent: 4 * n as u32,
             answered: 4 * n as u32,
             idle: jitter(idle),
-            loaded: [jitter(idle + down), jitter(idle + up), jitter(idle + down.max(up))],
+            loaded: [
+                jitter(idle + down),
+                jitter(idle + up),
+                jitter(idle + down.max(up)),
+            ],
         }
     }
 
     fn path(added: [(f64, f64); 3]) -> Vec<HopObs> {
-        added.iter().enumerate().map(|(i, &(d, u))| hop(i as u8 + 1, 2.0 + 10.0 * i as f64, d, u, 20)).collect()
+        added
+            .iter()
+            .enumerate()
+            .map(|(i, &(d, u))| hop(i as u8 + 1, 2.0 + 10.0 * i as f64, d, u, 20))
+            .collect()
     }
 
     #[test]
     fn a_download_queue_on_the_second_link_names_hop_two_and_download() {
         // Hop 2 and 3 carry the 400 ms the access line's download queue adds.
-        let v = verdict(&path([(1.0, 0.5), (401.0, 2.0), (402.0, 2.5)]), None, &EndToEnd::default());
-        assert_eq!((v.hop, v.direction), (Some(2), Direction::Down), "{}", v.text);
+        let v = verdict(
+            &path([(1.0, 0.5), (401.0, 2.0), (402.0, 2.5)]),
+            None,
+            &EndToEnd::default(),
+        );
+        assert_eq!(
+            (v.hop, v.direction),
+            (Some(2), Direction::Down),
+            "{}",
+            v.text
+        );
         assert!((v.added_ms - 400.0).abs() < 1.0, "{}", v.added_ms);
         assert!(v.confidence > 0.9, "{}", v.confidence);
-        assert!(v.text.contains("from hop 1 (10.77.0.2) to hop 2 (10.77.1.2)"), "{}", v.text);
+        assert!(
+            v.text
+                .contains("from hop 1 (10.77.0.2) to hop 2 (10.77.1.2)"),
+            "{}",
+            v.text
+        );
     }
 
     #[test]
     fn an_upload_queue_on_the_first_link_names_hop_one_and_upload() {
-        let v = verdict(&path([(0.5, 900.0), (1.0, 901.0), (1.5, 902.0)]), None, &EndToEnd::default());
+        let v = verdict(
+            &path([(0.5, 900.0), (1.0, 901.0), (1.5, 902.0)]),
+            None,
+            &EndToEnd::default(),
+        );
         assert_eq!((v.hop, v.direction), (Some(1), Direction::Up), "{}", v.text);
         assert!(v.text.contains("from this host to hop 1"), "{}", v.text);
     }
 
     #[test]
     fn the_same_hop_bloating_both_ways_is_both() {
-        let v = verdict(&path([(1.0, 1.0), (200.0, 300.0), (201.0, 301.0)]), None, &EndToEnd::default());
-        assert_eq!((v.hop, v.direction), (Some(2), Direction::Both), "{}", v.text);
-        assert!((v.added_ms - 299.0).abs() < 1.0, "the worse direction's share: {}", v.added_ms);
+        let v = verdict(
+            &path([(1.0, 1.0), (200.0, 300.0), (201.0, 301.0)]),
+            None,
+            &EndToEnd::default(),
+        );
+        assert_eq!(
+            (v.hop, v.direction),
+            (Some(2), Direction::Both),
+            "{}",
+            v.text
+        );
+        assert!(
+            (v.added_ms - 299.0).abs() < 1.0,
+            "the worse direction's share: {}",
+            v.added_ms
+        );
         // Each direction's share in words; the last hop's answers are the path's here.
-        assert!(v.text.contains("both directions: under download load it adds 199 ms of the path's 201 ms; under upload load it adds 299 ms of the path's 301 ms (confidence"), "{}", v.text);
+        assert!(
+            v.text.contains(
+                "both directions: under download load it adds 199 ms of the path's \
+            201 ms; under upload load it adds 299 ms of the path's 301 ms \
+            (confidence"
+            ),
+            "{}",
+            v.text
+        );
     }
 
     #[test]
     fn a_hop_above_the_paths_own_probes_holds_all_of_it() {
         // A filling queue: the hop's few answers came later, when it was fuller, than the median
         // of the test's own probes.
-        let e2e = EndToEnd { added_ms: [None, Some(1009.0), None], owd_added_ms: None };
-        let v = verdict(&path([(0.5, 1.0), (1.0, 1150.0), (1.5, 1151.0)]), None, &e2e);
+        let e2e = EndToEnd {
+            added_ms: [None, Some(1009.0), None],
+            owd_added_ms: None,
+        };
+        let v = verdict(
+            &path([(0.5, 1.0), (1.0, 1150.0), (1.5, 1151.0)]),
+            None,
+            &e2e,
+        );
         assert_eq!((v.hop, v.direction), (Some(2), Direction::Up), "{}", v.text);
-        assert!(v.text.contains("upload direction: it holds all of the 1009 ms the path adds, its own answers +1149 ms under load (confidence"), "{}", v.text);
+        assert!(
+            v.text.contains(
+                "upload direction: it holds all of the 1009 ms the path adds, its \
+            own answers +1149 ms under load (confidence"
+            ),
+            "{}",
+            v.text
+        );
     }
 
     #[test]
     fn different_places_per_direction_are_both_reported_worst_first() {
-        let v = verdict(&path([(150.0, 1.0), (151.0, 600.0), (152.0, 601.0)]), None, &EndToEnd::default());
+        let v = verdict(
+            &path([(150.0, 1.0), (151.0, 600.0), (152.0, 601.0)]),
+            None,
+            &EndToEnd::default(),
+        );
         assert_eq!((v.hop, v.direction), (Some(2), Direction::Up), "{}", v.text);
         assert_eq!(v.also.len(), 1);
         assert_eq!((v.also[0].hop, v.also[0].direction), (1, Direction::Down));
@@ -363,7 +544,11 @@ mod tests {
     #[test]
     fn short_queues_everywhere_blame_nobody() {
         // The slowest link still adds a little (its few packets of queue): below the bar.
-        let v = verdict(&path([(1.0, 1.0), (12.0, 9.0), (12.5, 9.5)]), None, &EndToEnd::default());
+        let v = verdict(
+            &path([(1.0, 1.0), (12.0, 9.0), (12.5, 9.5)]),
+            None,
+            &EndToEnd::default(),
+        );
         assert_eq!((v.hop, v.direction), (None, Direction::None), "{}", v.text);
         assert!(v.text.starts_with("No hop bloats"), "{}", v.text);
     }
@@ -374,15 +559,46 @@ mod tests {
         // and the real queue is at hop 3.
         let hops = path([(300.0, 0.5), (2.0, 1.0), (120.0, 1.5)]);
         let v = verdict(&hops, None, &EndToEnd::default());
-        assert_eq!((v.hop, v.direction), (Some(3), Direction::Down), "{}", v.text);
-        assert!(v.caveats.iter().any(|c| c.starts_with("hop 1 answers 300 ms late")), "{:?}", v.caveats);
+        assert_eq!(
+            (v.hop, v.direction),
+            (Some(3), Direction::Down),
+            "{}",
+            v.text
+        );
+        assert!(
+            v.caveats
+                .iter()
+                .any(|c| c.starts_with("hop 1 answers 300 ms late")),
+            "{:?}",
+            v.caveats
+        );
         // The same with the real queue deeper than hop 1's lateness (cubic filling a 1.2 s FIFO
         // in the lab: +402 ms at hop 3): hop 2 still shows hop 1's lateness is not on the path.
-        let v = verdict(&path([(300.0, 0.5), (2.0, 1.0), (402.0, 1.5)]), None, &EndToEnd::default());
-        assert_eq!((v.hop, v.direction), (Some(3), Direction::Down), "{}", v.text);
-        assert!(v.caveats.iter().any(|c| c.starts_with("hop 1 answers 300 ms late") && c.contains("hop 2 behind it only")), "{:?}", v.caveats);
+        let v = verdict(
+            &path([(300.0, 0.5), (2.0, 1.0), (402.0, 1.5)]),
+            None,
+            &EndToEnd::default(),
+        );
+        assert_eq!(
+            (v.hop, v.direction),
+            (Some(3), Direction::Down),
+            "{}",
+            v.text
+        );
+        assert!(
+            v.caveats
+                .iter()
+                .any(|c| c.starts_with("hop 1 answers 300 ms late")
+                    && c.contains("hop 2 behind it only")),
+            "{:?}",
+            v.caveats
+        );
         // A queue into hop 1 delays every hop behind it as much: no caveat.
-        let v = verdict(&path([(300.0, 0.5), (301.0, 1.0), (302.0, 1.5)]), None, &EndToEnd::default());
+        let v = verdict(
+            &path([(300.0, 0.5), (301.0, 1.0), (302.0, 1.5)]),
+            None,
+            &EndToEnd::default(),
+        );
         assert_eq!(v.hop, Some(1), "{}", v.text);
         assert!(v.caveats.is_empty(), "{:?}", v.caveats);
     }
@@ -390,13 +606,26 @@ mod tests {
     #[test]
     fn silent_hops_are_skipped_and_said() {
         let mut hops = path([(1.0, 1.0), (300.0, 1.0), (301.0, 1.0)]);
-        hops.insert(1, HopObs { ttl: 2, sent: 40, ..Default::default() });
+        hops.insert(
+            1,
+            HopObs {
+                ttl: 2,
+                sent: 40,
+                ..Default::default()
+            },
+        );
         hops[2].ttl = 3;
         hops[3].ttl = 4;
         let v = verdict(&hops, None, &EndToEnd::default());
         assert_eq!(v.hop, Some(3), "{}", v.text);
         assert!(v.text.contains("hops between did not answer"), "{}", v.text);
-        assert!(v.caveats.iter().any(|c| c == "hop 2 never answered (40 probes): a silent router"), "{:?}", v.caveats);
+        assert!(
+            v.caveats
+                .iter()
+                .any(|c| c == "hop 2 never answered (40 probes): a silent router"),
+            "{:?}",
+            v.caveats
+        );
     }
 
     #[test]
@@ -408,16 +637,28 @@ mod tests {
         hops[1].sent = 60;
         let v = verdict(&hops, None, &EndToEnd::default());
         assert_eq!(v.hop, Some(3), "{}", v.text);
-        assert!(v.caveats.contains(&"hop 2 answered 12 of 60 probes (ICMP rate limit or loss)".to_string()), "{:?}", v.caveats);
+        assert!(
+            v.caveats
+                .contains(&"hop 2 answered 12 of 60 probes (ICMP rate limit or loss)".to_string()),
+            "{:?}",
+            v.caveats
+        );
     }
 
     #[test]
     fn this_hosts_queue_is_hop_zero() {
         let hops = path([(1.0, 500.0), (1.0, 501.0), (1.0, 502.0)]);
-        let local = LocalObs { interface: "wlan0".into(), delay_ms: [Some(0.2), Some(480.0), Some(480.0)] };
+        let local = LocalObs {
+            interface: "wlan0".into(),
+            delay_ms: [Some(0.2), Some(480.0), Some(480.0)],
+        };
         let v = verdict(&hops, Some(&local), &EndToEnd::default());
         assert_eq!((v.hop, v.direction), (Some(0), Direction::Up), "{}", v.text);
-        assert!(v.text.contains("this host's own interface queue"), "{}", v.text);
+        assert!(
+            v.text.contains("this host's own interface queue"),
+            "{}",
+            v.text
+        );
     }
 
     #[test]
@@ -427,7 +668,10 @@ mod tests {
             h.loaded[0].clear();
             h.loaded[1].clear();
         }
-        let e2e = EndToEnd { added_ms: [None, None, Some(305.0)], owd_added_ms: Some((4.0, 296.0)) };
+        let e2e = EndToEnd {
+            added_ms: [None, None, Some(305.0)],
+            owd_added_ms: Some((4.0, 296.0)),
+        };
         let v = verdict(&hops, None, &e2e);
         assert_eq!((v.hop, v.direction), (Some(2), Direction::Up), "{}", v.text);
     }
@@ -439,15 +683,31 @@ mod tests {
             h.loaded[0].truncate(2);
             h.loaded[2].clear();
         }
-        let e2e = EndToEnd { added_ms: [Some(290.0), Some(2.0), None], owd_added_ms: None };
+        let e2e = EndToEnd {
+            added_ms: [Some(290.0), Some(2.0), None],
+            owd_added_ms: None,
+        };
         let v = verdict(&hops, None, &e2e);
         assert_eq!(v.hop, None);
-        assert!(v.text.starts_with("The path adds 290 ms under load, but no hop answered often enough"), "{}", v.text);
+        assert!(
+            v.text
+                .starts_with("The path adds 290 ms under load, but no hop answered often enough"),
+            "{}",
+            v.text
+        );
     }
 
     #[test]
     fn no_answers_at_all_say_so() {
-        let v = verdict(&[HopObs { ttl: 1, sent: 10, ..Default::default() }], None, &EndToEnd::default());
+        let v = verdict(
+            &[HopObs {
+                ttl: 1,
+                sent: 10,
+                ..Default::default()
+            }],
+            None,
+            &EndToEnd::default(),
+        );
         assert_eq!(v.hop, None);
         assert!(v.text.starts_with("Not enough answers"), "{}", v.text);
     }

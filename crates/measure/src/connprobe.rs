@@ -25,17 +25,29 @@ pub struct ConnProber {
 
 fn one(addr: SocketAddr, token: Token) -> (Option<f64>, Option<f64>) {
     let t0 = netio::mono_ns();
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) else { return (None, None) };
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) else {
+        return (None, None);
+    };
     let t1 = netio::mono_ns();
     let connect = Some((t1 - t0) as f64 / 1e6);
     let _ = s.set_nodelay(true);
     let _ = s.set_read_timeout(Some(CONNECT_TIMEOUT));
-    let Ok(clone) = s.try_clone() else { return (connect, None) };
+    let Ok(clone) = s.try_clone() else {
+        return (connect, None);
+    };
     let mut r = BufReader::new(clone);
-    if s.write_all(&proto::encode_line(&ClientMsg::ProbeHello { token })).is_err() {
+    if s.write_all(&proto::encode_line(&ClientMsg::ProbeHello { token }))
+        .is_err()
+    {
         return (connect, None);
     }
-    let ok = matches!(netio::read_line(&mut r, proto::MAX_LINE).ok().flatten().map(|l| proto::decode_line::<ServerMsg>(&l)), Some(Ok(ServerMsg::ProbeReply)));
+    let ok = matches!(
+        netio::read_line(&mut r, proto::MAX_LINE)
+            .ok()
+            .flatten()
+            .map(|l| proto::decode_line::<ServerMsg>(&l)),
+        Some(Ok(ServerMsg::ProbeReply))
+    );
     (connect, ok.then(|| (netio::mono_ns() - t1) as f64 / 1e6))
 }
 
@@ -65,7 +77,11 @@ impl ConnProber {
                 let _ = w.join();
             }
         });
-        ConnProber { log, stop, thread: Some(thread) }
+        ConnProber {
+            log,
+            stop,
+            thread: Some(thread),
+        }
     }
 
     pub fn stop(&mut self) {

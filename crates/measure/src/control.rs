@@ -46,7 +46,12 @@ pub fn connect(addrs: &[SocketAddr]) -> Result<TcpStream, MeasureError> {
                 let _ = s.set_nodelay(true);
                 return Ok(s);
             }
-            Err(e) => last = Some(MeasureError::Unreachable { addr: *a, source: e }),
+            Err(e) => {
+                last = Some(MeasureError::Unreachable {
+                    addr: *a,
+                    source: e,
+                })
+            }
         }
     }
     Err(last.expect("at least one address"))
@@ -65,13 +70,36 @@ fn refusal(addr: SocketAddr, reason: RefuseReason, message: String) -> MeasureEr
 
 /// The next message, read by `deadline` (the socket's read timeout is what is left of it
 /// before every read, so a trickle cannot stretch it).
-fn read_msg(reader: &mut BufReader<TcpStream>, addr: SocketAddr, deadline: Instant) -> Result<ServerMsg, MeasureError> {
-    let mut by_deadline = DeadlineReader { inner: reader, deadline };
+fn read_msg(
+    reader: &mut BufReader<TcpStream>,
+    addr: SocketAddr,
+    deadline: Instant,
+) -> Result<ServerMsg, MeasureError> {
+    let mut by_deadline = DeadlineReader {
+        inner: reader,
+        deadline,
+    };
     match netio::read_line(&mut by_deadline, proto::MAX_LINE) {
-        Ok(Some(line)) => proto::decode_line::<ServerMsg>(&line).map(ServerMsg::printable).map_err(|e| MeasureError::Version { addr, message: e.to_string() }),
+        Ok(Some(line)) => proto::decode_line::<ServerMsg>(&line)
+            .map(ServerMsg::printable)
+            .map_err(|e| MeasureError::Version {
+                addr,
+                message: e.to_string(),
+            }),
         Ok(None) => Err(MeasureError::HandshakeLost),
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-            Err(MeasureError::Version { addr, message: format!("no complete answer within {} s", HANDSHAKE_DEADLINE.as_secs()) })
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(MeasureError::Version {
+                addr,
+                message: format!(
+                    "no complete answer within {} s",
+                    HANDSHAKE_DEADLINE.as_secs()
+                ),
+            })
         }
         Err(e) => Err(MeasureError::io(format!("reading from {addr}"))(e)),
     }
@@ -114,8 +142,16 @@ impl DeadlineReader<'_> {
 }
 
 /// First line on any connection to the server, then its answer (within `deadline`).
-pub fn hello(stream: &mut TcpStream, reader: &mut BufReader<TcpStream>, addr: SocketAddr, msg: &ClientMsg, deadline: Instant) -> Result<ServerMsg, MeasureError> {
-    stream.write_all(&proto::encode_line(msg)).map_err(MeasureError::io(format!("writing to {addr}")))?;
+pub fn hello(
+    stream: &mut TcpStream,
+    reader: &mut BufReader<TcpStream>,
+    addr: SocketAddr,
+    msg: &ClientMsg,
+    deadline: Instant,
+) -> Result<ServerMsg, MeasureError> {
+    stream
+        .write_all(&proto::encode_line(msg))
+        .map_err(MeasureError::io(format!("writing to {addr}")))?;
     match read_msg(reader, addr, deadline)? {
         ServerMsg::Refused { reason, message } => Err(refusal(addr, reason, message)),
         other => Ok(other),
@@ -125,53 +161,128 @@ pub fn hello(stream: &mut TcpStream, reader: &mut BufReader<TcpStream>, addr: So
 impl Control {
     /// The handshake: hello (the server must speak this protocol version), the test request
     /// (answering the server's challenge with `key` when it has one), acceptance.
-    pub fn open(addrs: &[SocketAddr], mut request: TestRequest, key: Option<&[u8]>) -> Result<Control, MeasureError> {
+    pub fn open(
+        addrs: &[SocketAddr],
+        mut request: TestRequest,
+        key: Option<&[u8]>,
+    ) -> Result<Control, MeasureError> {
         let deadline = Instant::now() + HANDSHAKE_DEADLINE;
         let mut stream = connect(addrs)?;
-        let addr = stream.peer_addr().map_err(MeasureError::io("control connection"))?;
-        let mut reader = BufReader::new(stream.try_clone().map_err(MeasureError::io("control connection"))?);
-        let hello_msg = ClientMsg::Hello { magic: proto::MAGIC.into(), version: proto::PROTOCOL_VERSION, client_version: env!("CARGO_PKG_VERSION").into() };
-        let (version, challenge) = match hello(&mut stream, &mut reader, addr, &hello_msg, deadline)? {
-            ServerMsg::HelloOk { version, server_version, challenge, .. } if version == proto::PROTOCOL_VERSION => (server_version, challenge),
-            ServerMsg::HelloOk { version, .. } => {
-                let message = format!("it speaks protocol version {version}, this client {}: use the same bloatlab release on both ends", proto::PROTOCOL_VERSION);
-                return Err(MeasureError::Version { addr, message });
-            }
-            other => return Err(MeasureError::Version { addr, message: format!("unexpected answer {other:?}") }),
+        let addr = stream
+            .peer_addr()
+            .map_err(MeasureError::io("control connection"))?;
+        let mut reader = BufReader::new(
+            stream
+                .try_clone()
+                .map_err(MeasureError::io("control connection"))?,
+        );
+        let hello_msg = ClientMsg::Hello {
+            magic: proto::MAGIC.into(),
+            version: proto::PROTOCOL_VERSION,
+            client_version: env!("CARGO_PKG_VERSION").into(),
         };
+        let (version, challenge) =
+            match hello(&mut stream, &mut reader, addr, &hello_msg, deadline)? {
+                ServerMsg::HelloOk {
+                    version,
+                    server_version,
+                    challenge,
+                    ..
+                } if version == proto::PROTOCOL_VERSION => (server_version, challenge),
+                ServerMsg::HelloOk { version, .. } => {
+                    let message = format!(
+                        "it speaks protocol version {version}, this client {}: use \
+                    the same bloatlab release on both ends",
+                        proto::PROTOCOL_VERSION
+                    );
+                    return Err(MeasureError::Version { addr, message });
+                }
+                other => {
+                    return Err(MeasureError::Version {
+                        addr,
+                        message: format!("unexpected answer {other:?}"),
+                    })
+                }
+            };
         if let Some(c) = challenge {
-            let Some(key) = key else { return Err(MeasureError::Auth("the server requires a key: --key FILE or BLOATLAB_KEY".into())) };
-            let c = proto::auth::unhex(&c).ok_or_else(|| MeasureError::Version { addr, message: "malformed challenge".into() })?;
+            let Some(key) = key else {
+                return Err(MeasureError::Auth(
+                    "the server requires a key: --key FILE or BLOATLAB_KEY".into(),
+                ));
+            };
+            let c = proto::auth::unhex(&c).ok_or_else(|| MeasureError::Version {
+                addr,
+                message: "malformed challenge".into(),
+            })?;
             request.auth = Some(proto::auth::answer(key, &c));
         }
-        let (token, host) = match hello(&mut stream, &mut reader, addr, &ClientMsg::Test(request), deadline)? {
+        let (token, host) = match hello(
+            &mut stream,
+            &mut reader,
+            addr,
+            &ClientMsg::Test(request),
+            deadline,
+        )? {
             ServerMsg::Accepted { token, host, .. } => (token, host),
-            other => return Err(MeasureError::Version { addr, message: format!("unexpected answer {other:?}") }),
+            other => {
+                return Err(MeasureError::Version {
+                    addr,
+                    message: format!("unexpected answer {other:?}"),
+                })
+            }
         };
-        let server = ServerInfo { version, default_cc: host.as_ref().map(|h| h.default_cc.clone()), kernel: host.map(|h| h.kernel) };
+        let server = ServerInfo {
+            version,
+            default_cc: host.as_ref().map(|h| h.default_cc.clone()),
+            kernel: host.map(|h| h.kernel),
+        };
         let _ = stream.set_read_timeout(None);
         let (tx, incoming) = mpsc::channel();
         std::thread::spawn(move || {
             // The only line after the handshake is the report, the longest the server sends.
-            let msg =
-                netio::read_line(&mut reader, proto::MAX_REPORT_LINE).ok().flatten().and_then(|l| proto::decode_line_within::<ServerMsg>(&l, proto::MAX_REPORT_LINE).ok()).map(ServerMsg::printable);
+            let msg = netio::read_line(&mut reader, proto::MAX_REPORT_LINE)
+                .ok()
+                .flatten()
+                .and_then(|l| {
+                    proto::decode_line_within::<ServerMsg>(&l, proto::MAX_REPORT_LINE).ok()
+                })
+                .map(ServerMsg::printable);
             let _ = tx.send(msg);
         });
-        Ok(Control { addr, token, server, stream, incoming })
+        Ok(Control {
+            addr,
+            token,
+            server,
+            stream,
+            incoming,
+        })
     }
 
     /// True once the server closed the control connection (crashed, killed, or ended the test
     /// at its own limit).
     pub fn server_gone(&self) -> bool {
-        matches!(self.incoming.try_recv(), Ok(None) | Err(mpsc::TryRecvError::Disconnected))
+        matches!(
+            self.incoming.try_recv(),
+            Ok(None) | Err(mpsc::TryRecvError::Disconnected)
+        )
     }
 
     /// Says `finish` and waits up to `patience` for the server's counts (a UDP load's arrival
     /// profile makes them long).
     pub fn finish(mut self, patience: Duration) -> Option<Report> {
-        self.stream.write_all(&proto::encode_line(&ClientMsg::Finish)).ok()?;
+        self.stream
+            .write_all(&proto::encode_line(&ClientMsg::Finish))
+            .ok()?;
         match self.incoming.recv_timeout(patience) {
-            Ok(Some(ServerMsg::Report { streams, flows, udp })) => Some(Report { streams, flows, udp }),
+            Ok(Some(ServerMsg::Report {
+                streams,
+                flows,
+                udp,
+            })) => Some(Report {
+                streams,
+                flows,
+                udp,
+            }),
             _ => None,
         }
     }

@@ -36,7 +36,10 @@ impl PingLog {
     fn pong(&self, id: u64) {
         let now = netio::mono_ns();
         if let Some(sent) = self.pending.lock().unwrap().remove(&id) {
-            self.done.lock().unwrap().push((sent, (now - sent) as f64 / 1e6));
+            self.done
+                .lock()
+                .unwrap()
+                .push((sent, (now - sent) as f64 / 1e6));
         }
     }
 }
@@ -80,34 +83,73 @@ pub struct FlowConn {
 }
 
 impl FlowConn {
-    pub fn open(addr: SocketAddr, token: Token, flow: Flow, pings: Arc<PingLog>) -> Result<FlowConn, MeasureError> {
+    pub fn open(
+        addr: SocketAddr,
+        token: Token,
+        flow: Flow,
+        pings: Arc<PingLog>,
+    ) -> Result<FlowConn, MeasureError> {
         let mut stream = connect(&[addr])?;
         let client_dscp = netio::apply_dscp(socket2::SockRef::from(&stream), flow.spec.dscp, &addr);
         let upload = flow.spec.direction == Direction::Up;
         if upload {
             if let Some(cc) = &flow.spec.cc {
-                netio::set_cc(&stream, cc).map_err(MeasureError::io(format!("flow {}", flow.name)))?;
+                netio::set_cc(&stream, cc)
+                    .map_err(MeasureError::io(format!("flow {}", flow.name)))?;
             }
         }
         let _ = stream.set_read_timeout(Some(crate::control::CONNECT_TIMEOUT));
-        let mut reader = BufReader::new(stream.try_clone().map_err(MeasureError::io("flow socket"))?);
+        let mut reader = BufReader::new(
+            stream
+                .try_clone()
+                .map_err(MeasureError::io("flow socket"))?,
+        );
         let deadline = std::time::Instant::now() + crate::control::CONNECT_TIMEOUT;
-        let (server_cc, server_dscp) = match hello(&mut stream, &mut reader, addr, &ClientMsg::DataHello { token, flow: flow.spec.id }, deadline)? {
+        let (server_cc, server_dscp) = match hello(
+            &mut stream,
+            &mut reader,
+            addr,
+            &ClientMsg::DataHello {
+                token,
+                flow: flow.spec.id,
+            },
+            deadline,
+        )? {
             ServerMsg::DataOk { cc, dscp } => (cc, dscp),
-            other => return Err(MeasureError::Version { addr, message: format!("unexpected answer {other:?}") }),
+            other => {
+                return Err(MeasureError::Version {
+                    addr,
+                    message: format!("unexpected answer {other:?}"),
+                })
+            }
         };
-        let cc = if upload { netio::cc(&stream) } else { server_cc };
+        let cc = if upload {
+            netio::cc(&stream)
+        } else {
+            server_cc
+        };
         // The mark that counts is the sender's: ours for an upload, the server's for a download.
         let (dscp_applied, dscp_refused) = if upload {
-            (client_dscp.as_ref().ok().copied(), netio::dscp_refusal(flow.spec.dscp, &client_dscp))
+            (
+                client_dscp.as_ref().ok().copied(),
+                netio::dscp_refusal(flow.spec.dscp, &client_dscp),
+            )
         } else {
             let refused = match server_dscp {
-                Some(d) => netio::dscp_refusal(flow.spec.dscp, &Ok(d)).map(|w| format!("on the server, {w}")),
-                None => Some(format!("the server did not confirm DSCP {}", flow.spec.dscp)),
+                Some(d) => netio::dscp_refusal(flow.spec.dscp, &Ok(d))
+                    .map(|w| format!("on the server, {w}")),
+                None => Some(format!(
+                    "the server did not confirm DSCP {}",
+                    flow.spec.dscp
+                )),
             };
             (server_dscp, refused)
         };
-        let acked_base = if upload { netio::tcp_info(&stream).map(|i| i.bytes_acked).unwrap_or(0) } else { 0 };
+        let acked_base = if upload {
+            netio::tcp_info(&stream).map(|i| i.bytes_acked).unwrap_or(0)
+        } else {
+            0
+        };
         // Periodic timeouts let the threads notice `stop`.
         let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
         let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
@@ -118,7 +160,12 @@ impl FlowConn {
 
         // Reader: counts download data, and takes pongs in both directions.
         {
-            let (stop, broken, received, pings) = (stop.clone(), broken.clone(), received.clone(), pings.clone());
+            let (stop, broken, received, pings) = (
+                stop.clone(),
+                broken.clone(),
+                received.clone(),
+                pings.clone(),
+            );
             threads.push(std::thread::spawn(move || {
                 let mut decoder = frame::Decoder::new();
                 let pending = reader.buffer().to_vec();
@@ -138,7 +185,11 @@ impl FlowConn {
                             ok = false;
                         }
                         Ok(n) => ok = decoder.feed(&buf[..n], on_event).is_ok(),
-                        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                            ) => {}
                         Err(_) => ok = false,
                     }
                 }
@@ -150,7 +201,9 @@ impl FlowConn {
         let ping_path = if upload {
             let (tx, rx) = mpsc::channel::<u64>();
             let (stop, broken) = (stop.clone(), broken.clone());
-            let mut w = stream.try_clone().map_err(MeasureError::io("flow socket"))?;
+            let mut w = stream
+                .try_clone()
+                .map_err(MeasureError::io("flow socket"))?;
             let responsive = flow.responsive;
             threads.push(std::thread::spawn(move || {
                 let mut chunk = vec![0u8; frame::HEADER_LEN + frame::DATA_PAYLOAD];
@@ -161,14 +214,23 @@ impl FlowConn {
                         }
                     }
                     let payload = match responsive {
-                        true => frame::responsive_payload(netio::keep_unsent_small(&w).unwrap_or(frame::RESPONSIVE_PAYLOAD as u32)),
+                        true => frame::responsive_payload(
+                            netio::keep_unsent_small(&w)
+                                .unwrap_or(frame::RESPONSIVE_PAYLOAD as u32),
+                        ),
                         false => frame::DATA_PAYLOAD,
                     };
                     // The kernel checks its unsent limit only when a write needs a new buffer
                     // (netio::sendbuf): asked first, it holds half the limit and a frame.
-                    while responsive && !stop.load(Ordering::Relaxed) && !netio::sendbuf::unsent_room(w.as_fd(), Duration::from_millis(100)) {}
+                    while responsive
+                        && !stop.load(Ordering::Relaxed)
+                        && !netio::sendbuf::unsent_room(w.as_fd(), Duration::from_millis(100))
+                    {
+                    }
                     chunk[..frame::HEADER_LEN].copy_from_slice(&frame::data_header(payload));
-                    if write_until_stopped(&mut w, &chunk[..frame::HEADER_LEN + payload], &stop).is_err() {
+                    if write_until_stopped(&mut w, &chunk[..frame::HEADER_LEN + payload], &stop)
+                        .is_err()
+                    {
                         if !stop.load(Ordering::Relaxed) {
                             broken.store(true, Ordering::Relaxed);
                         }
@@ -178,7 +240,11 @@ impl FlowConn {
             }));
             PingPath::Queued(tx)
         } else {
-            PingPath::Direct(Mutex::new(stream.try_clone().map_err(MeasureError::io("flow socket"))?))
+            PingPath::Direct(Mutex::new(
+                stream
+                    .try_clone()
+                    .map_err(MeasureError::io("flow socket"))?,
+            ))
         };
         Ok(FlowConn {
             flow,
@@ -210,7 +276,13 @@ impl FlowConn {
             Direction::Down => self.received.load(Ordering::Relaxed),
             Direction::Up => match &self.stream {
                 // Never backwards: the SACKed estimate counts whole segments.
-                Some(s) => netio::tcp_info(s).map(|i| (i.bytes_acked + i.sacked_bytes).saturating_sub(self.acked_base).max(self.last_bytes)).unwrap_or(self.last_bytes),
+                Some(s) => netio::tcp_info(s)
+                    .map(|i| {
+                        (i.bytes_acked + i.sacked_bytes)
+                            .saturating_sub(self.acked_base)
+                            .max(self.last_bytes)
+                    })
+                    .unwrap_or(self.last_bytes),
                 None => self.last_bytes,
             },
         }
@@ -252,7 +324,9 @@ impl FlowConn {
     }
 
     fn retransmits_of(&self, s: &TcpStream) -> Option<u32> {
-        (self.flow.spec.direction == Direction::Up).then(|| netio::tcp_info(s).ok().map(|i| i.total_retrans)).flatten()
+        (self.flow.spec.direction == Direction::Up)
+            .then(|| netio::tcp_info(s).ok().map(|i| i.total_retrans))
+            .flatten()
     }
 
     pub fn ping(&self, id: u64, log: &PingLog) {
@@ -273,7 +347,9 @@ impl FlowConn {
         // The load ends now: a graceful close would still send (or, for a download, make the
         // server send) what fills the socket buffers, megabytes that keep the queues full for
         // seconds after the load phase. Linger 0 makes the close a reset that discards them.
-        let Some(stream) = self.stream.take() else { return };
+        let Some(stream) = self.stream.take() else {
+            return;
+        };
         self.final_retransmits = self.retransmits_of(&stream);
         let _ = socket2::SockRef::from(&stream).set_linger(Some(std::time::Duration::ZERO));
         let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -292,12 +368,21 @@ impl Drop for FlowConn {
     }
 }
 
-fn write_until_stopped(w: &mut TcpStream, mut buf: &[u8], stop: &AtomicBool) -> std::io::Result<()> {
+fn write_until_stopped(
+    w: &mut TcpStream,
+    mut buf: &[u8],
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
     while !buf.is_empty() {
         match w.write(buf) {
             Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
             Ok(n) => buf = &buf[n..],
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
                 if stop.load(Ordering::Relaxed) {
                     return Err(std::io::ErrorKind::TimedOut.into());
                 }

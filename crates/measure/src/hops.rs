@@ -36,7 +36,13 @@ pub struct HopConfig {
 
 impl HopConfig {
     pub fn new(target: IpAddr) -> HopConfig {
-        HopConfig { target, max_hops: 30, interval: Duration::from_secs(1), timeout: Duration::from_secs(10), icmp: false }
+        HopConfig {
+            target,
+            max_hops: 30,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(10),
+            icmp: false,
+        }
     }
 }
 
@@ -58,29 +64,40 @@ pub struct HopProber {
 }
 
 fn unix(t: SystemTime) -> f64 {
-    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 impl HopProber {
     /// Opens the socket (errors here are the caller's to report) and starts probing.
     pub fn start(cfg: HopConfig) -> io::Result<HopProber> {
         let sock = if cfg.icmp {
-            icmp::ping_socket(cfg.target.is_ipv6()).map_err(|e| io::Error::new(e.kind(), format!("{e}; or use the default UDP probes")))?
+            icmp::ping_socket(cfg.target.is_ipv6()).map_err(|e| {
+                io::Error::new(e.kind(), format!("{e}; or use the default UDP probes"))
+            })?
         } else {
-            let bind: SocketAddr = if cfg.target.is_ipv6() { "[::]:0".parse().unwrap() } else { "0.0.0.0:0".parse().unwrap() };
+            let bind: SocketAddr = if cfg.target.is_ipv6() {
+                "[::]:0".parse().unwrap()
+            } else {
+                "0.0.0.0:0".parse().unwrap()
+            };
             UdpSocket::bind(bind)?
         };
         icmp::enable_errors(&sock)?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let thread = std::thread::Builder::new().name("hop-prober".into()).spawn(move || probe_loop(&sock, &cfg, &flag))?;
+        let thread = std::thread::Builder::new()
+            .name("hop-prober".into())
+            .spawn(move || probe_loop(&sock, &cfg, &flag))?;
         Ok(HopProber { stop, thread })
     }
 
     /// Stops sending, waits for the answers still due (at most `grace`), returns every probe.
     pub fn finish(self) -> io::Result<Vec<HopProbe>> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().unwrap_or_else(|_| Err(io::Error::other("hop prober panicked")))
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("hop prober panicked")))
     }
 }
 
@@ -116,14 +133,29 @@ fn probe_loop(sock: &UdpSocket, cfg: &HopConfig, stop: &AtomicBool) -> io::Resul
             in_flight.remove(&key);
             icmp::set_hop_limit(sock, ttl)?;
             let sent = SystemTime::now();
-            let (dest, datagram) =
-                if cfg.icmp { (SocketAddr::new(cfg.target, 0), icmp::echo_request(cfg.target.is_ipv6(), key, PAYLOAD)) } else { (SocketAddr::new(cfg.target, FIRST_PORT + key), vec![0u8; PAYLOAD]) };
+            let (dest, datagram) = if cfg.icmp {
+                (
+                    SocketAddr::new(cfg.target, 0),
+                    icmp::echo_request(cfg.target.is_ipv6(), key, PAYLOAD),
+                )
+            } else {
+                (
+                    SocketAddr::new(cfg.target, FIRST_PORT + key),
+                    vec![0u8; PAYLOAD],
+                )
+            };
             // An earlier ICMP error is also reported once on the next send; send again then.
             if sock.send_to(&datagram, dest).is_err() {
                 let _ = sock.send_to(&datagram, dest);
             }
             in_flight.insert(key, (probes.len(), now));
-            probes.push(HopProbe { ttl, sent_unix: unix(sent), rtt_ms: None, from: None, reached: false });
+            probes.push(HopProbe {
+                ttl,
+                sent_unix: unix(sent),
+                rtt_ms: None,
+                from: None,
+                reached: false,
+            });
             let last = hops_to_probe(cfg, reached_at);
             ttl = if ttl >= last { 1 } else { ttl + 1 };
             next_send += cfg.interval / u32::from(last);
@@ -151,7 +183,12 @@ fn probe_loop(sock: &UdpSocket, cfg: &HopConfig, stop: &AtomicBool) -> io::Resul
                 } else {
                     e.dest.port().wrapping_sub(FIRST_PORT)
                 };
-                answers.push((key, e.from, e.at, e.kind == IcmpKind::PortUnreachable || e.from == Some(cfg.target)));
+                answers.push((
+                    key,
+                    e.from,
+                    e.at,
+                    e.kind == IcmpKind::PortUnreachable || e.from == Some(cfg.target),
+                ));
             }
             if cfg.icmp {
                 while let Some(r) = icmp::recv_echo_reply(sock)? {
@@ -159,7 +196,9 @@ fn probe_loop(sock: &UdpSocket, cfg: &HopConfig, stop: &AtomicBool) -> io::Resul
                 }
             }
             for (key, from, at, reached) in answers {
-                let Some((i, _)) = in_flight.remove(&key) else { continue };
+                let Some((i, _)) = in_flight.remove(&key) else {
+                    continue;
+                };
                 let p = &mut probes[i];
                 let at = at.map_or_else(|| unix(SystemTime::now()), unix);
                 p.rtt_ms = Some(((at - p.sent_unix) * 1e3).max(0.0));
@@ -184,12 +223,23 @@ mod tests {
 
     #[test]
     fn loopback_is_one_hop_and_every_probe_answers() {
-        let cfg = HopConfig { target: "127.0.0.1".parse().unwrap(), max_hops: 4, interval: Duration::from_millis(100), timeout: Duration::from_secs(2), icmp: false };
+        let cfg = HopConfig {
+            target: "127.0.0.1".parse().unwrap(),
+            max_hops: 4,
+            interval: Duration::from_millis(100),
+            timeout: Duration::from_secs(2),
+            icmp: false,
+        };
         let p = HopProber::start(cfg).unwrap();
         std::thread::sleep(Duration::from_millis(1000));
         let probes = p.finish().unwrap();
         // First round: TTL 1..4 all reach loopback; then only TTL 1, ten a second.
         assert!(probes.len() >= 6, "{probes:?}");
-        assert!(probes.iter().all(|p| p.ttl == 1 && p.reached && p.rtt_ms.unwrap() < 50.0), "{probes:?}");
+        assert!(
+            probes
+                .iter()
+                .all(|p| p.ttl == 1 && p.reached && p.rtt_ms.unwrap() < 50.0),
+            "{probes:?}"
+        );
     }
 }

@@ -72,11 +72,25 @@ impl Target {
             Some("http") => false,
             _ => return Err(format!("`{url}`: want an https:// or http:// URL")),
         };
-        let host = uri.host().ok_or_else(|| format!("`{url}`: no host"))?.trim_start_matches('[').trim_end_matches(']').to_string();
+        let host = uri
+            .host()
+            .ok_or_else(|| format!("`{url}`: no host"))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
         let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
-        let addr = (host.as_str(), port).to_socket_addrs().map_err(|e| format!("{host}: {e}"))?.next().ok_or_else(|| format!("{host}: no address"))?;
+        let addr = (host.as_str(), port)
+            .to_socket_addrs()
+            .map_err(|e| format!("{host}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("{host}: no address"))?;
         let name = ServerName::try_from(host.clone()).map_err(|e| format!("{host}: {e}"))?;
-        Ok(Target { uri, addr, tls, name })
+        Ok(Target {
+            uri,
+            addr,
+            tls,
+            name,
+        })
     }
 }
 
@@ -95,13 +109,19 @@ impl Body for ReqBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         Poll::Ready(match self.get_mut() {
             ReqBody::Empty => None,
             ReqBody::Upload { stop, .. } if stop.load(Ordering::Relaxed) => None,
             ReqBody::Upload { socket, budget, .. } => {
                 let chunk = upload_chunk();
-                let allowed = budget.follow(socket.as_ref(), bloatlab_netio::tcp_info(socket.as_ref()).ok().as_ref());
+                let allowed = budget.follow(
+                    socket.as_ref(),
+                    bloatlab_netio::tcp_info(socket.as_ref()).ok().as_ref(),
+                );
                 Some(Ok(Frame::data(chunk.slice(..allowed.min(chunk.len())))))
             }
         })
@@ -115,7 +135,13 @@ impl Body for ReqBody {
 /// The data uploads send: one buffer for the process, every chunk a slice of it.
 fn upload_chunk() -> &'static Bytes {
     static CHUNK: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
-    CHUNK.get_or_init(|| Bytes::from((0..UPLOAD_CHUNK).map(|i| 0x5a ^ (i as u8).wrapping_mul(151)).collect::<Vec<u8>>()))
+    CHUNK.get_or_init(|| {
+        Bytes::from(
+            (0..UPLOAD_CHUNK)
+                .map(|i| 0x5a ^ (i as u8).wrapping_mul(151))
+                .collect::<Vec<u8>>(),
+        )
+    })
 }
 
 /// A connection's request sender: HTTP/2 (streams side by side, so self probes can share a
@@ -171,29 +197,52 @@ struct Opened {
 async fn open(t: &Target, c: &Connector) -> Result<Opened, String> {
     let Connector { tls, http1 } = c;
     let t0 = Instant::now();
-    let tcp = TcpStream::connect(t.addr).await.map_err(|e| format!("connect {}: {e}", t.addr))?;
+    let tcp = TcpStream::connect(t.addr)
+        .await
+        .map_err(|e| format!("connect {}: {e}", t.addr))?;
     let tcp_ms = t0.elapsed().as_secs_f64() * 1e3;
     let _ = tcp.set_nodelay(true);
     // As the draft asks of both ends: little unsent data in the socket, so a self probe waits
     // behind the network's queue, not behind this client's own buffers.
     let _ = bloatlab_netio::keep_unsent_small(&tcp);
-    let socket = Arc::new(tcp.as_fd().try_clone_to_owned().map_err(|e| format!("socket of {}: {e}", t.addr))?);
+    let socket = Arc::new(
+        tcp.as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| format!("socket of {}: {e}", t.addr))?,
+    );
     let budget = SendBudget::default();
     let tcp = UnsentLimited(tcp);
     let (io, tls_ms): (Box<dyn Io>, Option<f64>) = if t.tls {
         let t1 = Instant::now();
-        let s = tls.connect(t.name.clone(), tcp).await.map_err(|e| format!("TLS with {}: {e}", t.addr))?;
+        let s = tls
+            .connect(t.name.clone(), tcp)
+            .await
+            .map_err(|e| format!("TLS with {}: {e}", t.addr))?;
         match (*http1, s.get_ref().1.alpn_protocol()) {
             (false, Some(b"h2")) | (true, Some(b"http/1.1") | None) => {}
-            (false, _) => return Err(format!("{} did not agree to HTTP/2 (ALPN); --http1.1 forces HTTP/1.1", t.addr)),
+            (false, _) => {
+                return Err(format!(
+                    "{} did not agree to HTTP/2 (ALPN); --http1.1 forces HTTP/1.1",
+                    t.addr
+                ))
+            }
             (true, _) => return Err(format!("{} did not agree to HTTP/1.1 (ALPN)", t.addr)),
         }
-        (Box::new(BudgetedTls { tls: s, budget: budget.clone() }), Some(t1.elapsed().as_secs_f64() * 1e3))
+        (
+            Box::new(BudgetedTls {
+                tls: s,
+                budget: budget.clone(),
+            }),
+            Some(t1.elapsed().as_secs_f64() * 1e3),
+        )
     } else {
         (Box::new(tcp), None)
     };
     let sender = if *http1 {
-        let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await.map_err(|e| format!("HTTP/1.1 with {}: {e}", t.addr))?;
+        let (sender, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| format!("HTTP/1.1 with {}: {e}", t.addr))?;
         tokio::spawn(conn);
         Sender::H1(sender)
     } else {
@@ -206,16 +255,33 @@ async fn open(t: &Target, c: &Connector) -> Result<Opened, String> {
         tokio::spawn(conn);
         Sender::H2(sender)
     };
-    Ok(Opened { sender, tcp_ms, tls_ms, socket, budget })
+    Ok(Opened {
+        sender,
+        tcp_ms,
+        tls_ms,
+        socket,
+        budget,
+    })
 }
 
 fn request(t: &Target, body: ReqBody, post: bool) -> Request<ReqBody> {
-    let b = if post { Request::post(t.uri.clone()) } else { Request::get(t.uri.clone()) };
-    b.header(hyper::header::ACCEPT_ENCODING, "identity").body(body).expect("a valid request")
+    let b = if post {
+        Request::post(t.uri.clone())
+    } else {
+        Request::get(t.uri.clone())
+    };
+    b.header(hyper::header::ACCEPT_ENCODING, "identity")
+        .body(body)
+        .expect("a valid request")
 }
 
 /// Sends a request and reads the whole answer; its time in ms and the bytes it brought.
-async fn fetch(sender: &mut Sender, t: &Target, count: Option<&AtomicU64>, stop: Option<&AtomicBool>) -> Result<f64, String> {
+async fn fetch(
+    sender: &mut Sender,
+    t: &Target,
+    count: Option<&AtomicU64>,
+    stop: Option<&AtomicBool>,
+) -> Result<f64, String> {
     use http_body_util::BodyExt;
     sender.ready().await?;
     let t0 = Instant::now();
@@ -276,9 +342,17 @@ struct Urls {
 }
 
 fn config_urls(config: &serde_json::Value) -> Result<Urls, String> {
-    let url = |new: &str, old: &str| config["urls"][new].as_str().or_else(|| config["urls"][old].as_str()).ok_or_else(|| format!("the config has neither `{new}` nor `{old}`"));
+    let url = |new: &str, old: &str| {
+        config["urls"][new]
+            .as_str()
+            .or_else(|| config["urls"][old].as_str())
+            .ok_or_else(|| format!("the config has neither `{new}` nor `{old}`"))
+    };
     if config["version"] != 1 {
-        return Err(format!("config version {}: this client speaks version 1", config["version"]));
+        return Err(format!(
+            "config version {}: this client speaks version 1",
+            config["version"]
+        ));
     }
     Ok(Urls {
         small: Target::parse(url("small_download_url", "small_https_download_url")?)?,
@@ -289,22 +363,38 @@ fn config_urls(config: &serde_json::Value) -> Result<Urls, String> {
 
 fn connector(h: &HttpOptions) -> Result<Connector, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone()).with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12]).map_err(|e| e.to_string())?;
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| e.to_string())?;
     let mut cfg = if h.insecure {
-        builder.dangerous().with_custom_certificate_verifier(Arc::new(AnyCertificate(provider))).with_no_client_auth()
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+            .with_no_client_auth()
     } else {
         let mut roots = rustls::RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         if let Some(ca) = &h.ca {
             use rustls::pki_types::pem::PemObject;
-            for c in CertificateDer::pem_file_iter(ca).map_err(|e| format!("{}: {e}", ca.display()))? {
-                roots.add(c.map_err(|e| format!("{}: {e}", ca.display()))?).map_err(|e| format!("{}: {e}", ca.display()))?;
+            for c in
+                CertificateDer::pem_file_iter(ca).map_err(|e| format!("{}: {e}", ca.display()))?
+            {
+                roots
+                    .add(c.map_err(|e| format!("{}: {e}", ca.display()))?)
+                    .map_err(|e| format!("{}: {e}", ca.display()))?;
             }
         }
         builder.with_root_certificates(roots).with_no_client_auth()
     };
-    cfg.alpn_protocols = vec![if h.http1 { b"http/1.1".to_vec() } else { b"h2".to_vec() }];
-    Ok(Connector { tls: tokio_rustls::TlsConnector::from(Arc::new(cfg)), http1: h.http1 })
+    cfg.alpn_protocols = vec![if h.http1 {
+        b"http/1.1".to_vec()
+    } else {
+        b"h2".to_vec()
+    }];
+    Ok(Connector {
+        tls: tokio_rustls::TlsConnector::from(Arc::new(cfg)),
+        http1: h.http1,
+    })
 }
 
 /// `--insecure`: any certificate is taken (signatures are still checked, so the handshake is
@@ -323,10 +413,20 @@ impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
     ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
         Ok(rustls::client::danger::ServerCertVerified::assertion())
     }
-    fn verify_tls12_signature(&self, m: &[u8], c: &CertificateDer<'_>, d: &rustls::DigitallySignedStruct) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
     }
-    fn verify_tls13_signature(&self, m: &[u8], c: &CertificateDer<'_>, d: &rustls::DigitallySignedStruct) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
     }
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
@@ -334,11 +434,24 @@ impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
     }
 }
 
-pub fn run(params: &Params, config_url: &str, opts: &Options, http: &HttpOptions) -> Result<Outcome, MeasureError> {
-    let fail = |why: String| MeasureError::Resolve { host: config_url.into(), why };
+pub fn run(
+    params: &Params,
+    config_url: &str,
+    opts: &Options,
+    http: &HttpOptions,
+) -> Result<Outcome, MeasureError> {
+    let fail = |why: String| MeasureError::Resolve {
+        host: config_url.into(),
+        why,
+    };
     // A server that closes a connection mid-write costs that connection, not the process: every
     // thread that writes to a socket, the runtime's and the one running the test, blocks SIGPIPE.
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().on_thread_start(bloatlab_netio::block_sigpipe).build().map_err(|e| fail(e.to_string()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(bloatlab_netio::block_sigpipe)
+        .build()
+        .map_err(|e| fail(e.to_string()))?;
     let outcome = std::thread::scope(|s| {
         s.spawn(|| {
             bloatlab_netio::block_sigpipe();
@@ -346,7 +459,9 @@ pub fn run(params: &Params, config_url: &str, opts: &Options, http: &HttpOptions
         })
         .join()
     });
-    outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic)).map_err(fail)
+    outcome
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        .map_err(fail)
 }
 
 /// A load stage: both directions at once (the default, as networkQuality), or one direction of
@@ -406,15 +521,32 @@ impl State {
     fn responsiveness(&self, since: f64) -> Option<f64> {
         let p = self.probes.lock().unwrap();
         let recent: Vec<_> = p.foreign.iter().filter(|f| f.0 >= since).collect();
-        let pick = |i: usize| -> Vec<f64> { recent.iter().filter_map(|f| [f.1, f.2, f.3][i]).collect() };
+        let pick =
+            |i: usize| -> Vec<f64> { recent.iter().filter_map(|f| [f.1, f.2, f.3][i]).collect() };
         let (tcp, tls, req) = (pick(0), pick(1), pick(2));
-        let loaded: Vec<f64> = p.loaded.iter().filter(|l| l.0 >= since).filter_map(|l| l.1).collect();
-        let terms: Vec<&[f64]> = if self.tls { vec![tcp.as_slice(), tls.as_slice(), req.as_slice()] } else { vec![tcp.as_slice(), req.as_slice()] };
+        let loaded: Vec<f64> = p
+            .loaded
+            .iter()
+            .filter(|l| l.0 >= since)
+            .filter_map(|l| l.1)
+            .collect();
+        let terms: Vec<&[f64]> = if self.tls {
+            vec![tcp.as_slice(), tls.as_slice(), req.as_slice()]
+        } else {
+            vec![tcp.as_slice(), req.as_slice()]
+        };
         rpm::rpm(&terms, self.self_probes.then_some(loaded.as_slice())).map(|x| x.0)
     }
 
     fn mbps_since(&self, down: bool, from_bytes: &[u64]) -> f64 {
-        self.flows.iter().zip(from_bytes).filter(|(f, _)| f.down == down).map(|(f, b)| f.bytes.load(Ordering::Relaxed) - b).sum::<u64>() as f64 * 8.0 / 1e6
+        self.flows
+            .iter()
+            .zip(from_bytes)
+            .filter(|(f, _)| f.down == down)
+            .map(|(f, b)| f.bytes.load(Ordering::Relaxed) - b)
+            .sum::<u64>() as f64
+            * 8.0
+            / 1e6
     }
 
     /// The stage under way, if the load has begun and not all stages ended.
@@ -423,7 +555,12 @@ impl State {
     }
 }
 
-async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &HttpOptions) -> Result<Outcome, String> {
+async fn run_async(
+    params: &Params,
+    config_url: &str,
+    opts: &Options,
+    http: &HttpOptions,
+) -> Result<Outcome, String> {
     let connector = connector(http)?;
     let config_target = Target::parse(config_url)?;
     let h1 = http.http1;
@@ -431,21 +568,46 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
     let config = {
         use http_body_util::BodyExt;
         sender.ready().await?;
-        let resp = timeout(PROBE_TIMEOUT, sender.send(request(&config_target, ReqBody::Empty, false))).await.map_err(|_| "the config did not come within 10 s".to_string())??;
+        let resp = timeout(
+            PROBE_TIMEOUT,
+            sender.send(request(&config_target, ReqBody::Empty, false)),
+        )
+        .await
+        .map_err(|_| "the config did not come within 10 s".to_string())??;
         let status = resp.status();
-        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
         if !status.is_success() {
             return Err(format!("the config URL answered {status}"));
         }
-        serde_json::from_slice::<serde_json::Value>(&body).map_err(|e| format!("the config is not JSON: {e}"))?
+        serde_json::from_slice::<serde_json::Value>(&body)
+            .map_err(|e| format!("the config is not JSON: {e}"))?
     };
     let urls = Arc::new(config_urls(&config)?);
-    let path = opts.output.clone().unwrap_or_else(|| crate::run::default_output("rpm"));
+    let path = opts
+        .output
+        .clone()
+        .unwrap_or_else(|| crate::run::default_output("rpm"));
     let meta = metadata(params, config_url, &config_target, h1);
     result::write_atomic(&path, &ResultFile::new(meta.clone())).map_err(|e| e.to_string())?;
 
-    let plan = if params.rpm_sequential { vec![Stage::Down, Stage::Up] } else { vec![Stage::Both] };
-    let mut st = State { t0: Instant::now(), flows: Vec::new(), probes: Arc::default(), stages: Vec::new(), tls: urls.small.tls, self_probes: !h1 };
+    let plan = if params.rpm_sequential {
+        vec![Stage::Down, Stage::Up]
+    } else {
+        vec![Stage::Both]
+    };
+    let mut st = State {
+        t0: Instant::now(),
+        flows: Vec::new(),
+        probes: Arc::default(),
+        stages: Vec::new(),
+        tls: urls.small.tls,
+        self_probes: !h1,
+    };
     // The load of the stage under way: its connections (for self probes), its stop flag, its
     // tasks (aborted when the stage ends, so the next stage's direction runs alone).
     let senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>> = Arc::default();
@@ -481,7 +643,12 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
             let p = st.probes.lock().unwrap();
             p.foreign.len() + p.loaded.len() >= spawned
         };
-        let drained = st.stages.last().and_then(|s| s.end).is_none_or(|end| t >= end + PROBE_TIMEOUT.as_secs_f64()) || answered(&st);
+        let drained = st
+            .stages
+            .last()
+            .and_then(|s| s.end)
+            .is_none_or(|end| t >= end + PROBE_TIMEOUT.as_secs_f64())
+            || answered(&st);
         if quiet && drained {
             if st.stages.len() == plan.len() {
                 break Ended::Complete;
@@ -491,14 +658,26 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
             senders.lock().unwrap().clear();
             stop = Arc::new(AtomicBool::new(false));
             let stage = plan[st.stages.len()];
-            st.stages.push(StageRun { stage, start: t, end: None, saturation: rpm::Saturation::new(id), flows: 0 });
+            st.stages.push(StageRun {
+                stage,
+                start: t,
+                end: None,
+                saturation: rpm::Saturation::new(id),
+                flows: 0,
+            });
             next_interval = t;
         }
         let stage = st.current().map(|c| c.stage);
         if t >= next_probe {
             next_probe += PROBE_EVERY.as_secs_f64();
             if !(t >= idle && stage.is_none()) {
-                spawn_foreign(&mut tasks, urls.clone(), connector.clone(), st.probes.clone(), t);
+                spawn_foreign(
+                    &mut tasks,
+                    urls.clone(),
+                    connector.clone(),
+                    st.probes.clone(),
+                    t,
+                );
                 spawned += 1;
             }
             if stage.is_some() {
@@ -513,14 +692,24 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
         if let Some(stage) = stage.filter(|_| t >= next_interval) {
             let cur = st.stages.last().expect("a stage under way");
             let (start, first) = (cur.start, next_interval <= cur.start);
-            let directions = [true, false].into_iter().filter(|d| stage.loads(*d)).collect::<Vec<_>>();
+            let directions = [true, false]
+                .into_iter()
+                .filter(|d| stage.loads(*d))
+                .collect::<Vec<_>>();
             let per_dir = cur.flows / directions.len();
             if !first {
-                let rate = |down: bool| stage.loads(down).then(|| st.mbps_since(down, &interval_bytes) / id);
+                let rate = |down: bool| {
+                    stage
+                        .loads(down)
+                        .then(|| st.mbps_since(down, &interval_bytes) / id)
+                };
                 let (down, up) = (rate(true), rate(false));
                 let resp = st.responsiveness((t - id * rpm::MAD as f64).max(start));
                 let cur = st.stages.last_mut().expect("a stage under way");
-                if cur.saturation.interval(t, down, up, resp, Some(per_dir as u32)) {
+                if cur
+                    .saturation
+                    .interval(t, down, up, resp, Some(per_dir as u32))
+                {
                     cur.end = Some(t);
                 }
             }
@@ -539,11 +728,23 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
                         error: Arc::default(),
                         opened: Arc::default(),
                     };
-                    spawn_load(&mut load_tasks, &f, urls.clone(), connector.clone(), senders.clone(), stop.clone(), st.t0);
+                    spawn_load(
+                        &mut load_tasks,
+                        &f,
+                        urls.clone(),
+                        connector.clone(),
+                        senders.clone(),
+                        stop.clone(),
+                        st.t0,
+                    );
                     st.flows.push(f);
                 }
             }
-            interval_bytes = st.flows.iter().map(|f| f.bytes.load(Ordering::Relaxed)).collect();
+            interval_bytes = st
+                .flows
+                .iter()
+                .map(|f| f.bytes.load(Ordering::Relaxed))
+                .collect();
         }
         if t >= next_sample {
             next_sample += params.step;
@@ -551,22 +752,38 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
             let running = st.stages.len().checked_sub(1).filter(|_| stage.is_some());
             for f in st.flows.iter_mut().filter(|f| Some(f.stage) == running) {
                 let b = f.bytes.load(Ordering::Relaxed);
-                f.samples.push((t, Some((b - f.last) as f64 * 8.0 / 1e6 / params.step)));
+                f.samples
+                    .push((t, Some((b - f.last) as f64 * 8.0 / 1e6 / params.step)));
                 f.last = b;
             }
         }
         if t >= next_status {
             next_status += 0.25;
-            let sum = |down: bool| st.flows.iter().filter(|f| f.down == down).map(|f| f.bytes.load(Ordering::Relaxed)).sum::<u64>();
+            let sum = |down: bool| {
+                st.flows
+                    .iter()
+                    .filter(|f| f.down == down)
+                    .map(|f| f.bytes.load(Ordering::Relaxed))
+                    .sum::<u64>()
+            };
             let now_bytes = (sum(true), sum(false));
-            // A self probe's time; before any (idle), a foreign probe's TCP connect: one round trip.
+            // A self probe's time; before any (idle), a foreign probe's TCP connect: one round
+            // trip.
             let rtt = {
                 let p = st.probes.lock().unwrap();
-                p.loaded.iter().rev().find_map(|l| l.1).or_else(|| p.foreign.iter().rev().find_map(|f| f.1))
+                p.loaded
+                    .iter()
+                    .rev()
+                    .find_map(|l| l.1)
+                    .or_else(|| p.foreign.iter().rev().find_map(|f| f.1))
             };
             // While a stage waits for its last probes, its load still shows.
             let shown = st.stages.last().filter(|_| t >= idle).map(|s| s.stage);
-            let mbps = |b: u64, a: u64, down: bool| shown.is_some_and(|s| s.loads(down)).then(|| b.saturating_sub(a) as f64 * 8.0 / 1e6 / 0.25);
+            let mbps = |b: u64, a: u64, down: bool| {
+                shown
+                    .is_some_and(|s| s.loads(down))
+                    .then(|| b.saturating_sub(a) as f64 * 8.0 / 1e6 / 0.25)
+            };
             let phase = shown.map_or("idle", Stage::phase);
             let total = idle + length * plan.len() as f64;
             progress.update(&crate::display::Status {
@@ -587,7 +804,15 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
             let p = path.clone();
             tokio::task::spawn_blocking(move || result::write_atomic(&p, &snap));
         }
-        let due = [next_probe, next_sample, next_interval, next_snapshot, next_status].into_iter().fold(f64::MAX, f64::min);
+        let due = [
+            next_probe,
+            next_sample,
+            next_interval,
+            next_snapshot,
+            next_status,
+        ]
+        .into_iter()
+        .fold(f64::MAX, f64::min);
         tokio::time::sleep(Duration::from_secs_f64((due - st.t()).clamp(0.000_5, 0.01))).await;
     };
     let end_t = st.t();
@@ -604,13 +829,26 @@ async fn run_async(params: &Params, config_url: &str, opts: &Options, http: &Htt
         s.partial = final_result.partial;
     }
     if ended == Ended::Interrupted {
-        final_result.events.push(result::Event { t: end_t, what: "interrupted by the user".into() });
+        final_result.events.push(result::Event {
+            t: end_t,
+            what: "interrupted by the user".into(),
+        });
     }
     result::write_atomic(&path, &final_result).map_err(|e| e.to_string())?;
-    Ok(Outcome { result: final_result, path, ended })
+    Ok(Outcome {
+        result: final_result,
+        path,
+        ended,
+    })
 }
 
-fn spawn_foreign(tasks: &mut tokio::task::JoinSet<()>, urls: Arc<Urls>, connector: Connector, probes: Arc<Mutex<Probes>>, t: f64) {
+fn spawn_foreign(
+    tasks: &mut tokio::task::JoinSet<()>,
+    urls: Arc<Urls>,
+    connector: Connector,
+    probes: Arc<Mutex<Probes>>,
+    t: f64,
+) {
     tasks.spawn(async move {
         let rec = timeout(PROBE_TIMEOUT, async {
             let mut c = open(&urls.small, &connector).await.ok()?;
@@ -625,38 +863,75 @@ fn spawn_foreign(tasks: &mut tokio::task::JoinSet<()>, urls: Arc<Urls>, connecto
     });
 }
 
-fn spawn_self(tasks: &mut tokio::task::JoinSet<()>, sender: SendRequest<ReqBody>, urls: Arc<Urls>, probes: Arc<Mutex<Probes>>, t: f64) {
+fn spawn_self(
+    tasks: &mut tokio::task::JoinSet<()>,
+    sender: SendRequest<ReqBody>,
+    urls: Arc<Urls>,
+    probes: Arc<Mutex<Probes>>,
+    t: f64,
+) {
     tasks.spawn(async move {
-        let ms = timeout(PROBE_TIMEOUT, fetch(&mut Sender::H2(sender), &urls.small, None, None)).await.ok().and_then(Result::ok);
+        let ms = timeout(
+            PROBE_TIMEOUT,
+            fetch(&mut Sender::H2(sender), &urls.small, None, None),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok);
         probes.lock().unwrap().loaded.push((t, ms));
     });
 }
 
-fn spawn_load(tasks: &mut tokio::task::JoinSet<()>, f: &Flow, urls: Arc<Urls>, connector: Connector, senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>>, stop: Arc<AtomicBool>, t0: Instant) {
+fn spawn_load(
+    tasks: &mut tokio::task::JoinSet<()>,
+    f: &Flow,
+    urls: Arc<Urls>,
+    connector: Connector,
+    senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>>,
+    stop: Arc<AtomicBool>,
+    t0: Instant,
+) {
     let (down, bytes, error, opened) = (f.down, f.bytes.clone(), f.error.clone(), f.opened.clone());
     tasks.spawn(async move {
         let target = if down { &urls.large } else { &urls.upload };
         let outcome = async {
-            let Opened { sender: mut s, socket, budget, .. } = open(target, &connector).await?;
+            let Opened {
+                sender: mut s,
+                socket,
+                budget,
+                ..
+            } = open(target, &connector).await?;
             {
                 let mut o = opened.lock().unwrap();
                 o.start = Some(t0.elapsed().as_secs_f64());
-                o.cc = (!down).then(|| bloatlab_netio::cc(socket.as_ref())).flatten();
+                o.cc = (!down)
+                    .then(|| bloatlab_netio::cc(socket.as_ref()))
+                    .flatten();
             }
             // Self probes share HTTP/2 connections; an HTTP/1.1 one is busy with its load.
             if let Sender::H2(h2) = &s {
                 senders.lock().unwrap().push(h2.clone());
             }
             if down {
-                fetch(&mut s, target, Some(&*bytes), Some(&*stop)).await.map(drop)
+                fetch(&mut s, target, Some(&*bytes), Some(&*stop))
+                    .await
+                    .map(drop)
             } else {
                 s.ready().await?;
                 // Upload goodput is what the server's TCP acknowledged: bytes handed to HTTP/2
                 // also fill its send buffers and the path's queue (counted so, a 5 Mbit/s line
                 // with a 1.45 s FIFO read 6.6 Mbit/s). TLS records and HTTP/2 frames add 0.2%.
-                let acked = || bloatlab_netio::tcp_info(socket.as_ref()).map(|i| i.bytes_acked).unwrap_or(0);
+                let acked = || {
+                    bloatlab_netio::tcp_info(socket.as_ref())
+                        .map(|i| i.bytes_acked)
+                        .unwrap_or(0)
+                };
                 let base = acked();
-                let body = ReqBody::Upload { stop: stop.clone(), socket: socket.clone(), budget };
+                let body = ReqBody::Upload {
+                    stop: stop.clone(),
+                    socket: socket.clone(),
+                    budget,
+                };
                 let send = s.send(request(target, body, true));
                 let count = async {
                     loop {
@@ -704,20 +979,42 @@ fn metadata(params: &Params, config_url: &str, target: &Target, http1: bool) -> 
 fn build(meta: &Metadata, st: &State, idle: f64, t: f64, finished: bool) -> ResultFile {
     let mut r = ResultFile::new(meta.clone());
     r.partial = !finished;
-    r.metadata.phases = vec![Phase { name: "idle".into(), start: 0.0, end: idle.min(t) }];
+    r.metadata.phases = vec![Phase {
+        name: "idle".into(),
+        start: 0.0,
+        end: idle.min(t),
+    }];
     for s in &st.stages {
-        r.metadata.phases.push(Phase { name: s.stage.phase().into(), start: s.start, end: s.end.unwrap_or(t) });
+        r.metadata.phases.push(Phase {
+            name: s.stage.phase().into(),
+            start: s.start,
+            end: s.end.unwrap_or(t),
+        });
     }
     // A sequential test's "load" spans both stages (its probes and connections).
     if let (Some(first), Some(last)) = (st.stages.first(), st.stages.last()) {
         if first.stage != Stage::Both {
-            r.metadata.phases.push(Phase { name: "load".into(), start: first.start, end: last.end.unwrap_or(t) });
+            r.metadata.phases.push(Phase {
+                name: "load".into(),
+                start: first.start,
+                end: last.end.unwrap_or(t),
+            });
         }
     }
-    let run = |stage: Stage| st.stages.iter().find(|s| s.stage == stage).map(|s| s.saturation.run().clone());
+    let run = |stage: Stage| {
+        st.stages
+            .iter()
+            .find(|s| s.stage == stage)
+            .map(|s| s.saturation.run().clone())
+    };
     match run(Stage::Both) {
         Some(both) => r.metadata.rpm = Some(both),
-        None if !st.stages.is_empty() => r.metadata.rpm_by_direction = Some(result::RpmRunByDirection { down: run(Stage::Down).unwrap_or_default(), up: run(Stage::Up).unwrap_or_default() }),
+        None if !st.stages.is_empty() => {
+            r.metadata.rpm_by_direction = Some(result::RpmRunByDirection {
+                down: run(Stage::Down).unwrap_or_default(),
+                up: run(Stage::Up).unwrap_or_default(),
+            })
+        }
         None => {}
     }
     r.metadata.params["load_connections"] = st.flows.len().into();
@@ -732,22 +1029,47 @@ fn build(meta: &Metadata, st: &State, idle: f64, t: f64, finished: bool) -> Resu
         });
         let error = f.error.lock().unwrap().clone();
         if let Some((at, why)) = &error {
-            r.events.push(result::Event { t: *at, what: format!("load connection {} failed: {why}", f.name) });
+            r.events.push(result::Event {
+                t: *at,
+                what: format!("load connection {} failed: {why}", f.name),
+            });
         }
         r.metadata.flows.push({
             let o = f.opened.lock().unwrap();
-            result::FlowInfo { name: f.name.clone(), cc: o.cc.clone(), start: o.start, error: error.map(|e| e.1), ..Default::default() }
+            result::FlowInfo {
+                name: f.name.clone(),
+                cc: o.cc.clone(),
+                start: o.start,
+                error: error.map(|e| e.1),
+                ..Default::default()
+            }
         });
     }
     let p = st.probes.lock().unwrap();
-    let latency = |name: &str, samples: Vec<(f64, Option<f64>)>| Series { name: name.into(), kind: SeriesKind::Latency, direction: None, dscp: Some(0), unit: "ms".into(), samples };
+    let latency = |name: &str, samples: Vec<(f64, Option<f64>)>| Series {
+        name: name.into(),
+        kind: SeriesKind::Latency,
+        direction: None,
+        dscp: Some(0),
+        unit: "ms".into(),
+        samples,
+    };
     let mut foreign = p.foreign.clone();
     foreign.sort_by(|a, b| a.0.total_cmp(&b.0));
-    r.series.push(latency("rpm foreign-connect", foreign.iter().map(|f| (f.0, f.1)).collect()));
+    r.series.push(latency(
+        "rpm foreign-connect",
+        foreign.iter().map(|f| (f.0, f.1)).collect(),
+    ));
     if st.tls {
-        r.series.push(latency("rpm foreign-tls", foreign.iter().map(|f| (f.0, f.2)).collect()));
+        r.series.push(latency(
+            "rpm foreign-tls",
+            foreign.iter().map(|f| (f.0, f.2)).collect(),
+        ));
     }
-    r.series.push(latency("rpm foreign-request", foreign.iter().map(|f| (f.0, f.3)).collect()));
+    r.series.push(latency(
+        "rpm foreign-request",
+        foreign.iter().map(|f| (f.0, f.3)).collect(),
+    ));
     // No series at all without self probes: the summary then takes the foreign term alone.
     if st.self_probes {
         let mut loaded = p.loaded.clone();

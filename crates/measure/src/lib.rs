@@ -29,8 +29,12 @@ use std::net::SocketAddr;
 pub enum MeasureError {
     #[error("cannot resolve {host}: {why}")]
     Resolve { host: String, why: String },
-    #[error("cannot reach {addr}: {source}; is `bloatlab server` running there and TCP/UDP port {port} open?", port = addr.port())]
-    Unreachable { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot reach {addr}: {source}; is `bloatlab server` running there and TCP/UDP port \
+        {port} open?", port = addr.port())]
+    Unreachable {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("{addr} does not speak this bloatlab protocol: {message}")]
     Version { addr: SocketAddr, message: String },
     #[error("server refused the test: {0}")]
@@ -44,7 +48,10 @@ pub enum MeasureError {
     #[error("server closed the connection during the handshake")]
     HandshakeLost,
     #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Result(#[from] bloatlab_result::ResultError),
 }

@@ -37,10 +37,26 @@ pub struct Load {
 }
 
 impl Load {
-    pub fn new(addr: SocketAddr, token: Token, mut flows: Vec<plan::Flow>, pings: Arc<PingLog>) -> Load {
+    pub fn new(
+        addr: SocketAddr,
+        token: Token,
+        mut flows: Vec<plan::Flow>,
+        pings: Arc<PingLog>,
+    ) -> Load {
         flows.sort_by(|a, b| a.start_after.total_cmp(&b.start_after));
         let (opened_tx, opened_rx) = mpsc::channel();
-        Load { addr, token, pings, pending: flows, opening: 0, opened_tx, opened_rx, flows: Vec::new(), failures: Vec::new(), stopped: false }
+        Load {
+            addr,
+            token,
+            pings,
+            pending: flows,
+            opening: 0,
+            opened_tx,
+            opened_rx,
+            flows: Vec::new(),
+            failures: Vec::new(),
+            stopped: false,
+        }
     }
 
     /// Seconds into the load phase at which the next planned flow is due, if any.
@@ -54,12 +70,21 @@ impl Load {
     /// Starts opening, each on its own thread, the flows due by `load_t` seconds into the load.
     /// `t` is seconds since the test started, for failure reports.
     pub fn open_due(&mut self, load_t: f64, t: f64) {
-        let due = self.pending.iter().take_while(|f| f.start_after <= load_t).count();
+        let due = self
+            .pending
+            .iter()
+            .take_while(|f| f.start_after <= load_t)
+            .count();
         if due == 0 || self.stopped {
             return;
         }
         for flow in self.pending.drain(..due).collect::<Vec<_>>() {
-            let (addr, token, pings, tx) = (self.addr, self.token, self.pings.clone(), self.opened_tx.clone());
+            let (addr, token, pings, tx) = (
+                self.addr,
+                self.token,
+                self.pings.clone(),
+                self.opened_tx.clone(),
+            );
             let name = flow.name.clone();
             let reply_name = name.clone();
             let opener = move || {
@@ -67,9 +92,16 @@ impl Load {
                 // The test may have ended meanwhile: the flow is then dropped (and closed).
                 let _ = tx.send((reply_name, r));
             };
-            match std::thread::Builder::new().name(format!("open {name}")).spawn(opener) {
+            match std::thread::Builder::new()
+                .name(format!("open {name}"))
+                .spawn(opener)
+            {
                 Ok(_) => self.opening += 1,
-                Err(e) => self.failures.push(Failure { flow: name, t, why: format!("cannot start a thread: {e}") }),
+                Err(e) => self.failures.push(Failure {
+                    flow: name,
+                    t,
+                    why: format!("cannot start a thread: {e}"),
+                }),
             }
         }
     }
@@ -85,7 +117,11 @@ impl Load {
                     c.begin(t);
                     self.flows.push(c);
                 }
-                Err(why) => self.failures.push(Failure { flow: name, t, why: format!("could not be opened: {why}") }),
+                Err(why) => self.failures.push(Failure {
+                    flow: name,
+                    t,
+                    why: format!("could not be opened: {why}"),
+                }),
             }
         }
     }
@@ -107,7 +143,11 @@ impl Load {
             }
             if f.broken.load(Ordering::Relaxed) {
                 f.failed = true;
-                self.failures.push(Failure { flow: f.flow.name.clone(), t, why: "connection broke".into() });
+                self.failures.push(Failure {
+                    flow: f.flow.name.clone(),
+                    t,
+                    why: "connection broke".into(),
+                });
                 continue;
             }
             f.sample(t);
@@ -116,7 +156,11 @@ impl Load {
 
     /// Mean goodput of one direction over the last `secs` seconds before `t`, if it has flows.
     pub fn recent_mbps(&self, dir: Direction, t: f64, secs: f64) -> Option<f64> {
-        let flows: Vec<&FlowConn> = self.flows.iter().filter(|f| f.flow.spec.direction == dir).collect();
+        let flows: Vec<&FlowConn> = self
+            .flows
+            .iter()
+            .filter(|f| f.flow.spec.direction == dir)
+            .collect();
         (!flows.is_empty()).then(|| flows.iter().map(|f| f.recent_mbps(t, secs)).sum())
     }
 

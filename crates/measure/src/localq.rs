@@ -28,7 +28,10 @@ pub struct LocalQueue {
 
 /// The interface the kernel routes `target` through (`ip route get`).
 pub fn route_interface(target: IpAddr) -> Option<String> {
-    let out = Command::new("ip").args(["route", "get", &target.to_string()]).output().ok()?;
+    let out = Command::new("ip")
+        .args(["route", "get", &target.to_string()])
+        .output()
+        .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let mut words = text.split_whitespace();
     words.by_ref().find(|w| *w == "dev")?;
@@ -37,10 +40,19 @@ pub fn route_interface(target: IpAddr) -> Option<String> {
 
 /// The root qdisc's backlog (bytes, packets) from `tc -s -j qdisc show dev IF`.
 pub fn root_backlog(interface: &str) -> Option<(u64, u64)> {
-    let out = Command::new("tc").args(["-s", "-j", "qdisc", "show", "dev", interface]).output().ok()?;
+    let out = Command::new("tc")
+        .args(["-s", "-j", "qdisc", "show", "dev", interface])
+        .output()
+        .ok()?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    let root = v.as_array()?.iter().find(|q| q["root"].as_bool() == Some(true))?;
-    Some((root["backlog"].as_u64()?, root["qlen"].as_u64().unwrap_or(0)))
+    let root = v
+        .as_array()?
+        .iter()
+        .find(|q| q["root"].as_bool() == Some(true))?;
+    Some((
+        root["backlog"].as_u64()?,
+        root["qlen"].as_u64().unwrap_or(0),
+    ))
 }
 
 fn sysfs_u64(path: &str) -> Option<u64> {
@@ -59,7 +71,9 @@ impl LocalQueueSampler {
         root_backlog(&interface)?;
         let mut q = LocalQueue {
             txqueuelen: sysfs_u64(&format!("/sys/class/net/{interface}/tx_queue_len")),
-            bql_limit: sysfs_u64(&format!("/sys/class/net/{interface}/queues/tx-0/byte_queue_limits/limit")),
+            bql_limit: sysfs_u64(&format!(
+                "/sys/class/net/{interface}/queues/tx-0/byte_queue_limits/limit"
+            )),
             interface,
             samples: Vec::new(),
         };
@@ -68,8 +82,14 @@ impl LocalQueueSampler {
         let thread = std::thread::spawn(move || {
             while !flag.load(Ordering::Relaxed) {
                 if let Some((bytes, packets)) = root_backlog(&q.interface) {
-                    let t = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-                    q.samples.push(QueueSample { t_unix: t, backlog_bytes: bytes, backlog_packets: packets });
+                    let t = SystemTime::now()
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64());
+                    q.samples.push(QueueSample {
+                        t_unix: t,
+                        backlog_bytes: bytes,
+                        backlog_packets: packets,
+                    });
                 }
                 std::thread::sleep(every);
             }

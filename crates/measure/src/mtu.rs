@@ -6,7 +6,9 @@
 use crate::run::{Ended, Options, Outcome};
 use crate::MeasureError;
 use bloatlab_netio::icmp;
-use bloatlab_result::{self as result, Event, Host, Metadata, MtuAdvice, Phase, ResultFile, Summary};
+use bloatlab_result::{
+    self as result, Event, Host, Metadata, MtuAdvice, Phase, ResultFile, Summary,
+};
 use serde::Serialize;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::Ordering;
@@ -42,7 +44,13 @@ pub struct Search {
 impl Search {
     /// `ok`: a size that passed; `max`: the largest worth trying (the route's MTU).
     pub fn new(ok: u32, max: u32) -> Search {
-        Search { ok, bad: max + 1, hint: Some(max), lost_silently: false, router_said_too_big: false }
+        Search {
+            ok,
+            bad: max + 1,
+            hint: Some(max),
+            lost_silently: false,
+            router_said_too_big: false,
+        }
     }
 
     /// The next size to probe, or `None` when the answer is known.
@@ -92,16 +100,36 @@ pub fn advice(path_mtu: u32, v6: bool, blackhole: bool) -> MtuAdvice {
     // WireGuard adds 32 bytes (header 16, tag 16) to the inner packet, inside UDP and IP.
     let wireguard_mtu = path_mtu.saturating_sub(ip + udp + 32);
     let mut lines = vec![
-        format!("TCP over this path: MSS {tcp_mss} ({path_mtu} less {} of IP and TCP headers)", ip + 20),
-        format!("OpenVPN over UDP: mssfix {mssfix} (2.4: the largest UDP payload it sends) or `mssfix {path_mtu} mtu` (2.6: the whole packet)"),
-        format!("WireGuard: MTU = {wireguard_mtu} ({path_mtu} less {} of IP, UDP and WireGuard headers)", ip + udp + 32),
+        format!(
+            "TCP over this path: MSS {tcp_mss} ({path_mtu} less {} of IP and TCP \
+            headers)",
+            ip + 20
+        ),
+        format!(
+            "OpenVPN over UDP: mssfix {mssfix} (2.4: the largest UDP payload it sends) or \
+            `mssfix {path_mtu} mtu` (2.6: the whole packet)"
+        ),
+        format!(
+            "WireGuard: MTU = {wireguard_mtu} ({path_mtu} less {} of IP, UDP and WireGuard \
+            headers)",
+            ip + udp + 32
+        ),
     ];
     if blackhole {
         lines.push(format!(
-            "black hole: packets over {path_mtu} bytes vanish and no router says why, so TCP's path MTU discovery stalls: clamp the MSS where traffic enters this path (iptables -t mangle -A FORWARD -p tcp --tcp-flags SYN,RST SYN -j TCPMSS --set-mss {tcp_mss}), set the tunnel MTUs above, or turn on net.ipv4.tcp_mtu_probing = 1 at the hosts"
+            "black hole: packets over {path_mtu} bytes vanish and no router says why, so TCP's \
+                path MTU discovery stalls: clamp the MSS where traffic enters this path (iptables \
+                -t mangle -A FORWARD -p tcp --tcp-flags SYN,RST SYN -j TCPMSS --set-mss \
+                {tcp_mss}), set the tunnel MTUs above, or turn on net.ipv4.tcp_mtu_probing = 1 at \
+                the hosts"
         ));
     }
-    MtuAdvice { tcp_mss, openvpn_mssfix: mssfix, wireguard_mtu, lines }
+    MtuAdvice {
+        tcp_mss,
+        openvpn_mssfix: mssfix,
+        wireguard_mtu,
+        lines,
+    }
 }
 
 /// Smallest size probed first: a path that drops it is down, not narrow.
@@ -120,7 +148,13 @@ struct ProbeRec {
 }
 
 /// Sends echo probes of one size (up to `TRIES`), each awaited up to `wait`.
-fn probe_size(sock: &std::net::UdpSocket, dest: IpAddr, size: u32, seq: &mut u16, wait: Duration) -> Result<(Probe, Option<f64>), MeasureError> {
+fn probe_size(
+    sock: &std::net::UdpSocket,
+    dest: IpAddr,
+    size: u32,
+    seq: &mut u16,
+    wait: Duration,
+) -> Result<(Probe, Option<f64>), MeasureError> {
     let v6 = dest.is_ipv6();
     let ip_header = if v6 { 40 } else { 20 };
     for _ in 0..TRIES {
@@ -129,22 +163,42 @@ fn probe_size(sock: &std::net::UdpSocket, dest: IpAddr, size: u32, seq: &mut u16
         let sent = Instant::now();
         if let Err(e) = sock.send_to(&req, SocketAddr::new(dest, 0)) {
             if icmp::too_big(&e) {
-                return Ok((Probe::TooBigHere(icmp::route_mtu(dest).unwrap_or(size - 1)), None));
+                return Ok((
+                    Probe::TooBigHere(icmp::route_mtu(dest).unwrap_or(size - 1)),
+                    None,
+                ));
             }
             return Err(MeasureError::io(format!("sending a {size}-byte probe"))(e));
         }
         while sent.elapsed() < wait {
-            icmp::wait_error(sock, wait.saturating_sub(sent.elapsed()).min(Duration::from_millis(20)), true);
-            while let Some(e) = icmp::recv_error(sock).map_err(MeasureError::io("reading ICMP errors"))? {
-                let quoted_seq = (e.payload.len() >= 8).then(|| u16::from_be_bytes([e.payload[6], e.payload[7]]));
+            icmp::wait_error(
+                sock,
+                wait.saturating_sub(sent.elapsed())
+                    .min(Duration::from_millis(20)),
+                true,
+            );
+            while let Some(e) =
+                icmp::recv_error(sock).map_err(MeasureError::io("reading ICMP errors"))?
+            {
+                let quoted_seq = (e.payload.len() >= 8)
+                    .then(|| u16::from_be_bytes([e.payload[6], e.payload[7]]));
                 if let (icmp::IcmpKind::TooBig(m), Some(q)) = (e.kind, quoted_seq) {
                     if q == *seq {
                         // A local error names no offender.
-                        return Ok((if e.from.is_none() { Probe::TooBigHere(m) } else { Probe::TooBig(m) }, None));
+                        return Ok((
+                            if e.from.is_none() {
+                                Probe::TooBigHere(m)
+                            } else {
+                                Probe::TooBig(m)
+                            },
+                            None,
+                        ));
                     }
                 }
             }
-            while let Some(r) = icmp::recv_echo_reply(sock).map_err(MeasureError::io("reading echo replies"))? {
+            while let Some(r) =
+                icmp::recv_echo_reply(sock).map_err(MeasureError::io("reading echo replies"))?
+            {
                 if r.seq == *seq {
                     return Ok((Probe::Reply, Some(sent.elapsed().as_secs_f64() * 1e3)));
                 }
@@ -157,22 +211,52 @@ fn probe_size(sock: &std::net::UdpSocket, dest: IpAddr, size: u32, seq: &mut u16
 /// Runs the search against `host` (a name or an address; no bloatlab server needed: ICMP echo).
 pub fn run(host: &str, want_v6: Option<bool>, opts: &Options) -> Result<Outcome, MeasureError> {
     let name = host.trim_start_matches('[').trim_end_matches(']');
-    let addrs: Vec<IpAddr> = (name, 0).to_socket_addrs().map_err(|e| MeasureError::Resolve { host: host.into(), why: e.to_string() })?.map(|a| a.ip()).collect();
-    let dest = addrs.iter().copied().find(|a| want_v6.is_none_or(|v6| a.is_ipv6() == v6)).ok_or_else(|| MeasureError::Resolve { host: host.into(), why: "no address of the asked family".into() })?;
+    let addrs: Vec<IpAddr> = (name, 0)
+        .to_socket_addrs()
+        .map_err(|e| MeasureError::Resolve {
+            host: host.into(),
+            why: e.to_string(),
+        })?
+        .map(|a| a.ip())
+        .collect();
+    let dest = addrs
+        .iter()
+        .copied()
+        .find(|a| want_v6.is_none_or(|v6| a.is_ipv6() == v6))
+        .ok_or_else(|| MeasureError::Resolve {
+            host: host.into(),
+            why: "no address of the asked family".into(),
+        })?;
     let v6 = dest.is_ipv6();
     let sock = icmp::ping_socket(v6).map_err(MeasureError::io("ICMP echo socket"))?;
     icmp::enable_errors(&sock).map_err(MeasureError::io("ICMP errors"))?;
     icmp::probe_mtu(&sock).map_err(MeasureError::io("Don't Fragment"))?;
-    let route = icmp::route_mtu(dest).map_err(MeasureError::io(format!("route to {dest}")))?.min(65_535);
-    let path = opts.output.clone().unwrap_or_else(|| crate::run::default_output("mtu"));
+    let route = icmp::route_mtu(dest)
+        .map_err(MeasureError::io(format!("route to {dest}")))?
+        .min(65_535);
+    let path = opts
+        .output
+        .clone()
+        .unwrap_or_else(|| crate::run::default_output("mtu"));
     let t0 = Instant::now();
     let mut seq = 0u16;
     let mut recs = Vec::new();
     // The base: a small probe must pass, and its round trip sets how long to wait for others.
     let (base, rtt) = probe_size(&sock, dest, SMALL, &mut seq, Duration::from_secs(2))?;
-    recs.push(ProbeRec { size: SMALL, probe: base, rtt_ms: rtt, t: 0.0 });
+    recs.push(ProbeRec {
+        size: SMALL,
+        probe: base,
+        rtt_ms: rtt,
+        t: 0.0,
+    });
     let Some(rtt) = rtt else {
-        return Err(MeasureError::Io { what: format!("{dest}"), source: std::io::Error::new(std::io::ErrorKind::TimedOut, "no echo reply to a small probe: the host is down or drops ICMP echo") });
+        return Err(MeasureError::Io {
+            what: format!("{dest}"),
+            source: std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no echo reply to a small probe: the host is down or drops ICMP echo",
+            ),
+        });
     };
     let wait = Duration::from_secs_f64((rtt * 4.0 / 1e3).clamp(0.2, 1.0));
     let mut search = Search::new(SMALL, route);
@@ -186,23 +270,59 @@ pub fn run(host: &str, want_v6: Option<bool>, opts: &Options) -> Result<Outcome,
         if opts.progress != crate::display::ProgressMode::Quiet {
             eprintln!("mtu: {size} bytes: {p:?}");
         }
-        recs.push(ProbeRec { size, probe: p, rtt_ms: rtt, t: t0.elapsed().as_secs_f64() });
+        recs.push(ProbeRec {
+            size,
+            probe: p,
+            rtt_ms: rtt,
+            t: t0.elapsed().as_secs_f64(),
+        });
         search.record(size, p);
     }
     let mtu = search.path_mtu();
     let blackhole = search.blackhole();
-    let mut params = serde_json::json!({ "host": host, "address": dest.to_string(), "route_mtu": route, "wait_ms": wait.as_secs_f64() * 1e3 });
+    let mut params = serde_json::json!({
+        "host": host,
+        "address": dest.to_string(),
+        "route_mtu": route,
+        "wait_ms": wait.as_secs_f64() * 1e3,
+    });
     params["probes"] = serde_json::to_value(&recs).unwrap_or_default();
-    let server = Host { name: host.into(), address: Some(dest.to_string()), software: "ICMP echo".into(), ..Default::default() };
-    let meta = Metadata { phases: vec![Phase { name: "search".into(), start: 0.0, end: t0.elapsed().as_secs_f64() }], ..crate::run::local_metadata("mtu", params, server) };
+    let server = Host {
+        name: host.into(),
+        address: Some(dest.to_string()),
+        software: "ICMP echo".into(),
+        ..Default::default()
+    };
+    let meta = Metadata {
+        phases: vec![Phase {
+            name: "search".into(),
+            start: 0.0,
+            end: t0.elapsed().as_secs_f64(),
+        }],
+        ..crate::run::local_metadata("mtu", params, server)
+    };
     let mut r = ResultFile::new(meta);
     r.partial = ended != Ended::Complete;
-    r.summary = Some(Summary { test: "mtu".into(), partial: r.partial, path_mtu: Some(mtu), blackhole: Some(blackhole), advice: Some(advice(mtu, v6, blackhole)), ..Default::default() });
+    r.summary = Some(Summary {
+        test: "mtu".into(),
+        partial: r.partial,
+        path_mtu: Some(mtu),
+        blackhole: Some(blackhole),
+        advice: Some(advice(mtu, v6, blackhole)),
+        ..Default::default()
+    });
     if ended == Ended::Interrupted {
-        r.events.push(Event { t: t0.elapsed().as_secs_f64(), what: format!("interrupted by the user: {mtu} passes, larger sizes were not all tried") });
+        r.events.push(Event {
+            t: t0.elapsed().as_secs_f64(),
+            what: format!("interrupted by the user: {mtu} passes, larger sizes were not all tried"),
+        });
     }
     result::write_atomic(&path, &r)?;
-    Ok(Outcome { result: r, path, ended })
+    Ok(Outcome {
+        result: r,
+        path,
+        ended,
+    })
 }
 
 #[cfg(test)]
@@ -223,7 +343,13 @@ mod tests {
 
     #[test]
     fn a_router_naming_its_mtu_ends_the_search_in_two_probes() {
-        let (s, tried) = walk(1500, |n| if n <= 1400 { Probe::Reply } else { Probe::TooBig(1400) });
+        let (s, tried) = walk(1500, |n| {
+            if n <= 1400 {
+                Probe::Reply
+            } else {
+                Probe::TooBig(1400)
+            }
+        });
         assert_eq!((s.path_mtu(), s.blackhole()), (1400, false));
         assert_eq!(tried, [1500, 1400]);
     }
@@ -241,8 +367,19 @@ mod tests {
     #[test]
     fn advice_follows_the_headers() {
         let a = advice(1500, false, false);
-        assert_eq!((a.tcp_mss, a.openvpn_mssfix, a.wireguard_mtu), (1460, 1472, 1440));
-        assert_eq!(advice(1500, true, false).wireguard_mtu, 1420, "WireGuard's own default, for an IPv6 outer path");
-        assert!(advice(1400, false, true).lines.last().unwrap().contains("--set-mss 1360"));
+        assert_eq!(
+            (a.tcp_mss, a.openvpn_mssfix, a.wireguard_mtu),
+            (1460, 1472, 1440)
+        );
+        assert_eq!(
+            advice(1500, true, false).wireguard_mtu,
+            1420,
+            "WireGuard's own default, for an IPv6 outer path"
+        );
+        assert!(advice(1400, false, true)
+            .lines
+            .last()
+            .unwrap()
+            .contains("--set-mss 1360"));
     }
 }

@@ -66,7 +66,10 @@ impl std::str::FromStr for Pacing {
             None if t == "timer" => Ok(Pacing::Timer),
             Some(("timer", d)) => Ok(Pacing::Tick(period(d)?)),
             Some(("burst", d)) => Ok(Pacing::Burst(period(d)?)),
-            _ => Err(format!("`{s}`: want auto, fq, timer, timer:PERIOD (e.g. timer:1ms) or burst:PERIOD (e.g. burst:100ms)")),
+            _ => Err(format!(
+                "`{s}`: want auto, fq, timer, timer:PERIOD (e.g. timer:1ms) or \
+                burst:PERIOD (e.g. burst:100ms)"
+            )),
         }
     }
 }
@@ -113,7 +116,17 @@ impl Schedule {
         let interval_ns = f64::from(size) * 8.0 * 1e9 / rate_bps.max(1) as f64;
         let tick_ns = tick.map_or(0, |d| d.as_nanos() as u64);
         let depth = (SLACK.as_nanos() as f64 / interval_ns).max(2.0);
-        Schedule { start_ns, interval_ns, tick_ns, sent: 0, skipped: 0, max_behind_ns: (MAX_BEHIND.as_nanos() as u64).max(tick_ns), tokens: depth, tokens_at_ns: start_ns, depth }
+        Schedule {
+            start_ns,
+            interval_ns,
+            tick_ns,
+            sent: 0,
+            skipped: 0,
+            max_behind_ns: (MAX_BEHIND.as_nanos() as u64).max(tick_ns),
+            tokens: depth,
+            tokens_at_ns: start_ns,
+            depth,
+        }
     }
 
     /// Packets whose time is before `t` (packet k is due at start + k x interval).
@@ -135,13 +148,16 @@ impl Schedule {
             None => now_ns + 1,
             Some(k) => self.start_ns + (k + 1) * self.tick_ns,
         };
-        let behind_since = self.start_ns as f64 + (self.sent + self.skipped) as f64 * self.interval_ns;
+        let behind_since =
+            self.start_ns as f64 + (self.sent + self.skipped) as f64 * self.interval_ns;
         if (now_ns as f64) - behind_since > self.max_behind_ns as f64 {
             // Skip to what is due within the last MAX_BEHIND.
             let keep_from = self.count_before(now_ns - self.max_behind_ns);
             self.skipped = keep_from.saturating_sub(self.sent);
         }
-        let owed = self.count_before(horizon).saturating_sub(self.sent + self.skipped);
+        let owed = self
+            .count_before(horizon)
+            .saturating_sub(self.sent + self.skipped);
         if self.tick_ns > 0 {
             return owed;
         }
@@ -165,9 +181,11 @@ impl Schedule {
 
     /// When the next packet (or the next tick) is due.
     pub fn next_ns(&self) -> u64 {
-        let next_packet = self.start_ns + ((self.sent + self.skipped) as f64 * self.interval_ns).ceil() as u64;
+        let next_packet =
+            self.start_ns + ((self.sent + self.skipped) as f64 * self.interval_ns).ceil() as u64;
         if self.tick_ns == 0 {
-            let token = self.tokens_at_ns + ((1.0 - self.tokens).max(0.0) * self.interval_ns / CATCH_UP).ceil() as u64;
+            let token = self.tokens_at_ns
+                + ((1.0 - self.tokens).max(0.0) * self.interval_ns / CATCH_UP).ceil() as u64;
             return next_packet.max(token);
         }
         // The tick that sends it: the last one at or before its time.
@@ -185,13 +203,28 @@ mod tests {
     #[test]
     fn pacings_and_durations_parse_as_the_help_says() {
         assert_eq!("auto".parse::<Pacing>(), Ok(Pacing::Auto));
-        assert_eq!("timer:1ms".parse::<Pacing>(), Ok(Pacing::Tick(Duration::from_millis(1))));
-        assert_eq!("burst:100ms".parse::<Pacing>(), Ok(Pacing::Burst(Duration::from_millis(100))));
-        assert_eq!(Pacing::Burst(Duration::from_millis(100)).to_string(), "burst:100ms");
-        assert_eq!(Pacing::Tick(Duration::from_micros(250)).to_string(), "timer:250us");
+        assert_eq!(
+            "timer:1ms".parse::<Pacing>(),
+            Ok(Pacing::Tick(Duration::from_millis(1)))
+        );
+        assert_eq!(
+            "burst:100ms".parse::<Pacing>(),
+            Ok(Pacing::Burst(Duration::from_millis(100)))
+        );
+        assert_eq!(
+            Pacing::Burst(Duration::from_millis(100)).to_string(),
+            "burst:100ms"
+        );
+        assert_eq!(
+            Pacing::Tick(Duration::from_micros(250)).to_string(),
+            "timer:250us"
+        );
         assert!("burst:5s".parse::<Pacing>().is_err());
         assert!("jitter".parse::<Pacing>().is_err());
-        assert_eq!("timer:500us".parse::<Pacing>(), Ok(Pacing::Tick(Duration::from_micros(500))));
+        assert_eq!(
+            "timer:500us".parse::<Pacing>(),
+            Ok(Pacing::Tick(Duration::from_micros(500)))
+        );
         assert!("timer:0".parse::<Pacing>().is_err() && "timer:0.001".parse::<Pacing>().is_err());
     }
 
@@ -210,7 +243,11 @@ mod tests {
             let n = s.due(t);
             s.sent(n);
         }
-        assert_eq!((s.total_sent(), s.skipped), (12_207, 0), "packets 0..=12206 fall at or before 999.95 ms");
+        assert_eq!(
+            (s.total_sent(), s.skipped),
+            (12_207, 0),
+            "packets 0..=12206 fall at or before 999.95 ms"
+        );
     }
 
     /// iperf3's `-b` without pacing: 50 Mbit/s in 100 ms periods is 610 packets of 1 KB back to
@@ -219,7 +256,10 @@ mod tests {
     fn a_burst_period_sends_its_share_at_each_tick() {
         let mut s = Schedule::new(0, 50_000_000, 1024, Some(Duration::from_millis(100)));
         let first = s.due(0);
-        assert_eq!(first, 611, "packets due in [0, 100 ms): 100e6 / 163840 = 610.35");
+        assert_eq!(
+            first, 611,
+            "packets due in [0, 100 ms): 100e6 / 163840 = 610.35"
+        );
         s.sent(first);
         assert_eq!(s.next_ns(), 100 * MS);
         assert_eq!(s.due(50 * MS), 0, "nothing between ticks");
@@ -236,7 +276,11 @@ mod tests {
         s.sent(1);
         assert_eq!((s.due(50 * MS), s.skipped), (2, 39));
         s.sent(2);
-        assert_eq!(s.due(50 * MS + 952_380), 0, "the next owed packet waits 1 / 1.05 ms");
+        assert_eq!(
+            s.due(50 * MS + 952_380),
+            0,
+            "the next owed packet waits 1 / 1.05 ms"
+        );
         assert_eq!(s.next_ns(), 50 * MS + 952_381);
         assert_eq!(s.due(50 * MS + 952_381), 1);
         s.sent(1);
@@ -248,7 +292,12 @@ mod tests {
             let n = s.due(t);
             s.sent(n);
         }
-        assert!((205 * MS..=215 * MS).contains(&t), "caught up at {t} ns, {} sent, {} skipped", s.total_sent(), s.skipped);
+        assert!(
+            (205 * MS..=215 * MS).contains(&t),
+            "caught up at {t} ns, {} sent, {} skipped",
+            s.total_sent(),
+            s.skipped
+        );
     }
 
     /// 100 Mbit/s of 1 KB packets (12.2 per ms), the sender stalled for 5 ms twice a second:
@@ -264,11 +313,20 @@ mod tests {
             s.sent(n);
             per_ms[(t / MS) as usize] += n;
             let stalled = (t / MS) % 500 == 100;
-            t = if stalled { t + 5 * MS } else { s.next_ns().max(t + 1_000) };
+            t = if stalled {
+                t + 5 * MS
+            } else {
+                s.next_ns().max(t + 1_000)
+            };
         }
         let peak = *per_ms.iter().max().unwrap();
         assert!(peak <= 15, "12.2 x 1.05 + 2 = 14.8 packets per ms: {peak}");
-        assert!((12_207..=12_208).contains(&s.total_sent()) && s.skipped == 0, "1 s at 100 Mbit/s: {} sent, {} skipped", s.total_sent(), s.skipped);
+        assert!(
+            (12_207..=12_208).contains(&s.total_sent()) && s.skipped == 0,
+            "1 s at 100 Mbit/s: {} sent, {} skipped",
+            s.total_sent(),
+            s.skipped
+        );
     }
 
     /// 1 Gbit/s of 1 KB packets (one every 8.2 us) from a sender that wakes only every 50 us:
@@ -284,6 +342,10 @@ mod tests {
             t += 50_000;
         }
         assert_eq!(s.skipped, 0);
-        assert!(s.total_sent() >= 122_000, "{} of 122 070 sent", s.total_sent());
+        assert!(
+            s.total_sent() >= 122_000,
+            "{} of 122 070 sent",
+            s.total_sent()
+        );
     }
 }

@@ -150,13 +150,31 @@ pub const SETTLE_S: f64 = 2.0;
 
 pub fn plan(p: &Params) -> Plan {
     let step_us = (p.step * 1e6).round() as u32;
-    let probe = |id: u16, name: &str, dscp: u8| Stream { name: name.into(), spec: StreamSpec { id, interval_us: step_us, size: p.probe_size, dscp } };
+    let probe = |id: u16, name: &str, dscp: u8| Stream {
+        name: name.into(),
+        spec: StreamSpec {
+            id,
+            interval_us: step_us,
+            size: p.probe_size,
+            dscp,
+        },
+    };
     let mut flows = Vec::new();
     let responsive = p.test == TestKind::Rpm;
     let mut add = |direction: Direction, dscp: u8, start_after: f64| {
         let id = flows.len() as u16 + 1;
         let name = format!("tcp {} {} {}", direction.as_str(), id, dscp_name(dscp));
-        flows.push(Flow { name, spec: FlowSpec { id, direction, dscp, cc: p.cc.clone() }, start_after, responsive });
+        flows.push(Flow {
+            name,
+            spec: FlowSpec {
+                id,
+                direction,
+                dscp,
+                cc: p.cc.clone(),
+            },
+            start_after,
+            responsive,
+        });
     };
     let mut streams = vec![probe(0, "udp-be", 0)];
     let (mut idle, mut load) = (p.idle, p.length);
@@ -178,7 +196,11 @@ pub fn plan(p: &Params) -> Plan {
             }
         }
         TestKind::Rrul | TestKind::RrulBe => {
-            let marks = if p.test == TestKind::Rrul { RRUL_DSCP } else { [0; 4] };
+            let marks = if p.test == TestKind::Rrul {
+                RRUL_DSCP
+            } else {
+                [0; 4]
+            };
             for dir in [Direction::Down, Direction::Up] {
                 for d in marks {
                     add(dir, d, 0.0);
@@ -190,7 +212,15 @@ pub fn plan(p: &Params) -> Plan {
             }
         }
         TestKind::Voip => {
-            streams = vec![Stream { name: "voip".into(), spec: StreamSpec { id: 0, interval_us: VOIP_INTERVAL_US, size: VOIP_SIZE, dscp: p.dscp } }];
+            streams = vec![Stream {
+                name: "voip".into(),
+                spec: StreamSpec {
+                    id: 0,
+                    interval_us: VOIP_INTERVAL_US,
+                    size: VOIP_SIZE,
+                    dscp: p.dscp,
+                },
+            }];
             if p.under_load {
                 for dir in [Direction::Down, Direction::Up] {
                     for _ in 0..4 {
@@ -206,7 +236,13 @@ pub fn plan(p: &Params) -> Plan {
         TestKind::Udp => {
             // The probes under it show what the load's queue (or bursts) do to latency.
             if let Some(u) = &p.udp {
-                let spec = UdpLoadSpec { id: 0, rate_bps: u.rate_bps, size: u.size, dscp: u.dscp, bucket_us: (u.bucket * 1e6).round() as u32 };
+                let spec = UdpLoadSpec {
+                    id: 0,
+                    rate_bps: u.rate_bps,
+                    size: u.size,
+                    dscp: u.dscp,
+                    bucket_us: (u.bucket * 1e6).round() as u32,
+                };
                 udp_load = Some((spec, u.pacing));
             }
         }
@@ -225,7 +261,16 @@ pub fn plan(p: &Params) -> Plan {
         }
     }
     let settle = if load > 0.0 { SETTLE_S } else { 0.0 };
-    Plan { idle, load, settle, flows, streams, connect_probe_interval: connect, loaded_probe_interval: loaded, udp_load }
+    Plan {
+        idle,
+        load,
+        settle,
+        flows,
+        streams,
+        connect_probe_interval: connect,
+        loaded_probe_interval: loaded,
+        udp_load,
+    }
 }
 
 #[cfg(test)]
@@ -233,7 +278,20 @@ mod tests {
     use super::*;
 
     fn params(test: TestKind) -> Params {
-        Params { test, length: 30.0, idle: 5.0, step: 0.01, flows: 4, cc: None, dscp: 46, under_load: false, probe_size: 64, rpm_interval: 1.0, rpm_sequential: false, udp: None }
+        Params {
+            test,
+            length: 30.0,
+            idle: 5.0,
+            step: 0.01,
+            flows: 4,
+            cc: None,
+            dscp: 46,
+            under_load: false,
+            probe_size: 64,
+            rpm_interval: 1.0,
+            rpm_sequential: false,
+            udp: None,
+        }
     }
 
     #[test]
@@ -241,26 +299,57 @@ mod tests {
         let p = plan(&params(TestKind::Rrul));
         assert_eq!(p.flows.len(), 8);
         let names: Vec<&str> = p.flows.iter().map(|f| f.name.as_str()).collect();
-        assert_eq!(names[..4], ["tcp down 1 BE", "tcp down 2 BK", "tcp down 3 CS5", "tcp down 4 EF"]);
+        assert_eq!(
+            names[..4],
+            [
+                "tcp down 1 BE",
+                "tcp down 2 BK",
+                "tcp down 3 CS5",
+                "tcp down 4 EF"
+            ]
+        );
         assert_eq!(names[4], "tcp up 5 BE");
-        assert_eq!(p.streams.iter().map(|s| s.spec.dscp).collect::<Vec<_>>(), [0, 46, 8]);
-        assert_eq!((p.idle, p.load, p.settle, p.total()), (5.0, 30.0, 2.0, 37.0));
-        assert!(plan(&params(TestKind::RrulBe)).flows.iter().all(|f| f.spec.dscp == 0));
+        assert_eq!(
+            p.streams.iter().map(|s| s.spec.dscp).collect::<Vec<_>>(),
+            [0, 46, 8]
+        );
+        assert_eq!(
+            (p.idle, p.load, p.settle, p.total()),
+            (5.0, 30.0, 2.0, 37.0)
+        );
+        assert!(plan(&params(TestKind::RrulBe))
+            .flows
+            .iter()
+            .all(|f| f.spec.dscp == 0));
     }
 
     #[test]
     fn voip_alone_is_one_idle_call_and_under_load_adds_flows() {
         let p = plan(&params(TestKind::Voip));
         assert_eq!((p.idle, p.load, p.flows.len()), (30.0, 0.0, 0));
-        assert_eq!(p.streams[0].spec, StreamSpec { id: 0, interval_us: 20_000, size: 172, dscp: 46 });
-        let p = plan(&Params { under_load: true, ..params(TestKind::Voip) });
+        assert_eq!(
+            p.streams[0].spec,
+            StreamSpec {
+                id: 0,
+                interval_us: 20_000,
+                size: 172,
+                dscp: 46
+            }
+        );
+        let p = plan(&Params {
+            under_load: true,
+            ..params(TestKind::Voip)
+        });
         assert_eq!((p.idle, p.load, p.flows.len()), (5.0, 30.0, 8));
     }
 
     #[test]
     fn tcp_tests_scale_with_flows_and_ping_has_no_load() {
         assert_eq!(plan(&params(TestKind::TcpBidir)).flows.len(), 8);
-        assert!(plan(&params(TestKind::TcpUp)).flows.iter().all(|f| f.spec.direction == Direction::Up));
+        assert!(plan(&params(TestKind::TcpUp))
+            .flows
+            .iter()
+            .all(|f| f.spec.direction == Direction::Up));
         let p = plan(&params(TestKind::Ping));
         assert_eq!((p.idle, p.load, p.total()), (30.0, 0.0, 30.0));
         assert!(p.connect_probe_interval.is_some());
@@ -273,17 +362,36 @@ mod tests {
         assert_eq!(p.flows[2].start_after, 1.0);
         assert!(p.flows.iter().all(|f| f.responsive));
         assert!(p.loaded_probe_interval.is_some());
-        let p5 = plan(&Params { rpm_interval: 5.0, ..params(TestKind::Rpm) });
+        let p5 = plan(&Params {
+            rpm_interval: 5.0,
+            ..params(TestKind::Rpm)
+        });
         assert_eq!(p5.flows[31].start_after, 75.0);
         assert!(!plan(&params(TestKind::Rrul)).flows[0].responsive);
     }
 
     #[test]
     fn udp_is_one_load_stream_under_the_be_probes() {
-        let udp = UdpParams { rate_bps: 50_000_000, size: 1024, pacing: Pacing::Timer, bucket: 0.001, dscp: 0 };
-        let p = plan(&Params { udp: Some(udp), length: 10.0, ..params(TestKind::Udp) });
+        let udp = UdpParams {
+            rate_bps: 50_000_000,
+            size: 1024,
+            pacing: Pacing::Timer,
+            bucket: 0.001,
+            dscp: 0,
+        };
+        let p = plan(&Params {
+            udp: Some(udp),
+            length: 10.0,
+            ..params(TestKind::Udp)
+        });
         let (spec, pacing) = p.udp_load.clone().unwrap();
-        assert_eq!((spec.rate_bps, spec.size, spec.bucket_us, pacing), (50_000_000, 1024, 1000, Pacing::Timer));
-        assert_eq!((p.idle, p.load, p.flows.len(), p.streams.len()), (5.0, 10.0, 0, 1));
+        assert_eq!(
+            (spec.rate_bps, spec.size, spec.bucket_us, pacing),
+            (50_000_000, 1024, 1000, Pacing::Timer)
+        );
+        assert_eq!(
+            (p.idle, p.load, p.flows.len(), p.streams.len()),
+            (5.0, 10.0, 0, 1)
+        );
     }
 }

@@ -41,10 +41,20 @@ pub struct ProbeStream {
 
 impl ProbeStream {
     /// With `key`, every request is signed and only replies signed under it are taken.
-    pub fn start(addr: SocketAddr, token: Token, stream: Stream, key: Option<Arc<[u8]>>) -> Result<ProbeStream, MeasureError> {
-        let bind: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
+    pub fn start(
+        addr: SocketAddr,
+        token: Token,
+        stream: Stream,
+        key: Option<Arc<[u8]>>,
+    ) -> Result<ProbeStream, MeasureError> {
+        let bind: SocketAddr = if addr.is_ipv4() {
+            "0.0.0.0:0".parse().unwrap()
+        } else {
+            "[::]:0".parse().unwrap()
+        };
         let sock = UdpSocket::bind(bind).map_err(MeasureError::io("UDP socket"))?;
-        sock.connect(addr).map_err(|source| MeasureError::Unreachable { addr, source })?;
+        sock.connect(addr)
+            .map_err(|source| MeasureError::Unreachable { addr, source })?;
         let applied = netio::apply_dscp(socket2::SockRef::from(&sock), stream.spec.dscp, &addr);
         let dscp_refused = netio::dscp_refusal(stream.spec.dscp, &applied);
         let dscp_applied = applied.ok();
@@ -57,7 +67,12 @@ impl ProbeStream {
         let interval = Duration::from_micros(stream.spec.interval_us.into());
         let id = stream.spec.id;
         {
-            let (sock, log, stop, key) = (sock.try_clone().map_err(MeasureError::io("UDP socket"))?, log.clone(), stop_send.clone(), key.clone());
+            let (sock, log, stop, key) = (
+                sock.try_clone().map_err(MeasureError::io("UDP socket"))?,
+                log.clone(),
+                stop_send.clone(),
+                key.clone(),
+            );
             threads.push(std::thread::spawn(move || {
                 let mut buf = vec![0u8; size.min(MAX_LEN)];
                 let mut next = netio::mono_ns();
@@ -71,7 +86,17 @@ impl ProbeStream {
                     let mut l = log.lock().unwrap();
                     let t1 = netio::mono_ns();
                     let flags = if key.is_some() { probe::FLAG_MAC } else { 0 };
-                    let p = Probe { kind: Kind::Request, stream: id, token, seq: l.recs.len() as u32, client_send_ns: t1, server_recv_ns: 0, server_send_ns: 0, server_rx_count: 0, flags };
+                    let p = Probe {
+                        kind: Kind::Request,
+                        stream: id,
+                        token,
+                        seq: l.recs.len() as u32,
+                        client_send_ns: t1,
+                        server_recv_ns: 0,
+                        server_send_ns: 0,
+                        server_rx_count: 0,
+                        flags,
+                    };
                     let encoded = p.encode(&mut buf).is_ok();
                     if let (true, Some(k)) = (encoded, &key) {
                         auth::sign_probe(k, &mut buf);
@@ -95,7 +120,9 @@ impl ProbeStream {
                 while !stop.load(Ordering::Relaxed) {
                     let Ok(n) = sock.recv(&mut buf) else { continue };
                     let t4 = netio::mono_ns();
-                    let Ok(p) = Probe::decode(&buf[..n]) else { continue };
+                    let Ok(p) = Probe::decode(&buf[..n]) else {
+                        continue;
+                    };
                     if p.kind != Kind::Reply || p.token != token || p.stream != id {
                         continue;
                     }
@@ -119,7 +146,15 @@ impl ProbeStream {
                 }
             }));
         }
-        Ok(ProbeStream { stream, dscp_applied, dscp_refused, log, stop_send, stop_recv, threads })
+        Ok(ProbeStream {
+            stream,
+            dscp_applied,
+            dscp_refused,
+            log,
+            stop_send,
+            stop_recv,
+            threads,
+        })
     }
 
     pub fn stop_sending(&self) {

@@ -37,7 +37,8 @@ fn secs(t0: u64, t: u64) -> f64 {
 
 fn resolved<'r>(recs: &'r [Rec], live: &Live) -> impl Iterator<Item = &'r Rec> + 'r {
     let (finished, cutoff) = (live.finished, live.now.saturating_sub(SNAPSHOT_PATIENCE_NS));
-    recs.iter().filter(move |r| finished || r.reply.is_some() || r.t1 < cutoff)
+    recs.iter()
+        .filter(move |r| finished || r.reply.is_some() || r.t1 < cutoff)
 }
 
 pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
@@ -48,13 +49,27 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
     // drift from a second estimate over the settling after the load.
     let logs: Vec<_> = live.probes.iter().map(|p| p.log.lock().unwrap()).collect();
     let echoes = |keep: &dyn Fn(f64) -> bool| -> Vec<Echo> {
-        logs.iter().flat_map(|l| l.recs.iter()).filter(|r| keep(secs(live.t0, r.t1))).filter_map(|r| r.reply.map(|(t2, t3, t4)| Echo { t1: r.t1, t2, t3, t4 })).collect()
+        logs.iter()
+            .flat_map(|l| l.recs.iter())
+            .filter(|r| keep(secs(live.t0, r.t1)))
+            .filter_map(|r| {
+                r.reply.map(|(t2, t3, t4)| Echo {
+                    t1: r.t1,
+                    t2,
+                    t3,
+                    t4,
+                })
+            })
+            .collect()
     };
     let mut before = echoes(&|t| t <= live.idle_end);
     if before.len() < 10 {
         before = echoes(&|_| true);
     }
-    let after = live.settle_start.map(|s| echoes(&|t| t >= s)).unwrap_or_default();
+    let after = live
+        .settle_start
+        .map(|s| echoes(&|t| t >= s))
+        .unwrap_or_default();
     let offset = clock::estimate_with_drift(&before, &after, live.t0);
     result.metadata.clock_offset = offset;
     let off_ns = |t: f64| offset.map_or(0.0, |o| o.at(t) * 1e6);
@@ -83,7 +98,12 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
             match r.reply {
                 Some((t2, t3, t4)) => {
                     received += 1;
-                    let e = Echo { t1: r.t1, t2, t3, t4 };
+                    let e = Echo {
+                        t1: r.t1,
+                        t2,
+                        t3,
+                        t4,
+                    };
                     rtt.push((t, Some(e.rtt_ns() as f64 / 1e6)));
                     let off = off_ns(t);
                     up.push((t, Some((t2 as f64 - off - r.t1 as f64) / 1e6)));
@@ -96,11 +116,26 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
                 }
             }
         }
-        let series = |kind, prefix: &str, dir: Option<&str>, samples| Series { name: format!("{prefix} {name}"), kind, direction: dir.map(Into::into), dscp, unit: "ms".into(), samples };
-        result.series.push(series(SeriesKind::Latency, "rtt", None, rtt));
-        result.series.push(series(SeriesKind::Owd, "owd up", Some("up"), up));
-        result.series.push(series(SeriesKind::Owd, "owd down", Some("down"), down));
-        let server = live.report.and_then(|r| r.streams.iter().find(|s| s.id == p.stream.spec.id));
+        let series = |kind, prefix: &str, dir: Option<&str>, samples| Series {
+            name: format!("{prefix} {name}"),
+            kind,
+            direction: dir.map(Into::into),
+            dscp,
+            unit: "ms".into(),
+            samples,
+        };
+        result
+            .series
+            .push(series(SeriesKind::Latency, "rtt", None, rtt));
+        result
+            .series
+            .push(series(SeriesKind::Owd, "owd up", Some("up"), up));
+        result
+            .series
+            .push(series(SeriesKind::Owd, "owd down", Some("down"), down));
+        let server = live
+            .report
+            .and_then(|r| r.streams.iter().find(|s| s.id == p.stream.spec.id));
         result.metadata.streams.push(StreamCounts {
             name: name.clone(),
             dscp: p.stream.spec.dscp,
@@ -114,11 +149,23 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
             dscp_applied_down: server.and_then(|s| s.dscp_applied),
         });
         if let Some(why) = &p.dscp_refused {
-            result.events.push(Event { t: 0.0, what: format!("probe stream {name}: {why}") });
+            result.events.push(Event {
+                t: 0.0,
+                what: format!("probe stream {name}: {why}"),
+            });
         }
-        if let Some(applied) = server.and_then(|s| s.dscp_applied).filter(|&a| a != p.stream.spec.dscp) {
+        if let Some(applied) = server
+            .and_then(|s| s.dscp_applied)
+            .filter(|&a| a != p.stream.spec.dscp)
+        {
             let want = p.stream.spec.dscp;
-            result.events.push(Event { t: 0.0, what: format!("probe stream {name}: DSCP {want} was requested but the server's replies carried {applied}") });
+            result.events.push(Event {
+                t: 0.0,
+                what: format!(
+                    "probe stream {name}: DSCP {want} was \
+                requested but the server's replies carried {applied}"
+                ),
+            });
         }
     }
     drop(logs);
@@ -132,7 +179,8 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
             unit: "ms".into(),
             samples: {
                 // Logged as they complete; kept in the order they were sent.
-                let mut v: Vec<(f64, Option<f64>)> = conn.iter().map(|r| (secs(live.t0, r.0), pick(r))).collect();
+                let mut v: Vec<(f64, Option<f64>)> =
+                    conn.iter().map(|r| (secs(live.t0, r.0), pick(r))).collect();
                 v.sort_by(|a, b| a.0.total_cmp(&b.0));
                 v
             },
@@ -145,7 +193,14 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
         }
     }
     if live.rpm {
-        let mut samples: Vec<(f64, Option<f64>)> = live.pings.done.lock().unwrap().iter().map(|(t, ms)| (secs(live.t0, *t), Some(*ms))).collect();
+        let mut samples: Vec<(f64, Option<f64>)> = live
+            .pings
+            .done
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(t, ms)| (secs(live.t0, *t), Some(*ms)))
+            .collect();
         samples.sort_by(|a, b| a.0.total_cmp(&b.0));
         // At the end, a ping still without its pong never completed: kept as a timeout, unless
         // it went out so shortly before the load ended (within the longest answered round trip,
@@ -153,14 +208,34 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
         if let (true, Some(load_end)) = (live.finished, live.settle_start) {
             let longest = samples.iter().filter_map(|s| s.1).fold(0.0, f64::max) / 1e3;
             let cutoff = load_end - longest.max(1.0);
-            samples.extend(live.pings.unanswered().into_iter().map(|t| (secs(live.t0, t), None)).filter(|s| s.0 < cutoff));
+            samples.extend(
+                live.pings
+                    .unanswered()
+                    .into_iter()
+                    .map(|t| (secs(live.t0, t), None))
+                    .filter(|s| s.0 < cutoff),
+            );
             samples.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
-        result.series.push(Series { name: "rpm loaded".into(), kind: SeriesKind::Latency, direction: None, dscp: Some(0), unit: "ms".into(), samples });
+        result.series.push(Series {
+            name: "rpm loaded".into(),
+            kind: SeriesKind::Latency,
+            direction: None,
+            dscp: Some(0),
+            unit: "ms".into(),
+            samples,
+        });
     }
-    let failure = |name: &str| live.failures.iter().find(|f| f.flow == name).map(|f| f.why.clone());
+    let failure = |name: &str| {
+        live.failures
+            .iter()
+            .find(|f| f.flow == name)
+            .map(|f| f.why.clone())
+    };
     for flow in live.flows {
-        let server = live.report.and_then(|r| r.flows.iter().find(|f| f.id == flow.flow.spec.id));
+        let server = live
+            .report
+            .and_then(|r| r.flows.iter().find(|f| f.id == flow.flow.spec.id));
         result.metadata.flows.push(FlowInfo {
             name: flow.flow.name.clone(),
             cc: flow.cc.clone(),
@@ -170,35 +245,71 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
             dscp_applied: flow.dscp_applied,
         });
         if let Some(why) = &flow.dscp_refused {
-            result.events.push(Event { t: flow.started, what: format!("flow {}: {why}", flow.flow.name) });
+            result.events.push(Event {
+                t: flow.started,
+                what: format!("flow {}: {why}", flow.flow.name),
+            });
         }
     }
     for f in live.failures {
         if !live.flows.iter().any(|c| c.flow.name == f.flow) {
-            result.metadata.flows.push(FlowInfo { name: f.flow.clone(), error: Some(f.why.clone()), ..Default::default() });
+            result.metadata.flows.push(FlowInfo {
+                name: f.flow.clone(),
+                error: Some(f.why.clone()),
+                ..Default::default()
+            });
         }
-        result.events.push(Event { t: f.t, what: format!("flow {}: {}", f.flow, f.why) });
+        result.events.push(Event {
+            t: f.t,
+            what: format!("flow {}: {}", f.flow, f.why),
+        });
     }
     if let Some(u) = live.udp {
-        let info = udp_info(u, live, |server_ns| offset.map(|o| secs(live.t0, server_ns) - o.at(secs(live.t0, server_ns)) / 1e3));
+        let info = udp_info(u, live, |server_ns| {
+            offset.map(|o| secs(live.t0, server_ns) - o.at(secs(live.t0, server_ns)) / 1e3)
+        });
         if let Some(server) = &info.server {
-            let samples = step_rates(server.recv_start.unwrap_or(0.0), info.bucket_ms / 1e3, &server.recv_bytes, meta.step);
-            result.series.push(Series { name: "udp up".into(), kind: SeriesKind::Throughput, direction: Some("up".into()), dscp: Some(info.dscp), unit: "Mbit/s".into(), samples });
+            let samples = step_rates(
+                server.recv_start.unwrap_or(0.0),
+                info.bucket_ms / 1e3,
+                &server.recv_bytes,
+                meta.step,
+            );
+            result.series.push(Series {
+                name: "udp up".into(),
+                kind: SeriesKind::Throughput,
+                direction: Some("up".into()),
+                dscp: Some(info.dscp),
+                unit: "Mbit/s".into(),
+                samples,
+            });
         }
         if let Some(why) = &u.dscp_refused {
-            result.events.push(Event { t: 0.0, what: format!("UDP load: {why}") });
+            result.events.push(Event {
+                t: 0.0,
+                what: format!("UDP load: {why}"),
+            });
         }
         if let Some(note) = &u.pacing_note {
-            result.events.push(Event { t: 0.0, what: format!("UDP load pacing: {note}") });
+            result.events.push(Event {
+                t: 0.0,
+                what: format!("UDP load pacing: {note}"),
+            });
         }
         if info.server.is_none() && live.finished {
-            result.events.push(Event { t: 0.0, what: "the server reported nothing of the UDP load (an older server?): no loss or goodput".into() });
+            result.events.push(Event {
+                t: 0.0,
+                what: "the server reported nothing of the UDP load \
+                (an older server?): no loss or goodput"
+                    .into(),
+            });
         }
         result.metadata.udp = Some(info);
     }
     let mut summary = bloatlab_analyze::summarize(&result);
     let retrans: Vec<u32> = live.flows.iter().filter_map(|f| f.retransmits()).collect();
-    summary.tcp_retransmits = (!retrans.is_empty()).then(|| retrans.iter().map(|&r| u64::from(r)).sum());
+    summary.tcp_retransmits =
+        (!retrans.is_empty()).then(|| retrans.iter().map(|&r| u64::from(r)).sum());
     result.summary = Some(summary);
     result
 }
@@ -210,16 +321,21 @@ fn udp_info(u: &UdpLoad, live: &Live, to_client: impl Fn(u64) -> Option<f64>) ->
     let log = u.log.lock().unwrap();
     let bucket_ms = f64::from(u.spec.bucket_us) / 1e3;
     let send_start = log.buckets.first_ns().map(|t| secs(live.t0, t));
-    let server = live.report.and_then(|r| r.udp.iter().find(|x| x.id == u.spec.id)).map(|r| UdpLoadServer {
-        received: r.received,
-        bytes: r.bytes,
-        duplicates: r.duplicates,
-        reordered: r.reordered,
-        server_limited: r.server_limited,
-        socket_drops: r.socket_drops,
-        recv_start: (r.received > 0).then(|| to_client(r.first_recv_ns).or(send_start)).flatten(),
-        recv_bytes: r.buckets.clone(),
-    });
+    let server = live
+        .report
+        .and_then(|r| r.udp.iter().find(|x| x.id == u.spec.id))
+        .map(|r| UdpLoadServer {
+            received: r.received,
+            bytes: r.bytes,
+            duplicates: r.duplicates,
+            reordered: r.reordered,
+            server_limited: r.server_limited,
+            socket_drops: r.socket_drops,
+            recv_start: (r.received > 0)
+                .then(|| to_client(r.first_recv_ns).or(send_start))
+                .flatten(),
+            recv_bytes: r.buckets.clone(),
+        });
     UdpLoadInfo {
         rate_mbps: u.spec.rate_bps as f64 / 1e6,
         size: u.spec.size,
@@ -245,8 +361,17 @@ fn step_rates(start: f64, bucket_s: f64, bytes: &[u32], step: f64) -> Vec<(f64, 
         let mid = start + (i as f64 + 0.5) * bucket_s;
         *bins.entry((mid / step).floor() as i64).or_default() += u64::from(b);
     }
-    let (Some(&first), Some(&last)) = (bins.keys().next(), bins.keys().next_back()) else { return Vec::new() };
-    (first..=last).map(|k| ((k + 1) as f64 * step, Some(bins.get(&k).copied().unwrap_or(0) as f64 * 8.0 / step / 1e6))).collect()
+    let (Some(&first), Some(&last)) = (bins.keys().next(), bins.keys().next_back()) else {
+        return Vec::new();
+    };
+    (first..=last)
+        .map(|k| {
+            (
+                (k + 1) as f64 * step,
+                Some(bins.get(&k).copied().unwrap_or(0) as f64 * 8.0 / step / 1e6),
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -259,7 +384,10 @@ mod tests {
         let r = step_rates(0.0025, 0.001, &[1250; 20], 0.01);
         assert_eq!(r.len(), 3);
         assert_eq!(r[0].0, 0.01);
-        assert!((r[0].1.unwrap() - 7.0).abs() < 1e-9, "7 buckets fall in the first step");
+        assert!(
+            (r[0].1.unwrap() - 7.0).abs() < 1e-9,
+            "7 buckets fall in the first step"
+        );
         assert!((r[1].1.unwrap() - 10.0).abs() < 1e-9);
         assert!((r[2].1.unwrap() - 3.0).abs() < 1e-9);
         assert!(step_rates(0.0, 0.001, &[], 0.01).is_empty());

@@ -53,18 +53,39 @@ const HIDDEN: &str = "not disclosed by the server";
 const SNAPSHOT_EVERY: f64 = 2.0;
 
 fn resolve(host_port: &str) -> Result<Vec<SocketAddr>, MeasureError> {
-    let (host, port) = target::split_host_port(host_port, bloatlab_proto::DEFAULT_PORT).map_err(|why| MeasureError::Resolve { host: host_port.into(), why })?;
-    let addrs: Vec<SocketAddr> = (host.as_str(), port).to_socket_addrs().map_err(|e| MeasureError::Resolve { host: host.clone(), why: e.to_string() })?.collect();
+    let (host, port) =
+        target::split_host_port(host_port, bloatlab_proto::DEFAULT_PORT).map_err(|why| {
+            MeasureError::Resolve {
+                host: host_port.into(),
+                why,
+            }
+        })?;
+    let addrs: Vec<SocketAddr> = (host.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| MeasureError::Resolve {
+            host: host.clone(),
+            why: e.to_string(),
+        })?
+        .collect();
     if addrs.is_empty() {
-        return Err(MeasureError::Resolve { host, why: "no addresses".into() });
+        return Err(MeasureError::Resolve {
+            host,
+            why: "no addresses".into(),
+        });
     }
     Ok(addrs)
 }
 
 pub(crate) fn default_output(test: &str) -> PathBuf {
     let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    let stamp: String = stamp.chars().filter(|c| c.is_ascii_digit() || *c == 'T').collect();
-    PathBuf::from(format!("bloatlab-{test}-{}.json.gz", stamp.replace('T', "-")))
+    let stamp: String = stamp
+        .chars()
+        .filter(|c| c.is_ascii_digit() || *c == 'T')
+        .collect();
+    PathBuf::from(format!(
+        "bloatlab-{test}-{}.json.gz",
+        stamp.replace('T', "-")
+    ))
 }
 
 pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, MeasureError> {
@@ -73,7 +94,10 @@ pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, Measu
     if opts.key.is_some() {
         // A signed probe carries its 16-byte MAC at its end.
         for s in plan.streams.iter_mut() {
-            s.spec.size = s.spec.size.max(bloatlab_proto::probe::MIN_SIGNED_LEN as u16);
+            s.spec.size = s
+                .spec
+                .size
+                .max(bloatlab_proto::probe::MIN_SIGNED_LEN as u16);
         }
     }
     let request = TestRequest {
@@ -86,7 +110,10 @@ pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, Measu
         auth: None,
     };
     let control = Control::open(&addrs, request, opts.key.as_deref())?;
-    let path = opts.output.clone().unwrap_or_else(|| default_output(params.test.name()));
+    let path = opts
+        .output
+        .clone()
+        .unwrap_or_else(|| default_output(params.test.name()));
     let meta = metadata(params, host, &control);
     // The file exists from the first moment, so even an immediate kill leaves something readable.
     result::write_atomic(&path, &ResultFile::new(meta.clone()))?;
@@ -97,26 +124,70 @@ pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, Measu
     let mut probes = Vec::new();
     let key: Option<Arc<[u8]>> = opts.key.as_deref().map(Arc::from);
     for s in &plan.streams {
-        probes.push(ProbeStream::start(control.addr, control.token, s.clone(), key.clone())?);
+        probes.push(ProbeStream::start(
+            control.addr,
+            control.token,
+            s.clone(),
+            key.clone(),
+        )?);
     }
-    let conn = plan.connect_probe_interval.map(|i| ConnProber::start(control.addr, control.token, i));
+    let conn = plan
+        .connect_probe_interval
+        .map(|i| ConnProber::start(control.addr, control.token, i));
     let udp = match &plan.udp_load {
         Some((spec, pacing)) => {
-            let (start, end) = (t0 + (plan.idle * 1e9) as u64, t0 + (plan.load_end() * 1e9) as u64);
-            Some(UdpLoad::start(control.addr, control.token, spec.clone(), *pacing, start, end, key.clone())?)
+            let (start, end) = (
+                t0 + (plan.idle * 1e9) as u64,
+                t0 + (plan.load_end() * 1e9) as u64,
+            );
+            Some(UdpLoad::start(
+                control.addr,
+                control.token,
+                spec.clone(),
+                *pacing,
+                start,
+                end,
+                key.clone(),
+            )?)
         }
         None => None,
     };
-    let load = Load::new(control.addr, control.token, plan.flows.clone(), pings.clone());
+    let load = Load::new(
+        control.addr,
+        control.token,
+        plan.flows.clone(),
+        pings.clone(),
+    );
     let progress = crate::display::Progress::new(opts.progress);
     let load_end = plan.load_end();
-    let rpm = (params.test == TestKind::Rpm).then(|| RpmRamp { saturation: rpm::Saturation::new(params.rpm_interval), next: params.rpm_interval });
-    let mut test = Test { params, plan, load_end, rpm, t0, meta, pings, probes, conn, udp, load, snapshots, progress };
+    let rpm = (params.test == TestKind::Rpm).then(|| RpmRamp {
+        saturation: rpm::Saturation::new(params.rpm_interval),
+        next: params.rpm_interval,
+    });
+    let mut test = Test {
+        params,
+        plan,
+        load_end,
+        rpm,
+        t0,
+        meta,
+        pings,
+        probes,
+        conn,
+        udp,
+        load,
+        snapshots,
+        progress,
+    };
     let ended = test.drive(&control, opts);
     let end_t = test.elapsed();
     test.stop_and_drain(&ended, opts);
     let patience = Duration::from_secs(if test.udp.is_some() { 11 } else { 3 });
-    let report = if matches!(ended, Ended::ServerLost(_)) { None } else { control.finish(patience) };
+    let report = if matches!(ended, Ended::ServerLost(_)) {
+        None
+    } else {
+        control.finish(patience)
+    };
     test.finish(path, ended, end_t, report)
 }
 
@@ -125,15 +196,33 @@ fn metadata(params: &Params, host: &str, control: &Control) -> Metadata {
         name: host.into(),
         address: Some(control.addr.to_string()),
         software: format!("bloatlab {}", control.server.version),
-        kernel: control.server.kernel.clone().unwrap_or_else(|| HIDDEN.into()),
-        default_cc: control.server.default_cc.clone().unwrap_or_else(|| HIDDEN.into()),
+        kernel: control
+            .server
+            .kernel
+            .clone()
+            .unwrap_or_else(|| HIDDEN.into()),
+        default_cc: control
+            .server
+            .default_cc
+            .clone()
+            .unwrap_or_else(|| HIDDEN.into()),
     };
-    new_metadata(params, serde_json::to_value(params).unwrap_or_default(), server)
+    new_metadata(
+        params,
+        serde_json::to_value(params).unwrap_or_default(),
+        server,
+    )
 }
 
 /// This host as the client of a test.
 pub(crate) fn this_host() -> Host {
-    Host { name: netio::hostname(), address: None, software: format!("bloatlab {}", env!("CARGO_PKG_VERSION")), kernel: netio::kernel(), default_cc: netio::default_cc() }
+    Host {
+        name: netio::hostname(),
+        address: None,
+        software: format!("bloatlab {}", env!("CARGO_PKG_VERSION")),
+        kernel: netio::kernel(),
+        default_cc: netio::default_cc(),
+    }
 }
 
 /// The metadata of a test that is not a bloatlab-protocol run (writeback, mtu): this host,
@@ -152,7 +241,11 @@ pub(crate) fn local_metadata(test: &str, params: serde_json::Value, server: Host
 }
 
 /// A test's metadata before it runs: this client, the given server and parameters.
-pub(crate) fn new_metadata(params: &Params, params_json: serde_json::Value, server: Host) -> Metadata {
+pub(crate) fn new_metadata(
+    params: &Params,
+    params_json: serde_json::Value,
+    server: Host,
+) -> Metadata {
     Metadata {
         tool: "bloatlab".into(),
         tool_version: env!("CARGO_PKG_VERSION").into(),
@@ -264,8 +357,17 @@ impl Test<'_> {
                 }
             }
         }
-        let loaded: Vec<f64> = self.pings.done.lock().unwrap().iter().filter(|p| p.0 >= since).map(|p| p.1).collect();
-        let responsiveness = rpm::rpm(&[connect.as_slice(), request.as_slice()], Some(&loaded)).map(|x| x.0);
+        let loaded: Vec<f64> = self
+            .pings
+            .done
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| p.0 >= since)
+            .map(|p| p.1)
+            .collect();
+        let responsiveness =
+            rpm::rpm(&[connect.as_slice(), request.as_slice()], Some(&loaded)).map(|x| x.0);
         let directions = down.is_some() as usize + up.is_some() as usize;
         let open = self.load.flows.iter().filter(|f| !f.failed).count();
         let per_dir = (directions > 0).then(|| (open / directions) as u32);
@@ -278,7 +380,8 @@ impl Test<'_> {
     /// connections, shows progress and writes snapshots, until the plan ends or something stops it.
     fn drive(&mut self, control: &Control, opts: &Options) -> Ended {
         let step = self.params.step;
-        let (mut next_sample, mut next_ping, mut next_status, mut next_snapshot) = (step, 0.0, 0.0, SNAPSHOT_EVERY);
+        let (mut next_sample, mut next_ping, mut next_status, mut next_snapshot) =
+            (step, 0.0, 0.0, SNAPSHOT_EVERY);
         let mut ping_id = 0u64;
         loop {
             let t = self.elapsed();
@@ -335,14 +438,19 @@ impl Test<'_> {
             if let Some(first) = self.load.next_due() {
                 due = due.min(self.plan.idle + first);
             }
-            std::thread::sleep(Duration::from_secs_f64((due - self.elapsed()).clamp(0.000_2, 0.005)));
+            std::thread::sleep(Duration::from_secs_f64(
+                (due - self.elapsed()).clamp(0.000_2, 0.005),
+            ));
         }
     }
 
     fn status(&self, t: f64) -> Status<'static> {
         let rtt = self.probes.first().and_then(|p| {
             let l = p.log.lock().unwrap();
-            l.recs.iter().rev().find_map(|r| r.reply.map(|(t2, t3, t4)| ((t4 - r.t1) - (t3 - t2)) as f64 / 1e6))
+            l.recs.iter().rev().find_map(|r| {
+                r.reply
+                    .map(|(t2, t3, t4)| ((t4 - r.t1) - (t3 - t2)) as f64 / 1e6)
+            })
         });
         let phase = if t < self.plan.idle || self.plan.load == 0.0 {
             "idle"
@@ -369,10 +477,22 @@ impl Test<'_> {
     /// The result file as it stands at `t` seconds.
     fn snapshot(&self, t: f64, finished: bool, report: Option<&Report>) -> ResultFile {
         let mut meta = self.meta.clone();
-        let mut phases = vec![Phase { name: "idle".into(), start: 0.0, end: self.plan.idle }];
+        let mut phases = vec![Phase {
+            name: "idle".into(),
+            start: 0.0,
+            end: self.plan.idle,
+        }];
         if self.plan.load > 0.0 {
-            phases.push(Phase { name: "load".into(), start: self.plan.idle, end: self.load_end });
-            phases.push(Phase { name: "settle".into(), start: self.load_end, end: self.total() });
+            phases.push(Phase {
+                name: "load".into(),
+                start: self.plan.idle,
+                end: self.load_end,
+            });
+            phases.push(Phase {
+                name: "settle".into(),
+                start: self.load_end,
+                end: self.total(),
+            });
         }
         meta.phases = cut_phases(&phases, t);
         meta.params["load_connections"] = self.load.flows.len().into();
@@ -414,11 +534,29 @@ impl Test<'_> {
         let max_rtt = self
             .probes
             .iter()
-            .flat_map(|p| p.log.lock().unwrap().recs.iter().filter_map(|r| r.reply.map(|(t2, t3, t4)| ((t4 - r.t1) - (t3 - t2)) as f64 / 1e9)).collect::<Vec<_>>())
+            .flat_map(|p| {
+                p.log
+                    .lock()
+                    .unwrap()
+                    .recs
+                    .iter()
+                    .filter_map(|r| {
+                        r.reply
+                            .map(|(t2, t3, t4)| ((t4 - r.t1) - (t3 - t2)) as f64 / 1e9)
+                    })
+                    .collect::<Vec<_>>()
+            })
             .fold(0.0, f64::max);
-        let patience = if *ended == Ended::Complete { (2.0 * max_rtt + 0.5).clamp(1.0, 6.0) } else { 1.0 };
+        let patience = if *ended == Ended::Complete {
+            (2.0 * max_rtt + 0.5).clamp(1.0, 6.0)
+        } else {
+            1.0
+        };
         let drain_end = self.elapsed() + patience;
-        while self.elapsed() < drain_end && self.probes.iter().any(|p| p.outstanding() > 0) && !opts.stop.load(Ordering::Relaxed) {
+        while self.elapsed() < drain_end
+            && self.probes.iter().any(|p| p.outstanding() > 0)
+            && !opts.stop.load(Ordering::Relaxed)
+        {
             std::thread::sleep(Duration::from_millis(10));
         }
         for p in self.probes.iter_mut() {
@@ -427,7 +565,13 @@ impl Test<'_> {
     }
 
     /// Writes the final result file (phases cut at `end_t`) and says how the test ended.
-    fn finish(mut self, path: PathBuf, mut ended: Ended, end_t: f64, report: Option<Report>) -> Result<Outcome, MeasureError> {
+    fn finish(
+        mut self,
+        path: PathBuf,
+        mut ended: Ended,
+        end_t: f64,
+        report: Option<Report>,
+    ) -> Result<Outcome, MeasureError> {
         if ended == Ended::Complete && report.is_none() {
             ended = Ended::ServerLost("the server sent no final report".into());
         }
@@ -438,18 +582,38 @@ impl Test<'_> {
         }
         match &ended {
             Ended::Complete => {}
-            Ended::Interrupted => final_result.events.push(result::Event { t: end_t, what: "interrupted by the user".into() }),
-            Ended::ServerLost(why) => final_result.events.push(result::Event { t: end_t, what: format!("server lost: {why}") }),
-            Ended::Failed(why) => final_result.events.push(result::Event { t: end_t, what: why.clone() }),
+            Ended::Interrupted => final_result.events.push(result::Event {
+                t: end_t,
+                what: "interrupted by the user".into(),
+            }),
+            Ended::ServerLost(why) => final_result.events.push(result::Event {
+                t: end_t,
+                what: format!("server lost: {why}"),
+            }),
+            Ended::Failed(why) => final_result.events.push(result::Event {
+                t: end_t,
+                what: why.clone(),
+            }),
         }
         self.progress.finish();
         self.snapshots.finish();
         result::write_atomic(&path, &final_result)?;
-        Ok(Outcome { result: final_result, path, ended })
+        Ok(Outcome {
+            result: final_result,
+            path,
+            ended,
+        })
     }
 }
 
 /// The phases as far as they happened by `t`.
 fn cut_phases(phases: &[Phase], t: f64) -> Vec<Phase> {
-    phases.iter().filter(|p| p.start < t).map(|p| Phase { end: p.end.min(t), ..p.clone() }).collect()
+    phases
+        .iter()
+        .filter(|p| p.start < t)
+        .map(|p| Phase {
+            end: p.end.min(t),
+            ..p.clone()
+        })
+        .collect()
 }

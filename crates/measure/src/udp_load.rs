@@ -48,19 +48,54 @@ fn resolve(asked: Pacing, addr: SocketAddr) -> (Pacing, Option<String>) {
         return (asked, None);
     }
     match netio::udp::egress_has_fq(addr.ip()) {
-        Ok((_, true)) => (Pacing::Fq, (asked == Pacing::Auto).then(|| "auto: the egress qdisc is fq, so the kernel paces".to_string())),
-        Ok((dev, false)) => (Pacing::Timer, Some(format!("the egress qdisc of {dev} is not fq, which alone honours SO_MAX_PACING_RATE for UDP: pacing by timer instead"))),
-        Err(why) => (Pacing::Timer, Some(format!("cannot tell the egress qdisc ({why}): pacing by timer"))),
+        Ok((_, true)) => (
+            Pacing::Fq,
+            (asked == Pacing::Auto).then(|| {
+                "auto: the egress qdisc is \
+            fq, so the kernel paces"
+                    .to_string()
+            }),
+        ),
+        Ok((dev, false)) => (
+            Pacing::Timer,
+            Some(format!(
+                "the egress qdisc of {dev} is not fq, \
+            which alone honours SO_MAX_PACING_RATE for UDP: pacing by timer instead"
+            )),
+        ),
+        Err(why) => (
+            Pacing::Timer,
+            Some(format!(
+                "cannot tell the egress qdisc ({why}): pacing by \
+            timer"
+            )),
+        ),
     }
 }
 
 impl UdpLoad {
     /// Starts the sender; it sends from `start_ns` to `end_ns` (the monotonic clock).
-    pub fn start(addr: SocketAddr, token: Token, spec: UdpLoadSpec, asked: Pacing, start_ns: u64, end_ns: u64, key: Option<Arc<[u8]>>) -> Result<UdpLoad, MeasureError> {
-        let bind: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
+    pub fn start(
+        addr: SocketAddr,
+        token: Token,
+        spec: UdpLoadSpec,
+        asked: Pacing,
+        start_ns: u64,
+        end_ns: u64,
+        key: Option<Arc<[u8]>>,
+    ) -> Result<UdpLoad, MeasureError> {
+        let bind: SocketAddr = if addr.is_ipv4() {
+            "0.0.0.0:0".parse().unwrap()
+        } else {
+            "[::]:0".parse().unwrap()
+        };
         let sock = UdpSocket::bind(bind).map_err(MeasureError::io("UDP socket"))?;
-        sock.connect(addr).map_err(|source| MeasureError::Unreachable { addr, source })?;
-        let dscp_refused = netio::dscp_refusal(spec.dscp, &netio::apply_dscp(socket2::SockRef::from(&sock), spec.dscp, &addr));
+        sock.connect(addr)
+            .map_err(|source| MeasureError::Unreachable { addr, source })?;
+        let dscp_refused = netio::dscp_refusal(
+            spec.dscp,
+            &netio::apply_dscp(socket2::SockRef::from(&sock), spec.dscp, &addr),
+        );
         let (pacing, mut pacing_note) = resolve(asked, addr);
         let tick = match pacing {
             Pacing::Tick(d) | Pacing::Burst(d) => Some(d),
@@ -71,31 +106,70 @@ impl UdpLoad {
         if pacing == Pacing::Fq {
             // A percent above the payload rate with headers: the schedule keeps the average, fq
             // the spacing.
-            let wire = spec.rate_bps / 8 * (u64::from(spec.size) + HEADERS) / u64::from(spec.size) * 101 / 100;
+            let wire = spec.rate_bps / 8 * (u64::from(spec.size) + HEADERS) / u64::from(spec.size)
+                * 101
+                / 100;
             if let Err(e) = netio::udp::set_max_pacing_rate(&sock, wire) {
-                pacing_note = Some(format!("SO_MAX_PACING_RATE refused ({e}): the 10 ms bursts go unpaced"));
+                pacing_note = Some(format!(
+                    "SO_MAX_PACING_RATE refused ({e}): the 10 ms bursts go unpaced"
+                ));
             }
         }
         let span = end_ns.saturating_sub(start_ns) + 1_000_000_000;
-        let log =
-            Arc::new(Mutex::new(SendLog { sent: 0, send_errors: 0, skipped: 0, buckets: Buckets::new(u64::from(spec.bucket_us) * 1000, (span / (u64::from(spec.bucket_us) * 1000)) as usize + 1) }));
+        let log = Arc::new(Mutex::new(SendLog {
+            sent: 0,
+            send_errors: 0,
+            skipped: 0,
+            buckets: Buckets::new(
+                u64::from(spec.bucket_us) * 1000,
+                (span / (u64::from(spec.bucket_us) * 1000)) as usize + 1,
+            ),
+        }));
         let stop = Arc::new(AtomicBool::new(false));
         let schedule = Schedule::new(start_ns, spec.rate_bps, spec.size, tick);
         let thread = {
             let (log, stop, spec) = (log.clone(), stop.clone(), spec.clone());
-            std::thread::spawn(move || send_loop(&sock, token, &spec, schedule, end_ns, key.as_deref(), &log, &stop))
+            std::thread::spawn(move || {
+                send_loop(
+                    &sock,
+                    token,
+                    &spec,
+                    schedule,
+                    end_ns,
+                    key.as_deref(),
+                    &log,
+                    &stop,
+                )
+            })
         };
-        Ok(UdpLoad { spec, asked, pacing, pacing_note, dscp_refused, log, stop, thread: Some(thread) })
+        Ok(UdpLoad {
+            spec,
+            asked,
+            pacing,
+            pacing_note,
+            dscp_refused,
+            log,
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// Payload Mbit/s sent over the last `window` seconds before `now_ns`, for the progress line.
     pub fn recent_mbps(&self, now_ns: u64, window: f64) -> f64 {
         let l = self.log.lock().unwrap();
         let b = &l.buckets;
-        let Some(first) = b.first_ns() else { return 0.0 };
+        let Some(first) = b.first_ns() else {
+            return 0.0;
+        };
         let now_i = (now_ns.saturating_sub(first) / b.bucket_ns()) as usize;
         let n = ((window * 1e9) as u64 / b.bucket_ns()).max(1) as usize;
-        let bytes: u64 = b.bytes().iter().take(now_i + 1).skip((now_i + 1).saturating_sub(n)).map(|&x| u64::from(x)).sum();
+        let bytes: u64 = b
+            .bytes()
+            .iter()
+            .take(now_i + 1)
+            .skip((now_i + 1).saturating_sub(n))
+            .map(|&x| u64::from(x))
+            .sum();
         bytes as f64 * 8.0 / window / 1e6
     }
 
@@ -115,7 +189,16 @@ impl Drop for UdpLoad {
 
 /// Sends what the schedule says is due, sleeps until the next is, until `end_ns` or `stop`.
 #[allow(clippy::too_many_arguments)]
-fn send_loop(sock: &UdpSocket, token: Token, spec: &UdpLoadSpec, mut schedule: Schedule, end_ns: u64, key: Option<&[u8]>, log: &Mutex<SendLog>, stop: &AtomicBool) {
+fn send_loop(
+    sock: &UdpSocket,
+    token: Token,
+    spec: &UdpLoadSpec,
+    mut schedule: Schedule,
+    end_ns: u64,
+    key: Option<&[u8]>,
+    log: &Mutex<SendLog>,
+    stop: &AtomicBool,
+) {
     // Sleeps end on time, not up to 50 us late (the default timer slack): the timer pacing
     // depends on it at 100 Mbit/s (82 us between 1 KB packets).
     netio::udp::precise_sleeps();
@@ -133,8 +216,17 @@ fn send_loop(sock: &UdpSocket, token: Token, spec: &UdpLoadSpec, mut schedule: S
         sends.clear();
         for _ in 0..due {
             let t = netio::mono_ns();
-            let p =
-                Probe { kind: Kind::Load, stream: spec.id, token, seq: schedule.total_sent() as u32 + sent as u32, client_send_ns: t, server_recv_ns: 0, server_send_ns: 0, server_rx_count: 0, flags };
+            let p = Probe {
+                kind: Kind::Load,
+                stream: spec.id,
+                token,
+                seq: schedule.total_sent() as u32 + sent as u32,
+                client_send_ns: t,
+                server_recv_ns: 0,
+                server_send_ns: 0,
+                server_rx_count: 0,
+                flags,
+            };
             if p.encode(&mut buf).is_err() {
                 break;
             }

@@ -7,7 +7,9 @@
 use crate::run::{Ended, Options, Outcome};
 use crate::MeasureError;
 use bloatlab_netio as netio;
-use bloatlab_result::{self as result, Event, Host, Metadata, Phase, ResultFile, Series, SeriesKind};
+use bloatlab_result::{
+    self as result, Event, Host, Metadata, Phase, ResultFile, Series, SeriesKind,
+};
 use serde::Serialize;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -59,7 +61,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         x => (x, 1.0),
     };
     match num.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v * scale >= 1.0 && v * scale <= 1e15 => Ok((v * scale).round() as u64),
+        Ok(v) if v.is_finite() && v * scale >= 1.0 && v * scale <= 1e15 => {
+            Ok((v * scale).round() as u64)
+        }
         _ => Err(format!("`{s}`: want a size such as 1G, 512M, 64K or bytes")),
     }
 }
@@ -86,7 +90,14 @@ const SNAPSHOT_EVERY_NS: u64 = 2_000_000_000;
 
 /// The value (kB) of `key` in /proc/meminfo's text.
 fn meminfo_kb(text: &str, key: &str) -> Option<u64> {
-    text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.split_whitespace().next()?.parse().ok())
+    text.lines().find_map(|l| {
+        l.strip_prefix(key)?
+            .strip_prefix(':')?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
 }
 
 /// The value of `key` in /proc/vmstat's text.
@@ -104,7 +115,8 @@ fn mount_of(mounts: &str, path: &Path) -> Option<(String, String)> {
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 3 && path.starts_with(f[1])).then(|| (f[1].len(), f[0].to_string(), f[2].to_string()))
+            (f.len() >= 3 && path.starts_with(f[1]))
+                .then(|| (f[1].len(), f[0].to_string(), f[2].to_string()))
         })
         .max_by_key(|m| m.0)
         .map(|m| (m.1, m.2))
@@ -163,8 +175,17 @@ struct Logs {
 
 fn vm_settings() -> serde_json::Value {
     let mut m = serde_json::Map::new();
-    for k in ["dirty_background_ratio", "dirty_ratio", "dirty_background_bytes", "dirty_bytes", "dirty_expire_centisecs", "dirty_writeback_centisecs"] {
-        let v = std::fs::read_to_string(format!("/proc/sys/vm/{k}")).ok().and_then(|s| s.trim().parse::<u64>().ok());
+    for k in [
+        "dirty_background_ratio",
+        "dirty_ratio",
+        "dirty_background_bytes",
+        "dirty_bytes",
+        "dirty_expire_centisecs",
+        "dirty_writeback_centisecs",
+    ] {
+        let v = std::fs::read_to_string(format!("/proc/sys/vm/{k}"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok());
         m.insert(k.into(), v.into());
     }
     serde_json::Value::Object(m)
@@ -182,25 +203,59 @@ fn incompressible(buf: &mut [u8], mut x: u64) {
 
 pub fn run(p: &WritebackParams, opts: &Options) -> Result<Outcome, MeasureError> {
     if !p.dir.is_dir() {
-        return Err(MeasureError::Io { what: format!("{}", p.dir.display()), source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory") });
+        return Err(MeasureError::Io {
+            what: format!("{}", p.dir.display()),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+        });
     }
-    let dir = p.dir.canonicalize().map_err(MeasureError::io(p.dir.display().to_string()))?;
-    let files = Files { big: dir.join(format!(".bloatlab-writeback-{}.tmp", std::process::id())), small: dir.join(format!(".bloatlab-small-{}.tmp", std::process::id())) };
-    let open = |path: &Path| OpenOptions::new().create(true).truncate(true).write(true).open(path).map_err(MeasureError::io(format!("creating {}", path.display())));
+    let dir = p
+        .dir
+        .canonicalize()
+        .map_err(MeasureError::io(p.dir.display().to_string()))?;
+    let files = Files {
+        big: dir.join(format!(".bloatlab-writeback-{}.tmp", std::process::id())),
+        small: dir.join(format!(".bloatlab-small-{}.tmp", std::process::id())),
+    };
+    let open = |path: &Path| {
+        OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(path)
+            .map_err(MeasureError::io(format!("creating {}", path.display())))
+    };
     let mut big = open(&files.big)?;
     let small = open(&files.small)?;
     // The small file exists on the disk before the baseline: each probe then rewrites a block.
-    small.write_all_at(&[0u8; SMALL_SIZE], 0).and_then(|_| small.sync_all()).map_err(MeasureError::io("small file"))?;
+    small
+        .write_all_at(&[0u8; SMALL_SIZE], 0)
+        .and_then(|_| small.sync_all())
+        .map_err(MeasureError::io("small file"))?;
 
-    let path = opts.output.clone().unwrap_or_else(|| crate::run::default_output("writeback"));
+    let path = opts
+        .output
+        .clone()
+        .unwrap_or_else(|| crate::run::default_output("writeback"));
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     let (device, fstype) = mount_of(&mounts, &dir).unwrap_or_else(|| ("?".into(), "?".into()));
     let mut params = serde_json::to_value(p).unwrap_or_default();
     params["vm"] = vm_settings();
-    params["mem_total_kb"] = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| meminfo_kb(&m, "MemTotal")).into();
+    params["mem_total_kb"] = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| meminfo_kb(&m, "MemTotal"))
+        .into();
     params["page_size"] = netio::page_size().into();
-    let server = Host { name: dir.display().to_string(), address: None, software: format!("{fstype} on {device}"), kernel: netio::kernel(), default_cc: String::new() };
-    let meta = Metadata { step: SAMPLE_EVERY.as_secs_f64(), ..crate::run::local_metadata("writeback", params, server) };
+    let server = Host {
+        name: dir.display().to_string(),
+        address: None,
+        software: format!("{fstype} on {device}"),
+        kernel: netio::kernel(),
+        default_cc: String::new(),
+    };
+    let meta = Metadata {
+        step: SAMPLE_EVERY.as_secs_f64(),
+        ..crate::run::local_metadata("writeback", params, server)
+    };
     result::write_atomic(&path, &ResultFile::new(meta.clone()))?;
 
     let t0 = netio::mono_ns();
@@ -209,7 +264,8 @@ pub fn run(p: &WritebackParams, opts: &Options) -> Result<Outcome, MeasureError>
     let mut l = Logs::default();
     let shared_samples = Arc::new(Mutex::new(Vec::new()));
     let shared_small = Arc::new(Mutex::new(Vec::new()));
-    let watched = File::open(&files.big).map_err(MeasureError::io(format!("opening {}", files.big.display())))?;
+    let watched = File::open(&files.big)
+        .map_err(MeasureError::io(format!("opening {}", files.big.display())))?;
     let sampler = {
         let (written, stop, out) = (written.clone(), stop.clone(), shared_samples.clone());
         std::thread::spawn(move || {
@@ -228,8 +284,14 @@ pub fn run(p: &WritebackParams, opts: &Options) -> Result<Outcome, MeasureError>
             let block = [0x5au8; SMALL_SIZE];
             while !stop.load(Ordering::Relaxed) {
                 let t = netio::mono_ns();
-                if small.write_all_at(&block, 0).and_then(|_| small.sync_data()).is_ok() {
-                    out.lock().unwrap().push((t, (netio::mono_ns() - t) as f64 / 1e6));
+                if small
+                    .write_all_at(&block, 0)
+                    .and_then(|_| small.sync_data())
+                    .is_ok()
+                {
+                    out.lock()
+                        .unwrap()
+                        .push((t, (netio::mono_ns() - t) as f64 / 1e6));
                 }
                 let next = t + SMALL_EVERY.as_nanos() as u64;
                 std::thread::sleep(Duration::from_nanos(next.saturating_sub(netio::mono_ns())));
@@ -237,7 +299,11 @@ pub fn run(p: &WritebackParams, opts: &Options) -> Result<Outcome, MeasureError>
         })
     };
     let secs = |t: u64| (t.saturating_sub(t0)) as f64 / 1e9;
-    let mut phases = vec![Phase { name: "idle".into(), start: 0.0, end: p.idle }];
+    let mut phases = vec![Phase {
+        name: "idle".into(),
+        start: 0.0,
+        end: p.idle,
+    }];
     let snapshot = |phases: &[Phase], logs: &Logs, finished: bool| -> ResultFile {
         let samples = shared_samples.lock().unwrap().clone();
         let small = shared_small.lock().unwrap().clone();
@@ -291,27 +357,54 @@ pub fn run(p: &WritebackParams, opts: &Options) -> Result<Outcome, MeasureError>
         if quiet_until < netio::mono_ns() && opts.progress != crate::display::ProgressMode::Quiet {
             quiet_until = netio::mono_ns() + 1_000_000_000;
             let last = shared_samples.lock().unwrap().last().copied();
-            let cache = last.map_or(String::new(), |x| format!("; page cache {:.0} MB dirty, {:.0} MB under writeback", x.dirty_kb as f64 * 1024.0 / 1e6, x.writeback_kb as f64 * 1024.0 / 1e6));
-            eprintln!("writeback: {:.0} of {:.0} MB written in {:.1} s{cache}", done as f64 / 1e6, p.size as f64 / 1e6, secs(netio::mono_ns()) - secs(w0));
+            let cache = last.map_or(String::new(), |x| {
+                format!(
+                    "; page cache {:.0} MB dirty, {:.0} MB under writeback",
+                    x.dirty_kb as f64 * 1024.0 / 1e6,
+                    x.writeback_kb as f64 * 1024.0 / 1e6
+                )
+            });
+            eprintln!(
+                "writeback: {:.0} of {:.0} MB written in {:.1} s{cache}",
+                done as f64 / 1e6,
+                p.size as f64 / 1e6,
+                secs(netio::mono_ns()) - secs(w0)
+            );
         }
         if netio::mono_ns() >= next_snapshot {
             next_snapshot += SNAPSHOT_EVERY_NS;
             let mut ph = phases.clone();
-            ph.push(Phase { name: "write".into(), start: secs(w0), end: secs(netio::mono_ns()) });
+            ph.push(Phase {
+                name: "write".into(),
+                start: secs(w0),
+                end: secs(netio::mono_ns()),
+            });
             let _ = result::write_atomic(&path, &snapshot(&ph, &l, false));
         }
     }
     let w1 = netio::mono_ns();
-    phases.push(Phase { name: "write".into(), start: secs(w0), end: secs(w1) });
+    phases.push(Phase {
+        name: "write".into(),
+        start: secs(w0),
+        end: secs(w1),
+    });
     if ended == Ended::Complete && write_error.is_none() {
         if opts.progress != crate::display::ProgressMode::Quiet {
-            eprintln!("writeback: {:.0} MB written in {:.1} s; fdatasync...", done as f64 / 1e6, secs(w1) - secs(w0));
+            eprintln!(
+                "writeback: {:.0} MB written in {:.1} s; fdatasync...",
+                done as f64 / 1e6,
+                secs(w1) - secs(w0)
+            );
         }
         let t = netio::mono_ns();
         let synced = big.sync_data();
         let f1 = netio::mono_ns();
         l.fsyncs.push((t, (f1 - t) as f64 / 1e6));
-        phases.push(Phase { name: "fsync".into(), start: secs(w1), end: secs(f1) });
+        phases.push(Phase {
+            name: "fsync".into(),
+            start: secs(w1),
+            end: secs(f1),
+        });
         if let Err(e) = synced {
             write_error = Some(e);
         }
@@ -325,7 +418,10 @@ pub fn run(p: &WritebackParams, opts: &Options) -> Result<Outcome, MeasureError>
     let mut r = snapshot(&phases, &l, true);
     if let Some(e) = &write_error {
         let why = format!("writing to {} failed: {e}", dir.display());
-        r.events.push(Event { t: secs(netio::mono_ns()), what: why.clone() });
+        r.events.push(Event {
+            t: secs(netio::mono_ns()),
+            what: why.clone(),
+        });
         ended = Ended::Failed(why);
     }
     r.partial = ended != Ended::Complete;
@@ -333,16 +429,34 @@ pub fn run(p: &WritebackParams, opts: &Options) -> Result<Outcome, MeasureError>
         s.partial = r.partial;
     }
     if ended == Ended::Interrupted {
-        r.events.push(Event { t: secs(netio::mono_ns()), what: "interrupted by the user".into() });
+        r.events.push(Event {
+            t: secs(netio::mono_ns()),
+            what: "interrupted by the user".into(),
+        });
     }
     result::write_atomic(&path, &r)?;
-    Ok(Outcome { result: r, path, ended })
+    Ok(Outcome {
+        result: r,
+        path,
+        ended,
+    })
 }
 
 /// The result file from what was measured: page-cache counters as MB series (the cumulative
 /// ones from their value at the start), and write, fsync and small-sync times as ms series.
-fn build(meta: &Metadata, phases: &[Phase], samples: &[Sample], small: &[(u64, f64)], logs: &Logs, t0: u64, finished: bool) -> ResultFile {
-    let mut r = ResultFile::new(Metadata { phases: phases.to_vec(), ..meta.clone() });
+fn build(
+    meta: &Metadata,
+    phases: &[Phase],
+    samples: &[Sample],
+    small: &[(u64, f64)],
+    logs: &Logs,
+    t0: u64,
+    finished: bool,
+) -> ResultFile {
+    let mut r = ResultFile::new(Metadata {
+        phases: phases.to_vec(),
+        ..meta.clone()
+    });
     r.partial = !finished;
     let secs = |t: u64| (t.saturating_sub(t0)) as f64 / 1e9;
     let page = netio::page_size() as f64;
@@ -356,17 +470,33 @@ fn build(meta: &Metadata, phases: &[Phase], samples: &[Sample], small: &[(u64, f
         samples: samples.iter().map(|s| (secs(s.t), Some(f(s)))).collect(),
     };
     if let Some(f0) = first {
-        r.series.push(mb("dirty", &|s| s.dirty_kb as f64 * 1024.0 / 1e6));
-        r.series.push(mb("writeback", &|s| s.writeback_kb as f64 * 1024.0 / 1e6));
-        r.series.push(mb("dirtied", &|s| s.nr_dirtied.saturating_sub(f0.nr_dirtied) as f64 * page / 1e6));
-        r.series.push(mb("disk written", &|s| s.nr_written.saturating_sub(f0.nr_written) as f64 * page / 1e6));
-        r.series.push(mb("test written", &|s| s.test_written as f64 / 1e6));
+        r.series
+            .push(mb("dirty", &|s| s.dirty_kb as f64 * 1024.0 / 1e6));
+        r.series
+            .push(mb("writeback", &|s| s.writeback_kb as f64 * 1024.0 / 1e6));
+        r.series.push(mb("dirtied", &|s| {
+            s.nr_dirtied.saturating_sub(f0.nr_dirtied) as f64 * page / 1e6
+        }));
+        r.series.push(mb("disk written", &|s| {
+            s.nr_written.saturating_sub(f0.nr_written) as f64 * page / 1e6
+        }));
+        r.series
+            .push(mb("test written", &|s| s.test_written as f64 / 1e6));
         if samples.iter().all(|s| s.file.is_some()) {
             let file = |s: &Sample| s.file.unwrap_or_default();
-            r.series.push(mb("file dirty", &|s| file(s).dirty as f64 * page / 1e6));
-            r.series.push(mb("file writeback", &|s| file(s).writeback as f64 * page / 1e6));
+            r.series
+                .push(mb("file dirty", &|s| file(s).dirty as f64 * page / 1e6));
+            r.series.push(mb("file writeback", &|s| {
+                file(s).writeback as f64 * page / 1e6
+            }));
             // Pages the test wrote that are neither dirty nor under writeback: on the disk.
-            r.series.push(mb("file on disk", &|s| ((s.test_written as f64 / page).floor() - (file(s).dirty + file(s).writeback) as f64).max(0.0) * page / 1e6));
+            r.series.push(mb("file on disk", &|s| {
+                ((s.test_written as f64 / page).floor()
+                    - (file(s).dirty + file(s).writeback) as f64)
+                    .max(0.0)
+                    * page
+                    / 1e6
+            }));
         }
     }
     let ms = |name: &str, v: &[(u64, f64)]| Series {
@@ -390,14 +520,28 @@ mod tests {
 
     #[test]
     fn proc_texts_and_sizes_parse() {
-        let mem = "MemTotal:       24684084 kB\nDirty:               388 kB\nWriteback:             0 kB\nWritebackTmp:          7 kB\n";
+        let mem = "MemTotal:       24684084 kB\nDirty:               388 \
+            kB\nWriteback:             0 kB\nWritebackTmp:          7 kB\n";
         assert_eq!(meminfo_kb(mem, "Dirty"), Some(388));
         assert_eq!(meminfo_kb(mem, "Writeback"), Some(0), "not WritebackTmp");
-        assert_eq!(vmstat("nr_dirtied 11780276\nnr_written 7584022\n", "nr_written"), Some(7_584_022));
-        let mounts = "/dev/vda / ext4 rw 0 0\ntmpfs /tmp tmpfs rw 0 0\n/dev/vdb /srv/data xfs rw 0 0\n";
-        assert_eq!(mount_of(mounts, Path::new("/srv/data/x")), Some(("/dev/vdb".into(), "xfs".into())));
-        assert_eq!(mount_of(mounts, Path::new("/tmp")), Some(("tmpfs".into(), "tmpfs".into())));
-        assert_eq!(mount_of(mounts, Path::new("/srv/other")), Some(("/dev/vda".into(), "ext4".into())));
+        assert_eq!(
+            vmstat("nr_dirtied 11780276\nnr_written 7584022\n", "nr_written"),
+            Some(7_584_022)
+        );
+        let mounts =
+            "/dev/vda / ext4 rw 0 0\ntmpfs /tmp tmpfs rw 0 0\n/dev/vdb /srv/data xfs rw 0 0\n";
+        assert_eq!(
+            mount_of(mounts, Path::new("/srv/data/x")),
+            Some(("/dev/vdb".into(), "xfs".into()))
+        );
+        assert_eq!(
+            mount_of(mounts, Path::new("/tmp")),
+            Some(("tmpfs".into(), "tmpfs".into()))
+        );
+        assert_eq!(
+            mount_of(mounts, Path::new("/srv/other")),
+            Some(("/dev/vda".into(), "ext4".into()))
+        );
         assert_eq!(parse_size("1G"), Ok(1 << 30));
         assert_eq!(parse_size("512M"), Ok(512 << 20));
         assert_eq!(parse_size("1GB"), Ok(1_000_000_000));

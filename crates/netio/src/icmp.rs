@@ -46,7 +46,15 @@ pub struct EchoReply {
 /// Sets an int-valued socket option.
 pub(crate) fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
     // SAFETY: a valid fd and a pointer to an int of the length given.
-    let r = unsafe { libc::setsockopt(fd, level, name, (&value as *const i32).cast(), std::mem::size_of::<i32>() as u32) };
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const i32).cast(),
+            std::mem::size_of::<i32>() as u32,
+        )
+    };
     if r == 0 {
         Ok(())
     } else {
@@ -82,7 +90,11 @@ pub fn set_hop_limit(sock: &UdpSocket, hops: u8) -> io::Result<()> {
 /// Waits up to `timeout` for an error to be queued (or, with `data`, a datagram to arrive).
 pub fn wait_error(sock: &UdpSocket, timeout: Duration, data: bool) -> bool {
     // POLLERR is always reported; asking for no events waits for exactly that.
-    let mut p = libc::pollfd { fd: sock.as_raw_fd(), events: if data { libc::POLLIN } else { 0 }, revents: 0 };
+    let mut p = libc::pollfd {
+        fd: sock.as_raw_fd(),
+        events: if data { libc::POLLIN } else { 0 },
+        revents: 0,
+    };
     // SAFETY: one valid pollfd.
     let r = unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
     r > 0 && p.revents & (libc::POLLERR | libc::POLLIN) != 0
@@ -92,13 +104,20 @@ pub fn wait_error(sock: &UdpSocket, timeout: Duration, data: bool) -> bool {
 /// process's group; the kernel fills in the echo identifier and delivers only its replies.
 pub fn ping_socket(v6: bool) -> io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
-    let (domain, proto) = if v6 { (Domain::IPV6, Protocol::ICMPV6) } else { (Domain::IPV4, Protocol::ICMPV4) };
-    let s = Socket::new(domain, Type::DGRAM, Some(proto)).map_err(|e| {
-        io::Error::new(
+    let (domain, proto) = if v6 {
+        (Domain::IPV6, Protocol::ICMPV6)
+    } else {
+        (Domain::IPV4, Protocol::ICMPV4)
+    };
+    let s =
+        Socket::new(domain, Type::DGRAM, Some(proto)).map_err(|e| {
+            io::Error::new(
             e.kind(),
-            format!("no ICMP echo socket ({e}): this host allows them only to the groups in sysctl net.ipv4.ping_group_range (sysctl -w net.ipv4.ping_group_range='0 2147483647' admits all)"),
+            format!("no ICMP echo socket ({e}): this host allows them only to the groups in sysctl \
+                net.ipv4.ping_group_range (sysctl -w net.ipv4.ping_group_range='0 2147483647' \
+                admits all)"),
         )
-    })?;
+        })?;
     Ok(s.into())
 }
 
@@ -108,9 +127,19 @@ pub fn ping_socket(v6: bool) -> io::Result<UdpSocket> {
 pub fn probe_mtu(sock: &UdpSocket) -> io::Result<()> {
     let fd = sock.as_raw_fd();
     if is_v6(sock)? {
-        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_PROBE)
+        setsockopt_int(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_PROBE,
+        )
     } else {
-        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_PROBE)
+        setsockopt_int(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_PROBE,
+        )
     }
 }
 
@@ -122,14 +151,30 @@ pub fn too_big(e: &io::Error) -> bool {
 /// The MTU of this host's route to `dest` (its interface's, or a smaller one the kernel
 /// learnt): what a connected UDP socket reads back as IP_MTU / IPV6_MTU.
 pub fn route_mtu(dest: IpAddr) -> io::Result<u32> {
-    let bind: SocketAddr = if dest.is_ipv6() { "[::]:0".parse().unwrap() } else { "0.0.0.0:0".parse().unwrap() };
+    let bind: SocketAddr = if dest.is_ipv6() {
+        "[::]:0".parse().unwrap()
+    } else {
+        "0.0.0.0:0".parse().unwrap()
+    };
     let s = UdpSocket::bind(bind)?;
     s.connect(SocketAddr::new(dest, 9))?;
-    let (level, name) = if dest.is_ipv6() { (libc::IPPROTO_IPV6, libc::IPV6_MTU) } else { (libc::IPPROTO_IP, libc::IP_MTU) };
+    let (level, name) = if dest.is_ipv6() {
+        (libc::IPPROTO_IPV6, libc::IPV6_MTU)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_MTU)
+    };
     let mut v: i32 = 0;
     let mut len = std::mem::size_of::<i32>() as u32;
     // SAFETY: valid fd, a pointer to an int and its length.
-    let r = unsafe { libc::getsockopt(s.as_raw_fd(), level, name, (&mut v as *mut i32).cast(), &mut len) };
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            level,
+            name,
+            (&mut v as *mut i32).cast(),
+            &mut len,
+        )
+    };
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -158,10 +203,19 @@ fn cmsg_time(c: &libc::cmsghdr) -> Option<SystemTime> {
 
 /// One datagram, or with `MSG_ERRQUEUE` one error-queue entry, without blocking: its length
 /// and address, after `each` has seen every control message that came with it.
-fn recv_with(sock: &UdpSocket, flags: i32, data: &mut [u8], control: &mut [u64], mut each: impl FnMut(&libc::cmsghdr)) -> io::Result<Option<(usize, libc::sockaddr_storage)>> {
+fn recv_with(
+    sock: &UdpSocket,
+    flags: i32,
+    data: &mut [u8],
+    control: &mut [u64],
+    mut each: impl FnMut(&libc::cmsghdr),
+) -> io::Result<Option<(usize, libc::sockaddr_storage)>> {
     // SAFETY: zeroed plain-old-data, then pointers to live buffers of the stated lengths.
     let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
     msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
@@ -173,7 +227,11 @@ fn recv_with(sock: &UdpSocket, flags: i32, data: &mut [u8], control: &mut [u64],
     let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, flags | libc::MSG_DONTWAIT) };
     if n < 0 {
         let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::WouldBlock { Ok(None) } else { Err(e) };
+        return if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(None)
+        } else {
+            Err(e)
+        };
     }
     // SAFETY: the CMSG_* walk stays within msg_controllen as the kernel filled it.
     unsafe {
@@ -191,7 +249,17 @@ fn recv_with(sock: &UdpSocket, flags: i32, data: &mut [u8], control: &mut [u64],
 /// in the error queue: no failure of the socket. A locate run through the lab died of one that
 /// came between draining the error queue and reading the echo replies.
 fn is_pending_icmp_error(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EHOSTUNREACH | libc::ENETUNREACH | libc::ECONNREFUSED | libc::EHOSTDOWN | libc::EPROTO | libc::EMSGSIZE))
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EHOSTUNREACH
+                | libc::ENETUNREACH
+                | libc::ECONNREFUSED
+                | libc::EHOSTDOWN
+                | libc::EPROTO
+                | libc::EMSGSIZE
+        )
+    )
 }
 
 /// One echo reply waiting on a ping socket, if any (never blocks). An ICMP error reported in
@@ -199,17 +267,27 @@ fn is_pending_icmp_error(e: &io::Error) -> bool {
 pub fn recv_echo_reply(sock: &UdpSocket) -> io::Result<Option<EchoReply>> {
     let mut data = [0u8; 128];
     let mut at = None;
-    let got = match recv_with(sock, 0, &mut data, &mut [0u64; 16], |c| at = at.or(cmsg_time(c))) {
+    let got = match recv_with(sock, 0, &mut data, &mut [0u64; 16], |c| {
+        at = at.or(cmsg_time(c))
+    }) {
         Err(e) if is_pending_icmp_error(&e) => return Ok(None),
         got => got?,
     };
-    let Some((n, name)) = got else { return Ok(None) };
+    let Some((n, name)) = got else {
+        return Ok(None);
+    };
     // Echo reply: ICMP type 0, ICMPv6 type 129; anything else or short is not ours.
     if n < 8 || !(data[0] == 0 || data[0] == 129) {
         return Ok(None);
     }
-    let Some(from) = sockaddr_to(&name) else { return Ok(None) };
-    Ok(Some(EchoReply { from: from.ip(), seq: u16::from_be_bytes([data[6], data[7]]), at }))
+    let Some(from) = sockaddr_to(&name) else {
+        return Ok(None);
+    };
+    Ok(Some(EchoReply {
+        from: from.ip(),
+        seq: u16::from_be_bytes([data[6], data[7]]),
+        at,
+    }))
 }
 
 fn sockaddr_to(sa: &libc::sockaddr_storage) -> Option<SocketAddr> {
@@ -217,12 +295,20 @@ fn sockaddr_to(sa: &libc::sockaddr_storage) -> Option<SocketAddr> {
         libc::AF_INET => {
             // SAFETY: the family says this storage holds a sockaddr_in.
             let a: &libc::sockaddr_in = unsafe { &*(sa as *const libc::sockaddr_storage).cast() };
-            Some(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)), u16::from_be(a.sin_port))))
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                u16::from_be(a.sin_port),
+            )))
         }
         libc::AF_INET6 => {
             // SAFETY: as above, a sockaddr_in6.
             let a: &libc::sockaddr_in6 = unsafe { &*(sa as *const libc::sockaddr_storage).cast() };
-            Some(SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(a.sin6_addr.s6_addr), u16::from_be(a.sin6_port), 0, a.sin6_scope_id)))
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+                0,
+                a.sin6_scope_id,
+            )))
         }
         _ => None,
     }
@@ -232,7 +318,9 @@ fn sockaddr_to(sa: &libc::sockaddr_storage) -> Option<SocketAddr> {
 /// address of the router that sent it (SO_EE_OFFENDER, right after the struct).
 fn cmsg_error(c: &libc::cmsghdr) -> Option<(Option<IcmpKind>, Option<IpAddr>)> {
     let (level, ty) = (c.cmsg_level, c.cmsg_type);
-    if !((level == libc::IPPROTO_IP && ty == libc::IP_RECVERR) || (level == libc::IPPROTO_IPV6 && ty == libc::IPV6_RECVERR)) {
+    if !((level == libc::IPPROTO_IP && ty == libc::IP_RECVERR)
+        || (level == libc::IPPROTO_IPV6 && ty == libc::IPV6_RECVERR))
+    {
         return None;
     }
     let ee_len = std::mem::size_of::<libc::sock_extended_err>();
@@ -242,17 +330,33 @@ fn cmsg_error(c: &libc::cmsghdr) -> Option<(Option<IcmpKind>, Option<IpAddr>)> {
         let body = libc::CMSG_DATA(c);
         let ee: libc::sock_extended_err = std::ptr::read_unaligned(body.cast());
         let kind = match (ee.ee_origin, ee.ee_type, ee.ee_code) {
-            (libc::SO_EE_ORIGIN_ICMP, 3, 4) | (libc::SO_EE_ORIGIN_ICMP6, 2, _) => Some(IcmpKind::TooBig(ee.ee_info)),
-            (libc::SO_EE_ORIGIN_LOCAL, _, _) if ee.ee_errno == libc::EMSGSIZE as u32 => Some(IcmpKind::TooBig(ee.ee_info)),
-            (libc::SO_EE_ORIGIN_ICMP, 11, _) | (libc::SO_EE_ORIGIN_ICMP6, 3, _) => Some(IcmpKind::TimeExceeded),
-            (libc::SO_EE_ORIGIN_ICMP, 3, 3) | (libc::SO_EE_ORIGIN_ICMP6, 1, 4) => Some(IcmpKind::PortUnreachable),
-            (libc::SO_EE_ORIGIN_ICMP, 3, code) | (libc::SO_EE_ORIGIN_ICMP6, 1, code) => Some(IcmpKind::Unreachable(ee.ee_type, code)),
+            (libc::SO_EE_ORIGIN_ICMP, 3, 4) | (libc::SO_EE_ORIGIN_ICMP6, 2, _) => {
+                Some(IcmpKind::TooBig(ee.ee_info))
+            }
+            (libc::SO_EE_ORIGIN_LOCAL, _, _) if ee.ee_errno == libc::EMSGSIZE as u32 => {
+                Some(IcmpKind::TooBig(ee.ee_info))
+            }
+            (libc::SO_EE_ORIGIN_ICMP, 11, _) | (libc::SO_EE_ORIGIN_ICMP6, 3, _) => {
+                Some(IcmpKind::TimeExceeded)
+            }
+            (libc::SO_EE_ORIGIN_ICMP, 3, 3) | (libc::SO_EE_ORIGIN_ICMP6, 1, 4) => {
+                Some(IcmpKind::PortUnreachable)
+            }
+            (libc::SO_EE_ORIGIN_ICMP, 3, code) | (libc::SO_EE_ORIGIN_ICMP6, 1, code) => {
+                Some(IcmpKind::Unreachable(ee.ee_type, code))
+            }
             _ => None,
         };
         let mut off: libc::sockaddr_storage = std::mem::zeroed();
-        let avail = c.cmsg_len.saturating_sub(body as usize - c as *const libc::cmsghdr as usize + ee_len);
+        let avail = c
+            .cmsg_len
+            .saturating_sub(body as usize - c as *const libc::cmsghdr as usize + ee_len);
         let len = avail.min(std::mem::size_of::<libc::sockaddr_storage>());
-        std::ptr::copy_nonoverlapping(body.add(ee_len), (&mut off as *mut libc::sockaddr_storage).cast(), len);
+        std::ptr::copy_nonoverlapping(
+            body.add(ee_len),
+            (&mut off as *mut libc::sockaddr_storage).cast(),
+            len,
+        );
         Some((kind, sockaddr_to(&off).map(|a| a.ip())))
     }
 }
@@ -267,10 +371,20 @@ pub fn recv_error(sock: &UdpSocket) -> io::Result<Option<IcmpError>> {
         }
         at = at.or(cmsg_time(c));
     })?;
-    let Some((n, name)) = got else { return Ok(None) };
-    let Some(dest) = sockaddr_to(&name) else { return Ok(None) };
+    let Some((n, name)) = got else {
+        return Ok(None);
+    };
+    let Some(dest) = sockaddr_to(&name) else {
+        return Ok(None);
+    };
     let quoted = n.min(data.len());
-    Ok(kind.map(|kind| IcmpError { dest, from, kind, at, payload: data[..quoted.min(64)].to_vec() }))
+    Ok(kind.map(|kind| IcmpError {
+        dest,
+        from,
+        kind,
+        at,
+        payload: data[..quoted.min(64)].to_vec(),
+    }))
 }
 
 /// The name a reverse lookup gives `ip` (blocking: run it under a deadline), if it is a
@@ -281,13 +395,30 @@ pub fn reverse_name(ip: IpAddr) -> Option<String> {
     let sock = socket2::SockAddr::from(sa);
     let mut host = [0 as libc::c_char; 256];
     // SAFETY: a valid sockaddr of the stated length and an output buffer of the stated length.
-    let r = unsafe { libc::getnameinfo(sock.as_ptr().cast(), sock.len(), host.as_mut_ptr(), host.len() as u32, std::ptr::null_mut(), 0, libc::NI_NAMEREQD) };
+    let r = unsafe {
+        libc::getnameinfo(
+            sock.as_ptr().cast(),
+            sock.len(),
+            host.as_mut_ptr(),
+            host.len() as u32,
+            std::ptr::null_mut(),
+            0,
+            libc::NI_NAMEREQD,
+        )
+    };
     if r != 0 {
         return None;
     }
     // SAFETY: getnameinfo wrote a NUL-terminated string into `host`.
-    let name = unsafe { std::ffi::CStr::from_ptr(host.as_ptr()) }.to_str().ok()?.to_string();
-    let plausible = !name.is_empty() && name.len() <= 253 && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    let name = unsafe { std::ffi::CStr::from_ptr(host.as_ptr()) }
+        .to_str()
+        .ok()?
+        .to_string();
+    let plausible = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
     plausible.then_some(name)
 }
 
@@ -306,7 +437,10 @@ mod tests {
         set_hop_limit(&s, 5).unwrap();
         let sent = SystemTime::now();
         s.send_to(b"probe", dest).unwrap();
-        assert!(wait_error(&s, Duration::from_secs(2), false), "no ICMP error within 2 s");
+        assert!(
+            wait_error(&s, Duration::from_secs(2), false),
+            "no ICMP error within 2 s"
+        );
         let e = recv_error(&s).unwrap().expect("an error was queued");
         assert_eq!(e.dest, dest);
         assert_eq!(e.payload, b"probe", "the datagram that caused it");
@@ -320,7 +454,10 @@ mod tests {
     #[test]
     fn loopback_has_a_name() {
         // /etc/hosts names 127.0.0.1 localhost on every Linux install.
-        assert_eq!(reverse_name("127.0.0.1".parse().unwrap()).as_deref(), Some("localhost"));
+        assert_eq!(
+            reverse_name("127.0.0.1".parse().unwrap()).as_deref(),
+            Some("localhost")
+        );
     }
 
     #[test]
@@ -334,6 +471,13 @@ mod tests {
         s.send_to(b"probe", dest).unwrap();
         assert!(wait_error(&s, Duration::from_secs(2), false));
         let e = recv_error(&s).unwrap().unwrap();
-        assert_eq!((e.dest, e.kind, e.from), (dest, IcmpKind::PortUnreachable, Some("::1".parse().unwrap())));
+        assert_eq!(
+            (e.dest, e.kind, e.from),
+            (
+                dest,
+                IcmpKind::PortUnreachable,
+                Some("::1".parse().unwrap())
+            )
+        );
     }
 }

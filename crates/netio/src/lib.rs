@@ -31,11 +31,23 @@ pub fn cachestat(file: &impl AsRawFd) -> io::Result<CacheStat> {
     let range = [0u64; 2];
     let mut out = [0u64; 5];
     // SAFETY: valid fd, pointers to the two structs as the syscall defines them, flags 0.
-    let r = unsafe { libc::syscall(SYS_CACHESTAT, file.as_raw_fd(), range.as_ptr(), out.as_mut_ptr(), 0) };
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            range.as_ptr(),
+            out.as_mut_ptr(),
+            0,
+        )
+    };
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(CacheStat { cached: out[0], dirty: out[1], writeback: out[2] })
+    Ok(CacheStat {
+        cached: out[0],
+        dirty: out[1],
+        writeback: out[2],
+    })
 }
 
 /// Bytes per memory page (the unit of /proc/vmstat's page counts).
@@ -80,14 +92,26 @@ pub fn apply_dscp(sock: SockRef<'_>, dscp: u8, peer: &SocketAddr) -> io::Result<
 pub fn dscp_refusal(requested: u8, applied: &io::Result<u8>) -> Option<String> {
     match applied {
         Ok(a) if *a == requested => None,
-        Ok(a) => Some(format!("DSCP {requested} was requested but the socket carries {a}")),
+        Ok(a) => Some(format!(
+            "DSCP {requested} was requested but the socket carries {a}"
+        )),
         Err(e) => Some(format!("DSCP {requested} could not be set: {e}")),
     }
 }
 
 /// Sets the TCP congestion control of one socket; the error names the algorithms available.
 pub fn set_cc(stream: &impl AsFd, name: &str) -> io::Result<()> {
-    SockRef::from(stream).set_tcp_congestion(name.as_bytes()).map_err(|e| io::Error::new(e.kind(), format!("congestion control {name:?} not available ({e}); this host has: {}", available_cc())))
+    SockRef::from(stream)
+        .set_tcp_congestion(name.as_bytes())
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "congestion control {name:?} not available ({e}); this host has: {}",
+                    available_cc()
+                ),
+            )
+        })
 }
 
 /// The congestion control in effect on a socket.
@@ -98,7 +122,9 @@ pub fn cc(stream: &impl AsFd) -> Option<String> {
 }
 
 fn proc_string(path: &str) -> String {
-    std::fs::read_to_string(path).map(|s| s.trim().to_string()).unwrap_or_else(|_| "unknown".into())
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 pub fn default_cc() -> String {
@@ -183,12 +209,23 @@ pub fn tcp_info(stream: &impl AsRawFd) -> io::Result<TcpInfo> {
     let mut raw = RawTcpInfo::default();
     let mut len = std::mem::size_of::<RawTcpInfo>() as libc::socklen_t;
     // SAFETY: raw is a plain repr(C) struct of `len` bytes that the kernel fills at most.
-    let rc = unsafe { libc::getsockopt(stream.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, &mut raw as *mut RawTcpInfo as *mut libc::c_void, &mut len) };
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            &mut raw as *mut RawTcpInfo as *mut libc::c_void,
+            &mut len,
+        )
+    };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
     if (len as usize) < std::mem::size_of::<RawTcpInfo>() {
-        return Err(io::Error::new(io::ErrorKind::Unsupported, "kernel too old for tcpi_bytes_acked"));
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "kernel too old for tcpi_bytes_acked",
+        ));
     }
     // The kernel counts the SYN's sequence number as one acknowledged byte.
     Ok(TcpInfo {
@@ -225,7 +262,15 @@ pub fn keep_unsent_small(stream: &impl AsRawFd) -> io::Result<u32> {
 /// TCP_NOTSENT_LOWAT: the socket takes more data only while it holds fewer than `bytes` unsent.
 pub fn set_unsent_limit(stream: &impl AsRawFd, bytes: u32) -> io::Result<()> {
     // SAFETY: a u32 option value of the right size for TCP_NOTSENT_LOWAT.
-    let rc = unsafe { libc::setsockopt(stream.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, &bytes as *const u32 as *const libc::c_void, std::mem::size_of::<u32>() as libc::socklen_t) };
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            &bytes as *const u32 as *const libc::c_void,
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        )
+    };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -258,7 +303,11 @@ pub fn block_sigpipe() {
 
 /// Waits until `fd` is readable (for a listener: a connection is waiting) or `timeout` passed.
 pub fn wait_readable(fd: &impl AsRawFd, timeout: std::time::Duration) -> bool {
-    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd.
     let n = unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
     n > 0
@@ -267,7 +316,12 @@ pub fn wait_readable(fd: &impl AsRawFd, timeout: std::time::Duration) -> bool {
 /// Reads one `\n`-terminated line of at most `max` bytes. `Ok(None)` at a clean end of stream;
 /// an error for an over-long line (the peer does not speak the protocol).
 pub fn read_line(r: &mut impl BufRead, max: usize) -> io::Result<Option<Vec<u8>>> {
-    let too_long = || io::Error::new(io::ErrorKind::InvalidData, format!("line longer than {max} bytes"));
+    let too_long = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("line longer than {max} bytes"),
+        )
+    };
     let mut line = Vec::new();
     loop {
         // A signal during a read with a socket timeout ends it with EINTR even under
@@ -278,7 +332,14 @@ pub fn read_line(r: &mut impl BufRead, max: usize) -> io::Result<Option<Vec<u8>>
             Err(e) => return Err(e),
         };
         if buf.is_empty() {
-            return if line.is_empty() { Ok(None) } else { Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed mid-line")) };
+            return if line.is_empty() {
+                Ok(None)
+            } else {
+                Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed mid-line",
+                ))
+            };
         }
         let (chunk, end) = match buf.iter().position(|&b| b == b'\n') {
             Some(i) => (&buf[..i], Some(i + 1)),
@@ -312,7 +373,9 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let pages = 64 * 1024 / page_size();
         // tmpfs keeps no dirty pages to write back; a disk filesystem does until the sync.
-        let (Ok(b), Ok(a)) = (before, after) else { return };
+        let (Ok(b), Ok(a)) = (before, after) else {
+            return;
+        };
         assert_eq!(b.cached, pages);
         assert!(b.dirty == pages || b.dirty == 0, "{b:?}");
         assert_eq!((a.dirty, a.writeback), (0, 0), "{a:?}");
@@ -354,9 +417,14 @@ mod tests {
         let s = TcpStream::connect(peer).unwrap();
         assert_eq!(apply_dscp(SockRef::from(&s), 46, &peer).unwrap(), 46);
         assert_eq!(dscp_refusal(46, &Ok(46)), None);
-        assert_eq!(dscp_refusal(46, &Ok(0)).unwrap(), "DSCP 46 was requested but the socket carries 0");
+        assert_eq!(
+            dscp_refusal(46, &Ok(0)).unwrap(),
+            "DSCP 46 was requested but the socket carries 0"
+        );
         let denied = Err(io::Error::from(io::ErrorKind::PermissionDenied));
-        assert!(dscp_refusal(8, &denied).unwrap().starts_with("DSCP 8 could not be set"));
+        assert!(dscp_refusal(8, &denied)
+            .unwrap()
+            .starts_with("DSCP 8 could not be set"));
     }
 
     #[test]
@@ -367,7 +435,9 @@ mod tests {
         assert!(read_line(&mut r, 10).is_err(), "unterminated last line");
         let long = [b'x'; 100];
         assert!(read_line(&mut io::BufReader::with_capacity(8, &long[..]), 10).is_err());
-        assert!(read_line(&mut io::BufReader::new(&b""[..]), 10).unwrap().is_none());
+        assert!(read_line(&mut io::BufReader::new(&b""[..]), 10)
+            .unwrap()
+            .is_none());
     }
 
     #[test]
@@ -414,7 +484,10 @@ mod tests {
                     libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, fds.as_mut_ptr());
                     libc::close(fds[1]);
                     let byte = 1u8;
-                    let iov = libc::iovec { iov_base: &byte as *const u8 as *mut libc::c_void, iov_len: 1 };
+                    let iov = libc::iovec {
+                        iov_base: &byte as *const u8 as *mut libc::c_void,
+                        iov_len: 1,
+                    };
                     let n = libc::writev(fds[0], &iov, 1);
                     let epipe = n == -1 && *libc::__errno_location() == libc::EPIPE;
                     libc::_exit(if epipe { 0 } else { 1 });
@@ -425,8 +498,14 @@ mod tests {
             }
         };
         let died = writev_to_closed_peer(false);
-        assert!(libc::WIFSIGNALED(died) && libc::WTERMSIG(died) == libc::SIGPIPE, "without the mask SIGPIPE ends the process: {died}");
+        assert!(
+            libc::WIFSIGNALED(died) && libc::WTERMSIG(died) == libc::SIGPIPE,
+            "without the mask SIGPIPE ends the process: {died}"
+        );
         let lived = writev_to_closed_peer(true);
-        assert!(libc::WIFEXITED(lived) && libc::WEXITSTATUS(lived) == 0, "with SIGPIPE blocked the write fails with EPIPE: {lived}");
+        assert!(
+            libc::WIFEXITED(lived) && libc::WEXITSTATUS(lived) == 0,
+            "with SIGPIPE blocked the write fails with EPIPE: {lived}"
+        );
     }
 }

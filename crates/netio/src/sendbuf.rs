@@ -48,7 +48,10 @@ struct Budget {
 
 impl Default for SendBudget {
     fn default() -> SendBudget {
-        SendBudget(Arc::new(Budget { allowance: AtomicUsize::new(16 * 1024), lowat: AtomicU32::new(0) }))
+        SendBudget(Arc::new(Budget {
+            allowance: AtomicUsize::new(16 * 1024),
+            lowat: AtomicU32::new(0),
+        }))
     }
 }
 
@@ -65,7 +68,11 @@ impl SendBudget {
         // only when it is off by more than an eighth: "about 5 ms", as the draft asks.
         let set = self.0.lowat.load(Ordering::Relaxed);
         if set.abs_diff(lowat) > set / 8 {
-            let now = if crate::set_unsent_limit(socket, lowat).is_ok() { lowat } else { 0 };
+            let now = if crate::set_unsent_limit(socket, lowat).is_ok() {
+                lowat
+            } else {
+                0
+            };
             self.0.lowat.store(now, Ordering::Relaxed);
         }
         let b = (lowat as usize).min(MAX);
@@ -88,7 +95,11 @@ pub struct UnsentLimited(pub TcpStream);
 /// brings the unsent data under half the limit raises the edge an event loop waits for. An
 /// error or a closed socket counts as room: the write itself reports it.
 pub fn unsent_room(fd: BorrowedFd<'_>, wait: Duration) -> bool {
-    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
     let ms = wait.as_millis().min(i32::MAX as u128) as i32;
     // SAFETY: one valid pollfd.
     let rc = unsafe { libc::poll(&mut p, 1, ms) };
@@ -101,9 +112,11 @@ pub fn poll_unsent_room(s: &TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<
         ready!(s.poll_write_ready(cx))?;
         // A WouldBlock from the closure clears tokio's readiness (unless an edge came since),
         // so the next poll_write_ready waits for the kernel's wakeup.
-        let room = s.try_io(Interest::WRITABLE, || match unsent_room(s.as_fd(), Duration::ZERO) {
-            true => Ok(()),
-            false => Err(io::ErrorKind::WouldBlock.into()),
+        let room = s.try_io(Interest::WRITABLE, || {
+            match unsent_room(s.as_fd(), Duration::ZERO) {
+                true => Ok(()),
+                false => Err(io::ErrorKind::WouldBlock.into()),
+            }
         });
         match room {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
@@ -113,10 +126,17 @@ pub fn poll_unsent_room(s: &TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<
 }
 
 impl UnsentLimited {
-    fn poll_send(&self, cx: &mut Context<'_>, send: impl Fn(&SockRef<'_>) -> io::Result<usize>) -> Poll<io::Result<usize>> {
+    fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        send: impl Fn(&SockRef<'_>) -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
         loop {
             ready!(poll_unsent_room(&self.0, cx))?;
-            match self.0.try_io(Interest::WRITABLE, || send(&SockRef::from(&self.0))) {
+            match self
+                .0
+                .try_io(Interest::WRITABLE, || send(&SockRef::from(&self.0)))
+            {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 r => return Poll::Ready(r),
             }
@@ -131,17 +151,29 @@ impl AsFd for UnsentLimited {
 }
 
 impl AsyncRead for UnsentLimited {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.0).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for UnsentLimited {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         self.poll_send(cx, |s| s.send_with_flags(buf, libc::MSG_NOSIGNAL))
     }
 
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         self.poll_send(cx, |s| s.send_vectored_with_flags(bufs, libc::MSG_NOSIGNAL))
     }
 
@@ -189,17 +221,29 @@ impl<T: TlsBuffer + AsyncRead + AsyncWrite + Unpin> BudgetedTls<T> {
 }
 
 impl<T: TlsBuffer + AsyncRead + AsyncWrite + Unpin> AsyncRead for BudgetedTls<T> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.tls).poll_read(cx, buf)
     }
 }
 
 impl<T: TlsBuffer + AsyncRead + AsyncWrite + Unpin> AsyncWrite for BudgetedTls<T> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         self.limited().poll_write(cx, buf)
     }
 
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         self.limited().poll_write_vectored(cx, bufs)
     }
 
@@ -230,10 +274,16 @@ mod tests {
         let _rx = l.accept().await.unwrap();
         crate::set_unsent_limit(&tx, 16 * 1024).unwrap();
         let fd = tx.as_fd().try_clone_to_owned().unwrap();
-        let mut w: Box<dyn AsyncWrite + Unpin> = if limited { Box::new(UnsentLimited(tx)) } else { Box::new(tx) };
+        let mut w: Box<dyn AsyncWrite + Unpin> = if limited {
+            Box::new(UnsentLimited(tx))
+        } else {
+            Box::new(tx)
+        };
         // The receiver's window fills first (data sent, not unsent), then the socket's queue.
         for _ in 0..10_000 {
-            match tokio::time::timeout(std::time::Duration::from_millis(300), w.write(&[7u8; 4096])).await {
+            match tokio::time::timeout(std::time::Duration::from_millis(300), w.write(&[7u8; 4096]))
+                .await
+            {
                 Ok(written) => assert!(written.unwrap() > 0),
                 Err(_) => return crate::tcp_info(&fd).unwrap().notsent_bytes,
             }
@@ -245,16 +295,30 @@ mod tests {
     /// asked first, it holds at most half its limit plus one write (`tcp_poll`'s rule).
     #[tokio::test]
     async fn a_limited_stream_writes_only_under_the_kernels_unsent_limit() {
-        let (plain, limited) = (unsent_when_writes_wait(false).await, unsent_when_writes_wait(true).await);
+        let (plain, limited) = (
+            unsent_when_writes_wait(false).await,
+            unsent_when_writes_wait(true).await,
+        );
         eprintln!("unsent when writes wait: {plain} B plainly, {limited} B limited");
         assert!(limited <= 8 * 1024 + 4096, "limited: {limited} B unsent");
-        assert!(plain > 16 * 1024 + 4096, "plain writes: {plain} B unsent (the kernel checks its limit before each write now?)");
+        assert!(
+            plain > 16 * 1024 + 4096,
+            "plain writes: {plain} B unsent (the kernel checks its limit before each write now?)"
+        );
     }
 
     fn unsent_limit(s: &std::net::TcpStream) -> u32 {
         let (mut v, mut len) = (0u32, std::mem::size_of::<u32>() as libc::socklen_t);
         // SAFETY: a u32 out-value of the right size for TCP_NOTSENT_LOWAT.
-        let rc = unsafe { libc::getsockopt(s.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, &mut v as *mut u32 as *mut libc::c_void, &mut len) };
+        let rc = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_NOTSENT_LOWAT,
+                &mut v as *mut u32 as *mut libc::c_void,
+                &mut len,
+            )
+        };
         assert_eq!(rc, 0);
         v
     }
@@ -269,7 +333,8 @@ mod tests {
         let (mut rx, _) = l.accept().unwrap();
         let budget = SendBudget::default();
         assert_eq!(budget.get(), 16 * 1024, "before any rate");
-        let sink = std::thread::spawn(move || std::io::copy(&mut rx, &mut std::io::sink()).unwrap());
+        let sink =
+            std::thread::spawn(move || std::io::copy(&mut rx, &mut std::io::sink()).unwrap());
         let chunk = vec![7u8; 1 << 20];
         for _ in 0..64 {
             tx.write_all(&chunk).unwrap();
@@ -278,7 +343,10 @@ mod tests {
         let rate = info.delivery_rate;
         let b = budget.follow(&tx, Some(&info));
         let lowat = unsent_limit(&tx);
-        assert!(lowat >= MIN as u32 && lowat as u64 >= rate / 200 / 2, "limit {lowat} B at {rate} B/s");
+        assert!(
+            lowat >= MIN as u32 && lowat as u64 >= rate / 200 / 2,
+            "limit {lowat} B at {rate} B/s"
+        );
         assert_eq!(b, (lowat as usize).min(MAX));
         assert_eq!(budget.get(), b);
         assert_eq!(b, MAX, "loopback at {rate} B/s");
@@ -287,13 +355,22 @@ mod tests {
         crate::set_unsent_limit(&tx, 12345).unwrap();
         budget.follow(&tx, Some(&info));
         assert_eq!(unsent_limit(&tx), 12345, "the same rate: not set again");
-        let slower = crate::TcpInfo { delivery_rate: 1_000_000, ..info };
+        let slower = crate::TcpInfo {
+            delivery_rate: 1_000_000,
+            ..info
+        };
         assert_eq!(budget.follow(&tx, Some(&slower)), 5000, "5 ms of 8 Mbit/s");
         assert_eq!(unsent_limit(&tx), 5000);
-        let a_little_faster = crate::TcpInfo { delivery_rate: 1_100_000, ..info };
+        let a_little_faster = crate::TcpInfo {
+            delivery_rate: 1_100_000,
+            ..info
+        };
         assert_eq!(budget.follow(&tx, Some(&a_little_faster)), 5500);
         assert_eq!(unsent_limit(&tx), 5000, "10% off: left as it is");
-        let faster = crate::TcpInfo { delivery_rate: 1_200_000, ..info };
+        let faster = crate::TcpInfo {
+            delivery_rate: 1_200_000,
+            ..info
+        };
         budget.follow(&tx, Some(&faster));
         assert_eq!(unsent_limit(&tx), 6000, "20% off: set again");
         assert_eq!(budget.follow(&tx, None), MIN, "no TCP_INFO: the least");

@@ -21,7 +21,15 @@ pub fn grow_rcvbuf(sock: &impl AsRawFd, bytes: usize) -> io::Result<usize> {
     let mut got: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: valid fd, pointers to an int and its length.
-    let r = unsafe { libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, (&mut got as *mut libc::c_int).cast(), &mut len) };
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&mut got as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -42,15 +50,23 @@ fn snmp_udp(text: &str, field: &str) -> Option<u64> {
 fn snmp6(text: &str, name: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         let mut it = l.split_whitespace();
-        (it.next() == Some(name)).then(|| it.next()?.parse().ok()).flatten()
+        (it.next() == Some(name))
+            .then(|| it.next()?.parse().ok())
+            .flatten()
     })
 }
 
 /// UDP datagrams this network namespace dropped because a socket's receive buffer was full,
 /// IPv4 and IPv6 together, since boot.
 pub fn udp_rcvbuf_errors() -> Option<u64> {
-    let v4 = snmp_udp(&std::fs::read_to_string("/proc/net/snmp").ok()?, "RcvbufErrors")?;
-    let v6 = std::fs::read_to_string("/proc/net/snmp6").ok().and_then(|t| snmp6(&t, "Udp6RcvbufErrors")).unwrap_or(0);
+    let v4 = snmp_udp(
+        &std::fs::read_to_string("/proc/net/snmp").ok()?,
+        "RcvbufErrors",
+    )?;
+    let v6 = std::fs::read_to_string("/proc/net/snmp6")
+        .ok()
+        .and_then(|t| snmp6(&t, "Udp6RcvbufErrors"))
+        .unwrap_or(0);
     Some(v4 + v6)
 }
 
@@ -59,7 +75,15 @@ pub fn set_max_pacing_rate(sock: &impl AsRawFd, bytes_per_s: u64) -> io::Result<
     // An int: every kernel takes it (a u64 only since 5.x); ~0U means unlimited, so stay below.
     let v = bytes_per_s.min(u64::from(u32::MAX - 1)) as u32;
     // SAFETY: valid fd, a pointer to a u32 of the length given.
-    let r = unsafe { libc::setsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, (&v as *const u32).cast(), 4) };
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MAX_PACING_RATE,
+            (&v as *const u32).cast(),
+            4,
+        )
+    };
     if r == 0 {
         Ok(())
     } else {
@@ -88,21 +112,30 @@ fn route_dev(out: &str) -> Option<String> {
 /// Whether `tc qdisc show dev D` lists an `fq` qdisc (root, or under `mq`), the one that
 /// paces by `SO_MAX_PACING_RATE`.
 fn lists_fq(tc: &str) -> bool {
-    tc.lines().any(|l| l.split_whitespace().nth(1) == Some("fq"))
+    tc.lines()
+        .any(|l| l.split_whitespace().nth(1) == Some("fq"))
 }
 
 /// Where kernel pacing to `peer` would happen: the egress device and whether its qdisc is
 /// `fq`. Err says why it could not be told (no `ip` or `tc`, no route).
 pub fn egress_has_fq(peer: IpAddr) -> Result<(String, bool), String> {
     let run = |cmd: &str, args: &[&str]| -> Result<String, String> {
-        let out = Command::new(cmd).args(args).output().map_err(|e| format!("cannot run {cmd}: {e}"))?;
+        let out = Command::new(cmd)
+            .args(args)
+            .output()
+            .map_err(|e| format!("cannot run {cmd}: {e}"))?;
         if !out.status.success() {
-            return Err(format!("`{cmd} {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
+            return Err(format!(
+                "`{cmd} {}` failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     };
     let peer = peer.to_canonical().to_string();
-    let dev = route_dev(&run("ip", &["route", "get", &peer])?).ok_or_else(|| format!("no route device for {peer}"))?;
+    let dev = route_dev(&run("ip", &["route", "get", &peer])?)
+        .ok_or_else(|| format!("no route device for {peer}"))?;
     let fq = lists_fq(&run("tc", &["qdisc", "show", "dev", &dev])?);
     Ok((dev, fq))
 }
@@ -113,18 +146,40 @@ mod tests {
 
     #[test]
     fn snmp_rows_are_read_by_column_name() {
-        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\nUdp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\nUdp: 100 2 7 90 5 0\nUdpLite: InDatagrams\nUdpLite: 0\n";
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\nUdp: InDatagrams NoPorts InErrors \
+            OutDatagrams RcvbufErrors SndbufErrors\nUdp: 100 2 7 90 5 0\nUdpLite: \
+            InDatagrams\nUdpLite: 0\n";
         assert_eq!(snmp_udp(snmp, "RcvbufErrors"), Some(5));
         assert_eq!(snmp_udp(snmp, "Nope"), None);
-        assert_eq!(snmp6("Udp6InDatagrams 4\nUdp6RcvbufErrors                	12\n", "Udp6RcvbufErrors"), Some(12));
+        assert_eq!(
+            snmp6(
+                "Udp6InDatagrams 4\nUdp6RcvbufErrors                	12\n",
+                "Udp6RcvbufErrors"
+            ),
+            Some(12)
+        );
     }
 
     #[test]
     fn route_and_qdisc_outputs_are_parsed() {
-        assert_eq!(route_dev("10.0.0.2 dev veth0 src 10.0.0.1 uid 0 \n    cache \n").as_deref(), Some("veth0"));
-        assert_eq!(route_dev("local 127.0.0.1 dev lo table local src 127.0.0.1").as_deref(), Some("lo"));
-        assert!(lists_fq("qdisc mq 0: root \nqdisc fq 0: parent :1 limit 10000p flow_limit 100p\n"));
-        assert!(!lists_fq("qdisc htb 1: root refcnt 2 r2q 10 default 0x10\nqdisc pfifo 10: parent 1:10 limit 1000p\n"));
-        assert!(!lists_fq("qdisc fq_codel 0: root refcnt 2 limit 10240p\n"), "fq_codel does not pace");
+        assert_eq!(
+            route_dev("10.0.0.2 dev veth0 src 10.0.0.1 uid 0 \n    cache \n").as_deref(),
+            Some("veth0")
+        );
+        assert_eq!(
+            route_dev("local 127.0.0.1 dev lo table local src 127.0.0.1").as_deref(),
+            Some("lo")
+        );
+        assert!(lists_fq(
+            "qdisc mq 0: root \nqdisc fq 0: parent :1 limit 10000p flow_limit 100p\n"
+        ));
+        assert!(!lists_fq(
+            "qdisc htb 1: root refcnt 2 r2q 10 default 0x10\nqdisc pfifo 10: parent \
+            1:10 limit 1000p\n"
+        ));
+        assert!(
+            !lists_fq("qdisc fq_codel 0: root refcnt 2 limit 10240p\n"),
+            "fq_codel does not pace"
+        );
     }
 }

@@ -24,13 +24,17 @@ fn hmac(key: &[u8], parts: &[&[u8]]) -> HmacSha256 {
 
 /// The client's answer to a challenge, hex (what `TestRequest.auth` carries).
 pub fn answer(key: &[u8], challenge: &[u8]) -> String {
-    hex(&hmac(key, &[b"bloatlab control v2", challenge]).finalize().into_bytes())
+    hex(&hmac(key, &[b"bloatlab control v2", challenge])
+        .finalize()
+        .into_bytes())
 }
 
 /// Whether `answer_hex` proves the key (compared in constant time).
 pub fn verify_answer(key: &[u8], challenge: &[u8], answer_hex: &str) -> bool {
     match unhex(answer_hex) {
-        Some(a) => hmac(key, &[b"bloatlab control v2", challenge]).verify_slice(&a).is_ok(),
+        Some(a) => hmac(key, &[b"bloatlab control v2", challenge])
+            .verify_slice(&a)
+            .is_ok(),
         None => false,
     }
 }
@@ -39,7 +43,9 @@ pub fn verify_answer(key: &[u8], challenge: &[u8], answer_hex: &str) -> bool {
 /// over everything before them.
 pub fn probe_mac(key: &[u8], packet: &[u8]) -> [u8; PROBE_MAC_LEN] {
     let body = &packet[..packet.len() - PROBE_MAC_LEN];
-    let full = hmac(key, &[b"bloatlab probe v2", body]).finalize().into_bytes();
+    let full = hmac(key, &[b"bloatlab probe v2", body])
+        .finalize()
+        .into_bytes();
     let mut out = [0u8; PROBE_MAC_LEN];
     out.copy_from_slice(&full[..PROBE_MAC_LEN]);
     out
@@ -58,7 +64,9 @@ pub fn probe_signed(key: &[u8], packet: &[u8]) -> bool {
         return false;
     }
     let body = &packet[..packet.len() - PROBE_MAC_LEN];
-    hmac(key, &[b"bloatlab probe v2", body]).verify_truncated_left(&packet[packet.len() - PROBE_MAC_LEN..]).is_ok()
+    hmac(key, &[b"bloatlab probe v2", body])
+        .verify_truncated_left(&packet[packet.len() - PROBE_MAC_LEN..])
+        .is_ok()
 }
 
 pub fn hex(bytes: &[u8]) -> String {
@@ -69,7 +77,10 @@ pub fn unhex(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) || s.len() > 256 {
         return None;
     }
-    (0..s.len()).step_by(2).map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -84,7 +95,10 @@ mod tests {
         assert_eq!(a.len(), 64);
         assert!(verify_answer(key, &challenge, &a));
         assert!(!verify_answer(other, &challenge, &a));
-        assert!(!verify_answer(key, &[8u8; CHALLENGE_LEN], &a), "bound to its challenge");
+        assert!(
+            !verify_answer(key, &[8u8; CHALLENGE_LEN], &a),
+            "bound to its challenge"
+        );
         assert!(!verify_answer(key, &challenge, "zz"));
         assert!(!verify_answer(key, &challenge, &a[..62]));
     }

@@ -15,7 +15,13 @@ pub struct Buckets {
 
 impl Buckets {
     pub fn new(bucket_ns: u64, max: usize) -> Buckets {
-        Buckets { bucket_ns: bucket_ns.max(1), first_ns: None, bytes: Vec::new(), max, beyond: 0 }
+        Buckets {
+            bucket_ns: bucket_ns.max(1),
+            first_ns: None,
+            bytes: Vec::new(),
+            max,
+            beyond: 0,
+        }
     }
 
     /// `bytes` at `t_ns`; a time before the first event counts in the first bucket.
@@ -60,6 +66,10 @@ mod tests {
         assert_eq!(b.bytes(), [151, 0, 10]);
         assert_eq!(b.first_ns(), Some(5_000_000));
         b.add(9_000_000, 7);
-        assert_eq!((b.bytes().len(), b.beyond), (3, 1), "the fifth bucket is past the bound of four");
+        assert_eq!(
+            (b.bytes().len(), b.beyond),
+            (3, 1),
+            "the fifth bucket is past the bound of four"
+        );
     }
 }

@@ -270,7 +270,10 @@ pub fn printable(text: &str) -> String {
             out.push_str("...");
             break;
         }
-        let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        let bidi = matches!(
+            c,
+            '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        );
         if c.is_control() || bidi {
             out.extend(c.escape_default());
         } else {
@@ -286,15 +289,46 @@ impl ServerMsg {
     pub fn printable(self) -> ServerMsg {
         let opt = |o: Option<String>| o.map(|s| printable(&s));
         match self {
-            ServerMsg::HelloOk { version, server_version, max_duration_ms, challenge } => {
-                ServerMsg::HelloOk { version, server_version: printable(&server_version), max_duration_ms, challenge: opt(challenge) }
-            }
-            ServerMsg::Accepted { token, max_duration_ms, host } => {
-                ServerMsg::Accepted { token, max_duration_ms, host: host.map(|h| HostInfo { kernel: printable(&h.kernel), default_cc: printable(&h.default_cc) }) }
-            }
+            ServerMsg::HelloOk {
+                version,
+                server_version,
+                max_duration_ms,
+                challenge,
+            } => ServerMsg::HelloOk {
+                version,
+                server_version: printable(&server_version),
+                max_duration_ms,
+                challenge: opt(challenge),
+            },
+            ServerMsg::Accepted {
+                token,
+                max_duration_ms,
+                host,
+            } => ServerMsg::Accepted {
+                token,
+                max_duration_ms,
+                host: host.map(|h| HostInfo {
+                    kernel: printable(&h.kernel),
+                    default_cc: printable(&h.default_cc),
+                }),
+            },
             ServerMsg::DataOk { cc, dscp } => ServerMsg::DataOk { cc: opt(cc), dscp },
-            ServerMsg::Refused { reason, message } => ServerMsg::Refused { reason, message: printable(&message) },
-            ServerMsg::Report { streams, flows, udp } => ServerMsg::Report { streams, flows: flows.into_iter().map(|f| FlowReport { cc: opt(f.cc), ..f }).collect(), udp },
+            ServerMsg::Refused { reason, message } => ServerMsg::Refused {
+                reason,
+                message: printable(&message),
+            },
+            ServerMsg::Report {
+                streams,
+                flows,
+                udp,
+            } => ServerMsg::Report {
+                streams,
+                flows: flows
+                    .into_iter()
+                    .map(|f| FlowReport { cc: opt(f.cc), ..f })
+                    .collect(),
+                udp,
+            },
             ServerMsg::ProbeReply => ServerMsg::ProbeReply,
         }
     }
@@ -324,7 +358,10 @@ pub fn decode_line<'a, T: Deserialize<'a>>(line: &'a [u8]) -> Result<T, ProtoErr
 
 /// Parses one line of at most `max` bytes: the final report may be longer than other lines
 /// ([`crate::MAX_REPORT_LINE`]).
-pub fn decode_line_within<'a, T: Deserialize<'a>>(line: &'a [u8], max: usize) -> Result<T, ProtoError> {
+pub fn decode_line_within<'a, T: Deserialize<'a>>(
+    line: &'a [u8],
+    max: usize,
+) -> Result<T, ProtoError> {
     if line.len() > max {
         return Err(ProtoError::LineTooLong(max));
     }
@@ -350,16 +387,35 @@ mod tests {
         let m = ClientMsg::Test(TestRequest {
             test: "rrul".into(),
             duration_ms: 35_000,
-            flows: vec![FlowSpec { id: 1, direction: Direction::Up, dscp: 46, cc: Some("cubic".into()) }],
-            streams: vec![StreamSpec { id: 0, interval_us: 10_000, size: 64, dscp: 0 }],
+            flows: vec![FlowSpec {
+                id: 1,
+                direction: Direction::Up,
+                dscp: 46,
+                cc: Some("cubic".into()),
+            }],
+            streams: vec![StreamSpec {
+                id: 0,
+                interval_us: 10_000,
+                size: 64,
+                dscp: 0,
+            }],
             connection_probes: false,
-            udp_loads: vec![UdpLoadSpec { id: 3, rate_bps: 50_000_000, size: 1024, dscp: 0, bucket_us: 1000 }],
+            udp_loads: vec![UdpLoadSpec {
+                id: 3,
+                rate_bps: 50_000_000,
+                size: 1024,
+                dscp: 0,
+                bucket_us: 1000,
+            }],
             auth: None,
         });
         let line = encode_line(&m);
         assert_eq!(*line.last().unwrap(), b'\n');
         assert_eq!(decode_line::<ClientMsg>(&line).unwrap(), m);
-        let r = ServerMsg::Refused { reason: RefuseReason::Busy, message: "2 tests running".into() };
+        let r = ServerMsg::Refused {
+            reason: RefuseReason::Busy,
+            message: "2 tests running".into(),
+        };
         assert_eq!(decode_line::<ServerMsg>(&encode_line(&r)).unwrap(), r);
     }
 
@@ -367,17 +423,40 @@ mod tests {
     fn a_servers_words_reach_the_terminal_escaped_and_bounded() {
         // A terminal escape that would clear the screen, a fake newline, a bidi override.
         let evil = "busy\u{1b}[2J\r\nok \u{202e}txt.exe";
-        let m = ServerMsg::Refused { reason: RefuseReason::Busy, message: evil.into() }.printable();
-        let ServerMsg::Refused { message, .. } = m else { unreachable!() };
+        let m = ServerMsg::Refused {
+            reason: RefuseReason::Busy,
+            message: evil.into(),
+        }
+        .printable();
+        let ServerMsg::Refused { message, .. } = m else {
+            unreachable!()
+        };
         assert_eq!(message, "busy\\u{1b}[2J\\r\\nok \\u{202e}txt.exe");
         assert!(!message.chars().any(|c| c.is_control()));
         let long = printable(&"é".repeat(10_000));
         assert_eq!(long.chars().count(), 203, "200 characters and an ellipsis");
-        let hello = ServerMsg::HelloOk { version: 2, server_version: "1\u{7}".into(), max_duration_ms: 1, challenge: None };
-        let ServerMsg::HelloOk { server_version, .. } = hello.printable() else { unreachable!() };
+        let hello = ServerMsg::HelloOk {
+            version: 2,
+            server_version: "1\u{7}".into(),
+            max_duration_ms: 1,
+            challenge: None,
+        };
+        let ServerMsg::HelloOk { server_version, .. } = hello.printable() else {
+            unreachable!()
+        };
         assert_eq!(server_version, "1\\u{7}");
-        let host = Some(HostInfo { kernel: "6.1\u{1b}]0;x\u{7}".into(), default_cc: "bbr".into() });
-        let ServerMsg::Accepted { host, .. } = (ServerMsg::Accepted { token: Token([0; 16]), max_duration_ms: 1, host }).printable() else { unreachable!() };
+        let host = Some(HostInfo {
+            kernel: "6.1\u{1b}]0;x\u{7}".into(),
+            default_cc: "bbr".into(),
+        });
+        let ServerMsg::Accepted { host, .. } = (ServerMsg::Accepted {
+            token: Token([0; 16]),
+            max_duration_ms: 1,
+            host,
+        })
+        .printable() else {
+            unreachable!()
+        };
         assert_eq!(host.unwrap().kernel, "6.1\\u{1b}]0;x\\u{7}");
     }
 

@@ -86,7 +86,11 @@ impl Decoder {
 
     /// Decodes `buf`, calling `on_event` for each event. After an error the stream is not
     /// bloatlab's and must be closed.
-    pub fn feed(&mut self, mut buf: &[u8], mut on_event: impl FnMut(Event)) -> Result<(), FrameError> {
+    pub fn feed(
+        &mut self,
+        mut buf: &[u8],
+        mut on_event: impl FnMut(Event),
+    ) -> Result<(), FrameError> {
         while !buf.is_empty() {
             if self.head_len < HEADER_LEN {
                 let n = (HEADER_LEN - self.head_len).min(buf.len());
@@ -97,7 +101,8 @@ impl Decoder {
                     return Ok(());
                 }
                 self.kind = self.head[0];
-                self.remaining = u32::from_be_bytes([0, self.head[1], self.head[2], self.head[3]]) as usize;
+                self.remaining =
+                    u32::from_be_bytes([0, self.head[1], self.head[2], self.head[3]]) as usize;
                 match self.kind {
                     TYPE_DATA => {}
                     TYPE_PING | TYPE_PONG if self.remaining == PING_LEN => self.ctl_len = 0,
@@ -122,7 +127,11 @@ impl Decoder {
                 self.head_len = 0;
                 if self.kind != TYPE_DATA {
                     let id = u64::from_be_bytes(self.ctl);
-                    on_event(if self.kind == TYPE_PING { Event::Ping(id) } else { Event::Pong(id) });
+                    on_event(if self.kind == TYPE_PING {
+                        Event::Ping(id)
+                    } else {
+                        Event::Pong(id)
+                    });
                 }
             }
         }
@@ -166,7 +175,12 @@ mod tests {
     #[test]
     fn decodes_the_same_whatever_the_read_sizes() {
         let s = stream();
-        let want = vec![Event::Data(5), Event::Ping(7), Event::Pong(u64::MAX), Event::Data(3)];
+        let want = vec![
+            Event::Data(5),
+            Event::Ping(7),
+            Event::Pong(u64::MAX),
+            Event::Data(3),
+        ];
         for piece in 1..=s.len() {
             assert_eq!(decode_in_pieces(&s, piece), want, "piece size {piece}");
         }
@@ -175,7 +189,10 @@ mod tests {
     #[test]
     fn rejects_unknown_types_and_bad_lengths() {
         let mut d = Decoder::new();
-        assert_eq!(d.feed(&[9, 0, 0, 0], |_| {}), Err(FrameError::UnknownType(9)));
+        assert_eq!(
+            d.feed(&[9, 0, 0, 0], |_| {}),
+            Err(FrameError::UnknownType(9))
+        );
         let mut d = Decoder::new();
         assert_eq!(d.feed(&[1, 0, 0, 9], |_| {}), Err(FrameError::BadLength(9)));
     }

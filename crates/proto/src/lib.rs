@@ -37,7 +37,9 @@ pub fn dscp_name(dscp: u8) -> String {
         44 => "VA".into(),
         1 => "LE".into(),
         d if d % 8 == 0 => format!("CS{}", d / 8),
-        d if (10..=38).contains(&d) && d % 2 == 0 && (d % 8) / 2 >= 1 => format!("AF{}{}", d / 8, (d % 8) / 2),
+        d if (10..=38).contains(&d) && d % 2 == 0 && (d % 8) / 2 >= 1 => {
+            format!("AF{}{}", d / 8, (d % 8) / 2)
+        }
         d => d.to_string(),
     }
 }
@@ -46,12 +48,21 @@ pub fn dscp_name(dscp: u8) -> String {
 /// number 0..=63.
 pub fn parse_dscp(s: &str) -> Result<u8, String> {
     if let Ok(n) = s.parse::<u8>() {
-        return if n <= 63 { Ok(n) } else { Err(format!("DSCP {n} out of range 0..63")) };
+        return if n <= 63 {
+            Ok(n)
+        } else {
+            Err(format!("DSCP {n} out of range 0..63"))
+        };
     }
     let u = s.to_ascii_uppercase();
     (0..=63u8)
         .find(|&d| dscp_name(d) == u || (d == 8 && u == "CS1") || (d == 0 && u == "CS0"))
-        .ok_or_else(|| format!("unknown DSCP {s:?}: use a number 0..63 or BE, BK, LE, EF, VA, CS0..CS7, AF11..AF43"))
+        .ok_or_else(|| {
+            format!(
+                "unknown DSCP {s:?}: use a number 0..63 or BE, BK, LE, EF, VA, \
+            CS0..CS7, AF11..AF43"
+            )
+        })
 }
 
 #[cfg(test)]
@@ -60,7 +71,16 @@ mod dscp_tests {
 
     #[test]
     fn names_round_trip() {
-        for (n, name) in [(0, "BE"), (8, "BK"), (40, "CS5"), (46, "EF"), (48, "CS6"), (34, "AF41"), (10, "AF11"), (38, "AF43")] {
+        for (n, name) in [
+            (0, "BE"),
+            (8, "BK"),
+            (40, "CS5"),
+            (46, "EF"),
+            (48, "CS6"),
+            (34, "AF41"),
+            (10, "AF11"),
+            (38, "AF43"),
+        ] {
             assert_eq!(dscp_name(n), name);
             assert_eq!(parse_dscp(name), Ok(n));
         }

@@ -114,17 +114,33 @@ mod tests {
 
     #[test]
     fn round_trips_and_keeps_length() {
-        let p = Probe { kind: Kind::Reply, stream: 3, token: Token([7; 16]), seq: 99, client_send_ns: 1, server_recv_ns: u64::MAX, server_send_ns: 5, server_rx_count: 42, flags: FLAG_MAC };
+        let p = Probe {
+            kind: Kind::Reply,
+            stream: 3,
+            token: Token([7; 16]),
+            seq: 99,
+            client_send_ns: 1,
+            server_recv_ns: u64::MAX,
+            server_send_ns: 5,
+            server_rx_count: 42,
+            flags: FLAG_MAC,
+        };
         let mut buf = vec![0xee; 172];
         p.encode(&mut buf).unwrap();
         assert_eq!(Probe::decode(&buf).unwrap(), p);
-        assert!(buf[HEADER_LEN..].iter().all(|&b| b == 0xee), "padding untouched");
+        assert!(
+            buf[HEADER_LEN..].iter().all(|&b| b == 0xee),
+            "padding untouched"
+        );
     }
 
     #[test]
     fn rejects_short_long_and_foreign_packets() {
         assert_eq!(Probe::decode(&[0; 10]), Err(ProbeError::Length(10)));
-        assert_eq!(Probe::decode(&[0; MAX_LEN + 1]), Err(ProbeError::Length(MAX_LEN + 1)));
+        assert_eq!(
+            Probe::decode(&[0; MAX_LEN + 1]),
+            Err(ProbeError::Length(MAX_LEN + 1))
+        );
         assert_eq!(Probe::decode(&[0; HEADER_LEN]), Err(ProbeError::Magic));
         let mut b = [0u8; HEADER_LEN];
         b[..4].copy_from_slice(&MAGIC);

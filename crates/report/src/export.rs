@@ -31,9 +31,16 @@ pub fn flent_series_name(name: &str, rrul_like: bool) -> Option<String> {
     match parts.as_slice() {
         ["tcp", dir, n, dscp] => {
             let d = if *dir == "down" { "download" } else { "upload" };
-            Some(if rrul_like { format!("TCP {d} {dscp}") } else { format!("TCP {d} {n}") })
+            Some(if rrul_like {
+                format!("TCP {d} {dscp}")
+            } else {
+                format!("TCP {d} {n}")
+            })
         }
-        ["rtt", stream] => Some(format!("Ping (ms) {}", stream.replace('-', " ").to_uppercase())),
+        ["rtt", stream] => Some(format!(
+            "Ping (ms) {}",
+            stream.replace('-', " ").to_uppercase()
+        )),
         _ => None,
     }
 }
@@ -44,7 +51,10 @@ fn iso_micros(t: SystemTime) -> String {
 
 pub fn to_flent(r: &ResultFile) -> Value {
     let start = humantime::parse_rfc3339(&r.metadata.start_time).unwrap_or(UNIX_EPOCH);
-    let t0 = start.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+    let t0 = start
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
     let end = r.metadata.phases.iter().map(|p| p.end).fold(0.0, f64::max);
     let n = (end / FLENT_STEP).ceil() as usize;
     let x_values: Vec<f64> = (0..n).map(|i| (i as f64 + 0.5) * FLENT_STEP).collect();
@@ -54,7 +64,12 @@ pub fn to_flent(r: &ResultFile) -> Value {
     let mut series_meta = Map::new();
     let mut sums: [Vec<Option<f64>>; 2] = [vec![None; n], vec![None; n]];
     for s in &r.series {
-        let (Some(name), true) = (flent_series_name(&s.name, rrul_like), matches!(s.kind, SeriesKind::Throughput | SeriesKind::Latency)) else { continue };
+        let (Some(name), true) = (
+            flent_series_name(&s.name, rrul_like),
+            matches!(s.kind, SeriesKind::Throughput | SeriesKind::Latency),
+        ) else {
+            continue;
+        };
         let binned = bin(&s.samples, FLENT_STEP);
         let mut aligned: Vec<Option<f64>> = vec![None; n];
         for (t, v) in binned {
@@ -73,9 +88,17 @@ pub fn to_flent(r: &ResultFile) -> Value {
         }
         results.insert(name.clone(), json!(aligned));
         // Raw values carry every sample at its own time: flent's statistics use them.
-        let rv: Vec<Value> = s.samples.iter().enumerate().filter_map(|(i, (t, v))| v.map(|v| json!({"t": t0 + t, "val": v, "seq": i}))).collect();
+        let rv: Vec<Value> = s
+            .samples
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (t, v))| v.map(|v| json!({"t": t0 + t, "val": v, "seq": i})))
+            .collect();
         raw.insert(name.clone(), Value::Array(rv));
-        series_meta.insert(name, json!({"UNITS": if s.kind == SeriesKind::Throughput { "Mbits/s" } else { "ms" }}));
+        series_meta.insert(
+            name,
+            json!({"UNITS": if s.kind == SeriesKind::Throughput { "Mbits/s" } else { "ms" }}),
+        );
     }
     for (i, name) in ["TCP download sum", "TCP upload sum"].iter().enumerate() {
         if sums[i].iter().any(Option::is_some) {
@@ -112,10 +135,23 @@ pub fn to_flent(r: &ResultFile) -> Value {
 pub fn to_csv(r: &ResultFile) -> String {
     let mut out = String::from("series,kind,direction,dscp,unit,t,value\n");
     for s in &r.series {
-        let kind = serde_json::to_value(s.kind).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
-        let head = format!("{},{},{},{},{}", s.name, kind, s.direction.as_deref().unwrap_or(""), s.dscp.map_or(String::new(), |d| d.to_string()), s.unit);
+        let kind = serde_json::to_value(s.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let head = format!(
+            "{},{},{},{},{}",
+            s.name,
+            kind,
+            s.direction.as_deref().unwrap_or(""),
+            s.dscp.map_or(String::new(), |d| d.to_string()),
+            s.unit
+        );
         for (t, v) in &s.samples {
-            out += &format!("{head},{t},{}\n", v.map_or(String::new(), |v| v.to_string()));
+            out += &format!(
+                "{head},{t},{}\n",
+                v.map_or(String::new(), |v| v.to_string())
+            );
         }
     }
     out
@@ -142,9 +178,18 @@ mod tests {
 
     #[test]
     fn names_follow_flent() {
-        assert_eq!(flent_series_name("tcp down 3 CS5", true).as_deref(), Some("TCP download CS5"));
-        assert_eq!(flent_series_name("tcp up 2 BE", false).as_deref(), Some("TCP upload 2"));
-        assert_eq!(flent_series_name("rtt udp-be", true).as_deref(), Some("Ping (ms) UDP BE"));
+        assert_eq!(
+            flent_series_name("tcp down 3 CS5", true).as_deref(),
+            Some("TCP download CS5")
+        );
+        assert_eq!(
+            flent_series_name("tcp up 2 BE", false).as_deref(),
+            Some("TCP upload 2")
+        );
+        assert_eq!(
+            flent_series_name("rtt udp-be", true).as_deref(),
+            Some("Ping (ms) UDP BE")
+        );
         assert_eq!(flent_series_name("owd up udp-be", true), None);
     }
 }

@@ -34,7 +34,10 @@ pub fn from_json(v: &Value) -> Option<Result<HopsView, String>> {
         return None;
     }
     if v["version"] != 1 {
-        return Some(Err(format!("locate file version {} (this bloatlab reads version 1)", v["version"])));
+        return Some(Err(format!(
+            "locate file version {} (this bloatlab reads version 1)",
+            v["version"]
+        )));
     }
     let text = |x: &Value| x.as_str().unwrap_or("").to_string();
     let hops = v["hops"].as_array().map(Vec::as_slice).unwrap_or(&[]);
@@ -57,7 +60,10 @@ pub fn from_json(v: &Value) -> Option<Result<HopsView, String>> {
         start_time: text(&v["metadata"]["start_time"]),
         hops,
         verdict: text(&v["verdict"]["text"]),
-        caveats: v["verdict"]["caveats"].as_array().map(|c| c.iter().map(text).collect()).unwrap_or_default(),
+        caveats: v["verdict"]["caveats"]
+            .as_array()
+            .map(|c| c.iter().map(text).collect())
+            .unwrap_or_default(),
         partial: v["partial"].as_bool().unwrap_or(false),
     }))
 }
@@ -71,18 +77,28 @@ mod tests {
         let v = serde_json::json!({
             "format": "bloatlab-locate", "version": 1,
             "metadata": {"target": "10.77.2.2", "start_time": "2026-11-24T07:00:00.000Z"},
-            "hops": [{"ttl": 1, "address": "10.77.0.2", "answered": 30, "sent": 34, "idle_p50_ms": 2.2,
-                      "phases": {"upload": {"p50_ms": 94.0, "p90_ms": 96.0, "answered": 8}}},
-                     {"ttl": 2, "address": null, "answered": 0, "sent": 34, "idle_p50_ms": null, "phases": {}}],
+            "hops": [
+                {"ttl": 1, "address": "10.77.0.2", "answered": 30, "sent": 34, "idle_p50_ms": 2.2,
+                 "phases": {"upload": {"p50_ms": 94.0, "p90_ms": 96.0, "answered": 8}}},
+                {"ttl": 2, "address": null, "answered": 0, "sent": 34, "idle_p50_ms": null,
+                 "phases": {}}
+            ],
             "verdict": {"text": "The bloat is on ...", "caveats": ["hop 2 never answered"]},
             "partial": false
         });
         let h = from_json(&v).unwrap().unwrap();
         assert_eq!(h.hops[0].label, "1 10.77.0.2");
-        assert_eq!((h.hops[0].p50, h.hops[0].p90[1]), ([None, Some(94.0), None], Some(96.0)));
+        assert_eq!(
+            (h.hops[0].p50, h.hops[0].p90[1]),
+            ([None, Some(94.0), None], Some(96.0))
+        );
         assert_eq!(h.hops[1].label, "2 *");
         assert_eq!(h.caveats, vec!["hop 2 never answered"]);
         assert!(from_json(&serde_json::json!({"format": "bloatlab-result"})).is_none());
-        assert!(from_json(&serde_json::json!({"format": "bloatlab-locate", "version": 2})).unwrap().is_err());
+        assert!(
+            from_json(&serde_json::json!({"format": "bloatlab-locate", "version": 2}))
+                .unwrap()
+                .is_err()
+        );
     }
 }

@@ -41,10 +41,18 @@ fn d<E: std::fmt::Debug>(e: E) -> PlotError {
 
 pub fn plot(runs: &[RunView], kind: Kind, path: &Path) -> Result<(), PlotError> {
     register_font();
-    let rows = if kind == Kind::Timeseries { 2 * runs.len() } else { 1 };
+    let rows = if kind == Kind::Timeseries {
+        2 * runs.len()
+    } else {
+        1
+    };
     let size = (1200u32, 420 * rows as u32);
     match path.extension().and_then(|e| e.to_str()) {
-        Some("png") => draw(BitMapBackend::new(path, size).into_drawing_area(), runs, kind),
+        Some("png") => draw(
+            BitMapBackend::new(path, size).into_drawing_area(),
+            runs,
+            kind,
+        ),
         Some("svg") => draw(SVGBackend::new(path, size).into_drawing_area(), runs, kind),
         _ => Err(PlotError::Format(path.display().to_string())),
     }
@@ -64,7 +72,11 @@ fn color(i: usize) -> RGBColor {
     P[i % P.len()]
 }
 
-fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, runs: &[RunView], kind: Kind) -> Result<(), PlotError>
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    runs: &[RunView],
+    kind: Kind,
+) -> Result<(), PlotError>
 where
     DB::ErrorType: 'static,
 {
@@ -73,12 +85,27 @@ where
         Kind::Timeseries => {
             let areas = root.split_evenly((2 * runs.len(), 1));
             for (i, r) in runs.iter().enumerate() {
-                lines(&areas[2 * i], &format!("{}: throughput", r.label), "Mbit/s", &r.throughput, r)?;
-                lines(&areas[2 * i + 1], &format!("{}: round-trip time", r.label), "ms", &r.latency, r)?;
+                lines(
+                    &areas[2 * i],
+                    &format!("{}: throughput", r.label),
+                    "Mbit/s",
+                    &r.throughput,
+                    r,
+                )?;
+                lines(
+                    &areas[2 * i + 1],
+                    &format!("{}: round-trip time", r.label),
+                    "ms",
+                    &r.latency,
+                    r,
+                )?;
             }
         }
         Kind::Cdf => {
-            let xmax = runs.iter().flat_map(|r| r.cdf.iter().map(|p| p.0)).fold(0.0, f64::max);
+            let xmax = runs
+                .iter()
+                .flat_map(|r| r.cdf.iter().map(|p| p.0))
+                .fold(0.0, f64::max);
             if xmax <= 0.0 {
                 return Err(PlotError::Empty("no round trips".into()));
             }
@@ -89,19 +116,39 @@ where
                 .y_label_area_size(55)
                 .build_cartesian_2d(0.0..xmax * 1.05, 0.0..1.0)
                 .map_err(d)?;
-            chart.configure_mesh().x_desc("RTT, ms").y_desc("fraction").draw().map_err(d)?;
+            chart
+                .configure_mesh()
+                .x_desc("RTT, ms")
+                .y_desc("fraction")
+                .draw()
+                .map_err(d)?;
             for (i, r) in runs.iter().enumerate() {
                 let c = color(i);
                 chart
                     .draw_series(LineSeries::new(r.cdf.iter().copied(), c.stroke_width(2)))
                     .map_err(d)?
                     .label(r.label.clone())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+                    });
             }
-            chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(d)?;
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(d)?;
         }
         Kind::Box => {
-            let boxes: Vec<(String, [f64; 5], usize)> = runs.iter().enumerate().flat_map(|(i, r)| r.boxes.iter().map(move |b| (format!("{}: {}", r.label, b.label), b.five, i))).collect();
+            let boxes: Vec<(String, [f64; 5], usize)> = runs
+                .iter()
+                .enumerate()
+                .flat_map(|(i, r)| {
+                    r.boxes
+                        .iter()
+                        .map(move |b| (format!("{}: {}", r.label, b.label), b.five, i))
+                })
+                .collect();
             if boxes.is_empty() {
                 return Err(PlotError::Empty("no round trips".into()));
             }
@@ -118,7 +165,13 @@ where
                 .configure_mesh()
                 .disable_x_mesh()
                 .x_labels(boxes.len())
-                .x_label_formatter(&|x| labels.get(x.round() as usize).filter(|_| (x - x.round()).abs() < 1e-6).cloned().unwrap_or_default())
+                .x_label_formatter(&|x| {
+                    labels
+                        .get(x.round() as usize)
+                        .filter(|_| (x - x.round()).abs() < 1e-6)
+                        .cloned()
+                        .unwrap_or_default()
+                })
                 .y_desc("RTT, ms")
                 .draw()
                 .map_err(d)?;
@@ -126,10 +179,28 @@ where
                 let x = k as f64;
                 let c = color(*run);
                 // Box from the quartiles, whiskers to min and max, a bar at the median.
-                chart.draw_series([Rectangle::new([(x - 0.3, f[1]), (x + 0.3, f[3])], c.mix(0.3).filled())]).map_err(d)?;
-                chart.draw_series([Rectangle::new([(x - 0.3, f[1]), (x + 0.3, f[3])], c.stroke_width(1))]).map_err(d)?;
-                for seg in [[(x - 0.3, f[2]), (x + 0.3, f[2])], [(x, f[0]), (x, f[1])], [(x, f[3]), (x, f[4])], [(x - 0.1, f[0]), (x + 0.1, f[0])], [(x - 0.1, f[4]), (x + 0.1, f[4])]] {
-                    chart.draw_series([PathElement::new(seg.to_vec(), c.stroke_width(2))]).map_err(d)?;
+                chart
+                    .draw_series([Rectangle::new(
+                        [(x - 0.3, f[1]), (x + 0.3, f[3])],
+                        c.mix(0.3).filled(),
+                    )])
+                    .map_err(d)?;
+                chart
+                    .draw_series([Rectangle::new(
+                        [(x - 0.3, f[1]), (x + 0.3, f[3])],
+                        c.stroke_width(1),
+                    )])
+                    .map_err(d)?;
+                for seg in [
+                    [(x - 0.3, f[2]), (x + 0.3, f[2])],
+                    [(x, f[0]), (x, f[1])],
+                    [(x, f[3]), (x, f[4])],
+                    [(x - 0.1, f[0]), (x + 0.1, f[0])],
+                    [(x - 0.1, f[4]), (x + 0.1, f[4])],
+                ] {
+                    chart
+                        .draw_series([PathElement::new(seg.to_vec(), c.stroke_width(2))])
+                        .map_err(d)?;
                 }
             }
         }
@@ -137,26 +208,67 @@ where
     root.present().map_err(d)
 }
 
-fn lines<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, title: &str, unit: &str, lines: &[Line], run: &RunView) -> Result<(), PlotError>
+fn lines<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    title: &str,
+    unit: &str,
+    lines: &[Line],
+    run: &RunView,
+) -> Result<(), PlotError>
 where
     DB::ErrorType: 'static,
 {
-    let xmax = run.phases.iter().map(|p| p.end).fold(0.0, f64::max).max(1e-3);
-    let ymax = lines.iter().flat_map(|l| l.points.iter().filter_map(|p| p.1)).fold(0.0, f64::max).max(1e-3) * 1.1;
-    let mut chart = ChartBuilder::on(area).caption(title, ("sans-serif", 20)).margin(12).x_label_area_size(35).y_label_area_size(60).build_cartesian_2d(0.0..xmax, 0.0..ymax).map_err(d)?;
-    chart.configure_mesh().x_desc("s").y_desc(unit).draw().map_err(d)?;
+    let xmax = run
+        .phases
+        .iter()
+        .map(|p| p.end)
+        .fold(0.0, f64::max)
+        .max(1e-3);
+    let ymax = lines
+        .iter()
+        .flat_map(|l| l.points.iter().filter_map(|p| p.1))
+        .fold(0.0, f64::max)
+        .max(1e-3)
+        * 1.1;
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(35)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..xmax, 0.0..ymax)
+        .map_err(d)?;
+    chart
+        .configure_mesh()
+        .x_desc("s")
+        .y_desc(unit)
+        .draw()
+        .map_err(d)?;
     for p in run.phases.iter().filter(|p| p.name != "load") {
-        chart.draw_series([Rectangle::new([(p.start, 0.0), (p.end, ymax)], BLACK.mix(0.05).filled())]).map_err(d)?;
+        chart
+            .draw_series([Rectangle::new(
+                [(p.start, 0.0), (p.end, ymax)],
+                BLACK.mix(0.05).filled(),
+            )])
+            .map_err(d)?;
     }
     // Each phase named at its start, as the HTML report does ("load" spans the load phases of a
     // sequential test and would overprint them).
-    let sequential = run.phases.iter().any(|p| !["idle", "load", "settle"].contains(&p.name.as_str()));
+    let sequential = run
+        .phases
+        .iter()
+        .any(|p| !["idle", "load", "settle"].contains(&p.name.as_str()));
     chart
         .draw_series(
             run.phases
                 .iter()
                 .filter(|p| p.name != "load" || !sequential)
-                .map(|p| Text::new(p.name.clone(), (p.start + xmax * 0.005, ymax * 0.985), ("sans-serif", 13).into_font().color(&BLACK.mix(0.55)))),
+                .map(|p| {
+                    Text::new(
+                        p.name.clone(),
+                        (p.start + xmax * 0.005, ymax * 0.985),
+                        ("sans-serif", 13).into_font().color(&BLACK.mix(0.55)),
+                    )
+                }),
         )
         .map_err(d)?;
     // Totals take the first two colours and the flows the other six, so that no flow wears a
@@ -183,9 +295,16 @@ where
             match p.1 {
                 Some(v) => segment.push((p.0, v)),
                 None if !segment.is_empty() => {
-                    let s = chart.draw_series(LineSeries::new(std::mem::take(&mut segment), c.stroke_width(width))).map_err(d)?;
+                    let s = chart
+                        .draw_series(LineSeries::new(
+                            std::mem::take(&mut segment),
+                            c.stroke_width(width),
+                        ))
+                        .map_err(d)?;
                     if first {
-                        s.label(l.name.clone()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+                        s.label(l.name.clone()).legend(move |(x, y)| {
+                            PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+                        });
                         first = false;
                     }
                 }
@@ -193,6 +312,12 @@ where
             }
         }
     }
-    chart.configure_series_labels().position(SeriesLabelPosition::UpperRight).background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(d)?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(d)?;
     Ok(())
 }

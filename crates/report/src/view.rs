@@ -58,7 +58,10 @@ pub fn bin(samples: &[(f64, Option<f64>)], width: f64) -> Vec<(f64, Option<f64>)
     let mut out: Vec<(f64, Option<f64>)> = Vec::new();
     let (mut cur, mut sum, mut n, mut any) = (None::<i64>, 0.0, 0usize, false);
     let flush = |b: i64, sum: f64, n: usize, any: bool, out: &mut Vec<(f64, Option<f64>)>| {
-        out.push(((b as f64 + 0.5) * width, (any && n > 0).then(|| sum / n as f64)));
+        out.push((
+            (b as f64 + 0.5) * width,
+            (any && n > 0).then(|| sum / n as f64),
+        ));
     };
     for &(t, v) in samples {
         let b = (t / width).floor() as i64;
@@ -92,19 +95,35 @@ fn throughput_lines(r: &ResultFile, width: f64) -> Vec<Line> {
         for &(t, v) in &points {
             *total.entry((t / width).floor() as i64).or_insert(0.0) += v.unwrap_or(0.0);
         }
-        lines.push(Line { name: s.name.clone(), points });
+        lines.push(Line {
+            name: s.name.clone(),
+            points,
+        });
     }
     for (i, name) in ["total down", "total up"].iter().enumerate() {
         if !totals[i].is_empty() {
-            let points = totals[i].iter().map(|(&b, &v)| ((b as f64 + 0.5) * width, Some(v))).collect();
-            lines.insert(0, Line { name: name.to_string(), points });
+            let points = totals[i]
+                .iter()
+                .map(|(&b, &v)| ((b as f64 + 0.5) * width, Some(v)))
+                .collect();
+            lines.insert(
+                0,
+                Line {
+                    name: name.to_string(),
+                    points,
+                },
+            );
         }
     }
     lines
 }
 
 fn values_in(samples: &[(f64, Option<f64>)], start: f64, end: f64) -> Vec<f64> {
-    samples.iter().filter(|(t, _)| *t >= start && *t < end).filter_map(|(_, v)| *v).collect()
+    samples
+        .iter()
+        .filter(|(t, _)| *t >= start && *t < end)
+        .filter_map(|(_, v)| *v)
+        .collect()
 }
 
 pub fn five_numbers(mut v: Vec<f64>) -> Option<[f64; 5]> {
@@ -112,7 +131,13 @@ pub fn five_numbers(mut v: Vec<f64>) -> Option<[f64; 5]> {
         return None;
     }
     v.sort_by(f64::total_cmp);
-    Some([v[0], quantile_sorted(&v, 0.25), quantile_sorted(&v, 0.5), quantile_sorted(&v, 0.75), v[v.len() - 1]])
+    Some([
+        v[0],
+        quantile_sorted(&v, 0.25),
+        quantile_sorted(&v, 0.5),
+        quantile_sorted(&v, 0.75),
+        v[v.len() - 1],
+    ])
 }
 
 impl RunView {
@@ -120,8 +145,18 @@ impl RunView {
         let end = r.metadata.phases.iter().map(|p| p.end).fold(0.0, f64::max);
         let width = (end / MAX_POINTS as f64).max(r.metadata.step);
         let throughput = throughput_lines(r, width.max(THROUGHPUT_BIN_S));
-        let rtt: Vec<_> = r.series.iter().filter(|s| s.kind == SeriesKind::Latency).collect();
-        let latency = rtt.iter().map(|s| Line { name: s.name.clone(), points: bin(&s.samples, width) }).collect();
+        let rtt: Vec<_> = r
+            .series
+            .iter()
+            .filter(|s| s.kind == SeriesKind::Latency)
+            .collect();
+        let latency = rtt
+            .iter()
+            .map(|s| Line {
+                name: s.name.clone(),
+                points: bin(&s.samples, width),
+            })
+            .collect();
         let load = r.metadata.phases.iter().find(|p| p.name == "load");
         let mut cdf_values: Vec<f64> = Vec::new();
         let mut boxes = Vec::new();
@@ -134,19 +169,32 @@ impl RunView {
                 let values = values_in(&s.samples, p.start, p.end);
                 let samples = values.len();
                 if let Some(five) = five_numbers(values) {
-                    boxes.push(BoxStats { label: format!("{} {}", s.name.trim_start_matches("rtt "), p.name), five, samples });
+                    boxes.push(BoxStats {
+                        label: format!("{} {}", s.name.trim_start_matches("rtt "), p.name),
+                        five,
+                        samples,
+                    });
                 }
             }
         }
         if cdf_values.is_empty() {
             // No load phase (ping, plain voip): the CDF of the whole run.
-            cdf_values = rtt.iter().filter(|s| s.name.starts_with("rtt ")).flat_map(|s| s.samples.iter().filter_map(|x| x.1)).collect();
+            cdf_values = rtt
+                .iter()
+                .filter(|s| s.name.starts_with("rtt "))
+                .flat_map(|s| s.samples.iter().filter_map(|x| x.1))
+                .collect();
         }
         cdf_values.sort_by(f64::total_cmp);
         let n = cdf_values.len();
         // At most ~MAX_POINTS steps: enough for the eye, small enough for the page.
         let stride = (n / MAX_POINTS).max(1);
-        let mut cdf: Vec<(f64, f64)> = cdf_values.iter().enumerate().step_by(stride).map(|(i, v)| (*v, (i + 1) as f64 / n as f64)).collect();
+        let mut cdf: Vec<(f64, f64)> = cdf_values
+            .iter()
+            .enumerate()
+            .step_by(stride)
+            .map(|(i, v)| (*v, (i + 1) as f64 / n as f64))
+            .collect();
         if let (Some(last), Some(&max)) = (cdf.last(), cdf_values.last()) {
             if last.1 < 1.0 {
                 cdf.push((max, 1.0));
@@ -161,7 +209,15 @@ impl RunView {
             cdf,
             boxes,
             burst: burst_lines(r),
-            memory: r.series.iter().filter(|s| s.kind == SeriesKind::Bytes).map(|s| Line { name: s.name.clone(), points: bin(&s.samples, width) }).collect(),
+            memory: r
+                .series
+                .iter()
+                .filter(|s| s.kind == SeriesKind::Bytes)
+                .map(|s| Line {
+                    name: s.name.clone(),
+                    points: bin(&s.samples, width),
+                })
+                .collect(),
             summary: r.summary.clone().unwrap_or_default(),
             metadata: serde_json::to_value(&r.metadata).unwrap_or_default(),
             partial: r.partial,
@@ -174,16 +230,34 @@ impl RunView {
 const BURST_WINDOW: (f64, f64) = (1.0, 2.0);
 
 fn burst_lines(r: &ResultFile) -> Vec<Line> {
-    let Some(u) = &r.metadata.udp else { return Vec::new() };
-    let Some(send_start) = u.send_start else { return Vec::new() };
+    let Some(u) = &r.metadata.udp else {
+        return Vec::new();
+    };
+    let Some(send_start) = u.send_start else {
+        return Vec::new();
+    };
     let bucket = u.bucket_ms / 1e3;
     let (from, to) = (send_start + BURST_WINDOW.0, send_start + BURST_WINDOW.1);
     let line = |name: &str, start: f64, bytes: &[u32]| Line {
         name: name.into(),
-        points: bytes.iter().enumerate().map(|(i, &b)| (start + i as f64 * bucket, Some(f64::from(b) * 8.0 / bucket / 1e6))).filter(|(t, _)| (from..to).contains(t)).collect(),
+        points: bytes
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| {
+                (
+                    start + i as f64 * bucket,
+                    Some(f64::from(b) * 8.0 / bucket / 1e6),
+                )
+            })
+            .filter(|(t, _)| (from..to).contains(t))
+            .collect(),
     };
     let mut lines = vec![line("sent", send_start, &u.send_bytes)];
-    if let Some((start, bytes)) = u.server.as_ref().and_then(|s| Some((s.recv_start?, &s.recv_bytes))) {
+    if let Some((start, bytes)) = u
+        .server
+        .as_ref()
+        .and_then(|s| Some((s.recv_start?, &s.recv_bytes)))
+    {
         lines.push(line("received", start, bytes));
     }
     lines
@@ -191,8 +265,13 @@ fn burst_lines(r: &ResultFile) -> Vec<Line> {
 
 /// A short label for a result file: its name without directories and extensions.
 pub fn label_for(path: &std::path::Path) -> String {
-    let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-    name.trim_end_matches(".gz").trim_end_matches(".json").to_string()
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    name.trim_end_matches(".gz")
+        .trim_end_matches(".json")
+        .to_string()
 }
 
 #[cfg(test)]
@@ -201,54 +280,103 @@ mod tests {
 
     #[test]
     fn binning_averages_and_keeps_gaps() {
-        let s = vec![(0.0, Some(1.0)), (0.05, Some(3.0)), (0.1, None), (0.15, None), (0.2, Some(5.0))];
+        let s = vec![
+            (0.0, Some(1.0)),
+            (0.05, Some(3.0)),
+            (0.1, None),
+            (0.15, None),
+            (0.2, Some(5.0)),
+        ];
         let b = bin(&s, 0.1);
-        assert_eq!(b, vec![(0.05, Some(2.0)), (0.15000000000000002, None), (0.25, Some(5.0))]);
+        assert_eq!(
+            b,
+            vec![
+                (0.05, Some(2.0)),
+                (0.15000000000000002, None),
+                (0.25, Some(5.0))
+            ]
+        );
     }
 
     #[test]
     fn a_udp_load_shows_one_second_of_its_profile_at_bucket_resolution() {
-        let mut r = ResultFile::new(bloatlab_result::Metadata { test: "udp".into(), ..Default::default() });
+        let mut r = ResultFile::new(bloatlab_result::Metadata {
+            test: "udp".into(),
+            ..Default::default()
+        });
         let u = bloatlab_result::UdpLoadInfo {
             bucket_ms: 1.0,
             send_start: Some(5.0),
             send_bytes: vec![125; 3000],
-            server: Some(bloatlab_result::UdpLoadServer { recv_start: Some(5.01), recv_bytes: vec![125; 3000], ..Default::default() }),
+            server: Some(bloatlab_result::UdpLoadServer {
+                recv_start: Some(5.01),
+                recv_bytes: vec![125; 3000],
+                ..Default::default()
+            }),
             ..Default::default()
         };
         r.metadata.udp = Some(u);
         let lines = burst_lines(&r);
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[0].points.len(), 1000, "6..7 s at 1 ms");
-        assert_eq!(lines[0].points[0], (6.0, Some(1.0)), "125 bytes a millisecond is 1 Mbit/s");
-        assert!((lines[1].points[0].0 - 6.0).abs() < 1e-9, "the server's buckets on the client's clock");
+        assert_eq!(
+            lines[0].points[0],
+            (6.0, Some(1.0)),
+            "125 bytes a millisecond is 1 Mbit/s"
+        );
+        assert!(
+            (lines[1].points[0].0 - 6.0).abs() < 1e-9,
+            "the server's buckets on the client's clock"
+        );
     }
 
     #[test]
     fn a_flow_opening_later_joins_the_total_where_it_starts() {
-        let mut r = ResultFile::new(bloatlab_result::Metadata { test: "rpm".into(), ..Default::default() });
+        let mut r = ResultFile::new(bloatlab_result::Metadata {
+            test: "rpm".into(),
+            ..Default::default()
+        });
         let flow = |name: &str, from: f64, mbps: f64| bloatlab_result::Series {
             name: name.into(),
             kind: SeriesKind::Throughput,
             direction: Some("down".into()),
             dscp: None,
             unit: "Mbit/s".into(),
-            samples: (0..100).map(|i| (from + 0.01 * (i + 1) as f64, Some(mbps))).collect(),
+            samples: (0..100)
+                .map(|i| (from + 0.01 * (i + 1) as f64, Some(mbps)))
+                .collect(),
         };
         // 10 Mbit/s over 0..1 s; 30 Mbit/s over 0.6..1.6 s.
         r.series = vec![flow("tcp down 1", 0.0, 10.0), flow("tcp down 2", 0.6, 30.0)];
         let lines = throughput_lines(&r, 0.2);
         assert_eq!(lines[0].name, "total down");
-        let at = |t: f64| lines[0].points.iter().find(|p| (p.0 - t).abs() < 1e-9).and_then(|p| p.1);
+        let at = |t: f64| {
+            lines[0]
+                .points
+                .iter()
+                .find(|p| (p.0 - t).abs() < 1e-9)
+                .and_then(|p| p.1)
+        };
         assert_eq!(at(0.1), Some(10.0), "the first flow alone");
         assert_eq!(at(0.9), Some(40.0), "both");
-        assert_eq!(at(1.3), Some(30.0), "the second alone, where it ran (not shifted to the first's bins)");
-        assert!((lines[2].points[0].0 - 0.7).abs() < 1e-9, "its own line starts at its first bin: {:?}", lines[2].points[0]);
+        assert_eq!(
+            at(1.3),
+            Some(30.0),
+            "the second alone, where it ran (not shifted to the first's bins)"
+        );
+        assert!(
+            (lines[2].points[0].0 - 0.7).abs() < 1e-9,
+            "its own line starts at its first bin: {:?}",
+            lines[2].points[0]
+        );
     }
 
     #[test]
     fn five_numbers_of_one_to_five() {
-        assert_eq!(five_numbers(vec![5.0, 1.0, 3.0, 2.0, 4.0]), Some([1.0, 2.0, 3.0, 4.0, 5.0]));
+        assert_eq!(
+            five_numbers(vec![5.0, 1.0, 3.0, 2.0, 4.0]),
+            Some([1.0, 2.0, 3.0, 4.0, 5.0])
+        );
         assert_eq!(five_numbers(vec![]), None);
     }
 }

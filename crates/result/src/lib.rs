@@ -28,7 +28,15 @@ pub struct ResultFile {
 
 impl ResultFile {
     pub fn new(metadata: Metadata) -> Self {
-        ResultFile { format: FORMAT.into(), version: VERSION, metadata, series: Vec::new(), events: Vec::new(), summary: None, partial: true }
+        ResultFile {
+            format: FORMAT.into(),
+            version: VERSION,
+            metadata,
+            series: Vec::new(),
+            events: Vec::new(),
+            summary: None,
+            partial: true,
+        }
     }
 
     pub fn series(&self, name: &str) -> Option<&Series> {
@@ -273,9 +281,15 @@ pub struct Event {
 #[derive(Debug, thiserror::Error)]
 pub enum ResultError {
     #[error("cannot write {path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path} is not a bloatlab result: {why}")]
     Format { path: PathBuf, why: String },
 }
@@ -288,9 +302,15 @@ fn is_gz(path: &Path) -> bool {
 /// A device or pipe (`-o /dev/null`, `-o /dev/stdout`, a FIFO) is written in place instead:
 /// renaming a temporary file over it would replace the device itself (as root, /dev/null).
 pub fn write_atomic(path: &Path, result: &ResultFile) -> Result<(), ResultError> {
-    let err = |source| ResultError::Write { path: path.to_path_buf(), source };
+    let err = |source| ResultError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
     if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
-        let file = std::fs::OpenOptions::new().write(true).open(path).map_err(err)?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(err)?;
         return write_to(file, is_gz(path), result).map_err(err);
     }
     let mut tmp = path.as_os_str().to_owned();
@@ -321,8 +341,16 @@ fn write_to(file: std::fs::File, gz: bool, result: &ResultFile) -> std::io::Resu
 /// Reads a result file, gzipped or not (told apart by content, not name).
 pub fn read(path: &Path) -> Result<ResultFile, ResultError> {
     let mut raw = Vec::new();
-    std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut raw)).map_err(|source| ResultError::Read { path: path.to_path_buf(), source })?;
-    parse(&raw).map_err(|why| ResultError::Format { path: path.to_path_buf(), why })
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut raw))
+        .map_err(|source| ResultError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    parse(&raw).map_err(|why| ResultError::Format {
+        path: path.to_path_buf(),
+        why,
+    })
 }
 
 /// Largest result accepted once decompressed: result files are shared, and a small gzip file
@@ -334,9 +362,15 @@ pub fn parse(raw: &[u8]) -> Result<ResultFile, String> {
     let unpacked;
     let json = if raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
-        flate2::read::GzDecoder::new(raw).take(MAX_UNPACKED + 1).read_to_end(&mut out).map_err(|e| e.to_string())?;
+        flate2::read::GzDecoder::new(raw)
+            .take(MAX_UNPACKED + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| e.to_string())?;
         if out.len() as u64 > MAX_UNPACKED {
-            return Err(format!("more than {} MiB once unpacked", MAX_UNPACKED >> 20));
+            return Err(format!(
+                "more than {} MiB once unpacked",
+                MAX_UNPACKED >> 20
+            ));
         }
         unpacked = out;
         &unpacked[..]
@@ -349,7 +383,9 @@ pub fn parse(raw: &[u8]) -> Result<ResultFile, String> {
     }
     let version = value.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
     if version != VERSION as u64 {
-        return Err(format!("version {version}, this bloatlab reads version {VERSION}"));
+        return Err(format!(
+            "version {version}, this bloatlab reads version {VERSION}"
+        ));
     }
     let r: ResultFile = serde_json::from_value(value).map_err(|e| e.to_string())?;
     check(&r)?;
@@ -362,11 +398,17 @@ pub fn parse(raw: &[u8]) -> Result<ResultFile, String> {
 fn check(r: &ResultFile) -> Result<(), String> {
     let m = &r.metadata;
     if !(m.step.is_finite() && m.step > 0.0) {
-        return Err(format!("metadata.step {} is not a positive number of seconds", m.step));
+        return Err(format!(
+            "metadata.step {} is not a positive number of seconds",
+            m.step
+        ));
     }
     for p in &m.phases {
         if !(p.start.is_finite() && p.end.is_finite()) || p.end < p.start {
-            return Err(format!("phase `{}` runs from {} s to {} s", p.name, p.start, p.end));
+            return Err(format!(
+                "phase `{}` runs from {} s to {} s",
+                p.name, p.start, p.end
+            ));
         }
     }
     for f in &m.flows {
@@ -375,11 +417,23 @@ fn check(r: &ResultFile) -> Result<(), String> {
         }
     }
     for s in &r.series {
-        if let Some(w) = s.samples.windows(2).find(|w| s.kind == SeriesKind::Throughput && w[0].0.partial_cmp(&w[1].0).is_none_or(|o| o.is_gt())) {
-            return Err(format!("series `{}`: sample at {} s after one at {} s (times must be finite and in order)", s.name, w[1].0, w[0].0));
+        if let Some(w) = s.samples.windows(2).find(|w| {
+            s.kind == SeriesKind::Throughput
+                && w[0].0.partial_cmp(&w[1].0).is_none_or(|o| o.is_gt())
+        }) {
+            return Err(format!(
+                "series `{}`: sample at {} s after one at {} s (times must be finite and in order)",
+                s.name, w[1].0, w[0].0
+            ));
         }
-        if s.samples.iter().any(|x| !x.0.is_finite() || x.1.is_some_and(|v| !v.is_finite())) {
-            return Err(format!("series `{}` has a sample that is not a finite number", s.name));
+        if s.samples
+            .iter()
+            .any(|x| !x.0.is_finite() || x.1.is_some_and(|v| !v.is_finite()))
+        {
+            return Err(format!(
+                "series `{}` has a sample that is not a finite number",
+                s.name
+            ));
         }
     }
     Ok(())
@@ -394,13 +448,22 @@ mod tests {
     #[test]
     fn a_file_whose_phases_or_samples_make_no_sense_is_refused_with_the_reason() {
         let mut r = sample();
-        r.metadata.phases = vec![Phase { name: "load".into(), start: 5.3, end: 1.3 }];
+        r.metadata.phases = vec![Phase {
+            name: "load".into(),
+            start: 5.3,
+            end: 1.3,
+        }];
         let raw = serde_json::to_vec(&r).unwrap();
-        assert_eq!(parse(&raw).unwrap_err(), "phase `load` runs from 5.3 s to 1.3 s");
+        assert_eq!(
+            parse(&raw).unwrap_err(),
+            "phase `load` runs from 5.3 s to 1.3 s"
+        );
         let mut r = sample();
         r.series[0].kind = SeriesKind::Throughput;
         r.series[0].samples = vec![(2.0, Some(1.0)), (1.0, Some(1.0))];
-        assert!(parse(&serde_json::to_vec(&r).unwrap()).unwrap_err().contains("after one at 2 s"));
+        assert!(parse(&serde_json::to_vec(&r).unwrap())
+            .unwrap_err()
+            .contains("after one at 2 s"));
         assert!(parse(&serde_json::to_vec(&sample()).unwrap()).is_ok());
     }
 
@@ -415,7 +478,11 @@ mod tests {
             cc: None,
             start_time: "2026-11-22T10:00:00Z".into(),
             step: 0.01,
-            phases: vec![Phase { name: "idle".into(), start: 0.0, end: 10.0 }],
+            phases: vec![Phase {
+                name: "idle".into(),
+                start: 0.0,
+                end: 10.0,
+            }],
             clock_offset: None,
             flows: vec![],
             streams: vec![],
@@ -424,7 +491,14 @@ mod tests {
             rpm_by_direction: None,
             udp: None,
         });
-        r.series.push(Series { name: "rtt udp-be".into(), kind: SeriesKind::Latency, direction: None, dscp: Some(0), unit: "ms".into(), samples: vec![(0.0, Some(0.1)), (0.01, None)] });
+        r.series.push(Series {
+            name: "rtt udp-be".into(),
+            kind: SeriesKind::Latency,
+            direction: None,
+            dscp: Some(0),
+            unit: "ms".into(),
+            samples: vec![(0.0, Some(0.1)), (0.01, None)],
+        });
         r
     }
 
@@ -451,14 +525,21 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("bloatlab-result-fifo-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("pipe.json");
-        assert!(std::process::Command::new("mkfifo").arg(&p).status().unwrap().success());
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&p)
+            .status()
+            .unwrap()
+            .success());
         let reader = {
             let p = p.clone();
             std::thread::spawn(move || std::fs::read(&p).unwrap())
         };
         write_atomic(&p, &sample()).unwrap();
         // Checked before joining: had the pipe been replaced, its reader would wait forever.
-        assert!(std::fs::metadata(&p).unwrap().file_type().is_fifo(), "the pipe is still a pipe");
+        assert!(
+            std::fs::metadata(&p).unwrap().file_type().is_fifo(),
+            "the pipe is still a pipe"
+        );
         let got: ResultFile = serde_json::from_slice(&reader.join().unwrap()).unwrap();
         assert_eq!(got, sample());
         assert!(!dir.join("pipe.json.tmp").exists());

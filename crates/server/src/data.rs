@@ -20,9 +20,28 @@ use tokio::time::{sleep, timeout_at, Instant};
 /// them faster than it reads the replies loses the excess (counted), not the server's memory.
 const PONG_QUEUE: usize = 64;
 
-pub(crate) async fn run(r: Reader, mut w: OwnedWriteHalf, peer: SocketAddr, session: Arc<Session>, flow_id: u16) {
-    let Some(spec) = session.request.flows.iter().find(|f| f.id == flow_id).cloned() else {
-        let _ = send(&mut w, &ServerMsg::Refused { reason: RefuseReason::BadRequest, message: format!("no flow {flow_id} in this test") }).await;
+pub(crate) async fn run(
+    r: Reader,
+    mut w: OwnedWriteHalf,
+    peer: SocketAddr,
+    session: Arc<Session>,
+    flow_id: u16,
+) {
+    let Some(spec) = session
+        .request
+        .flows
+        .iter()
+        .find(|f| f.id == flow_id)
+        .cloned()
+    else {
+        let _ = send(
+            &mut w,
+            &ServerMsg::Refused {
+                reason: RefuseReason::BadRequest,
+                message: format!("no flow {flow_id} in this test"),
+            },
+        )
+        .await;
         return;
     };
     let sock = w.as_ref();
@@ -30,7 +49,14 @@ pub(crate) async fn run(r: Reader, mut w: OwnedWriteHalf, peer: SocketAddr, sess
     if spec.direction == Direction::Down {
         if let Some(cc) = &spec.cc {
             if let Err(e) = netio::set_cc(sock, cc) {
-                let _ = send(&mut w, &ServerMsg::Refused { reason: RefuseReason::BadRequest, message: e.to_string() }).await;
+                let _ = send(
+                    &mut w,
+                    &ServerMsg::Refused {
+                        reason: RefuseReason::BadRequest,
+                        message: e.to_string(),
+                    },
+                )
+                .await;
                 return;
             }
         }
@@ -39,7 +65,14 @@ pub(crate) async fn run(r: Reader, mut w: OwnedWriteHalf, peer: SocketAddr, sess
     let counter = match session.claim_flow(flow_id, cc.clone()) {
         Ok(c) => c,
         Err(why) => {
-            let _ = send(&mut w, &ServerMsg::Refused { reason: RefuseReason::Limit, message: why }).await;
+            let _ = send(
+                &mut w,
+                &ServerMsg::Refused {
+                    reason: RefuseReason::Limit,
+                    message: why,
+                },
+            )
+            .await;
             return;
         }
     };
@@ -96,12 +129,19 @@ async fn download(mut r: Reader, mut w: OwnedWriteHalf, session: &Session, count
                 }
             }
             let payload = match responsive {
-                true => frame::responsive_payload(netio::keep_unsent_small(w.as_ref()).unwrap_or(frame::RESPONSIVE_PAYLOAD as u32)),
+                true => frame::responsive_payload(
+                    netio::keep_unsent_small(w.as_ref())
+                        .unwrap_or(frame::RESPONSIVE_PAYLOAD as u32),
+                ),
                 false => frame::DATA_PAYLOAD,
             };
             // The kernel checks its unsent limit only when a write needs a new buffer
             // (netio::sendbuf): asked first, it holds half the limit and a frame.
-            if responsive && std::future::poll_fn(|cx| netio::sendbuf::poll_unsent_room(w.as_ref(), cx)).await.is_err() {
+            if responsive
+                && std::future::poll_fn(|cx| netio::sendbuf::poll_unsent_room(w.as_ref(), cx))
+                    .await
+                    .is_err()
+            {
                 return;
             }
             let wait = session.pace(payload);
@@ -109,7 +149,10 @@ async fn download(mut r: Reader, mut w: OwnedWriteHalf, session: &Session, count
                 sleep(wait).await;
             }
             chunk[..frame::HEADER_LEN].copy_from_slice(&frame::data_header(payload));
-            if w.write_all(&chunk[..frame::HEADER_LEN + payload]).await.is_err() {
+            if w.write_all(&chunk[..frame::HEADER_LEN + payload])
+                .await
+                .is_err()
+            {
                 return;
             }
             counter.fetch_add(payload as u64, Ordering::Relaxed);

@@ -18,7 +18,11 @@ pub const LOSSY_HANDSHAKE: Duration = Duration::from_secs(15);
 
 /// Runs `handshake` to its end, unless it takes `LOSSY_HANDSHAKE`, or `first` while `crowded()`
 /// (half the slots held): a slow handshake keeps its slot only while nobody else wants it.
-pub async fn handshake_within<F: std::future::Future>(handshake: F, first: Duration, crowded: impl Fn() -> bool) -> Option<F::Output> {
+pub async fn handshake_within<F: std::future::Future>(
+    handshake: F,
+    first: Duration,
+    crowded: impl Fn() -> bool,
+) -> Option<F::Output> {
     let give_up = async {
         tokio::time::sleep(first).await;
         let deadline = Instant::now() + LOSSY_HANDSHAKE.saturating_sub(first);
@@ -43,7 +47,11 @@ mod tests {
         // Not crowded: the lossy path's allowance.
         let t0 = Instant::now();
         assert_eq!(handshake_within(never(), first, || false).await, None);
-        assert!(t0.elapsed() >= LOSSY_HANDSHAKE && t0.elapsed() <= LOSSY_HANDSHAKE + LOOK_EVERY, "{:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() >= LOSSY_HANDSHAKE && t0.elapsed() <= LOSSY_HANDSHAKE + LOOK_EVERY,
+            "{:?}",
+            t0.elapsed()
+        );
         // Crowded: the first deadline.
         let t0 = Instant::now();
         assert_eq!(handshake_within(never(), first, || true).await, None);
@@ -51,8 +59,16 @@ mod tests {
         // Crowded later on: from then.
         let t0 = Instant::now();
         let at = t0 + Duration::from_secs(8);
-        assert_eq!(handshake_within(never(), first, move || Instant::now() >= at).await, None);
-        assert!(t0.elapsed() >= Duration::from_secs(8) && t0.elapsed() <= Duration::from_secs(8) + LOOK_EVERY, "{:?}", t0.elapsed());
+        assert_eq!(
+            handshake_within(never(), first, move || Instant::now() >= at).await,
+            None
+        );
+        assert!(
+            t0.elapsed() >= Duration::from_secs(8)
+                && t0.elapsed() <= Duration::from_secs(8) + LOOK_EVERY,
+            "{:?}",
+            t0.elapsed()
+        );
         // A handshake that ends in time is what it returned, crowded or not.
         let slow = async {
             tokio::time::sleep(Duration::from_secs(9)).await;

@@ -1,5 +1,6 @@
 //! The measurement server, meant for the public Internet. One tokio runtime for TCP (the UDP echo
-//! keeps a thread of its own, for timing); every connection a task under a total deadline (its hello, then its test); every slot (connection, test, flow) a
+//! keeps a thread of its own, for timing); every connection a task under a total deadline (its
+//! hello, then its test); every slot (connection, test, flow) a
 //! guard that is given back however its task ends; the same limits in all and per client
 //! address for every kind of connection.
 //!
@@ -75,7 +76,10 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            listen: SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), proto::DEFAULT_PORT),
+            listen: SocketAddr::new(
+                IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+                proto::DEFAULT_PORT,
+            ),
             max_tests: 4,
             max_tests_per_ip: 2,
             max_duration: Duration::from_secs(180),
@@ -101,7 +105,10 @@ impl Default for Config {
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("the key must be at least {} bytes", proto::auth::MIN_KEY_LEN)]
     ShortKey,
     #[error("cannot start the server's runtime: {0}")]
@@ -167,33 +174,61 @@ pub struct Server {
 impl Server {
     /// Binds TCP and UDP on the same port (port 0 picks one) and serves on a background runtime.
     pub fn start(config: Config) -> Result<Server, ServerError> {
-        if config.key.as_ref().is_some_and(|k| k.len() < proto::auth::MIN_KEY_LEN) {
+        if config
+            .key
+            .as_ref()
+            .is_some_and(|k| k.len() < proto::auth::MIN_KEY_LEN)
+        {
             return Err(ServerError::ShortKey);
         }
         let (tcp, udp) = bind(config.listen)?;
         let local_addr = tcp
             .local_addr()
-            .map_err(|source| ServerError::Bind { addr: config.listen, source })?
+            .map_err(|source| ServerError::Bind {
+                addr: config.listen,
+                source,
+            })?
             .as_socket()
-            .ok_or(ServerError::Bind { addr: config.listen, source: std::io::ErrorKind::InvalidInput.into() })?;
-        tcp.set_nonblocking(true).map_err(|source| ServerError::Bind { addr: config.listen, source })?;
+            .ok_or(ServerError::Bind {
+                addr: config.listen,
+                source: std::io::ErrorKind::InvalidInput.into(),
+            })?;
+        tcp.set_nonblocking(true)
+            .map_err(|source| ServerError::Bind {
+                addr: config.listen,
+                source,
+            })?;
         let tls = match (&config.web.https, &config.web.tls) {
-            (Some(_), Some((cert, key))) => Some(Arc::new(web::tls::Tls::load(cert, key).map_err(ServerError::Tls)?)),
-            (Some(_), None) => return Err(ServerError::Tls("--https needs --cert and --key, or --self-signed".into())),
+            (Some(_), Some((cert, key))) => Some(Arc::new(
+                web::tls::Tls::load(cert, key).map_err(ServerError::Tls)?,
+            )),
+            (Some(_), None) => {
+                return Err(ServerError::Tls(
+                    "--https needs --cert and --key, or --self-signed".into(),
+                ))
+            }
             (None, _) => None,
         };
         let http = config.web.http.map(listen_tcp).transpose()?;
         let https = config.web.https.map(listen_tcp).transpose()?;
-        let addr_of = |l: &Option<std::net::TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
+        let addr_of =
+            |l: &Option<std::net::TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
         let ws = config.web.ws.map(listen_tcp).transpose()?;
         let (http_addr, https_addr, ws_addr) = (addr_of(&http), addr_of(&https), addr_of(&ws));
         let web = match (&http, &https) {
             (None, None) => None,
-            _ => Some(Arc::new(web::Web::new(config.web.clone(), ws_addr.map(|a| a.port())).map_err(ServerError::Runtime)?)),
+            _ => Some(Arc::new(
+                web::Web::new(config.web.clone(), ws_addr.map(|a| a.port()))
+                    .map_err(ServerError::Runtime)?,
+            )),
         };
         let (stop_tx, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
-            connections: Slots::new("connections", config.max_connections, config.max_connections_per_ip),
+            connections: Slots::new(
+                "connections",
+                config.max_connections,
+                config.max_connections_per_ip,
+            ),
             tests: Slots::new("tests", config.max_tests, config.max_tests_per_ip),
             refusing: Slots::new("refusals", MAX_REFUSING, MAX_REFUSING / 8),
             config,
@@ -201,26 +236,49 @@ impl Server {
             counters: Counters::default(),
             stop: stop_rx,
         });
-        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("bloatlab-server").build().map_err(ServerError::Runtime)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("bloatlab-server")
+            .build()
+            .map_err(ServerError::Runtime)?;
         let udp_shared = shared.clone();
-        let udp_thread = std::thread::Builder::new().name("udp-echo".into()).spawn(move || udp::serve(udp.into(), udp_shared)).map_err(ServerError::Runtime)?;
+        let udp_thread = std::thread::Builder::new()
+            .name("udp-echo".into())
+            .spawn(move || udp::serve(udp.into(), udp_shared))
+            .map_err(ServerError::Runtime)?;
         let tcp_thread = std::thread::Builder::new()
             .name("bloatlab-server".into())
             .spawn(move || {
                 rt.block_on(async move {
-                    let tcp = match tokio::net::TcpListener::from_std(std::net::TcpListener::from(tcp)) {
-                        Ok(t) => t,
-                        Err(e) => return eprintln!("bloatlab server: {e}"),
-                    };
+                    let tcp =
+                        match tokio::net::TcpListener::from_std(std::net::TcpListener::from(tcp)) {
+                            Ok(t) => t,
+                            Err(e) => return eprintln!("bloatlab server: {e}"),
+                        };
                     // The accept loops run as tasks on workers, like every connection.
                     let mut tasks = vec![tokio::spawn(conn::accept_loop(tcp, shared.clone()))];
                     if let Some(web) = web {
                         for (listener, tls) in [(http, None), (https, tls.clone())] {
-                            let Some(l) = listener.and_then(|l| tokio::net::TcpListener::from_std(l).ok()) else { continue };
-                            tasks.push(tokio::spawn(web::accept_loop(l, tls, shared.clone(), web.clone())));
+                            let Some(l) =
+                                listener.and_then(|l| tokio::net::TcpListener::from_std(l).ok())
+                            else {
+                                continue;
+                            };
+                            tasks.push(tokio::spawn(web::accept_loop(
+                                l,
+                                tls,
+                                shared.clone(),
+                                web.clone(),
+                            )));
                         }
-                        if let Some(l) = ws.and_then(|l| tokio::net::TcpListener::from_std(l).ok()) {
-                            tasks.push(tokio::spawn(web::ws::accept_loop(l, tls.clone(), shared.clone(), web.clone())));
+                        if let Some(l) = ws.and_then(|l| tokio::net::TcpListener::from_std(l).ok())
+                        {
+                            tasks.push(tokio::spawn(web::ws::accept_loop(
+                                l,
+                                tls.clone(),
+                                shared.clone(),
+                                web.clone(),
+                            )));
                         }
                     }
                     if let Some(tls) = tls {
@@ -233,7 +291,14 @@ impl Server {
                 rt.shutdown_timeout(Duration::from_secs(1));
             })
             .map_err(ServerError::Runtime)?;
-        Ok(Server { local_addr, http_addr, https_addr, ws_addr, stop: stop_tx, threads: vec![udp_thread, tcp_thread] })
+        Ok(Server {
+            local_addr,
+            http_addr,
+            https_addr,
+            ws_addr,
+            stop: stop_tx,
+            threads: vec![udp_thread, tcp_thread],
+        })
     }
 
     /// Stops accepting and ends every connection; returns once the runtime is down.
@@ -254,11 +319,15 @@ impl Drop for Server {
 /// SIGHUP: the certificate files are read again (renewed certificates without a restart); new
 /// connections get the new one, a broken file leaves the old one in use.
 async fn reload_on_hangup(tls: Arc<web::tls::Tls>) {
-    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        return;
+    };
     while hup.recv().await.is_some() {
         match tls.reload() {
             Ok(fp) => eprintln!("bloatlab server: certificate reloaded, SHA-256 {fp}"),
-            Err(e) => eprintln!("bloatlab server: certificate not reloaded, the old one stays: {e}"),
+            Err(e) => {
+                eprintln!("bloatlab server: certificate not reloaded, the old one stays: {e}")
+            }
         }
     }
 }
@@ -279,7 +348,11 @@ fn listen_tcp(addr: SocketAddr) -> Result<std::net::TcpListener, ServerError> {
     };
     make(addr)
         .or_else(|e| match addr.ip() {
-            IpAddr::V6(v6) if v6.is_unspecified() => make(SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), addr.port())).map_err(|_| e),
+            IpAddr::V6(v6) if v6.is_unspecified() => make(SocketAddr::new(
+                IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+                addr.port(),
+            ))
+            .map_err(|_| e),
             _ => Err(e),
         })
         .map_err(|source| ServerError::Bind { addr, source })

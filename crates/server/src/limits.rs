@@ -36,29 +36,49 @@ pub enum Full {
 impl std::fmt::Display for Full {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Full::All { what, max } => write!(f, "the server is busy: {max} {what} at once is its limit; try again in a minute"),
-            Full::ThisAddress { what, max } => write!(f, "your address already has {max} {what} open, this server's limit per address"),
+            Full::All { what, max } => write!(
+                f,
+                "the server is busy: {max} {what} at once is its limit; try again in a minute"
+            ),
+            Full::ThisAddress { what, max } => write!(
+                f,
+                "your address already has {max} {what} open, this server's limit per address"
+            ),
         }
     }
 }
 
 impl Slots {
     pub fn new(what: &'static str, max: usize, max_per_ip: usize) -> Arc<Slots> {
-        Arc::new(Slots { what, max, max_per_ip, held: Mutex::new(Held::default()) })
+        Arc::new(Slots {
+            what,
+            max,
+            max_per_ip,
+            held: Mutex::new(Held::default()),
+        })
     }
 
     pub fn take(self: &Arc<Self>, ip: IpAddr) -> Result<Slot, Full> {
         let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
         if h.total >= self.max {
-            return Err(Full::All { what: self.what, max: self.max });
+            return Err(Full::All {
+                what: self.what,
+                max: self.max,
+            });
         }
         let mine = h.per_ip.entry(ip).or_default();
         if *mine >= self.max_per_ip {
-            return Err(Full::ThisAddress { what: self.what, max: self.max_per_ip });
+            return Err(Full::ThisAddress {
+                what: self.what,
+                max: self.max_per_ip,
+            });
         }
         *mine += 1;
         h.total += 1;
-        Ok(Slot { slots: self.clone(), ip })
+        Ok(Slot {
+            slots: self.clone(),
+            ip,
+        })
     }
 
     /// Whether half the slots, in all or of `ip`'s, are held: time for idle holders to go.
@@ -100,9 +120,21 @@ mod tests {
         let s = Slots::new("tests", 3, 2);
         let a1 = s.take(ip(1)).unwrap();
         let _a2 = s.take(ip(1)).unwrap();
-        assert_eq!(s.take(ip(1)).err(), Some(Full::ThisAddress { what: "tests", max: 2 }));
+        assert_eq!(
+            s.take(ip(1)).err(),
+            Some(Full::ThisAddress {
+                what: "tests",
+                max: 2
+            })
+        );
         let _b1 = s.take(ip(2)).unwrap();
-        assert_eq!(s.take(ip(3)).err(), Some(Full::All { what: "tests", max: 3 }));
+        assert_eq!(
+            s.take(ip(3)).err(),
+            Some(Full::All {
+                what: "tests",
+                max: 3
+            })
+        );
         drop(a1);
         assert_eq!(s.held(ip(1)), (2, 1));
         assert!(s.take(ip(3)).is_ok(), "a dropped slot is free again");
@@ -136,7 +168,21 @@ mod tests {
 
     #[test]
     fn refusals_name_the_limit() {
-        assert_eq!(Full::All { what: "tests", max: 4 }.to_string(), "the server is busy: 4 tests at once is its limit; try again in a minute");
-        assert_eq!(Full::ThisAddress { what: "connections", max: 64 }.to_string(), "your address already has 64 connections open, this server's limit per address");
+        assert_eq!(
+            Full::All {
+                what: "tests",
+                max: 4
+            }
+            .to_string(),
+            "the server is busy: 4 tests at once is its limit; try again in a minute"
+        );
+        assert_eq!(
+            Full::ThisAddress {
+                what: "connections",
+                max: 64
+            }
+            .to_string(),
+            "your address already has 64 connections open, this server's limit per address"
+        );
     }
 }

@@ -7,12 +7,22 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 /// Reads one `\n`-terminated line of at most `max` bytes: `Ok(None)` at a clean end of stream,
 /// an error for an over-long line (the peer does not speak the protocol). Memory is bounded by
 /// `max` whatever the peer sends; the time it may take is the caller's deadline.
-pub async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R, max: usize) -> io::Result<Option<Vec<u8>>> {
+pub async fn read_line<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    max: usize,
+) -> io::Result<Option<Vec<u8>>> {
     let mut line = Vec::new();
     loop {
         let buf = r.fill_buf().await?;
         if buf.is_empty() {
-            return if line.is_empty() { Ok(None) } else { Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed mid-line")) };
+            return if line.is_empty() {
+                Ok(None)
+            } else {
+                Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed mid-line",
+                ))
+            };
         }
         let (chunk, end) = match buf.iter().position(|&b| b == b'\n') {
             Some(i) => (&buf[..i], Some(i + 1)),
@@ -20,7 +30,10 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R, max: usize) -> io::Re
         };
         // Checked before copying: memory stays within `max` whatever the peer sends.
         if line.len() + chunk.len() > max {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("line longer than {max} bytes")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("line longer than {max} bytes"),
+            ));
         }
         line.extend_from_slice(chunk);
         let used = end.unwrap_or(chunk.len());
@@ -53,7 +66,10 @@ mod tests {
         assert!(read_line(&mut r, 100).await.is_err(), "closed mid-line");
         let long = vec![b'a'; 5000];
         let mut r = tokio::io::BufReader::new(&long[..]);
-        assert_eq!(read_line(&mut r, 1000).await.unwrap_err().kind(), io::ErrorKind::InvalidData);
+        assert_eq!(
+            read_line(&mut r, 1000).await.unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
         let mut r = tokio::io::BufReader::new(&b""[..]);
         assert!(read_line(&mut r, 10).await.unwrap().is_none());
     }

@@ -20,7 +20,12 @@ pub struct Bucket {
 
 impl Bucket {
     pub fn new(per_sec: f64, cap: f64, now: Instant) -> Self {
-        Bucket { tokens: cap, per_sec, cap, last: now }
+        Bucket {
+            tokens: cap,
+            per_sec,
+            cap,
+            last: now,
+        }
     }
 
     /// For one probe stream: refills at twice the announced rate and holds 5 s worth (at least
@@ -108,17 +113,52 @@ pub struct Session {
 const CONN_PROBES_PER_S: f64 = 20.0;
 
 impl Session {
-    pub fn new(client_ip: IpAddr, deadline: Instant, request: TestRequest, max_rate_bytes: Option<f64>) -> Self {
+    pub fn new(
+        client_ip: IpAddr,
+        deadline: Instant,
+        request: TestRequest,
+        max_rate_bytes: Option<f64>,
+    ) -> Self {
         let now = Instant::now();
-        let streams = request.streams.iter().map(|s| (s.id, StreamState { dscp: s.dscp, dscp_applied: None, received: 0, limited: 0, bucket: Bucket::for_stream(s.interval_us, now) })).collect();
+        let streams = request
+            .streams
+            .iter()
+            .map(|s| {
+                (
+                    s.id,
+                    StreamState {
+                        dscp: s.dscp,
+                        dscp_applied: None,
+                        received: 0,
+                        limited: 0,
+                        bucket: Bucket::for_stream(s.interval_us, now),
+                    },
+                )
+            })
+            .collect();
         // A load may still arrive through a bloated queue after the announced end.
         let load_span = Duration::from_millis(request.duration_ms) + crate::GRACE;
-        let udp_loads = request.udp_loads.iter().map(|l| (l.id, UdpSink::new(l, load_span, now))).collect();
-        let rcvbuf_errors_at_start = if request.udp_loads.is_empty() { None } else { bloatlab_netio::udp::udp_rcvbuf_errors() };
-        let flows = request.flows.iter().map(|f| (f.id, FlowState::default())).collect();
-        let conn_probes = request.connection_probes.then(|| Mutex::new(Bucket::new(CONN_PROBES_PER_S, 2.0 * CONN_PROBES_PER_S, now)));
+        let udp_loads = request
+            .udp_loads
+            .iter()
+            .map(|l| (l.id, UdpSink::new(l, load_span, now)))
+            .collect();
+        let rcvbuf_errors_at_start = if request.udp_loads.is_empty() {
+            None
+        } else {
+            bloatlab_netio::udp::udp_rcvbuf_errors()
+        };
+        let flows = request
+            .flows
+            .iter()
+            .map(|f| (f.id, FlowState::default()))
+            .collect();
+        let conn_probes = request
+            .connection_probes
+            .then(|| Mutex::new(Bucket::new(CONN_PROBES_PER_S, 2.0 * CONN_PROBES_PER_S, now)));
         // A quarter second of burst: enough for one frame at any sane rate.
-        let rate = max_rate_bytes.map(|r| Mutex::new(Bucket::new(r, (r / 4.0).max(256.0 * 1024.0), now)));
+        let rate =
+            max_rate_bytes.map(|r| Mutex::new(Bucket::new(r, (r / 4.0).max(256.0 * 1024.0), now)));
         Session {
             client_ip,
             deadline,
@@ -153,9 +193,13 @@ impl Session {
     /// Claims flow `id`'s data connection: each flow gets one, once. Returns its byte counter.
     pub fn claim_flow(&self, id: u16, cc: Option<String>) -> Result<Arc<AtomicU64>, String> {
         let mut flows = self.flows.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(f) = flows.get_mut(&id) else { return Err(format!("no flow {id} in this test")) };
+        let Some(f) = flows.get_mut(&id) else {
+            return Err(format!("no flow {id} in this test"));
+        };
         if f.claimed {
-            return Err(format!("flow {id} already has its data connection (one per flow)"));
+            return Err(format!(
+                "flow {id} already has its data connection (one per flow)"
+            ));
         }
         f.claimed = true;
         f.cc = cc;
@@ -166,7 +210,13 @@ impl Session {
     pub fn admit_conn_probe(&self) -> Result<(), &'static str> {
         match &self.conn_probes {
             None => Err("this test did not ask for connection probes"),
-            Some(b) if b.lock().unwrap_or_else(|e| e.into_inner()).take(Instant::now()) => Ok(()),
+            Some(b)
+                if b.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take(Instant::now()) =>
+            {
+                Ok(())
+            }
             Some(_) => Err("connection probes faster than 20 per second"),
         }
     }
@@ -175,7 +225,10 @@ impl Session {
     pub fn pace(&self, bytes: usize) -> Duration {
         match &self.rate {
             None => Duration::ZERO,
-            Some(b) => b.lock().unwrap_or_else(|e| e.into_inner()).pay(bytes as f64, Instant::now()),
+            Some(b) => b
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pay(bytes as f64, Instant::now()),
         }
     }
 
@@ -185,7 +238,12 @@ impl Session {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .map(|(id, s)| StreamReport { id: *id, received: s.received, server_limited: s.limited, dscp_applied: s.dscp_applied })
+            .map(|(id, s)| StreamReport {
+                id: *id,
+                received: s.received,
+                server_limited: s.limited,
+                dscp_applied: s.dscp_applied,
+            })
             .collect();
         let flows = self
             .flows
@@ -193,11 +251,27 @@ impl Session {
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .filter(|(_, f)| f.claimed)
-            .map(|(id, f)| FlowReport { id: *id, bytes: f.bytes.load(Ordering::Relaxed), cc: f.cc.clone() })
+            .map(|(id, f)| FlowReport {
+                id: *id,
+                bytes: f.bytes.load(Ordering::Relaxed),
+                cc: f.cc.clone(),
+            })
             .collect();
-        let socket_drops = self.rcvbuf_errors_at_start.and_then(|a| Some(bloatlab_netio::udp::udp_rcvbuf_errors()?.saturating_sub(a)));
-        let udp = self.udp_loads.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(id, l)| l.report(*id, socket_drops)).collect();
-        ServerMsg::Report { streams, flows, udp }
+        let socket_drops = self
+            .rcvbuf_errors_at_start
+            .and_then(|a| Some(bloatlab_netio::udp::udp_rcvbuf_errors()?.saturating_sub(a)));
+        let udp = self
+            .udp_loads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(id, l)| l.report(*id, socket_drops))
+            .collect();
+        ServerMsg::Report {
+            streams,
+            flows,
+            udp,
+        }
     }
 }
 
@@ -215,11 +289,16 @@ impl Sessions {
     /// NAT may give each of the client's sockets its own, and the token is the secret).
     pub fn get(&self, token: &Token, from: IpAddr) -> Option<Arc<Session>> {
         let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(token).filter(|s| s.client_ip == from && s.live()).cloned()
+        map.get(token)
+            .filter(|s| s.client_ip == from && s.live())
+            .cloned()
     }
 
     pub fn remove(&self, token: &Token) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(token);
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(token);
     }
 }
 
@@ -236,14 +315,21 @@ mod tests {
         let bunch = (0..1000).filter(|_| b.take(t0)).count();
         assert_eq!(bunch, 1000, "a 5 s bunch of delayed probes is answered");
         assert!(!b.take(t0), "but not one more at the same instant");
-        assert!(b.take(t0 + Duration::from_millis(5)), "refills at twice the announced rate");
+        assert!(
+            b.take(t0 + Duration::from_millis(5)),
+            "refills at twice the announced rate"
+        );
     }
 
     #[test]
     fn pacing_holds_a_sender_to_the_rate() {
         let t0 = Instant::now();
         let mut b = Bucket::new(1_000_000.0, 250_000.0, t0);
-        assert_eq!(b.pay(250_000.0, t0), Duration::ZERO, "the burst goes at once");
+        assert_eq!(
+            b.pay(250_000.0, t0),
+            Duration::ZERO,
+            "the burst goes at once"
+        );
         // 500 kB more at 1 MB/s: wait 0.5 s.
         assert_eq!(b.pay(500_000.0, t0), Duration::from_millis(500));
     }
@@ -252,7 +338,14 @@ mod tests {
         TestRequest {
             test: "t".into(),
             duration_ms: 1000,
-            flows: (1..=flows).map(|id| FlowSpec { id, direction: Direction::Down, dscp: 0, cc: None }).collect(),
+            flows: (1..=flows)
+                .map(|id| FlowSpec {
+                    id,
+                    direction: Direction::Down,
+                    dscp: 0,
+                    cc: None,
+                })
+                .collect(),
             streams: Vec::new(),
             udp_loads: Vec::new(),
             connection_probes,
@@ -262,18 +355,39 @@ mod tests {
 
     #[test]
     fn each_flow_gets_one_data_connection() {
-        let s = Session::new(IpAddr::from([127, 0, 0, 1]), Instant::now() + Duration::from_secs(5), request(1, false), None);
+        let s = Session::new(
+            IpAddr::from([127, 0, 0, 1]),
+            Instant::now() + Duration::from_secs(5),
+            request(1, false),
+            None,
+        );
         assert!(s.claim_flow(1, None).is_ok());
-        assert_eq!(s.claim_flow(1, None).unwrap_err(), "flow 1 already has its data connection (one per flow)");
+        assert_eq!(
+            s.claim_flow(1, None).unwrap_err(),
+            "flow 1 already has its data connection (one per flow)"
+        );
         assert_eq!(s.claim_flow(2, None).unwrap_err(), "no flow 2 in this test");
     }
 
     #[test]
     fn connection_probes_only_when_asked_and_at_a_bounded_rate() {
         let deadline = Instant::now() + Duration::from_secs(5);
-        let no = Session::new(IpAddr::from([127, 0, 0, 1]), deadline, request(0, false), None);
-        assert_eq!(no.admit_conn_probe(), Err("this test did not ask for connection probes"));
-        let yes = Session::new(IpAddr::from([127, 0, 0, 1]), deadline, request(0, true), None);
+        let no = Session::new(
+            IpAddr::from([127, 0, 0, 1]),
+            deadline,
+            request(0, false),
+            None,
+        );
+        assert_eq!(
+            no.admit_conn_probe(),
+            Err("this test did not ask for connection probes")
+        );
+        let yes = Session::new(
+            IpAddr::from([127, 0, 0, 1]),
+            deadline,
+            request(0, true),
+            None,
+        );
         let admitted = (0..100).filter(|_| yes.admit_conn_probe().is_ok()).count();
         assert_eq!(admitted, 40, "a burst of 2 s worth, then 20 per second");
     }

@@ -40,7 +40,10 @@ pub(crate) fn serve(sock: UdpSocket, shared: Arc<Shared>) {
             shared.counters.not_allowed.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        let Some(req) = Probe::decode(&buf[..n]).ok().filter(|p| p.kind != Kind::Reply) else {
+        let Some(req) = Probe::decode(&buf[..n])
+            .ok()
+            .filter(|p| p.kind != Kind::Reply)
+        else {
             shared.counters.udp_unknown.fetch_add(1, Ordering::Relaxed);
             continue;
         };
@@ -50,13 +53,23 @@ pub(crate) fn serve(sock: UdpSocket, shared: Arc<Shared>) {
         };
         if let Some(key) = &shared.config.key {
             if req.flags & probe::FLAG_MAC == 0 || !auth::probe_signed(key, &buf[..n]) {
-                shared.counters.udp_unauthenticated.fetch_add(1, Ordering::Relaxed);
-                session.probes_unauthenticated.fetch_add(1, Ordering::Relaxed);
+                shared
+                    .counters
+                    .udp_unauthenticated
+                    .fetch_add(1, Ordering::Relaxed);
+                session
+                    .probes_unauthenticated
+                    .fetch_add(1, Ordering::Relaxed);
                 continue;
             }
         }
         if req.kind == Kind::Load {
-            match session.udp_loads.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&req.stream) {
+            match session
+                .udp_loads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(&req.stream)
+            {
                 Some(sink) => sink.arrive(req.seq, n, recv_ns, Instant::now()),
                 None => {
                     shared.counters.udp_unknown.fetch_add(1, Ordering::Relaxed);
@@ -64,17 +77,28 @@ pub(crate) fn serve(sock: UdpSocket, shared: Arc<Shared>) {
             }
             continue;
         }
-        let Some(dscp) = session.streams.lock().unwrap_or_else(|e| e.into_inner()).get(&req.stream).map(|st| st.dscp) else {
+        let Some(dscp) = session
+            .streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&req.stream)
+            .map(|st| st.dscp)
+        else {
             shared.counters.udp_unknown.fetch_add(1, Ordering::Relaxed);
             continue;
         };
         if current_dscp.map(|c| c.0) != Some(dscp) {
             // One socket serves every stream: switch its marking only when the stream's differs.
-            current_dscp = Some((dscp, netio::apply_dscp(socket2::SockRef::from(&sock), dscp, &from).ok()));
+            current_dscp = Some((
+                dscp,
+                netio::apply_dscp(socket2::SockRef::from(&sock), dscp, &from).ok(),
+            ));
         }
         let rx_count = {
             let mut streams = session.streams.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(st) = streams.get_mut(&req.stream) else { continue };
+            let Some(st) = streams.get_mut(&req.stream) else {
+                continue;
+            };
             if !st.bucket.take(Instant::now()) {
                 st.limited += 1;
                 continue;
@@ -83,7 +107,13 @@ pub(crate) fn serve(sock: UdpSocket, shared: Arc<Shared>) {
             st.dscp_applied = current_dscp.and_then(|c| c.1);
             st.received
         };
-        let reply = Probe { kind: Kind::Reply, server_recv_ns: recv_ns, server_send_ns: netio::mono_ns(), server_rx_count: rx_count as u32, ..req };
+        let reply = Probe {
+            kind: Kind::Reply,
+            server_recv_ns: recv_ns,
+            server_send_ns: netio::mono_ns(),
+            server_rx_count: rx_count as u32,
+            ..req
+        };
         // Same buffer, same length: the reply can never be larger than the request.
         if reply.encode(&mut buf[..n]).is_ok() {
             if let Some(key) = &shared.config.key {

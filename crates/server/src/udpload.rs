@@ -99,7 +99,13 @@ mod tests {
 
     fn spec() -> UdpLoadSpec {
         // 8 Mbit/s of 1000-byte packets: 1000 per second.
-        UdpLoadSpec { id: 1, rate_bps: 8_000_000, size: 1000, dscp: 0, bucket_us: 1000 }
+        UdpLoadSpec {
+            id: 1,
+            rate_bps: 8_000_000,
+            size: 1000,
+            dscp: 0,
+            bucket_us: 1000,
+        }
     }
 
     #[test]
@@ -107,12 +113,30 @@ mod tests {
         let t0 = Instant::now();
         let mut s = UdpSink::new(&spec(), Duration::from_secs(2), t0);
         for (seq, t_ms) in [(0u32, 10u64), (2, 10), (1, 11), (1, 12), (3, 14)] {
-            s.arrive(seq, 1000, t_ms * 1_000_000, t0 + Duration::from_millis(t_ms));
+            s.arrive(
+                seq,
+                1000,
+                t_ms * 1_000_000,
+                t0 + Duration::from_millis(t_ms),
+            );
         }
         let r = s.report(1, Some(0));
-        assert_eq!((r.received, r.bytes, r.duplicates, r.reordered, r.server_limited), (4, 4000, 1, 1, 0));
+        assert_eq!(
+            (
+                r.received,
+                r.bytes,
+                r.duplicates,
+                r.reordered,
+                r.server_limited
+            ),
+            (4, 4000, 1, 1, 0)
+        );
         assert_eq!(r.first_recv_ns, 10_000_000);
-        assert_eq!(r.buckets, [2000, 1000, 0, 0, 1000], "1 ms buckets from the first arrival");
+        assert_eq!(
+            r.buckets,
+            [2000, 1000, 0, 0, 1000],
+            "1 ms buckets from the first arrival"
+        );
     }
 
     /// Held to what it announced: twice the rate with a second of burst, and sequence numbers
@@ -129,7 +153,14 @@ mod tests {
         assert_eq!(r.received, 1000);
         assert_eq!(r.server_limited, 4000);
         s.arrive(10_000_000, 1000, 1, t0 + Duration::from_secs(1));
-        assert_eq!(s.report(1, None).server_limited, 4001, "a sequence number far beyond the announcement");
-        assert_eq!(s.seen.len(), (2000 * 11 / 10 + 1000_u64).div_ceil(64) as usize);
+        assert_eq!(
+            s.report(1, None).server_limited,
+            4001,
+            "a sequence number far beyond the announcement"
+        );
+        assert_eq!(
+            s.seen.len(),
+            (2000 * 11 / 10 + 1000_u64).div_ceil(64) as usize
+        );
     }
 }

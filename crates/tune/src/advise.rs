@@ -166,32 +166,63 @@ fn direction(name: &str, goodputs: &[f64], bloat: Option<Bloat>, t: &Target) -> 
     // One full packet's serialisation at the shaped rate, on top of what the queue keeps.
     let packet_ms = f64::from(t.link.wire_bytes(1500)) * 8.0 / rate_bps * 1e3;
     let (fifo_packets, expected, how) = match t.qdisc {
-        Qdisc::Cake | Qdisc::HtbFqCodel => (None, 5.0 + packet_ms, "CoDel keeps each flow's queue near its 5 ms target".to_string()),
+        Qdisc::Cake | Qdisc::HtbFqCodel => (
+            None,
+            5.0 + packet_ms,
+            "CoDel keeps each flow's queue near its 5 ms target".to_string(),
+        ),
         Qdisc::HtbFifo => {
             let n = bucket_packets(rate_kbit);
             let how = format!(
-                "small packets (calls, ACKs, DNS) first and the rest hashed onto {FIFO_BUCKETS} FIFOs of {n} packets served in turn, a call waits a packet or two (a bulk flow up to its own {n})"
+                "small packets (calls, ACKs, DNS) first and the rest hashed onto {FIFO_BUCKETS} \
+                    FIFOs of {n} packets served in turn, a call waits a packet or two (a bulk flow \
+                    up to its own {n})"
             );
             (Some(n), CALL_WAIT_PACKETS * packet_ms, how)
         }
     };
-    let runs = if goodputs.len() == 1 { "the run measured" } else { "runs measured" };
-    let mut reason =
-        format!("{name}: {runs} {} Mbit/s of goodput; {:.0}% of the lowest ({lowest:.1}) keeps the queue in your shaper, not in the line: {rate_kbit} kbit/s.", list(goodputs), SHARE * 100.0);
+    let runs = if goodputs.len() == 1 {
+        "the run measured"
+    } else {
+        "runs measured"
+    };
+    let mut reason = format!(
+        "{name}: {runs} {} Mbit/s of goodput; {:.0}% of the lowest ({lowest:.1}) keeps the \
+            queue in your shaper, not in the line: {rate_kbit} \
+            kbit/s.",
+        list(goodputs),
+        SHARE * 100.0
+    );
     if let (Some(ms), Some(b), Some(p)) = (bloat_ms, buffer_bytes, buffer_packets) {
         if ms >= BLOAT_MS {
             let measured = match bloat.and_then(|b| b.p90) {
                 Some(p90) => format!("+{ms:.0} ms (median) to +{p90:.0} ms (90th percentile)"),
                 None => format!("+{ms:.0} ms"),
             };
-            reason += &format!(" The {measured} measured under load means a buffer of at least {} kB ({p} full packets) in front of the bottleneck.", b / 1000);
+            reason += &format!(
+                " The {measured} measured under load means a buffer of at least {} \
+                kB ({p} full packets) in front of the bottleneck.",
+                b / 1000
+            );
         } else {
-            reason += &format!(" Only +{ms:.0} ms was measured under load: this direction is not bloated, and shaping it costs 5% of its rate for little.");
+            reason += &format!(
+                " Only +{ms:.0} ms was measured under load: this direction is not \
+                bloated, and shaping it costs 5% of its rate for little."
+            );
         }
     }
     reason += &format!(" Shaped, {how}: expect about +{expected:.0} ms under load.");
     if t.link != LinkType::Raw {
-        reason += &format!(" Overhead {} B{} per packet for {}.", t.link.overhead(), if t.link.mpu() > 0 { format!(", at least {} B", t.link.mpu()) } else { String::new() }, t.link.cake_keyword());
+        reason += &format!(
+            " Overhead {} B{} per packet for {}.",
+            t.link.overhead(),
+            if t.link.mpu() > 0 {
+                format!(", at least {} B", t.link.mpu())
+            } else {
+                String::new()
+            },
+            t.link.cake_keyword()
+        );
     }
     DirAdvice {
         rate_kbit,
@@ -216,15 +247,31 @@ fn direction(name: &str, goodputs: &[f64], bloat: Option<Bloat>, t: &Target) -> 
 fn bloat(runs: &[&Summary], down: bool) -> Option<Bloat> {
     runs.iter()
         .filter_map(|s| {
-            let owd = if down { &s.added_owd_ms.down } else { &s.added_owd_ms.up };
-            owd.as_ref().map(|p| Bloat { p50: p.p50, p90: Some(p.p90) }).or(s.added_latency_ms.map(|p50| Bloat { p50, p90: None }))
+            let owd = if down {
+                &s.added_owd_ms.down
+            } else {
+                &s.added_owd_ms.up
+            };
+            owd.as_ref()
+                .map(|p| Bloat {
+                    p50: p.p50,
+                    p90: Some(p.p90),
+                })
+                .or(s.added_latency_ms.map(|p50| Bloat { p50, p90: None }))
         })
         .reduce(|a, b| if b.p50 > a.p50 { b } else { a })
 }
 
 pub fn advise(runs: &[Summary], t: &Target) -> Advice {
     let mut notes = Vec::new();
-    let goodput = |s: &Summary, down: bool| if down { s.throughput_mbps.down } else { s.throughput_mbps.up }.filter(|m| *m > 0.0);
+    let goodput = |s: &Summary, down: bool| {
+        if down {
+            s.throughput_mbps.down
+        } else {
+            s.throughput_mbps.up
+        }
+        .filter(|m| *m > 0.0)
+    };
     let mut dir = |down: bool, name: &str| {
         let only = if down { "tcp-down" } else { "tcp-up" };
         let all: Vec<&Summary> = runs.iter().filter(|s| goodput(s, down).is_some()).collect();
@@ -233,11 +280,17 @@ pub fn advise(runs: &[Summary], t: &Target) -> Advice {
         let alone: Vec<&Summary> = all.iter().copied().filter(|s| s.test == only).collect();
         let with = if alone.is_empty() { all } else { alone };
         if with.is_empty() {
-            notes.push(format!("No run measured the {name}: run {only} or rrul to advise it."));
+            notes.push(format!(
+                "No run measured the {name}: run {only} or rrul to advise it."
+            ));
             return None;
         }
         if with.iter().all(|s| s.test != only) {
-            notes.push(format!("Only runs loading both directions measured the {name}: the other direction's ACKs took part of it, so its rate is on the low side; a {only} run gives a better one."));
+            notes.push(format!(
+                "Only runs loading both directions measured the {name}: the other \
+                direction's ACKs took part of it, so its rate is on the low side; a {only} run \
+                gives a better one."
+            ));
         }
         let g: Vec<f64> = with.iter().filter_map(|s| goodput(s, down)).collect();
         Some(direction(name, &g, bloat(&with, down), t))
@@ -249,7 +302,10 @@ pub fn advise(runs: &[Summary], t: &Target) -> Advice {
         if share >= ACK_FILTER_SHARE {
             u.ack_filter = true;
             u.reason += &format!(
-                " The download's ACKs would take about {:.0}% of it (one {}-byte ACK per two full segments at {} kbit/s): CAKE's ack-filter drops those a later ACK of the same flow makes redundant, which gives most of that back; the download's senders then send in larger bursts on fewer ACKs, a few ms more for its probes.",
+                " The download's ACKs would take about {:.0}% of it (one {}-byte ACK per two full \
+                    segments at {} kbit/s): CAKE's ack-filter drops those a later ACK of the same \
+                    flow makes redundant, which gives most of that back; the download's senders \
+                    then send in larger bursts on fewer ACKs, a few ms more for its probes.",
                 share * 100.0,
                 t.link.wire_bytes(ACK_IP_BYTES),
                 d.rate_kbit
@@ -257,15 +313,38 @@ pub fn advise(runs: &[Summary], t: &Target) -> Advice {
         }
     }
     if runs.iter().any(|s| s.partial) {
-        notes.push("Some runs ended early: their goodput may be low, and so the advised rate.".into());
+        notes.push(
+            "Some runs ended early: their goodput may be low, and so the advised rate.".into(),
+        );
     }
     match t.qdisc {
-        Qdisc::Cake => notes.push("Where the router has no CAKE (sch_cake), use HTB + fq_codel (bloatlab config tc-htb-fqcodel); where it has neither, HTB with a short FIFO (--qdisc fifo).".into()),
-        Qdisc::HtbFqCodel => notes.push("CAKE, where available, does the same with link-layer compensation and per-host fairness built in (bloatlab config tc-cake).".into()),
-        Qdisc::HtbFifo => notes.push("FIFOs hashed by port isolate flows only roughly (two flows may share one) and keep no queue short: each bulk flow still waits behind its own FIFO. Prefer fq_codel or CAKE where the router has them.".into()),
+        Qdisc::Cake => notes.push(
+            "Where the router has no CAKE (sch_cake), use HTB + fq_codel \
+            (bloatlab config tc-htb-fqcodel); where it has neither, HTB with a short FIFO (--qdisc \
+            fifo)."
+                .into(),
+        ),
+        Qdisc::HtbFqCodel => notes.push(
+            "CAKE, where available, does the same with link-layer \
+            compensation and per-host fairness built in (bloatlab config tc-cake)."
+                .into(),
+        ),
+        Qdisc::HtbFifo => notes.push(
+            "FIFOs hashed by port isolate flows only roughly (two flows \
+            may share one) and keep no queue short: each bulk flow still waits behind its own \
+            FIFO. Prefer fq_codel or CAKE where the router has them."
+                .into(),
+        ),
     }
     if t.queue_on_host {
-        notes.push("The queue is on this host (locate: hop 0): lower the interface's transmit queue (ip link set dev IFACE txqueuelen 100), cap BQL (echo 30000 > /sys/class/net/IFACE/queues/tx-0/byte_queue_limits/limit_max) and, for Wi-Fi, prefer a driver with airtime fairness (mt76, ath9k, ath10k with fq_codel in mac80211); a router shaper cannot reach this queue.".into());
+        notes.push(
+            "The queue is on this host (locate: hop 0): lower the interface's transmit \
+            queue (ip link set dev IFACE txqueuelen 100), cap BQL (echo 30000 > \
+            /sys/class/net/IFACE/queues/tx-0/byte_queue_limits/limit_max) and, for Wi-Fi, prefer a \
+            driver with airtime fairness (mt76, ath9k, ath10k with fq_codel in mac80211); a router \
+            shaper cannot reach this queue."
+                .into(),
+        );
     }
     Advice { down, up, notes }
 }
@@ -276,24 +355,52 @@ mod tests {
     use bloatlab_result::Percentiles;
 
     fn run(down: Option<f64>, up: Option<f64>, added: f64) -> Summary {
-        let mut s = Summary { test: "rrul".into(), ..Default::default() };
+        let mut s = Summary {
+            test: "rrul".into(),
+            ..Default::default()
+        };
         s.throughput_mbps.down = down;
         s.throughput_mbps.up = up;
         s.added_latency_ms = Some(added);
         s
     }
 
-    const CABLE: Target = Target { link: LinkType::Docsis, qdisc: Qdisc::Cake, queue_on_host: false };
+    const CABLE: Target = Target {
+        link: LinkType::Docsis,
+        qdisc: Qdisc::Cake,
+        queue_on_host: false,
+    };
 
     #[test]
     fn three_runs_of_61_60_62_advise_57000_kbit() {
         // The issue's example: 95% of the lowest, 60 Mbit/s.
-        let a = advise(&[run(Some(61.0), None, 120.0), run(Some(60.0), None, 130.0), run(Some(62.0), None, 110.0)], &CABLE);
+        let a = advise(
+            &[
+                run(Some(61.0), None, 120.0),
+                run(Some(60.0), None, 130.0),
+                run(Some(62.0), None, 110.0),
+            ],
+            &CABLE,
+        );
         let d = a.down.unwrap();
         assert_eq!(d.rate_kbit, 57_000);
-        assert!(d.reason.starts_with("download: runs measured 61.0, 60.0 and 62.0 Mbit/s of goodput; 95% of the lowest (60.0)"), "{}", d.reason);
+        assert!(
+            d.reason.starts_with(
+                "download: runs measured 61.0, 60.0 and 62.0 Mbit/s of \
+            goodput; 95% of the lowest (60.0)"
+            ),
+            "{}",
+            d.reason
+        );
         assert_eq!((d.overhead, d.mpu), (18, 64));
-        assert!(a.up.is_none() && a.notes.iter().any(|n| n.starts_with("No run measured the upload")), "{:?}", a.notes);
+        assert!(
+            a.up.is_none()
+                && a.notes
+                    .iter()
+                    .any(|n| n.starts_with("No run measured the upload")),
+            "{:?}",
+            a.notes
+        );
     }
 
     #[test]
@@ -301,29 +408,66 @@ mod tests {
         // 600 ms at 20 Mbit/s is 1.5 MB: the 1000-packet FIFO of the guide's example. The
         // queue reached 600 ms at p90, so the buffer holds at least that, whatever the median.
         let mut s = run(None, Some(20.0), 400.0);
-        s.added_owd_ms.up = Some(Percentiles { p50: 400.0, p90: 600.0, ..Default::default() });
-        let a = advise(&[s], &Target { link: LinkType::Raw, qdisc: Qdisc::HtbFifo, queue_on_host: false });
+        s.added_owd_ms.up = Some(Percentiles {
+            p50: 400.0,
+            p90: 600.0,
+            ..Default::default()
+        });
+        let a = advise(
+            &[s],
+            &Target {
+                link: LinkType::Raw,
+                qdisc: Qdisc::HtbFifo,
+                queue_on_host: false,
+            },
+        );
         let u = a.up.unwrap();
-        assert_eq!((u.buffer_bytes, u.buffer_packets), (Some(1_500_000), Some(1000)));
+        assert_eq!(
+            (u.buffer_bytes, u.buffer_packets),
+            (Some(1_500_000), Some(1000))
+        );
         assert_eq!(u.rate_kbit, 19_000);
         // 20 ms at 19 Mbit/s: 31.7 -> 32 packets of 1500 B, over 8 FIFOs: 4, so the minimum 10.
         assert_eq!(u.fifo_packets, Some(10));
-        assert_eq!(bucket_packets(100_000), 20, "20 ms at 100 Mbit/s is 167 packets, 20 a FIFO");
-        assert!(u.reason.contains("The +400 ms (median) to +600 ms (90th percentile) measured under load means a buffer of at least 1500 kB (1000 full packets)"), "{}", u.reason);
+        assert_eq!(
+            bucket_packets(100_000),
+            20,
+            "20 ms at 100 Mbit/s is 167 packets, 20 a FIFO"
+        );
+        assert!(
+            u.reason.contains(
+                "The +400 ms (median) to +600 ms (90th percentile) measured \
+            under load means a buffer of at least 1500 kB (1000 full packets)"
+            ),
+            "{}",
+            u.reason
+        );
         assert_eq!((u.bloat_ms, u.bloat_p90_ms), (Some(400.0), Some(600.0)));
         // Without one-way delays, the round trip's median is all there is.
         let u = advise(&[run(None, Some(20.0), 600.0)], &CABLE).up.unwrap();
-        assert!(u.reason.contains("The +600 ms measured under load means a buffer of at least 1500 kB"), "{}", u.reason);
+        assert!(
+            u.reason
+                .contains("The +600 ms measured under load means a buffer of at least 1500 kB"),
+            "{}",
+            u.reason
+        );
     }
 
     #[test]
     fn ack_shares_follow_the_wire_sizes() {
         // 57 Mbit/s down: 57e6 / 8 / 2896 = 2460 ACKs a second; on DOCSIS each costs
         // 52 + 18 = 70 bytes, 1.38 Mbit/s: 38% of a 3.61 Mbit/s upload.
-        assert!((ack_share(57_000, 3_610, LinkType::Docsis) - 0.3816).abs() < 0.001, "{}", ack_share(57_000, 3_610, LinkType::Docsis));
+        assert!(
+            (ack_share(57_000, 3_610, LinkType::Docsis) - 0.3816).abs() < 0.001,
+            "{}",
+            ack_share(57_000, 3_610, LinkType::Docsis)
+        );
         // PPPoE over ATM: 52 + 40 = 92 bytes, two cells, 106 bytes on the wire.
         let atm = ack_share(15_000, 900, LinkType::PppoeLlcsnap);
-        assert!((atm - 15e6 / 8.0 / 2896.0 * 106.0 * 8.0 / 900e3).abs() < 1e-9, "{atm}");
+        assert!(
+            (atm - 15e6 / 8.0 / 2896.0 * 106.0 * 8.0 / 900e3).abs() < 1e-9,
+            "{atm}"
+        );
     }
 
     #[test]
@@ -332,12 +476,32 @@ mod tests {
         let a = advise(&[run(Some(60.0), Some(3.8), 500.0)], &CABLE);
         let u = a.up.unwrap();
         assert!(u.ack_filter && !a.down.unwrap().ack_filter);
-        assert!(u.reason.contains("ACKs would take about 38% of it (one 70-byte ACK per two full segments at 57000 kbit/s): CAKE's ack-filter"), "{}", u.reason);
+        assert!(
+            u.reason.contains(
+                "ACKs would take about 38% of it (one 70-byte ACK per two full \
+            segments at 57000 kbit/s): CAKE's ack-filter"
+            ),
+            "{}",
+            u.reason
+        );
         // 100 / 40: the ACKs take 6% of the upload, not worth filtering.
-        assert!(!advise(&[run(Some(100.0), Some(40.0), 500.0)], &CABLE).up.unwrap().ack_filter);
+        assert!(
+            !advise(&[run(Some(100.0), Some(40.0), 500.0)], &CABLE)
+                .up
+                .unwrap()
+                .ack_filter
+        );
         // Only CAKE has the filter.
-        let fq = Target { qdisc: Qdisc::HtbFqCodel, ..CABLE };
-        assert!(!advise(&[run(Some(60.0), Some(3.8), 500.0)], &fq).up.unwrap().ack_filter);
+        let fq = Target {
+            qdisc: Qdisc::HtbFqCodel,
+            ..CABLE
+        };
+        assert!(
+            !advise(&[run(Some(60.0), Some(3.8), 500.0)], &fq)
+                .up
+                .unwrap()
+                .ack_filter
+        );
     }
 
     #[test]
@@ -345,15 +509,40 @@ mod tests {
         let mut up_alone = run(None, Some(3.5), 300.0);
         up_alone.test = "tcp-up".into();
         let a = advise(&[run(Some(50.0), Some(2.2), 200.0), up_alone], &CABLE);
-        assert_eq!(a.up.unwrap().rate_kbit, 3325, "95% of the tcp-up run's 3.5, not of rrul's 2.2");
+        assert_eq!(
+            a.up.unwrap().rate_kbit,
+            3325,
+            "95% of the tcp-up run's 3.5, not of rrul's 2.2"
+        );
         assert_eq!(a.down.unwrap().rate_kbit, 47_500);
-        assert!(a.notes.iter().any(|n| n.starts_with("Only runs loading both directions measured the download")), "{:?}", a.notes);
+        assert!(
+            a.notes
+                .iter()
+                .any(|n| n.starts_with("Only runs loading both directions measured the download")),
+            "{:?}",
+            a.notes
+        );
     }
 
     #[test]
     fn a_direction_without_bloat_says_so_and_a_host_queue_gets_host_advice() {
-        let a = advise(&[run(Some(50.0), Some(10.0), 8.0)], &Target { link: LinkType::Ethernet, qdisc: Qdisc::Cake, queue_on_host: true });
-        assert!(a.down.unwrap().reason.contains("this direction is not bloated"));
-        assert!(a.notes.iter().any(|n| n.contains("txqueuelen")), "{:?}", a.notes);
+        let a = advise(
+            &[run(Some(50.0), Some(10.0), 8.0)],
+            &Target {
+                link: LinkType::Ethernet,
+                qdisc: Qdisc::Cake,
+                queue_on_host: true,
+            },
+        );
+        assert!(a
+            .down
+            .unwrap()
+            .reason
+            .contains("this direction is not bloated"));
+        assert!(
+            a.notes.iter().any(|n| n.contains("txqueuelen")),
+            "{:?}",
+            a.notes
+        );
     }
 }

@@ -15,7 +15,11 @@ pub const STATE_DIR: &str = "/run/bloatlab/tune";
 /// Whether this kernel can run a qdisc: built in, loaded, or a module modprobe would find.
 pub fn kernel_has(qdisc: &str) -> bool {
     let module = format!("sch_{qdisc}");
-    std::path::Path::new(&format!("/sys/module/{module}")).exists() || Command::new("modprobe").args(["-n", "-q", &module]).status().is_ok_and(|s| s.success())
+    std::path::Path::new(&format!("/sys/module/{module}")).exists()
+        || Command::new("modprobe")
+            .args(["-n", "-q", &module])
+            .status()
+            .is_ok_and(|s| s.success())
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -50,16 +54,30 @@ impl Iface {
     }
 
     fn run(&self, prog: &str, args: &[&str]) -> Result<String, String> {
-        let out = self.command(prog).args(args).output().map_err(|e| format!("cannot run {prog}: {e}"))?;
+        let out = self
+            .command(prog)
+            .args(args)
+            .output()
+            .map_err(|e| format!("cannot run {prog}: {e}"))?;
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
-            Err(format!("`{prog} {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim().replace('\n', "; ")))
+            Err(format!(
+                "`{prog} {}` failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+                    .trim()
+                    .replace('\n', "; ")
+            ))
         }
     }
 
     fn state_file(&self) -> PathBuf {
-        PathBuf::from(STATE_DIR).join(format!("{}-{}.json", self.netns.as_deref().unwrap_or("host"), self.dev))
+        PathBuf::from(STATE_DIR).join(format!(
+            "{}-{}.json",
+            self.netns.as_deref().unwrap_or("host"),
+            self.dev
+        ))
     }
 
     fn exists(&self, dev: &str) -> bool {
@@ -80,13 +98,22 @@ pub fn is_default(qdiscs: &Value) -> bool {
     qdiscs.as_array().is_some_and(|a| {
         a.iter().all(|q| {
             let handle = q["handle"].as_str().unwrap_or("");
-            q["kind"] != "ingress" && q["kind"] != "clsact" && (handle == "0:" || q["parent"].as_str().is_some_and(|p| p.starts_with(&handle_of_mq(a))))
+            q["kind"] != "ingress"
+                && q["kind"] != "clsact"
+                && (handle == "0:"
+                    || q["parent"]
+                        .as_str()
+                        .is_some_and(|p| p.starts_with(&handle_of_mq(a))))
         })
     })
 }
 
 fn handle_of_mq(a: &[Value]) -> String {
-    a.iter().find(|q| q["kind"] == "mq" && q["root"] == true).and_then(|q| q["handle"].as_str()).unwrap_or("0:").to_string()
+    a.iter()
+        .find(|q| q["kind"] == "mq" && q["root"] == true)
+        .and_then(|q| q["handle"].as_str())
+        .unwrap_or("0:")
+        .to_string()
 }
 
 fn now() -> String {
@@ -96,7 +123,8 @@ fn now() -> String {
 fn write_record(path: &PathBuf, r: &Record) -> Result<(), String> {
     std::fs::create_dir_all(STATE_DIR).map_err(|e| format!("{STATE_DIR}: {e}"))?;
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(r).expect("serializes")).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::write(&tmp, serde_json::to_vec_pretty(r).expect("serializes"))
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
@@ -117,7 +145,10 @@ fn restore(i: &Iface, creates: &[String], before: &Value) -> Result<(), String> 
     }
     let after = i.snapshot()?;
     if &after != before {
-        return Err(format!("{} is not as it was before: now {after}, before {before}", i.dev));
+        return Err(format!(
+            "{} is not as it was before: now {after}, before {before}",
+            i.dev
+        ));
     }
     Ok(())
 }
@@ -129,7 +160,10 @@ fn recover(i: &Iface) -> Result<Option<String>, String> {
         Some(r) if r.status == "applying" => {
             restore(i, &r.creates, &r.before)?;
             let _ = std::fs::remove_file(&path);
-            Ok(Some(format!("an earlier apply on {} was interrupted ({}); undone", i.dev, r.applied_at)))
+            Ok(Some(format!(
+                "an earlier apply on {} was interrupted ({}); undone",
+                i.dev, r.applied_at
+            )))
         }
         _ => Ok(None),
     }
@@ -147,22 +181,48 @@ fn fault_point(step: &str) {
 pub fn apply(i: &Iface, script: &str) -> Result<Vec<String>, String> {
     let steps: Steps = batch::steps(script)?;
     if !i.exists(&i.dev) {
-        return Err(format!("no interface {}{}", i.dev, i.netns.as_ref().map_or(String::new(), |n| format!(" in namespace {n}"))));
+        return Err(format!(
+            "no interface {}{}",
+            i.dev,
+            i.netns
+                .as_ref()
+                .map_or(String::new(), |n| format!(" in namespace {n}"))
+        ));
     }
     let mut said: Vec<String> = recover(i)?.into_iter().collect();
     let path = i.state_file();
     if read_record(&path).is_some_and(|r| r.status == "applied") {
-        return Err(format!("bloatlab already shaped {}: `bloatlab tune rollback --dev {}` first", i.dev, i.dev));
+        return Err(format!(
+            "bloatlab already shaped {}: `bloatlab tune rollback --dev {}` first",
+            i.dev, i.dev
+        ));
     }
     let before = i.snapshot()?;
     if !is_default(&before) {
         return Err(format!(
-            "{} already has a qdisc configuration that bloatlab did not make ({}): rollback could not restore it exactly. Remove it first (tc qdisc del dev {0} root; tc qdisc del dev {0} ingress)",
+            "{} already has a qdisc configuration that bloatlab did not make ({}): rollback could \
+                not restore it exactly. Remove it first (tc qdisc del dev {0} root; tc qdisc del \
+                dev {0} ingress)",
             i.dev,
-            before.as_array().map(|a| a.iter().filter_map(|q| q["kind"].as_str()).collect::<Vec<_>>().join(", ")).unwrap_or_default()
+            before
+                .as_array()
+                .map(|a| a
+                    .iter()
+                    .filter_map(|q| q["kind"].as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "))
+                .unwrap_or_default()
         ));
     }
-    let mut rec = Record { dev: i.dev.clone(), netns: i.netns.clone(), status: "applying".into(), before: before.clone(), creates: steps.creates.clone(), script: script.into(), applied_at: now() };
+    let mut rec = Record {
+        dev: i.dev.clone(),
+        netns: i.netns.clone(),
+        status: "applying".into(),
+        before: before.clone(),
+        creates: steps.creates.clone(),
+        script: script.into(),
+        applied_at: now(),
+    };
     write_record(&path, &rec)?;
     let result = (|| -> Result<(), String> {
         for args in &steps.ip {
@@ -185,7 +245,11 @@ pub fn apply(i: &Iface, script: &str) -> Result<Vec<String>, String> {
         Ok(()) => {
             rec.status = "applied".into();
             write_record(&path, &rec)?;
-            said.push(format!("applied to {} ({} tc commands)", i.dev, steps.tc_batch.lines().count()));
+            said.push(format!(
+                "applied to {} ({} tc commands)",
+                i.dev,
+                steps.tc_batch.lines().count()
+            ));
             Ok(said)
         }
         Err(e) => {
@@ -202,19 +266,40 @@ pub fn apply(i: &Iface, script: &str) -> Result<Vec<String>, String> {
 /// Undoes what `apply` did (or what an interrupted apply left).
 pub fn rollback(i: &Iface) -> Result<String, String> {
     let path = i.state_file();
-    let r = read_record(&path).ok_or_else(|| format!("bloatlab has not shaped {} (no {})", i.dev, path.display()))?;
+    let r = read_record(&path)
+        .ok_or_else(|| format!("bloatlab has not shaped {} (no {})", i.dev, path.display()))?;
     restore(i, &r.creates, &r.before)?;
     std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(format!("{} is back to its state of before {}", i.dev, r.applied_at))
+    Ok(format!(
+        "{} is back to its state of before {}",
+        i.dev, r.applied_at
+    ))
 }
 
 /// What bloatlab applied where, and the qdiscs now on the interface.
 pub fn status(i: &Iface) -> Result<String, String> {
     let now = i.snapshot()?;
-    let kinds = now.as_array().map(|a| a.iter().filter_map(|q| q["kind"].as_str()).collect::<Vec<_>>().join(", ")).unwrap_or_default();
+    let kinds = now
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|q| q["kind"].as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
     Ok(match read_record(&i.state_file()) {
-        Some(r) if r.status == "applying" => format!("{}: an apply of {} was interrupted; `bloatlab tune rollback` (or the next apply) undoes it (qdiscs now: {kinds})", i.dev, r.applied_at),
-        Some(r) => format!("{}: shaped by bloatlab at {} (qdiscs now: {kinds})", i.dev, r.applied_at),
+        Some(r) if r.status == "applying" => format!(
+            "{}: an apply of {} was interrupted; \
+            `bloatlab tune rollback` (or the next apply) undoes it (qdiscs now: \
+            {kinds})",
+            i.dev, r.applied_at
+        ),
+        Some(r) => format!(
+            "{}: shaped by bloatlab at {} (qdiscs now: \
+            {kinds})",
+            i.dev, r.applied_at
+        ),
         None => format!("{}: not shaped by bloatlab (qdiscs now: {kinds})", i.dev),
     })
 }
@@ -226,9 +311,17 @@ mod tests {
     #[test]
     fn default_states_are_told_from_configured_ones() {
         let j = |s: &str| serde_json::from_str::<Value>(s).unwrap();
-        assert!(is_default(&j(r#"[{"kind":"noqueue","handle":"0:","root":true}]"#)));
-        assert!(is_default(&j(r#"[{"kind":"mq","handle":"0:","root":true},{"kind":"fq_codel","handle":"0:","parent":":1"}]"#)));
-        assert!(!is_default(&j(r#"[{"kind":"htb","handle":"1:","root":true}]"#)));
-        assert!(!is_default(&j(r#"[{"kind":"noqueue","handle":"0:","root":true},{"kind":"ingress","handle":"ffff:","parent":"ffff:fff1"}]"#)));
+        assert!(is_default(&j(
+            r#"[{"kind":"noqueue","handle":"0:","root":true}]"#
+        )));
+        assert!(is_default(&j(r#"[{"kind":"mq","handle":"0:","root":true},
+                {"kind":"fq_codel","handle":"0:","parent":":1"}]"#)));
+        assert!(!is_default(&j(
+            r#"[{"kind":"htb","handle":"1:","root":true}]"#
+        )));
+        assert!(!is_default(&j(
+            r#"[{"kind":"noqueue","handle":"0:","root":true},
+                {"kind":"ingress","handle":"ffff:","parent":"ffff:fff1"}]"#
+        )));
     }
 }

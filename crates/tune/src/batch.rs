@@ -14,10 +14,18 @@ pub struct Steps {
 /// Splits a script into its steps; any line that is neither a comment, `set -e`, an `ip` nor
 /// a `tc` command is refused rather than skipped.
 pub fn steps(script: &str) -> Result<Steps, String> {
-    let mut s = Steps { ip: Vec::new(), tc_batch: String::new(), creates: Vec::new() };
+    let mut s = Steps {
+        ip: Vec::new(),
+        tc_batch: String::new(),
+        creates: Vec::new(),
+    };
     for (n, raw) in script.lines().enumerate() {
         // Shell tolerance the generators add ("|| true", quiet redirections) is not a step.
-        let line = raw.split("||").next().unwrap_or("").replace("2>/dev/null", "");
+        let line = raw
+            .split("||")
+            .next()
+            .unwrap_or("")
+            .replace("2>/dev/null", "");
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') || line == "set -e" {
             continue;
@@ -36,7 +44,12 @@ pub fn steps(script: &str) -> Result<Steps, String> {
                 }
                 s.ip.push(words[1..].to_vec());
             }
-            _ => return Err(format!("line {}: `{line}` is not a tc or ip command", n + 1)),
+            _ => {
+                return Err(format!(
+                    "line {}: `{line}` is not a tc or ip command",
+                    n + 1
+                ))
+            }
         }
     }
     if s.tc_batch.is_empty() {
@@ -51,12 +64,31 @@ mod tests {
 
     #[test]
     fn a_generated_script_becomes_ip_steps_and_a_tc_batch() {
-        let sh = crate::config::tc_cake(&crate::config::Shaping { dev: "wan0".into(), down_kbit: Some(50_000), up_kbit: Some(10_000), link: crate::link::LinkType::Raw, ack_filter: false });
+        let sh = crate::config::tc_cake(&crate::config::Shaping {
+            dev: "wan0".into(),
+            down_kbit: Some(50_000),
+            up_kbit: Some(10_000),
+            link: crate::link::LinkType::Raw,
+            ack_filter: false,
+        });
         let st = steps(&sh).unwrap();
-        assert_eq!(st.ip, vec![vec!["link", "add", "name", "ifb4wan0", "type", "ifb"], vec!["link", "set", "dev", "ifb4wan0", "up"]]);
+        assert_eq!(
+            st.ip,
+            vec![
+                vec!["link", "add", "name", "ifb4wan0", "type", "ifb"],
+                vec!["link", "set", "dev", "ifb4wan0", "up"]
+            ]
+        );
         assert_eq!(st.creates, vec!["ifb4wan0"]);
-        assert!(st.tc_batch.starts_with("qdisc replace dev wan0 root cake bandwidth 10000kbit raw"), "{}", st.tc_batch);
+        assert!(
+            st.tc_batch
+                .starts_with("qdisc replace dev wan0 root cake bandwidth 10000kbit raw"),
+            "{}",
+            st.tc_batch
+        );
         assert_eq!(st.tc_batch.lines().count(), 4);
-        assert!(steps("rm -rf /\n").unwrap_err().contains("not a tc or ip command"));
+        assert!(steps("rm -rf /\n")
+            .unwrap_err()
+            .contains("not a tc or ip command"));
     }
 }

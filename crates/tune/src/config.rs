@@ -48,26 +48,49 @@ impl Shaping {
         match (self.link.framing(), self.link.overhead()) {
             (Framing::Atm, o) => format!("stab overhead {o} linklayer atm "),
             (_, 0) => String::new(),
-            (_, o) => format!("stab overhead {o} mpu {} linklayer ethernet ", self.link.mpu()),
+            (_, o) => format!(
+                "stab overhead {o} mpu {} linklayer ethernet ",
+                self.link.mpu()
+            ),
         }
     }
 }
 
 fn header(o: &mut String, kind: &str, what: &str, s: &Shaping) {
-    let _ = writeln!(o, "#!/bin/sh\n# bloatlab config {kind}: {what}\n# {}\n# Run as root; undo with the lines at the end.\nset -e", s.describe());
+    let _ = writeln!(
+        o,
+        "#!/bin/sh\n# bloatlab config {kind}: {what}\n# {}\n# Run as root; undo \
+        with the lines at the end.\nset -e",
+        s.describe()
+    );
 }
 
 /// The lines that redirect DEV's ingress to its IFB device, where the download is shaped.
 fn ingress_redirect(o: &mut String, s: &Shaping) {
     let (dev, ifb) = (&s.dev, s.ifb());
-    let _ = writeln!(o, "# Download: what arrives on {dev} is redirected to {ifb} and shaped on its way out there.");
-    let _ = writeln!(o, "ip link add name {ifb} type ifb 2>/dev/null || true\nip link set dev {ifb} up");
+    let _ = writeln!(
+        o,
+        "# Download: what arrives on {dev} is redirected to {ifb} and shaped on its way out there."
+    );
+    let _ = writeln!(
+        o,
+        "ip link add name {ifb} type ifb 2>/dev/null || true\nip link set dev {ifb} up"
+    );
     let _ = writeln!(o, "tc qdisc replace dev {dev} handle ffff: ingress");
-    let _ = writeln!(o, "tc filter replace dev {dev} parent ffff: protocol all prio 10 u32 match u32 0 0 action mirred egress redirect dev {ifb}");
+    let _ = writeln!(
+        o,
+        "tc filter replace dev {dev} parent ffff: protocol all prio 10 u32 match \
+        u32 0 0 action mirred egress redirect dev {ifb}"
+    );
 }
 
 fn undo(o: &mut String, s: &Shaping) {
-    let _ = writeln!(o, "# Undo:\n#   tc qdisc del dev {0} root; tc qdisc del dev {0} ingress; ip link del {1}", s.dev, s.ifb());
+    let _ = writeln!(
+        o,
+        "# Undo:\n#   tc qdisc del dev {0} root; tc qdisc del dev {0} ingress; ip link del {1}",
+        s.dev,
+        s.ifb()
+    );
 }
 
 /// The best shaper script the kernel can run (`has("cake")`, `has("fq_codel")`): CAKE, else
@@ -76,12 +99,16 @@ pub fn for_kernel(s: &Shaping, has: impl Fn(&str) -> bool) -> (String, Option<St
     if has("cake") {
         (tc_cake(s), None)
     } else if has("fq_codel") {
-        (tc_htb(s, Leaf::FqCodel), Some("this kernel has no CAKE (sch_cake): HTB with fq_codel instead".into()))
+        (
+            tc_htb(s, Leaf::FqCodel),
+            Some("this kernel has no CAKE (sch_cake): HTB with fq_codel instead".into()),
+        )
     } else {
         (
             tc_htb(s, Leaf::Fifo),
             Some(format!(
-                "this kernel has neither CAKE nor fq_codel: HTB with FIFOs hashed by port instead ({} per direction: they move the queue and roughly isolate flows, with no AQM)",
+                "this kernel has neither CAKE nor fq_codel: HTB with FIFOs hashed by port instead \
+                    ({} per direction: they move the queue and roughly isolate flows, with no AQM)",
                 crate::advise::FIFO_BUCKETS
             )),
         )
@@ -94,19 +121,43 @@ pub fn tc_cake(s: &Shaping) -> String {
     header(&mut o, "tc-cake", &format!("CAKE shaping on {}", s.dev), s);
     let kw = s.link.cake_keyword();
     if let Some(up) = s.up_kbit {
-        let _ = writeln!(o, "# Upload: diffserv3 honours EF and CS1 marks; dual-srchost shares by LAN host (nat reads\n# the addresses behind this router's NAT).");
+        let _ = writeln!(
+            o,
+            "# Upload: diffserv3 honours EF and CS1 marks; dual-srchost shares by \
+            LAN host (nat reads\n# the addresses behind this router's NAT)."
+        );
         let ack = if s.ack_filter {
-            let _ = writeln!(o, "# ack-filter: of a flow's queued pure ACKs, those a later one makes redundant are dropped, so\n# the download's ACKs take less of this slow upload (tc-cake(8)).");
+            let _ = writeln!(
+                o,
+                "# ack-filter: of a flow's queued pure ACKs, those a later one \
+                makes redundant are dropped, so\n# the download's ACKs take less of this slow \
+                upload (tc-cake(8))."
+            );
             " ack-filter"
         } else {
             ""
         };
-        let _ = writeln!(o, "tc qdisc replace dev {} root cake bandwidth {up}kbit {kw} nat dual-srchost diffserv3{ack}", s.dev);
+        let _ = writeln!(
+            o,
+            "tc qdisc replace dev {} root cake bandwidth {up}kbit {kw} nat \
+            dual-srchost diffserv3{ack}",
+            s.dev
+        );
     }
     if let Some(down) = s.down_kbit {
         ingress_redirect(&mut o, s);
-        let _ = writeln!(o, "# ingress: drop rather than only mark early, as the queue is after the bottleneck; wash and\n# besteffort: DSCP from the Internet is not to be trusted (tc-cake(8)).");
-        let _ = writeln!(o, "tc qdisc replace dev {} root cake bandwidth {down}kbit {kw} nat dual-dsthost ingress wash besteffort", s.ifb());
+        let _ = writeln!(
+            o,
+            "# ingress: drop rather than only mark early, as the queue is after \
+            the bottleneck; wash and\n# besteffort: DSCP from the Internet is not to be trusted \
+            (tc-cake(8))."
+        );
+        let _ = writeln!(
+            o,
+            "tc qdisc replace dev {} root cake bandwidth {down}kbit {kw} nat \
+            dual-dsthost ingress wash besteffort",
+            s.ifb()
+        );
     }
     undo(&mut o, s);
     o
@@ -125,7 +176,10 @@ fn leaf(l: Leaf, kbit: u64) -> String {
         // ATM-sized packet fits (max(5 ms, 13992 us per Mbit)), interval = 95 ms + target.
         Leaf::FqCodel => {
             let target_us = (5000u64).max(13_992_000 / kbit.max(1));
-            format!("fq_codel limit 1001 quantum 300 target {target_us}us interval {}us ecn", 95_000 + target_us)
+            format!(
+                "fq_codel limit 1001 quantum 300 target {target_us}us interval {}us ecn",
+                95_000 + target_us
+            )
         }
         Leaf::Fifo => format!("pfifo limit {}", crate::advise::fifo_packets(kbit)),
     }
@@ -154,22 +208,66 @@ enum Port {
 /// has, so one flow's FIFO no longer holds up the others. Each bucket gets the class's FIFO
 /// length shared out, at least `FIFO_MIN_PACKETS`. The buckets take the class's priority
 /// (in HTB a leaf's priority counts across the tree).
-fn hashed_fifos(o: &mut String, dev: &str, id: u32, (rate, ceil, prio): (u64, u64, u32), fifo_kbit: u64, port: Port) {
+fn hashed_fifos(
+    o: &mut String,
+    dev: &str,
+    id: u32,
+    (rate, ceil, prio): (u64, u64, u32),
+    fifo_kbit: u64,
+    port: Port,
+) {
     let b = burst(ceil);
-    let (buckets, packets) = (crate::advise::FIFO_BUCKETS, crate::advise::bucket_packets(fifo_kbit));
-    let _ = writeln!(o, "# 1:{id} is {buckets} FIFOs of {packets} packets served in turn; a flow's {} port picks its FIFO.", if port == Port::Source { "source" } else { "destination" });
+    let (buckets, packets) = (
+        crate::advise::FIFO_BUCKETS,
+        crate::advise::bucket_packets(fifo_kbit),
+    );
+    let _ = writeln!(
+        o,
+        "# 1:{id} is {buckets} FIFOs of {packets} packets served in turn; a flow's \
+        {} port picks its FIFO.",
+        if port == Port::Source {
+            "source"
+        } else {
+            "destination"
+        }
+    );
     for i in 0..buckets {
-        let _ = writeln!(o, "tc class replace dev {dev} parent 1:{id} classid 1:{id}{i} htb rate {}kbit ceil {ceil}kbit burst {b} cburst {b} quantum 1749 prio {prio}", (rate / buckets).max(1));
-        let _ = writeln!(o, "tc qdisc replace dev {dev} parent 1:{id}{i} handle {id}{i}: pfifo limit {packets}");
+        let _ = writeln!(
+            o,
+            "tc class replace dev {dev} parent 1:{id} classid 1:{id}{i} htb rate \
+            {}kbit ceil {ceil}kbit burst {b} cburst {b} quantum 1749 prio \
+            {prio}",
+            (rate / buckets).max(1)
+        );
+        let _ = writeln!(
+            o,
+            "tc qdisc replace dev {dev} parent 1:{id}{i} handle {id}{i}: pfifo limit {packets}"
+        );
     }
     // The port word: source port in its upper half, destination in its lower.
-    let mask = if port == Port::Source { (buckets - 1) << 17 } else { (buckets - 1) << 1 };
+    let mask = if port == Port::Source {
+        (buckets - 1) << 17
+    } else {
+        (buckets - 1) << 1
+    };
     for (prio, proto, table, at) in [(1, "ip", 2, 20), (2, "ipv6", 3, 40)] {
-        let _ = writeln!(o, "tc filter add dev {dev} parent 1:{id} prio {prio} handle {table}: protocol {proto} u32 divisor {buckets}");
+        let _ = writeln!(
+            o,
+            "tc filter add dev {dev} parent 1:{id} prio {prio} handle {table}: \
+            protocol {proto} u32 divisor {buckets}"
+        );
         for i in 0..buckets {
-            let _ = writeln!(o, "tc filter add dev {dev} parent 1:{id} prio {prio} protocol {proto} u32 ht {table}:{i:x}: match u32 0 0 flowid 1:{id}{i}");
+            let _ = writeln!(
+                o,
+                "tc filter add dev {dev} parent 1:{id} prio {prio} protocol \
+                {proto} u32 ht {table}:{i:x}: match u32 0 0 flowid 1:{id}{i}"
+            );
         }
-        let _ = writeln!(o, "tc filter add dev {dev} parent 1:{id} prio {prio} protocol {proto} u32 match u32 0 0 hashkey mask {mask:#010x} at {at} link {table}:");
+        let _ = writeln!(
+            o,
+            "tc filter add dev {dev} parent 1:{id} prio {prio} protocol {proto} \
+            u32 match u32 0 0 hashkey mask {mask:#010x} at {at} link {table}:"
+        );
     }
 }
 
@@ -179,36 +277,81 @@ pub fn tc_htb(s: &Shaping, l: Leaf) -> String {
     let mut o = String::new();
     let what = match l {
         Leaf::FqCodel => "HTB shaper with fq_codel leaves (sqm-scripts' simple.qos)".to_string(),
-        Leaf::Fifo => format!("HTB shaper with FIFO leaves, best effort hashed onto {} FIFOs (for kernels without fq_codel)", crate::advise::FIFO_BUCKETS),
+        Leaf::Fifo => format!(
+            "HTB shaper with FIFO leaves, best effort hashed onto {} FIFOs (for \
+            kernels without fq_codel)",
+            crate::advise::FIFO_BUCKETS
+        ),
     };
-    header(&mut o, if l == Leaf::FqCodel { "tc-htb-fqcodel" } else { "tc-htb-fifo" }, &what, s);
+    header(
+        &mut o,
+        if l == Leaf::FqCodel {
+            "tc-htb-fqcodel"
+        } else {
+            "tc-htb-fifo"
+        },
+        &what,
+        s,
+    );
     if let Some(up) = s.up_kbit {
         let dev = &s.dev;
         let b = burst(up);
-        let _ = writeln!(o, "# Upload: 1:11 voice and control (EF, CS6), 1:12 everything else, 1:13 bulk (CS1).");
+        let _ = writeln!(
+            o,
+            "# Upload: 1:11 voice and control (EF, CS6), 1:12 everything else, 1:13 bulk (CS1)."
+        );
         // With FIFO leaves 1:12 is split into hashed buckets, and HTB's default must be a leaf.
         let default = if l == Leaf::Fifo { 120 } else { 12 };
-        let _ = writeln!(o, "tc qdisc replace dev {dev} root handle 1: {}htb default {default}", s.stab());
-        let _ = writeln!(o, "tc class replace dev {dev} parent 1: classid 1:1 htb rate {up}kbit ceil {up}kbit burst {b} cburst {b} quantum {b}");
+        let _ = writeln!(
+            o,
+            "tc qdisc replace dev {dev} root handle 1: {}htb default {default}",
+            s.stab()
+        );
+        let _ = writeln!(
+            o,
+            "tc class replace dev {dev} parent 1: classid 1:1 htb rate {up}kbit \
+            ceil {up}kbit burst {b} cburst {b} quantum {b}"
+        );
         let sub = up.saturating_sub(16).max(1);
         // With FIFO leaves the first class also carries every small packet, the download's
         // ACKs among them (1.2 Mbit/s of them at 51 Mbit/s down): two thirds, not one, or
         // they fill its FIFO and a call's packets wait and drop behind them.
         let first_ceil = if l == Leaf::Fifo { up * 2 / 3 } else { up / 3 };
-        for (id, rate, ceil, prio) in [(11, 128.min(up / 3).max(1), first_ceil.max(1), 1), (12, (up / 6).max(1), sub, 2), (13, (up / 6).max(1), sub, 3)] {
-            let _ = writeln!(o, "tc class replace dev {dev} parent 1:1 classid 1:{id} htb rate {rate}kbit ceil {ceil}kbit burst {b} cburst {b} quantum {b} prio {prio}");
+        for (id, rate, ceil, prio) in [
+            (11, 128.min(up / 3).max(1), first_ceil.max(1), 1),
+            (12, (up / 6).max(1), sub, 2),
+            (13, (up / 6).max(1), sub, 3),
+        ] {
+            let _ = writeln!(
+                o,
+                "tc class replace dev {dev} parent 1:1 classid 1:{id} htb rate \
+                {rate}kbit ceil {ceil}kbit burst {b} cburst {b} quantum {b} prio {prio}"
+            );
             if id == 12 && l == Leaf::Fifo {
                 hashed_fifos(&mut o, dev, 12, (rate, ceil, prio), up, Port::Source);
             } else {
-                let _ = writeln!(o, "tc qdisc replace dev {dev} parent 1:{id} handle {id}0: {}", leaf(l, up));
+                let _ = writeln!(
+                    o,
+                    "tc qdisc replace dev {dev} parent 1:{id} handle {id}0: {}",
+                    leaf(l, up)
+                );
             }
         }
-        // The TOS byte carries DSCP in its upper six bits: EF 46 -> 0xb8, CS6 48 -> 0xc0, CS1 8 -> 0x20.
+        // The TOS byte carries DSCP in its upper six bits: EF 46 -> 0xb8, CS6 48 -> 0xc0, CS1 8 ->
+        // 0x20.
         for (prio, tos, class) in [(1, "0xb8", 11), (2, "0xc0", 11), (3, "0x20", 13)] {
-            let _ = writeln!(o, "tc filter replace dev {dev} parent 1: protocol ip prio {prio} u32 match ip tos {tos} 0xfc flowid 1:{class}");
+            let _ = writeln!(
+                o,
+                "tc filter replace dev {dev} parent 1: protocol ip prio {prio} u32 \
+                match ip tos {tos} 0xfc flowid 1:{class}"
+            );
         }
         for (prio, tos, class) in [(4, "0xb8", 11), (5, "0xc0", 11), (6, "0x20", 13)] {
-            let _ = writeln!(o, "tc filter replace dev {dev} parent 1: protocol ipv6 prio {prio} u32 match ip6 priority {tos} 0xfc flowid 1:{class}");
+            let _ = writeln!(
+                o,
+                "tc filter replace dev {dev} parent 1: protocol ipv6 prio {prio} \
+                u32 match ip6 priority {tos} 0xfc flowid 1:{class}"
+            );
         }
         if l == Leaf::Fifo {
             // Small packets first, as wondershaper did with ACKs and packets under 64 bytes:
@@ -218,11 +361,23 @@ pub fn tc_htb(s: &Shaping, l: Leaf) -> String {
             // the upload's data. Every packet under 128 bytes (ACKs with SACK blocks, VoIP,
             // DNS, game updates) goes to the first class, whose ceiling keeps a flood of them
             // to a third of the rate. IPv4: total length; IPv6: payload length.
-            let _ = writeln!(o, "tc filter replace dev {dev} parent 1: protocol ip prio 7 u32 match u16 0x0000 0xff80 at 2 flowid 1:11");
-            let _ = writeln!(o, "tc filter replace dev {dev} parent 1: protocol ipv6 prio 8 u32 match u16 0x0000 0xff80 at 4 flowid 1:11");
+            let _ = writeln!(
+                o,
+                "tc filter replace dev {dev} parent 1: protocol ip prio 7 u32 \
+                match u16 0x0000 0xff80 at 2 flowid 1:11"
+            );
+            let _ = writeln!(
+                o,
+                "tc filter replace dev {dev} parent 1: protocol ipv6 prio 8 u32 \
+                match u16 0x0000 0xff80 at 4 flowid 1:11"
+            );
             // The rest to 1:12, whose own filters pick a bucket.
             for (prio, proto) in [(9, "ip"), (10, "ipv6")] {
-                let _ = writeln!(o, "tc filter replace dev {dev} parent 1: protocol {proto} prio {prio} u32 match u32 0 0 flowid 1:12");
+                let _ = writeln!(
+                    o,
+                    "tc filter replace dev {dev} parent 1: protocol {proto} prio \
+                    {prio} u32 match u32 0 0 flowid 1:12"
+                );
             }
         }
     }
@@ -232,21 +387,84 @@ pub fn tc_htb(s: &Shaping, l: Leaf) -> String {
         if l == Leaf::Fifo {
             // No classes by mark (marks from the Internet are not trusted), but small packets
             // first here too: a reply in a bucket shared with a download waits behind its FIFO.
-            let _ = writeln!(o, "# Small packets first (a third of the rate at most), the rest hashed onto FIFOs by port.");
-            let _ = writeln!(o, "tc qdisc replace dev {ifb} root handle 1: {}htb default 100", s.stab());
-            let _ = writeln!(o, "tc class replace dev {ifb} parent 1: classid 1:1 htb rate {down}kbit ceil {down}kbit burst {b} cburst {b} quantum {b}");
-            let _ = writeln!(o, "tc class replace dev {ifb} parent 1:1 classid 1:11 htb rate {}kbit ceil {}kbit burst {b} cburst {b} quantum {b} prio 1", 128.min(down / 3).max(1), (down / 3).max(1));
-            let _ = writeln!(o, "tc qdisc replace dev {ifb} parent 1:11 handle 110: {}", leaf(l, down / 3));
-            let _ = writeln!(o, "tc class replace dev {ifb} parent 1:1 classid 1:10 htb rate {}kbit ceil {down}kbit burst {b} cburst {b} quantum {b} prio 2", (down / 2).max(1));
-            let _ = writeln!(o, "tc filter replace dev {ifb} parent 1: protocol ip prio 1 u32 match u16 0x0000 0xff80 at 2 flowid 1:11");
-            let _ = writeln!(o, "tc filter replace dev {ifb} parent 1: protocol ipv6 prio 2 u32 match u16 0x0000 0xff80 at 4 flowid 1:11");
-            let _ = writeln!(o, "tc filter replace dev {ifb} parent 1: protocol all prio 3 u32 match u32 0 0 flowid 1:10");
-            hashed_fifos(&mut o, &ifb, 10, ((down / 2).max(1), down, 2), down, Port::Destination);
+            let _ = writeln!(
+                o,
+                "# Small packets first (a third of the rate at most), the rest \
+                hashed onto FIFOs by port."
+            );
+            let _ = writeln!(
+                o,
+                "tc qdisc replace dev {ifb} root handle 1: {}htb default 100",
+                s.stab()
+            );
+            let _ = writeln!(
+                o,
+                "tc class replace dev {ifb} parent 1: classid 1:1 htb rate \
+                {down}kbit ceil {down}kbit burst {b} cburst {b} quantum {b}"
+            );
+            let _ = writeln!(
+                o,
+                "tc class replace dev {ifb} parent 1:1 classid 1:11 htb rate \
+                {}kbit ceil {}kbit burst {b} cburst {b} quantum {b} prio \
+                1",
+                128.min(down / 3).max(1),
+                (down / 3).max(1)
+            );
+            let _ = writeln!(
+                o,
+                "tc qdisc replace dev {ifb} parent 1:11 handle 110: {}",
+                leaf(l, down / 3)
+            );
+            let _ = writeln!(
+                o,
+                "tc class replace dev {ifb} parent 1:1 classid 1:10 htb rate \
+                {}kbit ceil {down}kbit burst {b} cburst {b} quantum {b} prio 2",
+                (down / 2).max(1)
+            );
+            let _ = writeln!(
+                o,
+                "tc filter replace dev {ifb} parent 1: protocol ip prio 1 u32 \
+                match u16 0x0000 0xff80 at 2 flowid 1:11"
+            );
+            let _ = writeln!(
+                o,
+                "tc filter replace dev {ifb} parent 1: protocol ipv6 prio 2 u32 \
+                match u16 0x0000 0xff80 at 4 flowid 1:11"
+            );
+            let _ = writeln!(
+                o,
+                "tc filter replace dev {ifb} parent 1: protocol all prio 3 u32 \
+                match u32 0 0 flowid 1:10"
+            );
+            hashed_fifos(
+                &mut o,
+                &ifb,
+                10,
+                ((down / 2).max(1), down, 2),
+                down,
+                Port::Destination,
+            );
         } else {
-            let _ = writeln!(o, "# One class: marks from the Internet are not trusted (sqm's default: ignore ingress DSCP).");
-            let _ = writeln!(o, "tc qdisc replace dev {ifb} root handle 1: {}htb default 10", s.stab());
-            let _ = writeln!(o, "tc class replace dev {ifb} parent 1: classid 1:10 htb rate {down}kbit ceil {down}kbit burst {b} cburst {b} quantum {b}");
-            let _ = writeln!(o, "tc qdisc replace dev {ifb} parent 1:10 handle 100: {}", leaf(l, down));
+            let _ = writeln!(
+                o,
+                "# One class: marks from the Internet are not trusted (sqm's \
+                default: ignore ingress DSCP)."
+            );
+            let _ = writeln!(
+                o,
+                "tc qdisc replace dev {ifb} root handle 1: {}htb default 10",
+                s.stab()
+            );
+            let _ = writeln!(
+                o,
+                "tc class replace dev {ifb} parent 1: classid 1:10 htb rate \
+                {down}kbit ceil {down}kbit burst {b} cburst {b} quantum {b}"
+            );
+            let _ = writeln!(
+                o,
+                "tc qdisc replace dev {ifb} parent 1:10 handle 100: {}",
+                leaf(l, down)
+            );
         }
     }
     undo(&mut o, s);
@@ -263,21 +481,58 @@ struct Class {
 }
 
 const CLASSES: [Class; 5] = [
-    Class { id: 10, name: "voice", commit: 20, why: "EF and CS6 marks, RTP (UDP 16384-32767)" },
-    Class { id: 20, name: "sip", commit: 5, why: "SIP signalling, 5060/5061" },
-    Class { id: 30, name: "netctl", commit: 5, why: "ICMP and DNS" },
-    Class { id: 40, name: "interactive", commit: 10, why: "SSH, fair-queued so an rsync over SSH does not starve keystrokes" },
-    Class { id: 50, name: "default", commit: 60, why: "everything else" },
+    Class {
+        id: 10,
+        name: "voice",
+        commit: 20,
+        why: "EF and CS6 marks, RTP (UDP 16384-32767)",
+    },
+    Class {
+        id: 20,
+        name: "sip",
+        commit: 5,
+        why: "SIP signalling, 5060/5061",
+    },
+    Class {
+        id: 30,
+        name: "netctl",
+        commit: 5,
+        why: "ICMP and DNS",
+    },
+    Class {
+        id: 40,
+        name: "interactive",
+        commit: 10,
+        why: "SSH, fair-queued so an rsync over SSH does not starve keystrokes",
+    },
+    Class {
+        id: 50,
+        name: "default",
+        commit: 60,
+        why: "everything else",
+    },
 ];
 
 /// u32 matches per class, IPv4 then IPv6 (fixed offsets: no IP options or extension headers).
 fn class_matches(id: u32) -> Vec<(&'static str, String)> {
     let ports = |proto: u8, port: u16| {
         vec![
-            ("ip", format!("match ip protocol {proto} 0xff match ip dport {port} 0xffff")),
-            ("ip", format!("match ip protocol {proto} 0xff match ip sport {port} 0xffff")),
-            ("ipv6", format!("match ip6 protocol {proto} 0xff match ip6 dport {port} 0xffff")),
-            ("ipv6", format!("match ip6 protocol {proto} 0xff match ip6 sport {port} 0xffff")),
+            (
+                "ip",
+                format!("match ip protocol {proto} 0xff match ip dport {port} 0xffff"),
+            ),
+            (
+                "ip",
+                format!("match ip protocol {proto} 0xff match ip sport {port} 0xffff"),
+            ),
+            (
+                "ipv6",
+                format!("match ip6 protocol {proto} 0xff match ip6 dport {port} 0xffff"),
+            ),
+            (
+                "ipv6",
+                format!("match ip6 protocol {proto} 0xff match ip6 sport {port} 0xffff"),
+            ),
         ]
     };
     match id {
@@ -287,11 +542,25 @@ fn class_matches(id: u32) -> Vec<(&'static str, String)> {
             ("ipv6", "match ip6 priority 0xb8 0xfc".into()),
             ("ipv6", "match ip6 priority 0xc0 0xfc".into()),
             // 16384-32767 is exactly the ports with the top bits 01.
-            ("ip", "match ip protocol 17 0xff match ip dport 0x4000 0xc000".into()),
-            ("ipv6", "match ip6 protocol 17 0xff match ip6 dport 0x4000 0xc000".into()),
+            (
+                "ip",
+                "match ip protocol 17 0xff match ip dport 0x4000 0xc000".into(),
+            ),
+            (
+                "ipv6",
+                "match ip6 protocol 17 0xff match ip6 dport 0x4000 0xc000".into(),
+            ),
         ],
         20 => [ports(17, 5060), ports(6, 5060), ports(6, 5061)].concat(),
-        30 => [vec![("ip", "match ip protocol 1 0xff".to_string()), ("ipv6", "match ip6 protocol 58 0xff".to_string())], ports(17, 53), ports(6, 53)].concat(),
+        30 => [
+            vec![
+                ("ip", "match ip protocol 1 0xff".to_string()),
+                ("ipv6", "match ip6 protocol 58 0xff".to_string()),
+            ],
+            ports(17, 53),
+            ports(6, 53),
+        ]
+        .concat(),
         40 => ports(6, 22),
         _ => Vec::new(),
     }
@@ -299,18 +568,41 @@ fn class_matches(id: u32) -> Vec<(&'static str, String)> {
 
 fn htb_classes_on(o: &mut String, dev: &str, kbit: u64, l: Leaf, s: &Shaping) {
     let b = burst(kbit);
-    let _ = writeln!(o, "tc qdisc replace dev {dev} root handle 1: {}htb default 50", s.stab());
-    let _ = writeln!(o, "tc class replace dev {dev} parent 1: classid 1:1 htb rate {kbit}kbit ceil {kbit}kbit burst {b} cburst {b} quantum {b}");
+    let _ = writeln!(
+        o,
+        "tc qdisc replace dev {dev} root handle 1: {}htb default 50",
+        s.stab()
+    );
+    let _ = writeln!(
+        o,
+        "tc class replace dev {dev} parent 1: classid 1:1 htb rate {kbit}kbit ceil \
+        {kbit}kbit burst {b} cburst {b} quantum {b}"
+    );
     for (prio, c) in CLASSES.iter().enumerate() {
         let _ = writeln!(o, "# 1:{} {}: {}", c.id, c.name, c.why);
         let rate = (kbit * c.commit / 100).max(1);
-        let _ = writeln!(o, "tc class replace dev {dev} parent 1:1 classid 1:{} htb rate {rate}kbit ceil {kbit}kbit burst {b} cburst {b} quantum {b} prio {prio}", c.id);
-        let _ = writeln!(o, "tc qdisc replace dev {dev} parent 1:{0} handle {0}: {1}", c.id, leaf(l, kbit));
+        let _ = writeln!(
+            o,
+            "tc class replace dev {dev} parent 1:1 classid 1:{} htb rate \
+            {rate}kbit ceil {kbit}kbit burst {b} cburst {b} quantum {b} prio {prio}",
+            c.id
+        );
+        let _ = writeln!(
+            o,
+            "tc qdisc replace dev {dev} parent 1:{0} handle {0}: {1}",
+            c.id,
+            leaf(l, kbit)
+        );
     }
     let mut prio = 1;
     for c in &CLASSES {
         for (proto, m) in class_matches(c.id) {
-            let _ = writeln!(o, "tc filter replace dev {dev} parent 1: protocol {proto} prio {prio} u32 {m} flowid 1:{}", c.id);
+            let _ = writeln!(
+                o,
+                "tc filter replace dev {dev} parent 1: protocol {proto} prio \
+                {prio} u32 {m} flowid 1:{}",
+                c.id
+            );
             prio += 1;
         }
     }
@@ -320,7 +612,12 @@ fn htb_classes_on(o: &mut String, dev: &str, kbit: u64, l: Leaf, s: &Shaping) {
 /// of a FireQOS home setup, in plain tc.
 pub fn tc_htb_classes(s: &Shaping, l: Leaf) -> String {
     let mut o = String::new();
-    header(&mut o, "tc-htb-classes", "HTB classes: voice, SIP, network control, SSH, default (a FireQOS home layout)", s);
+    header(
+        &mut o,
+        "tc-htb-classes",
+        "HTB classes: voice, SIP, network control, SSH, default (a FireQOS home layout)",
+        s,
+    );
     if let Some(up) = s.up_kbit {
         let _ = writeln!(o, "# Upload on {}.", s.dev);
         htb_classes_on(&mut o, &s.dev, up, l, s);
@@ -335,46 +632,104 @@ pub fn tc_htb_classes(s: &Shaping, l: Leaf) -> String {
 
 /// An /etc/config/sqm section for OpenWrt's sqm-scripts.
 pub fn openwrt_sqm(s: &Shaping, cake: bool) -> String {
-    let mut o = format!("# bloatlab config openwrt-sqm: paste into /etc/config/sqm, then /etc/init.d/sqm restart\n# {}\n", s.describe());
+    let mut o = format!(
+        "# bloatlab config openwrt-sqm: paste into /etc/config/sqm, then \
+        /etc/init.d/sqm restart\n# {}\n",
+        s.describe()
+    );
     let _ = writeln!(o, "config queue '{}'", s.dev.replace(['\'', '.'], "_"));
     let _ = writeln!(o, "\toption enabled '1'\n\toption interface '{}'", s.dev);
-    let _ = writeln!(o, "\t# kbit/s; 0 leaves a direction unshaped\n\toption download '{}'\n\toption upload '{}'", s.down_kbit.unwrap_or(0), s.up_kbit.unwrap_or(0));
+    let _ = writeln!(
+        o,
+        "\t# kbit/s; 0 leaves a direction unshaped\n\toption download '{}'\n\toption upload '{}'",
+        s.down_kbit.unwrap_or(0),
+        s.up_kbit.unwrap_or(0)
+    );
     if cake {
-        let _ = writeln!(o, "\t# layer_cake: CAKE with diffserv3 tins, so voice marked EF goes first\n\toption qdisc 'cake'\n\toption script 'layer_cake.qos'");
+        let _ = writeln!(
+            o,
+            "\t# layer_cake: CAKE with diffserv3 tins, so voice marked EF goes \
+            first\n\toption qdisc 'cake'\n\toption script 'layer_cake.qos'"
+        );
         if s.ack_filter {
             // sqm appends eqdisc_opts to the upload's CAKE only with both advanced switches on;
             // its other defaults stay as they were.
             let _ = writeln!(
                 o,
-                "\t# ack-filter on the upload: fewer redundant ACKs on a slow upstream\n\toption qdisc_advanced '1'\n\toption qdisc_really_really_advanced '1'\n\toption eqdisc_opts 'ack-filter'"
+                "\t# ack-filter on the upload: fewer redundant ACKs on a slow upstream\n\toption \
+                    qdisc_advanced '1'\n\toption qdisc_really_really_advanced '1'\n\toption \
+                    eqdisc_opts 'ack-filter'"
             );
         }
     } else {
-        let _ = writeln!(o, "\t# simple.qos: HTB with three priority classes and fq_codel leaves\n\toption qdisc 'fq_codel'\n\toption script 'simple.qos'");
+        let _ = writeln!(
+            o,
+            "\t# simple.qos: HTB with three priority classes and fq_codel \
+            leaves\n\toption qdisc 'fq_codel'\n\toption script 'simple.qos'"
+        );
     }
-    let _ = writeln!(o, "\toption linklayer '{}'\n\toption overhead '{}'", s.link.sqm_linklayer(), s.link.overhead());
+    let _ = writeln!(
+        o,
+        "\toption linklayer '{}'\n\toption overhead '{}'",
+        s.link.sqm_linklayer(),
+        s.link.overhead()
+    );
     if s.link.mpu() > 0 {
-        let _ = writeln!(o, "\toption linklayer_advanced '1'\n\toption tcMPU '{}'", s.link.mpu());
+        let _ = writeln!(
+            o,
+            "\toption linklayer_advanced '1'\n\toption tcMPU '{}'",
+            s.link.mpu()
+        );
     }
     o
 }
 
 /// The same classes in FireQOS's language (/etc/firehol/fireqos.conf).
 pub fn fireqos(s: &Shaping) -> String {
-    let mut o = format!("# bloatlab config fireqos: /etc/firehol/fireqos.conf, then fireqos start\n# {}\n", s.describe());
+    let mut o = format!(
+        "# bloatlab config fireqos: /etc/firehol/fireqos.conf, then fireqos start\n# {}\n",
+        s.describe()
+    );
     let linklayer = match s.link.framing() {
         Framing::Atm => format!(" atm overhead {}", s.link.overhead()),
-        _ if s.link.overhead() > 0 => format!(" ethernet overhead {} mpu {}", s.link.overhead(), s.link.mpu()),
+        _ if s.link.overhead() > 0 => format!(
+            " ethernet overhead {} mpu {}",
+            s.link.overhead(),
+            s.link.mpu()
+        ),
         _ => String::new(),
     };
-    for (name, dir, kbit) in [("world-in", "input", s.down_kbit), ("world-out", "output", s.up_kbit)] {
+    for (name, dir, kbit) in [
+        ("world-in", "input", s.down_kbit),
+        ("world-out", "output", s.up_kbit),
+    ] {
         let Some(kbit) = kbit else { continue };
-        let _ = writeln!(o, "interface46 {} {name} {dir} rate {kbit}kbit{linklayer}", s.dev);
-        let _ = writeln!(o, "   class voice commit 20%\n      match dscp EF\n      match dscp CS6\n      match udp dports 16384:32767");
-        let _ = writeln!(o, "   class sip commit 5%\n      match tcp,udp port 5060,5061");
-        let _ = writeln!(o, "   class netctl commit 5%\n      match icmp\n      match tcp,udp port 53");
-        let _ = writeln!(o, "   class interactive commit 10%\n      match tcp port 22");
-        let _ = writeln!(o, "   # everything else goes to FireQOS's own default class");
+        let _ = writeln!(
+            o,
+            "interface46 {} {name} {dir} rate {kbit}kbit{linklayer}",
+            s.dev
+        );
+        let _ = writeln!(
+            o,
+            "   class voice commit 20%\n      match dscp EF\n      match dscp \
+            CS6\n      match udp dports 16384:32767"
+        );
+        let _ = writeln!(
+            o,
+            "   class sip commit 5%\n      match tcp,udp port 5060,5061"
+        );
+        let _ = writeln!(
+            o,
+            "   class netctl commit 5%\n      match icmp\n      match tcp,udp port 53"
+        );
+        let _ = writeln!(
+            o,
+            "   class interactive commit 10%\n      match tcp port 22"
+        );
+        let _ = writeln!(
+            o,
+            "   # everything else goes to FireQOS's own default class"
+        );
     }
     o
 }
@@ -385,7 +740,7 @@ pub fn nft_dscp(s: &Shaping) -> String {
     let dev = &s.dev;
     format!(
         r#"#!/usr/sbin/nft -f
-# bloatlab config nft-dscp: DSCP washing and voice marking (nft -f FILE; undo: nft delete table inet bloatlab_dscp)
+{head}
 table inet bloatlab_dscp {{
 	chain wash_from_internet {{
 		type filter hook prerouting priority mangle; policy accept;
@@ -402,7 +757,9 @@ table inet bloatlab_dscp {{
 		ip6 dscp ef ip6 dscp set cs6
 	}}
 }}
-"#
+"#,
+        head = "# bloatlab config nft-dscp: DSCP washing and voice marking \
+            (nft -f FILE; undo: nft delete table inet bloatlab_dscp)",
     )
 }
 
@@ -413,9 +770,13 @@ pub fn writeback_bytes(rate_bps: u64, ns: u64) -> u64 {
 }
 
 pub fn sysctl_writeback(rate_bps: u64, background_ns: u64, delay_ns: u64) -> String {
-    let (bg, fg) = (writeback_bytes(rate_bps, background_ns), writeback_bytes(rate_bps, delay_ns));
+    let (bg, fg) = (
+        writeback_bytes(rate_bps, background_ns),
+        writeback_bytes(rate_bps, delay_ns),
+    );
     format!(
-        "# bloatlab config sysctl-writeback: the page cache in front of a {rate_bps} bit/s link ({} B/s)\n\
+        "# bloatlab config sysctl-writeback: the page cache in front of a {rate_bps} bit/s link \
+            ({} B/s)\n\
          # holds at most {} ms of it before writeback starts, and {} ms before writers wait, so a\n\
          # large write (NFS, a USB disk) does not queue seconds of data. Apply: sysctl -p FILE\n\
          # (setting the *_bytes values sets vm.dirty_background_ratio and vm.dirty_ratio to 0).\n\
@@ -433,7 +794,9 @@ const TUNNEL_QUEUE_MS: f64 = 20.0;
 /// The tunnel device's ring in packets: TUNNEL_QUEUE_MS at the tunnel's rate in its own
 /// packets, at least 10 (a few packets of slack for a sender's bursts).
 fn tunnel_ring_packets(rate_bps: u64, packet_bytes: u32) -> u64 {
-    ((rate_bps as f64 / 8.0 * TUNNEL_QUEUE_MS / 1e3) / f64::from(packet_bytes)).ceil().max(10.0) as u64
+    ((rate_bps as f64 / 8.0 * TUNNEL_QUEUE_MS / 1e3) / f64::from(packet_bytes))
+        .ceil()
+        .max(10.0) as u64
 }
 
 /// Where OpenVPN's `up` script goes (`bloatlab config openvpn-up` prints it).
@@ -453,9 +816,12 @@ pub fn openvpn(path_mtu: Option<u32>, rate_bps: Option<u64>) -> String {
             1500,
             format!(
                 "tun-mtu 1500\n\
-                 # The path carries {p}-byte packets (bloatlab test mtu): TCP inside the tunnel is told\n\
-                 # to keep each encapsulated UDP payload within {m} bytes, so nothing is fragmented\n\
-                 # or lost in a black hole ({p} less 28 bytes of IPv4 and UDP; OpenVPN 2.6 also takes\n\
+                 # The path carries {p}-byte packets (bloatlab test mtu): TCP inside the tunnel is \
+                     told\n\
+                 # to keep each encapsulated UDP payload within {m} bytes, so nothing is \
+                     fragmented\n\
+                 # or lost in a black hole ({p} less 28 bytes of IPv4 and UDP; OpenVPN 2.6 also \
+                     takes\n\
                  # `mssfix {p} mtu`).\n\
                  mssfix {m}\n",
                 m = p.saturating_sub(28)
@@ -463,9 +829,12 @@ pub fn openvpn(path_mtu: Option<u32>, rate_bps: Option<u64>) -> String {
         ),
         None => (
             9000,
-            "# A LAN both ends control: large tunnel packets halve the per-packet work (the seed measured\n\
-             # 630 -> 930 Mbit/s on GbE with mssfix 0; 65k packets halved the CPU in VMs). Only where\n\
-             # no router between the ends has a smaller MTU: else run bloatlab test mtu and give --mtu.\n\
+            "# A LAN both ends control: large tunnel packets halve the per-packet work (the seed \
+                measured\n\
+             # 630 -> 930 Mbit/s on GbE with mssfix 0; 65k packets halved the CPU in VMs). Only \
+                 where\n\
+             # no router between the ends has a smaller MTU: else run bloatlab test mtu and give \
+                 --mtu.\n\
              tun-mtu 9000\n\
              mssfix 0\n"
                 .to_string(),
@@ -475,25 +844,31 @@ pub fn openvpn(path_mtu: Option<u32>, rate_bps: Option<u64>) -> String {
     let ring = tunnel_ring_packets(rate, tun_mtu);
     let rate_said = match rate_bps {
         Some(_) => String::new(),
-        None => " (no --rate given: 1 Gbit/s assumed; a slower tunnel waits longer in\n# the same ring, so give --rate with the tunnel's goodput from bloatlab compare)".to_string(),
+        None => " (no --rate given: 1 Gbit/s assumed; a slower tunnel waits longer in\n# the same \
+            ring, so give --rate with the tunnel's goodput from bloatlab compare)"
+            .to_string(),
     };
     let up = match rate_bps {
         Some(_) => format!(
-            "# Below a shaper just under the tunnel's rate the queue moves from that ring into CAKE or\n\
+            "# Below a shaper just under the tunnel's rate the queue moves from that ring into \
+                CAKE or\n\
              # fq_codel, where a call no longer waits behind a bulk flow at all. The script:\n\
              # bloatlab config openvpn-up --rate {mbit}mbit > {TUNNEL_UP_SCRIPT}; chmod +x it.\n\
              script-security 2\n\
              up {TUNNEL_UP_SCRIPT}\n",
             mbit = rate as f64 / 1e6
         ),
-        None => "# With --rate this also sets an `up` script that shapes just under the tunnel's rate into\n\
+        None => "# With --rate this also sets an `up` script that shapes just under the tunnel's \
+            rate into\n\
                  # CAKE or fq_codel: a qdisc on a tun device holds nothing without a shaper.\n"
             .to_string(),
     };
     format!(
         "# bloatlab config openvpn: throughput settings for OpenVPN 2.4+ (both ends unless said)\n\
-         # without the bufferbloat of the usual recipe. Its `txqueuelen 15000` is the queue in front\n\
-         # of every tunnel packet once OpenVPN is the bottleneck (its CPU, or a shaper): a tun device\n\
+         # without the bufferbloat of the usual recipe. Its `txqueuelen 15000` is the queue in \
+             front\n\
+         # of every tunnel packet once OpenVPN is the bottleneck (its CPU, or a shaper): a tun \
+             device\n\
          # never pushes back on its qdisc, so each packet OpenVPN has not read yet waits in the\n\
          # device's own ring of txqueuelen packets, where no qdisc sees it. 15000 packets of 9000\n\
          # bytes at 930 Mbit/s are 15000 x 9000 x 8 / 930e6 = 1.16 s; of 1500 bytes at 10 Mbit/s,\n\
@@ -509,10 +884,12 @@ pub fn openvpn(path_mtu: Option<u32>, rate_bps: Option<u64>) -> String {
          # Socket buffers sized by the kernel's autotuning, not fixed small ones.\n\
          sndbuf 0\n\
          rcvbuf 0\n\
-         # The tunnel's queue: {ring} packets of {tun_mtu} bytes, {ms} ms at {mbit} Mbit/s{rate_said}.\n\
+         # The tunnel's queue: {ring} packets of {tun_mtu} bytes, {ms} ms at {mbit} \
+             Mbit/s{rate_said}.\n\
          # With data channel offload (DCO) packets stay in the kernel and skip this ring.\n\
          txqueuelen {ring}\n\
-         # With proto tcp (a LAN recipe), at most this many packets wait in OpenVPN's own TCP queue.\n\
+         # With proto tcp (a LAN recipe), at most this many packets wait in OpenVPN's own TCP \
+             queue.\n\
          tcp-queue-limit 64\n\
          {up}",
         ms = TUNNEL_QUEUE_MS,
@@ -526,21 +903,26 @@ pub fn openvpn_up(rate_bps: u64) -> String {
     let kbit = rate_bps * 95 / 100 / 1000;
     format!(
         "#!/bin/sh\n\
-         # bloatlab config openvpn-up: OpenVPN's `up` script for a {mbit} Mbit/s tunnel (OpenVPN passes\n\
+         # bloatlab config openvpn-up: OpenVPN's `up` script for a {mbit} Mbit/s tunnel (OpenVPN \
+             passes\n\
          # the device as $1; {TUNNEL_UP_SCRIPT}, chmod +x). A tun device never pushes back\n\
-         # on its qdisc, so a qdisc there holds packets only below a shaper slower than the tunnel:\n\
+         # on its qdisc, so a qdisc there holds packets only below a shaper slower than the \
+             tunnel:\n\
          # {kbit} kbit/s, 95% of its rate. CAKE where the kernel has it, else HTB into fq_codel.\n\
-         # A kernel with neither keeps the short ring (txqueuelen) alone: a shaper into a FIFO would\n\
+         # A kernel with neither keeps the short ring (txqueuelen) alone: a shaper into a FIFO \
+             would\n\
          # cost 5% of the rate and isolate no flow from another.\n\
          dev=\"$1\"\n\
          tc qdisc replace dev \"$dev\" root cake bandwidth {kbit}kbit 2>/dev/null && exit 0\n\
          if tc qdisc replace dev \"$dev\" root handle 1: htb default 1 2>/dev/null &&\n\
-         \x20  tc class replace dev \"$dev\" parent 1: classid 1:1 htb rate {kbit}kbit 2>/dev/null &&\n\
+         \x20  tc class replace dev \"$dev\" parent 1: classid 1:1 htb rate {kbit}kbit 2>/dev/null \
+             &&\n\
          \x20  tc qdisc replace dev \"$dev\" parent 1:1 fq_codel 2>/dev/null; then\n\
          \x20 exit 0\n\
          fi\n\
          tc qdisc del dev \"$dev\" root 2>/dev/null\n\
-         # OpenVPN stops if this script fails: the tunnel without a shaper is still a working one.\n\
+         # OpenVPN stops if this script fails: the tunnel without a shaper is still a working \
+             one.\n\
          exit 0\n",
         mbit = rate_bps as f64 / 1e6,
     )
@@ -552,9 +934,11 @@ pub fn wireguard_mtu(path_mtu: u32) -> String {
     let v4 = path_mtu.saturating_sub(20 + 8 + 32);
     let v6 = path_mtu.saturating_sub(40 + 8 + 32);
     format!(
-        "# bloatlab config wireguard-mtu: the tunnel MTU for a {path_mtu}-byte path (bloatlab test mtu).\n\
+        "# bloatlab config wireguard-mtu: the tunnel MTU for a {path_mtu}-byte path (bloatlab test \
+            mtu).\n\
          # Each tunnel packet gains 32 bytes of WireGuard (header 16, tag 16), 8 of UDP and 20 of\n\
-         # IPv4 (40 of IPv6) on the way out: {path_mtu} - 60 = {v4} over IPv4, {path_mtu} - 80 = {v6}\n\
+         # IPv4 (40 of IPv6) on the way out: {path_mtu} - 60 = {v4} over IPv4, {path_mtu} - 80 = \
+             {v6}\n\
          # over IPv6 (WireGuard's default 1420 is the IPv6 figure for a 1500-byte path).\n\
          # A smart queue on the tunnel device too: tc qdisc replace dev wg0 root fq_codel\n\
          [Interface]\n\
@@ -565,8 +949,10 @@ pub fn wireguard_mtu(path_mtu: u32) -> String {
 
 /// Wireless settings for calls over Wi-Fi on OpenWrt, as commented advice.
 pub fn wifi_openwrt() -> String {
-    r#"# bloatlab config wifi-openwrt: /etc/config/wireless advice for VoIP over Wi-Fi (then: wifi reload)
-config wifi-device 'radio0'
+    concat!(
+        "# bloatlab config wifi-openwrt: /etc/config/wireless advice for VoIP over Wi-Fi \
+            (then: wifi reload)\n",
+        r#"config wifi-device 'radio0'
 	# 2.4 GHz: only channels 1, 6 and 11 do not overlap; pick the least used (iw dev wlan0 scan).
 	option channel '6'
 	# Lower transmit power: smaller cells, fewer hidden stations, less airtime lost to retries.
@@ -585,6 +971,7 @@ config wifi-iface 'default_radio0'
 	# (bloatlab config nft-dscp): Linux maps EF to VI on older kernels.
 	option wmm '1'
 "#
+    )
     .to_string()
 }
 
@@ -593,7 +980,13 @@ mod tests {
     use super::*;
 
     fn cable() -> Shaping {
-        Shaping { dev: "eth0".into(), down_kbit: Some(57_000), up_kbit: Some(3_610), link: LinkType::Docsis, ack_filter: false }
+        Shaping {
+            dev: "eth0".into(),
+            down_kbit: Some(57_000),
+            up_kbit: Some(3_610),
+            link: LinkType::Docsis,
+            ack_filter: false,
+        }
     }
 
     /// The reference's OpenVPN numbers: 15000 x 9000 B at 930 Mbit/s is over a second of
@@ -602,22 +995,44 @@ mod tests {
     #[test]
     fn openvpn_keeps_the_throughput_lines_and_drops_the_long_fifo() {
         let lan = openvpn(None, Some(930_000_000));
-        for line in ["cipher AES-256-GCM\n", "tun-mtu 9000\n", "mssfix 0\n", "tcp-nodelay\n", "up /etc/openvpn/bloatlab-tunnel-qdisc.sh\n"] {
+        for line in [
+            "cipher AES-256-GCM\n",
+            "tun-mtu 9000\n",
+            "mssfix 0\n",
+            "tcp-nodelay\n",
+            "up /etc/openvpn/bloatlab-tunnel-qdisc.sh\n",
+        ] {
             assert!(lan.contains(line), "{line:?} missing:\n{lan}");
         }
         assert!(lan.contains("15000 x 9000 x 8 / 930e6 = 1.16 s"));
         // 930 Mbit/s for 20 ms in 9000-byte packets: 2.325 MB / 9000 B = 258.3, so 259.
         assert!(lan.contains("txqueuelen 259\n"), "{lan}");
         let wan = openvpn(Some(1400), Some(10_000_000));
-        assert!(wan.contains("tun-mtu 1500\n") && wan.contains("mssfix 1372\n") && !wan.contains("tun-mtu 9000"), "{wan}");
+        assert!(
+            wan.contains("tun-mtu 1500\n")
+                && wan.contains("mssfix 1372\n")
+                && !wan.contains("tun-mtu 9000"),
+            "{wan}"
+        );
         // 10 Mbit/s for 20 ms in 1500-byte packets: 25 000 B / 1500 B = 16.7, so 17.
-        assert!(wan.contains("txqueuelen 17\n") && wan.contains("openvpn-up --rate 10mbit"), "{wan}");
+        assert!(
+            wan.contains("txqueuelen 17\n") && wan.contains("openvpn-up --rate 10mbit"),
+            "{wan}"
+        );
         // Slower than 10 packets in 20 ms, the ring keeps 10.
         assert_eq!(tunnel_ring_packets(1_000_000, 1500), 10);
         let unknown = openvpn(None, None);
-        assert!(unknown.contains("1 Gbit/s assumed") && !unknown.contains("\nup "), "no rate, no script to shape at it:\n{unknown}");
+        assert!(
+            unknown.contains("1 Gbit/s assumed") && !unknown.contains("\nup "),
+            "no rate, no script to shape at it:\n{unknown}"
+        );
         let up = openvpn_up(10_000_000);
-        assert!(up.contains("cake bandwidth 9500kbit") && up.contains("htb rate 9500kbit") && up.ends_with("exit 0\n"), "{up}");
+        assert!(
+            up.contains("cake bandwidth 9500kbit")
+                && up.contains("htb rate 9500kbit")
+                && up.ends_with("exit 0\n"),
+            "{up}"
+        );
         assert!(wireguard_mtu(1500).contains("MTU = 1420\n"));
         assert!(wireguard_mtu(1400).contains("1400 - 60 = 1340"));
     }
@@ -626,11 +1041,24 @@ mod tests {
     fn the_script_follows_what_the_kernel_has() {
         let s = cable();
         let (cake, said) = for_kernel(&s, |_| true);
-        assert!(cake.contains("cake bandwidth 3610kbit") && said.is_none(), "{cake}");
+        assert!(
+            cake.contains("cake bandwidth 3610kbit") && said.is_none(),
+            "{cake}"
+        );
         let (fq, said) = for_kernel(&s, |q| q == "fq_codel");
-        assert!(fq.contains(": fq_codel") && !fq.contains(" cake ") && said.unwrap().contains("no CAKE"), "{fq}");
+        assert!(
+            fq.contains(": fq_codel")
+                && !fq.contains(" cake ")
+                && said.unwrap().contains("no CAKE"),
+            "{fq}"
+        );
         let (fifo, said) = for_kernel(&s, |_| false);
-        assert!(fifo.contains("pfifo limit") && !fifo.contains(": fq_codel") && said.unwrap().contains("neither"), "{fifo}");
+        assert!(
+            fifo.contains("pfifo limit")
+                && !fifo.contains(": fq_codel")
+                && said.unwrap().contains("neither"),
+            "{fifo}"
+        );
     }
 
     /// Every generator's whole output for the cable line, against the files in
@@ -638,18 +1066,30 @@ mod tests {
     #[test]
     fn every_generator_matches_its_golden_file() {
         let s = cable();
-        let adsl = Shaping { dev: "pppoe-wan".into(), down_kbit: Some(15_000), up_kbit: Some(900), link: LinkType::PppoeLlcsnap, ack_filter: false };
+        let adsl = Shaping {
+            dev: "pppoe-wan".into(),
+            down_kbit: Some(15_000),
+            up_kbit: Some(900),
+            link: LinkType::PppoeLlcsnap,
+            ack_filter: false,
+        };
         let cases = [
             ("tc-cake", tc_cake(&s)),
             ("tc-htb-fqcodel", tc_htb(&s, Leaf::FqCodel)),
             ("tc-htb-fifo", tc_htb(&s, Leaf::Fifo)),
             ("tc-htb-classes", tc_htb_classes(&s, Leaf::FqCodel)),
-            ("tc-htb-classes-adsl-fifo", tc_htb_classes(&adsl, Leaf::Fifo)),
+            (
+                "tc-htb-classes-adsl-fifo",
+                tc_htb_classes(&adsl, Leaf::Fifo),
+            ),
             ("openwrt-sqm", openwrt_sqm(&s, true)),
             ("openwrt-sqm-adsl-simple", openwrt_sqm(&adsl, false)),
             ("fireqos", fireqos(&s)),
             ("nft-dscp", nft_dscp(&s)),
-            ("sysctl-writeback", sysctl_writeback(1 << 30, 250_000_000, 1_500_000_000)),
+            (
+                "sysctl-writeback",
+                sysctl_writeback(1 << 30, 250_000_000, 1_500_000_000),
+            ),
             ("wifi-openwrt", wifi_openwrt()),
         ];
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
@@ -660,7 +1100,8 @@ mod tests {
                 std::fs::create_dir_all(&dir).unwrap();
                 std::fs::write(&file, &text).unwrap();
             }
-            let want = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            let want = std::fs::read_to_string(&file)
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
             assert_eq!(text, want, "{name} differs from {}", file.display());
         }
     }
@@ -672,7 +1113,10 @@ mod tests {
         assert_eq!(writeback_bytes(rate, 250_000_000), 33_554_432);
         assert_eq!(writeback_bytes(rate, 1_500_000_000), 201_326_592);
         let t = sysctl_writeback(rate, 250_000_000, 1_500_000_000);
-        assert!(t.contains("vm.dirty_background_bytes = 33554432\nvm.dirty_bytes = 201326592\n"), "{t}");
+        assert!(
+            t.contains("vm.dirty_background_bytes = 33554432\nvm.dirty_bytes = 201326592\n"),
+            "{t}"
+        );
     }
 
     #[test]
@@ -689,48 +1133,126 @@ tc qdisc replace dev eth0 root cake bandwidth 3610kbit docsis nat dual-srchost d
 ip link add name ifb4eth0 type ifb 2>/dev/null || true
 ip link set dev ifb4eth0 up
 tc qdisc replace dev eth0 handle ffff: ingress
-tc filter replace dev eth0 parent ffff: protocol all prio 10 u32 match u32 0 0 action mirred egress redirect dev ifb4eth0
+tc filter replace dev eth0 parent ffff: protocol all prio 10 u32 match u32 0 0 action mirred \
+    egress redirect dev ifb4eth0
 # ingress: drop rather than only mark early, as the queue is after the bottleneck; wash and
 # besteffort: DSCP from the Internet is not to be trusted (tc-cake(8)).
-tc qdisc replace dev ifb4eth0 root cake bandwidth 57000kbit docsis nat dual-dsthost ingress wash besteffort
+tc qdisc replace dev ifb4eth0 root cake bandwidth 57000kbit docsis nat dual-dsthost ingress wash \
+    besteffort
 # Undo:
 #   tc qdisc del dev eth0 root; tc qdisc del dev eth0 ingress; ip link del ifb4eth0
 ";
         assert_eq!(tc_cake(&cable()), want);
-        let acks = tc_cake(&Shaping { ack_filter: true, ..cable() });
-        assert!(acks.contains("tc qdisc replace dev eth0 root cake bandwidth 3610kbit docsis nat dual-srchost diffserv3 ack-filter\n"), "{acks}");
-        assert_eq!(acks.matches("ack-filter").count(), 2, "the upload's line and its comment: {acks}");
+        let acks = tc_cake(&Shaping {
+            ack_filter: true,
+            ..cable()
+        });
+        assert!(
+            acks.contains(
+                "tc qdisc replace dev eth0 root cake bandwidth 3610kbit docsis nat \
+            dual-srchost diffserv3 ack-filter\n"
+            ),
+            "{acks}"
+        );
+        assert_eq!(
+            acks.matches("ack-filter").count(),
+            2,
+            "the upload's line and its comment: {acks}"
+        );
     }
 
     #[test]
     fn htb_fq_codel_follows_simple_qos() {
         let t = tc_htb(&cable(), Leaf::FqCodel);
         // simple.qos: 1:11 at 128 kbit with ceil a third, 1:12 and 1:13 a sixth with ceil rate-16.
-        assert!(t.contains("tc qdisc replace dev eth0 root handle 1: stab overhead 18 mpu 64 linklayer ethernet htb default 12\n"), "{t}");
-        assert!(t.contains("classid 1:11 htb rate 128kbit ceil 1203kbit burst 1749 cburst 1749 quantum 1749 prio 1\n"), "{t}");
-        assert!(t.contains("classid 1:13 htb rate 601kbit ceil 3594kbit burst 1749 cburst 1749 quantum 1749 prio 3\n"), "{t}");
+        assert!(
+            t.contains(
+                "tc qdisc replace dev eth0 root handle 1: stab overhead 18 mpu 64 \
+            linklayer ethernet htb default 12\n"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "classid 1:11 htb rate 128kbit ceil 1203kbit burst 1749 cburst 1749 \
+            quantum 1749 prio 1\n"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "classid 1:13 htb rate 601kbit ceil 3594kbit burst 1749 cburst 1749 \
+            quantum 1749 prio 3\n"
+            ),
+            "{t}"
+        );
         // sqm's auto target on the 3.61 Mbit/s upload: 13992000 / 3610 = 3875 us < 5 ms.
-        assert!(t.contains("fq_codel limit 1001 quantum 300 target 5000us interval 100000us ecn"), "{t}");
+        assert!(
+            t.contains("fq_codel limit 1001 quantum 300 target 5000us interval 100000us ecn"),
+            "{t}"
+        );
         assert!(t.contains("u32 match ip tos 0xb8 0xfc flowid 1:11"), "{t}");
-        assert!(t.contains("tc class replace dev ifb4eth0 parent 1: classid 1:10 htb rate 57000kbit ceil 57000kbit burst 7125 cburst 7125 quantum 7125\n"), "{t}");
-        let slow = Shaping { up_kbit: Some(700), ..cable() };
-        assert!(tc_htb(&slow, Leaf::FqCodel).contains("target 19988us interval 114988us"), "a 700 kbit/s uplink gets sqm's longer target");
+        assert!(
+            t.contains(
+                "tc class replace dev ifb4eth0 parent 1: classid 1:10 htb rate \
+            57000kbit ceil 57000kbit burst 7125 cburst 7125 quantum 7125\n"
+            ),
+            "{t}"
+        );
+        let slow = Shaping {
+            up_kbit: Some(700),
+            ..cable()
+        };
+        assert!(
+            tc_htb(&slow, Leaf::FqCodel).contains("target 19988us interval 114988us"),
+            "a 700 kbit/s uplink gets sqm's longer target"
+        );
     }
 
     #[test]
     fn openwrt_sqm_and_fireqos_carry_rates_and_overhead() {
         let t = openwrt_sqm(&cable(), true);
-        for line in ["\toption download '57000'", "\toption upload '3610'", "\toption script 'layer_cake.qos'", "\toption linklayer 'ethernet'", "\toption overhead '18'", "\toption tcMPU '64'"] {
+        for line in [
+            "\toption download '57000'",
+            "\toption upload '3610'",
+            "\toption script 'layer_cake.qos'",
+            "\toption linklayer 'ethernet'",
+            "\toption overhead '18'",
+            "\toption tcMPU '64'",
+        ] {
             assert!(t.contains(line), "{line} in {t}");
         }
         assert!(!t.contains("ack-filter"), "{t}");
-        let acks = openwrt_sqm(&Shaping { ack_filter: true, ..cable() }, true);
-        assert!(acks.contains("\toption qdisc_really_really_advanced '1'\n\toption eqdisc_opts 'ack-filter'\n"), "{acks}");
-        let adsl = Shaping { link: LinkType::PppoeLlcsnap, ..cable() };
-        assert!(openwrt_sqm(&adsl, false).contains("\toption linklayer 'atm'\n\toption overhead '40'\n"));
+        let acks = openwrt_sqm(
+            &Shaping {
+                ack_filter: true,
+                ..cable()
+            },
+            true,
+        );
+        assert!(
+            acks.contains(
+                "\toption qdisc_really_really_advanced '1'\n\toption eqdisc_opts 'ack-filter'\n"
+            ),
+            "{acks}"
+        );
+        let adsl = Shaping {
+            link: LinkType::PppoeLlcsnap,
+            ..cable()
+        };
+        assert!(openwrt_sqm(&adsl, false)
+            .contains("\toption linklayer 'atm'\n\toption overhead '40'\n"));
         let f = fireqos(&cable());
-        assert!(f.contains("interface46 eth0 world-in input rate 57000kbit ethernet overhead 18 mpu 64\n"), "{f}");
-        assert!(f.contains("interface46 eth0 world-out output rate 3610kbit"), "{f}");
+        assert!(
+            f.contains(
+                "interface46 eth0 world-in input rate 57000kbit ethernet overhead 18 mpu 64\n"
+            ),
+            "{f}"
+        );
+        assert!(
+            f.contains("interface46 eth0 world-out output rate 3610kbit"),
+            "{f}"
+        );
         assert_eq!(f.matches("class voice commit 20%").count(), 2);
     }
 
@@ -747,7 +1269,10 @@ tc qdisc replace dev ifb4eth0 root cake bandwidth 57000kbit docsis nat dual-dsth
         for c in &CLASSES[..4] {
             assert!(t.contains(&format!("flowid 1:{}\n", c.id)), "{}", c.name);
         }
-        assert!(!t.contains("flowid 1:50"), "the default class takes what nothing matched");
+        assert!(
+            !t.contains("flowid 1:50"),
+            "the default class takes what nothing matched"
+        );
         assert!(t.contains("u32 match ip protocol 6 0xff match ip dport 22 0xffff flowid 1:40"));
     }
 }

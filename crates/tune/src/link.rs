@@ -18,9 +18,19 @@ pub enum LinkType {
     BridgedLlcsnap,
 }
 
-const ALL: [LinkType; 8] = [LinkType::Raw, LinkType::Ethernet, LinkType::Docsis, LinkType::BridgedPtm, LinkType::PppoePtm, LinkType::PppoeLlcsnap, LinkType::PppoaVcmux, LinkType::BridgedLlcsnap];
+const ALL: [LinkType; 8] = [
+    LinkType::Raw,
+    LinkType::Ethernet,
+    LinkType::Docsis,
+    LinkType::BridgedPtm,
+    LinkType::PppoePtm,
+    LinkType::PppoeLlcsnap,
+    LinkType::PppoaVcmux,
+    LinkType::BridgedLlcsnap,
+];
 
-pub const NAMES: &str = "raw, ethernet, docsis, bridged-ptm, pppoe-ptm, pppoe-llcsnap (ADSL), pppoa-vcmux, bridged-llcsnap";
+pub const NAMES: &str = "raw, ethernet, docsis, bridged-ptm, pppoe-ptm, pppoe-llcsnap (ADSL), \
+    pppoa-vcmux, bridged-llcsnap";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -85,7 +95,9 @@ impl LinkType {
     pub fn framing(self) -> Framing {
         match self {
             LinkType::BridgedPtm | LinkType::PppoePtm => Framing::Ptm,
-            LinkType::PppoeLlcsnap | LinkType::PppoaVcmux | LinkType::BridgedLlcsnap => Framing::Atm,
+            LinkType::PppoeLlcsnap | LinkType::PppoaVcmux | LinkType::BridgedLlcsnap => {
+                Framing::Atm
+            }
             _ => Framing::None,
         }
     }
@@ -103,7 +115,8 @@ impl LinkType {
     /// and ATM cells; the lab has no PTM framing); none when no keyword matches.
     pub fn from_overhead(overhead: u32, atm: bool) -> Option<LinkType> {
         let framing = if atm { Framing::Atm } else { Framing::None };
-        ALL.into_iter().find(|l| l.overhead() == overhead && l.framing() == framing)
+        ALL.into_iter()
+            .find(|l| l.overhead() == overhead && l.framing() == framing)
     }
 
     /// Bytes a full 1500-byte IP packet occupies on the wire.
@@ -130,14 +143,23 @@ mod tests {
         assert_eq!(LinkType::Ethernet.wire_bytes(1500), 1538);
         assert_eq!(LinkType::PppoePtm.wire_bytes(1500), 1530 + 24);
         assert_eq!(LinkType::parse("cable").unwrap(), LinkType::Docsis);
-        assert!(LinkType::parse("carrier-pigeon").unwrap_err().contains("docsis"));
+        assert!(LinkType::parse("carrier-pigeon")
+            .unwrap_err()
+            .contains("docsis"));
     }
 
     #[test]
     fn a_lab_links_overhead_names_its_technology() {
         assert_eq!(LinkType::from_overhead(18, false), Some(LinkType::Docsis));
         assert_eq!(LinkType::from_overhead(0, false), Some(LinkType::Raw));
-        assert_eq!(LinkType::from_overhead(40, true), Some(LinkType::PppoeLlcsnap));
-        assert_eq!(LinkType::from_overhead(40, false), None, "40 B without ATM cells is no keyword");
+        assert_eq!(
+            LinkType::from_overhead(40, true),
+            Some(LinkType::PppoeLlcsnap)
+        );
+        assert_eq!(
+            LinkType::from_overhead(40, false),
+            None,
+            "40 B without ATM cells is no keyword"
+        );
     }
 }

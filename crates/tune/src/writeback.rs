@@ -53,7 +53,11 @@ fn setting(vm: &serde_json::Value, bytes: &str, ratio: &str, mem_kb: Option<u64>
     match (vm[bytes].as_u64(), vm[ratio].as_u64()) {
         (Some(b), _) if b > 0 => format!("{b} B ({:.0} MB)", b as f64 / 1e6),
         (_, Some(r)) => match mem_kb {
-            Some(m) => format!("{r}% of available memory (at most {:.0} MB of {:.0} MB)", r as f64 / 100.0 * m as f64 * 1024.0 / 1e6, m as f64 * 1024.0 / 1e6),
+            Some(m) => format!(
+                "{r}% of available memory (at most {:.0} MB of {:.0} MB)",
+                r as f64 / 100.0 * m as f64 * 1024.0 / 1e6,
+                m as f64 * 1024.0 / 1e6
+            ),
             None => format!("{r}% of available memory"),
         },
         _ => "unknown".into(),
@@ -62,18 +66,50 @@ fn setting(vm: &serde_json::Value, bytes: &str, ratio: &str, mem_kb: Option<u64>
 
 /// `feed`: the rate that brings the data (given, or a network test's goodput); without it the
 /// test's own `--rate`, else the disk's rate to stable storage as the test measured it.
-pub fn advise(r: &ResultFile, feed: Option<Feed>, block_bytes: u64, rpm: Option<u32>) -> Result<WritebackAdvice, String> {
-    let s = r.summary.as_ref().ok_or("the writeback result has no summary")?;
-    let w = s.writeback.as_ref().ok_or("not a writeback result (bloatlab test writeback DIR)")?;
+pub fn advise(
+    r: &ResultFile,
+    feed: Option<Feed>,
+    block_bytes: u64,
+    rpm: Option<u32>,
+) -> Result<WritebackAdvice, String> {
+    let s = r
+        .summary
+        .as_ref()
+        .ok_or("the writeback result has no summary")?;
+    let w = s
+        .writeback
+        .as_ref()
+        .ok_or("not a writeback result (bloatlab test writeback DIR)")?;
     let params = &r.metadata.params;
     let feed = feed
-        .or_else(|| params["rate_bps"].as_u64().map(|bps| Feed { bps, from: "the rate the test wrote at (--rate)".into() }))
-        .or_else(|| s.stable_mbps.map(|m| Feed { bps: (m * 1e6) as u64, from: "the disk's own rate to stable storage in the test (no network rate given: --rate or a network result)".into() }))
+        .or_else(|| {
+            params["rate_bps"].as_u64().map(|bps| Feed {
+                bps,
+                from: "the rate the test \
+            wrote at (--rate)"
+                    .into(),
+            })
+        })
+        .or_else(|| {
+            s.stable_mbps.map(|m| Feed {
+                bps: (m * 1e6) as u64,
+                from: "the disk's own rate \
+            to stable storage in the test (no network rate given: --rate or a network \
+            result)"
+                    .into(),
+            })
+        })
         .ok_or("no rate to size the thresholds from: give --rate (the link that feeds the disk)")?;
-    let (bg, fg) = (writeback_bytes(feed.bps, BACKGROUND_NS), writeback_bytes(feed.bps, THROTTLE_NS));
+    let (bg, fg) = (
+        writeback_bytes(feed.bps, BACKGROUND_NS),
+        writeback_bytes(feed.bps, THROTTLE_NS),
+    );
     let bytes_per_s = feed.bps as f64 / 8.0;
     let mut t = String::new();
-    t += &format!("The data arrives at {} bit/s ({:.0} B/s): {}.\n", feed.bps, bytes_per_s, feed.from);
+    t += &format!(
+        "The data arrives at {} bit/s ({:.0} B/s): {}.\n",
+        feed.bps, bytes_per_s, feed.from
+    );
     let vm = &params["vm"];
     let mem = params["mem_total_kb"].as_u64();
     t += &format!(
@@ -83,42 +119,83 @@ pub fn advise(r: &ResultFile, feed: Option<Feed>, block_bytes: u64, rpm: Option<
     );
     let mb = w.bytes as f64 / 1e6;
     match (w.started_after_bytes, w.started_after_ms) {
-        (Some(b), Some(ms)) => t += &format!("In the test writeback began after {:.1} of {mb:.1} MB, {ms:.0} ms after the first write", b as f64 / 1e6),
-        _ => t += &format!("In the test none of the {mb:.1} MB reached the disk before the closing fsync"),
+        (Some(b), Some(ms)) => {
+            t += &format!(
+                "In the test writeback began after {:.1} of {mb:.1} \
+            MB, {ms:.0} ms after the first write",
+                b as f64 / 1e6
+            )
+        }
+        _ => {
+            t += &format!(
+                "In the test none of the {mb:.1} MB reached the disk before the closing \
+            fsync"
+            )
+        }
     }
     t += &format!(
-        "; the cache took {} Mbit/s, the disk {} Mbit/s; the fsync took {} ms; a small synced write waited p99 {} ms (idle {} ms).\n",
+        "; the cache took {} Mbit/s, the disk {} Mbit/s; the fsync took {} ms; a small synced \
+            write waited p99 {} ms (idle {} ms).\n",
         s.cache_mbps.map_or("?".into(), |m| format!("{m:.0}")),
         s.stable_mbps.map_or("?".into(), |m| format!("{m:.0}")),
         s.fsync_ms.map_or("?".into(), |m| format!("{m:.0}")),
-        s.small_sync_ms.map_or("?".into(), |p| format!("{:.1}", p.p99)),
-        w.small_sync_idle_ms.map_or("?".into(), |p| format!("{:.1}", p.p99)),
+        s.small_sync_ms
+            .map_or("?".into(), |p| format!("{:.1}", p.p99)),
+        w.small_sync_idle_ms
+            .map_or("?".into(), |p| format!("{:.1}", p.p99)),
     );
     t += &format!(
-        "Size the thresholds by the feeding rate times how long its data may wait:\n  vm.dirty_background_bytes = {:.0} B/s x {} s = {bg}\n  vm.dirty_bytes            = {:.0} B/s x {} s = {fg}\n",
+        "Size the thresholds by the feeding rate times how long its data may wait:\n  \
+            vm.dirty_background_bytes = {:.0} B/s x {} s = {bg}\n  vm.dirty_bytes            = \
+            {:.0} B/s x {} s = {fg}\n",
         bytes_per_s,
         BACKGROUND_NS as f64 / 1e9,
         bytes_per_s,
         THROTTLE_NS as f64 / 1e9
     );
-    t += "(Writing a *_bytes value sets its *_ratio twin to 0; `bloatlab config sysctl-writeback` writes the file, `bloatlab tune apply --sysctl` applies, re-measures and keeps or rolls back.)\n";
+    t += "(Writing a *_bytes value sets its *_ratio twin to 0; `bloatlab config sysctl-writeback` \
+        writes the file, `bloatlab tune apply --sysctl` applies, re-measures and keeps or rolls \
+        back.)\n";
     let sync_ms = w.small_sync_idle_ms.map(|p| p.p50);
     let nfs = Nfs {
         block_bytes,
         rpm,
-        efficiency_rpm: rpm.map(|r| sync_efficiency(bytes_per_s, block_bytes as f64, 30.0 / f64::from(r))),
+        efficiency_rpm: rpm
+            .map(|r| sync_efficiency(bytes_per_s, block_bytes as f64, 30.0 / f64::from(r))),
         measured_sync_ms: sync_ms,
-        efficiency_measured: sync_ms.map(|ms| sync_efficiency(bytes_per_s, block_bytes as f64, ms / 1e3)),
+        efficiency_measured: sync_ms
+            .map(|ms| sync_efficiency(bytes_per_s, block_bytes as f64, ms / 1e3)),
     };
-    t += &format!("NFS: an export with `sync` answers each {block_bytes}-byte block only once it is on the disk, so the link idles while the disk syncs:\n");
+    t += &format!(
+        "NFS: an export with `sync` answers each {block_bytes}-byte block only once it \
+        is on the disk, so the link idles while the disk syncs:\n"
+    );
     if let (Some(r), Some(e)) = (rpm, nfs.efficiency_rpm) {
-        t += &format!("  at {r} RPM (half a rotation, 30/RPM = {:.2} ms): 1 / (1 + 30 x {bytes_per_s:.0} / ({block_bytes} x {r})) = {e:.2} of the link\n", 30e3 / f64::from(r));
+        t += &format!(
+            "  at {r} RPM (half a rotation, 30/RPM = {:.2} ms): 1 / (1 + 30 x \
+            {bytes_per_s:.0} / ({block_bytes} x {r})) = {e:.2} of the link\n",
+            30e3 / f64::from(r)
+        );
     }
     if let (Some(ms), Some(e)) = (sync_ms, nfs.efficiency_measured) {
-        t += &format!("  with this disk's measured sync ({ms:.2} ms, the idle small write + fsync p50): 1 / (1 + {bytes_per_s:.0} x {:.5} / {block_bytes}) = {e:.2} of the link\n", ms / 1e3);
+        t += &format!(
+            "  with this disk's measured sync ({ms:.2} ms, the idle small write + fsync \
+            p50): 1 / (1 + {bytes_per_s:.0} x {:.5} / {block_bytes}) = {e:.2} of the \
+            link\n",
+            ms / 1e3
+        );
     }
-    t += &format!("  `async` gets the whole link but a crash loses what is still dirty: up to vm.dirty_bytes = {fg} B with the thresholds above.\n");
-    Ok(WritebackAdvice { feed, dirty_background_bytes: bg, dirty_bytes: fg, nfs, text: t })
+    t += &format!(
+        "  `async` gets the whole link but a crash loses what is still dirty: up to \
+        vm.dirty_bytes = {fg} B with the thresholds above.\n"
+    );
+    Ok(WritebackAdvice {
+        feed,
+        dirty_background_bytes: bg,
+        dirty_bytes: fg,
+        nfs,
+        text: t,
+    })
 }
 
 #[cfg(test)]
@@ -132,25 +209,64 @@ mod tests {
     fn gigabit_gives_the_seeds_thresholds_and_the_efficiency_follows_the_formula() {
         let mut r = ResultFile::new(Metadata {
             test: "writeback".into(),
-            params: serde_json::json!({"vm": {"dirty_background_ratio": 10, "dirty_ratio": 20, "dirty_background_bytes": 0, "dirty_bytes": 0}, "mem_total_kb": 33_554_432}),
+            params: serde_json::json!({
+                "vm": {
+                    "dirty_background_ratio": 10, "dirty_ratio": 20,
+                    "dirty_background_bytes": 0, "dirty_bytes": 0
+                },
+                "mem_total_kb": 33_554_432,
+            }),
             ..Default::default()
         });
-        let idle = Percentiles { p50: 5.0, p99: 8.0, ..Default::default() };
+        let idle = Percentiles {
+            p50: 5.0,
+            p99: 8.0,
+            ..Default::default()
+        };
         r.summary = Some(Summary {
-            writeback: Some(WritebackStart { bytes: 1 << 30, small_sync_idle_ms: Some(idle), ..Default::default() }),
+            writeback: Some(WritebackStart {
+                bytes: 1 << 30,
+                small_sync_idle_ms: Some(idle),
+                ..Default::default()
+            }),
             stable_mbps: Some(352.0),
             cache_mbps: Some(8000.0),
             fsync_ms: Some(15_000.0),
             ..Default::default()
         });
-        let gige = Feed { bps: 1 << 30, from: "given".into() };
+        let gige = Feed {
+            bps: 1 << 30,
+            from: "given".into(),
+        };
         let a = advise(&r, Some(gige), 1 << 20, Some(5600)).unwrap();
-        assert_eq!((a.dirty_background_bytes, a.dirty_bytes), (33_554_432, 201_326_592));
-        assert!(a.text.contains("vm.dirty_background_bytes = 134217728 B/s x 0.25 s = 33554432"), "{}", a.text);
-        assert!(a.text.contains("10% of available memory (at most 3436 MB of 34360 MB)"), "{}", a.text);
-        assert!(a.text.contains("none of the 1073.7 MB reached the disk before the closing fsync"), "{}", a.text);
+        assert_eq!(
+            (a.dirty_background_bytes, a.dirty_bytes),
+            (33_554_432, 201_326_592)
+        );
+        assert!(
+            a.text
+                .contains("vm.dirty_background_bytes = 134217728 B/s x 0.25 s = 33554432"),
+            "{}",
+            a.text
+        );
+        assert!(
+            a.text
+                .contains("10% of available memory (at most 3436 MB of 34360 MB)"),
+            "{}",
+            a.text
+        );
+        assert!(
+            a.text
+                .contains("none of the 1073.7 MB reached the disk before the closing fsync"),
+            "{}",
+            a.text
+        );
         // 1 / (1 + 30 x 134217728 / (1048576 x 5600)) = 1 / 1.6857
-        assert!((a.nfs.efficiency_rpm.unwrap() - 0.5932).abs() < 1e-3, "{:?}", a.nfs);
+        assert!(
+            (a.nfs.efficiency_rpm.unwrap() - 0.5932).abs() < 1e-3,
+            "{:?}",
+            a.nfs
+        );
         // 5 ms measured: 1 / (1 + 134217728 x 0.005 / 1048576) = 1 / 1.64
         assert!((a.nfs.efficiency_measured.unwrap() - 1.0 / 1.64).abs() < 1e-3);
         let slow = sync_efficiency(1_000_000.0 / 8.0, 8192.0, 30.0 / 5600.0);

@@ -20,10 +20,18 @@ pub const MAX_DURATION: Duration = Duration::from_secs(3600);
 
 /// Splits `12.5mbit` into its number and its (lower-case) suffix; `what` and `example` name the
 /// quantity when there is no number.
-fn number_and_suffix<'a>(t: &'a str, what: &str, example: &str) -> Result<(&'a str, String), String> {
-    let at = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+fn number_and_suffix<'a>(
+    t: &'a str,
+    what: &str,
+    example: &str,
+) -> Result<(&'a str, String), String> {
+    let at = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     match &t[..at] {
-        "" => Err(format!("{what} `{t}`: want a number and a unit, e.g. {example}")),
+        "" => Err(format!(
+            "{what} `{t}`: want a number and a unit, e.g. {example}"
+        )),
         num => Ok((num, t[at..].trim().to_ascii_lowercase())),
     }
 }
@@ -42,15 +50,31 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
         "mibit" => 1024f64.powi(2),
         "gibit" => 1024f64.powi(3),
         "tibit" => 1024f64.powi(4),
-        "" => return Err(format!("rate `{t}`: write it with a unit, e.g. 57mbit, 900kbit, 1gbit")),
+        "" => {
+            return Err(format!(
+                "rate `{t}`: write it with a unit, e.g. 57mbit, 900kbit, 1gbit"
+            ))
+        }
         x if x.ends_with("bps") => {
             let prefix = &x[..x.len() - 3];
-            let bytes_as_bits = num.parse::<f64>().map(|v| format!(", {}{prefix}bit if you mean bytes", v * 8.0)).unwrap_or_default();
-            return Err(format!("rate `{t}`: tc reads `{x}` as bytes per second, people often as bits; write {num}{prefix}bit if you mean bits{bytes_as_bits}"));
+            let bytes_as_bits = num
+                .parse::<f64>()
+                .map(|v| format!(", {}{prefix}bit if you mean bytes", v * 8.0))
+                .unwrap_or_default();
+            return Err(format!(
+                "rate `{t}`: tc reads `{x}` as bytes per second, people often as \
+                bits; write {num}{prefix}bit if you mean bits{bytes_as_bits}"
+            ));
         }
-        x => return Err(format!("rate `{t}`: unknown unit `{x}`; want bit, kbit, mbit, gbit (or kibit, mibit, gibit)")),
+        x => {
+            return Err(format!(
+            "rate `{t}`: unknown unit `{x}`; want bit, kbit, mbit, gbit (or kibit, mibit, gibit)"
+        ))
+        }
     };
-    let v: f64 = num.parse().map_err(|_| format!("rate `{t}`: `{num}` is not a number"))?;
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("rate `{t}`: `{num}` is not a number"))?;
     let bps = v * mult;
     if !(1.0..=MAX_RATE_BPS).contains(&bps) {
         return Err(format!("rate `{t}`: want 1 bit/s to 10 Tbit/s"));
@@ -68,10 +92,20 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "us" | "usec" | "usecs" => 1e-6,
         "ns" => 1e-9,
         "" if num.parse::<f64>() == Ok(0.0) => 0.0,
-        "" => return Err(format!("duration `{t}`: write it with a unit, e.g. 250ms, 1.5s, 100us")),
-        x => return Err(format!("duration `{t}`: unknown unit `{x}`; want s, ms, us or ns")),
+        "" => {
+            return Err(format!(
+                "duration `{t}`: write it with a unit, e.g. 250ms, 1.5s, 100us"
+            ))
+        }
+        x => {
+            return Err(format!(
+                "duration `{t}`: unknown unit `{x}`; want s, ms, us or ns"
+            ))
+        }
     };
-    let v: f64 = num.parse().map_err(|_| format!("duration `{t}`: `{num}` is not a number"))?;
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("duration `{t}`: `{num}` is not a number"))?;
     let secs = v * scale;
     if secs > MAX_DURATION.as_secs_f64() {
         return Err(format!("duration `{t}`: want at most an hour"));
@@ -99,12 +133,26 @@ mod tests {
 
     #[test]
     fn rates_tc_and_people_read_differently_are_refused() {
-        assert!(parse_rate("60").unwrap_err().contains("unit"), "a bare number: tc says bit/s, people mean Mbit/s");
+        assert!(
+            parse_rate("60").unwrap_err().contains("unit"),
+            "a bare number: tc says bit/s, people mean Mbit/s"
+        );
         let e = parse_rate("100Mbps").unwrap_err();
-        assert!(e.contains("bytes per second") && e.contains("100mbit if you mean bits") && e.contains("800mbit if you mean bytes"), "{e}");
-        assert!(parse_rate("fastmbit").unwrap_err().contains("a number and a unit"));
+        assert!(
+            e.contains("bytes per second")
+                && e.contains("100mbit if you mean bits")
+                && e.contains("800mbit if you mean bytes"),
+            "{e}"
+        );
+        assert!(parse_rate("fastmbit")
+            .unwrap_err()
+            .contains("a number and a unit"));
         assert!(parse_rate("10mbits").unwrap_err().contains("unknown unit"));
-        assert!(parse_rate("0bit").is_err() && parse_rate("20tbit").is_err() && parse_rate("-1mbit").is_err());
+        assert!(
+            parse_rate("0bit").is_err()
+                && parse_rate("20tbit").is_err()
+                && parse_rate("-1mbit").is_err()
+        );
         assert!(parse_rate("1.2.3mbit").is_err() && parse_rate("").is_err());
     }
 
@@ -114,14 +162,25 @@ mod tests {
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("7.5ms"), Ok(Duration::from_micros(7500)));
         assert_eq!(parse_duration("100us"), Ok(Duration::from_micros(100)));
-        assert_eq!(parse_duration("100usec"), Ok(Duration::from_micros(100)), "tc's spelling");
+        assert_eq!(
+            parse_duration("100usec"),
+            Ok(Duration::from_micros(100)),
+            "tc's spelling"
+        );
         assert_eq!(parse_duration("5msecs"), Ok(Duration::from_millis(5)));
         assert_eq!(parse_duration("20ns"), Ok(Duration::from_nanos(20)));
         assert_eq!(parse_duration("3600s"), Ok(MAX_DURATION));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert!(parse_duration("7").unwrap_err().contains("unit"), "tc: microseconds; people: seconds or ms");
+        assert!(
+            parse_duration("7").unwrap_err().contains("unit"),
+            "tc: microseconds; people: seconds or ms"
+        );
         assert!(parse_duration("0.001").is_err());
-        assert!(parse_duration("3601s").is_err() && parse_duration("-1ms").is_err() && parse_duration("1min").is_err());
+        assert!(
+            parse_duration("3601s").is_err()
+                && parse_duration("-1ms").is_err()
+                && parse_duration("1min").is_err()
+        );
         assert!(parse_duration("ms").is_err());
     }
 }

@@ -7,7 +7,11 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts").join(name).canonicalize().expect("scripts/ beside the crates")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts")
+        .join(name)
+        .canonicalize()
+        .expect("scripts/ beside the crates")
 }
 
 /// A directory removed on drop, also when the test fails.
@@ -34,18 +38,36 @@ pub fn unavailable() -> Option<String> {
     if unsafe { libc::geteuid() } != 0 {
         return Some("kernel-reference tests need root (qemu tap devices, namespaces)".into());
     }
-    let out = Command::new(script("kernel-ref.sh")).arg("--prepare").output().expect("run kernel-ref.sh");
+    let out = Command::new(script("kernel-ref.sh"))
+        .arg("--prepare")
+        .output()
+        .expect("run kernel-ref.sh");
     (!out.status.success()).then(|| String::from_utf8_lossy(&out.stderr).trim().to_string())
 }
 
 /// Runs `cmd` in the guest with `out` as its writable directory.
 pub fn guest_run(cmd: &str, out: &Path, timeout_s: u64) -> Output {
-    Command::new(script("kernel-ref.sh")).args(["--out", out.to_str().unwrap(), "--timeout", &timeout_s.to_string(), "--", cmd]).output().expect("run kernel-ref.sh")
+    Command::new(script("kernel-ref.sh"))
+        .args([
+            "--out",
+            out.to_str().unwrap(),
+            "--timeout",
+            &timeout_s.to_string(),
+            "--",
+            cmd,
+        ])
+        .output()
+        .expect("run kernel-ref.sh")
 }
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("ip");
-    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Debian's kernel as the router between namespaces `cli` (10.99.2.1) and `srv` (10.99.3.1)
@@ -75,15 +97,36 @@ impl KernelRouter {
         let (cli, srv) = (format!("{prefix}c"), format!("{prefix}s"));
         let dir = TempDir::new(tag);
         ip(&["netns", "add", &cli]);
-        let mut r = KernelRouter { guest: None, dir, cli, srv, more_clients: Vec::new(), srv_dev: String::new() };
+        let mut r = KernelRouter {
+            guest: None,
+            dir,
+            cli,
+            srv,
+            more_clients: Vec::new(),
+            srv_dev: String::new(),
+        };
         ip(&["netns", "add", &r.srv]);
-        let quoted: Vec<String> = topo_args.iter().map(|a| format!("'{}'", a.replace('\'', "'\\''"))).collect();
-        let job = format!("{} --nics {}", script("kernel-ref-topo.sh").display(), quoted.join(" "));
+        let quoted: Vec<String> = topo_args
+            .iter()
+            .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+            .collect();
+        let job = format!(
+            "{} --nics {}",
+            script("kernel-ref-topo.sh").display(),
+            quoted.join(" ")
+        );
         let (tc, ts) = (format!("{prefix}tc"), format!("{prefix}ts"));
         r.guest = Some(
             Command::new(script("kernel-ref.sh"))
                 .args(["--out", r.dir.0.to_str().unwrap(), "--timeout", "600"])
-                .args(["--tap", &format!("{tc}@{}", r.cli), "--tap", &format!("{ts}@{}", r.srv), "--", &job])
+                .args([
+                    "--tap",
+                    &format!("{tc}@{}", r.cli),
+                    "--tap",
+                    &format!("{ts}@{}", r.srv),
+                    "--",
+                    &job,
+                ])
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -94,10 +137,20 @@ impl KernelRouter {
             if let Some(status) = r.guest.as_mut().unwrap().try_wait().unwrap() {
                 let mut err = String::new();
                 use std::io::Read;
-                r.guest.as_mut().unwrap().stderr.take().unwrap().read_to_string(&mut err).unwrap();
+                r.guest
+                    .as_mut()
+                    .unwrap()
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
                 panic!("kernel router ended ({status}) before it was ready: {err}");
             }
-            assert!(t0.elapsed() < Duration::from_secs(90), "kernel router not ready after 90 s");
+            assert!(
+                t0.elapsed() < Duration::from_secs(90),
+                "kernel router not ready after 90 s"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         let mut cli_dev = tc.clone();
@@ -111,21 +164,70 @@ impl KernelRouter {
             ip(&["netns", "add", &ns]);
             r.more_clients.push(ns.clone());
             let port = format!("v{i}");
-            ip(&["link", "add", "v0", "netns", &ns, "type", "veth", "peer", "name", &port, "netns", &r.cli]);
+            ip(&[
+                "link", "add", "v0", "netns", &ns, "type", "veth", "peer", "name", &port, "netns",
+                &r.cli,
+            ]);
             ip(&["-n", &r.cli, "link", "set", &port, "master", "br0", "up"]);
             // One wire packet per skb, as from the tap: the guest's NICs take no offloads.
-            ip(&["-n", &ns, "link", "set", "v0", "gso_max_size", "1514", "gso_max_segs", "1", "up"]);
+            ip(&[
+                "-n",
+                &ns,
+                "link",
+                "set",
+                "v0",
+                "gso_max_size",
+                "1514",
+                "gso_max_segs",
+                "1",
+                "up",
+            ]);
             ip(&["-n", &ns, "link", "set", "lo", "up"]);
-            ip(&["-n", &ns, "addr", "add", &format!("10.99.2.{i}/24"), "dev", "v0"]);
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("10.99.2.{i}/24"),
+                "dev",
+                "v0",
+            ]);
             ip(&["-n", &ns, "route", "add", "default", "via", "10.99.2.254"]);
         }
         if clients > 1 {
-            ip(&["-n", &r.cli, "link", "set", "br0", "gso_max_size", "1514", "gso_max_segs", "1", "up"]);
+            ip(&[
+                "-n",
+                &r.cli,
+                "link",
+                "set",
+                "br0",
+                "gso_max_size",
+                "1514",
+                "gso_max_segs",
+                "1",
+                "up",
+            ]);
         }
         ip(&["-n", &r.cli, "addr", "add", "10.99.2.1/24", "dev", &cli_dev]);
-        ip(&["-n", &r.cli, "route", "add", "default", "via", "10.99.2.254"]);
+        ip(&[
+            "-n",
+            &r.cli,
+            "route",
+            "add",
+            "default",
+            "via",
+            "10.99.2.254",
+        ]);
         ip(&["-n", &r.srv, "addr", "add", "10.99.3.1/24", "dev", &ts]);
-        ip(&["-n", &r.srv, "route", "add", "default", "via", "10.99.3.254"]);
+        ip(&[
+            "-n",
+            &r.srv,
+            "route",
+            "add",
+            "default",
+            "via",
+            "10.99.3.254",
+        ]);
         r.srv_dev = ts;
         r
     }
@@ -133,11 +235,22 @@ impl KernelRouter {
     /// One more address (10.99.3.N/24) for the server's namespace: a second server host, as
     /// the router's qdiscs see it.
     pub fn add_server_address(&self, addr: &str) {
-        ip(&["-n", &self.srv, "addr", "add", &format!("{addr}/24"), "dev", &self.srv_dev]);
+        ip(&[
+            "-n",
+            &self.srv,
+            "addr",
+            "add",
+            &format!("{addr}/24"),
+            "dev",
+            &self.srv_dev,
+        ]);
     }
 
     pub fn exec(&self, ns: &str) -> Vec<String> {
-        ["ip", "netns", "exec", ns].iter().map(|s| s.to_string()).collect()
+        ["ip", "netns", "exec", ns]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
     }
 
     /// Ends the guest and returns the counters of its qdiscs (`tc -s -j qdisc` per namespace).
@@ -148,7 +261,9 @@ impl KernelRouter {
     }
 
     fn halt(&mut self) {
-        let Some(mut g) = self.guest.take() else { return };
+        let Some(mut g) = self.guest.take() else {
+            return;
+        };
         let _ = std::fs::write(self.dir.0.join("stop"), b"");
         let t0 = Instant::now();
         while g.try_wait().ok().flatten().is_none() {

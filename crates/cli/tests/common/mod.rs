@@ -31,7 +31,10 @@ pub fn quiet() -> Serial {
 
 fn take_turn(exclusive: bool) -> Serial {
     let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    Serial { _machine: machine_lock(exclusive), _guard: guard }
+    Serial {
+        _machine: machine_lock(exclusive),
+        _guard: guard,
+    }
 }
 
 pub struct Serial {
@@ -43,15 +46,28 @@ pub struct Serial {
 fn flock(file: &std::fs::File, op: libc::c_int) {
     use std::os::fd::AsRawFd;
     // SAFETY: flock on a descriptor we own; the lock goes with the file.
-    assert_eq!(unsafe { libc::flock(file.as_raw_fd(), op) }, 0, "flock: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        unsafe { libc::flock(file.as_raw_fd(), op) },
+        0,
+        "flock: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 fn lock_file(name: &str) -> std::fs::File {
     // /run/lock: where lock files live (a tmpfs), as they are not temporary files to clean up.
-    let dir = Some(std::path::Path::new("/run/lock")).filter(|d| d.is_dir()).map_or_else(std::env::temp_dir, |d| d.to_path_buf());
+    let dir = Some(std::path::Path::new("/run/lock"))
+        .filter(|d| d.is_dir())
+        .map_or_else(std::env::temp_dir, |d| d.to_path_buf());
     let path = dir.join(name);
     // flock needs no write access: a user's run opens read-only the file a root run created.
-    std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).or_else(|_| std::fs::File::open(&path)).unwrap_or_else(|e| panic!("lock file {}: {e}", path.display()))
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .or_else(|_| std::fs::File::open(&path))
+        .unwrap_or_else(|e| panic!("lock file {}: {e}", path.display()))
 }
 
 /// Tests hold the machine's lock shared, a quiet one exclusively. flock(2) prefers no one, so
@@ -65,7 +81,14 @@ fn machine_lock(exclusive: bool) -> std::fs::File {
 /// Lock file `name`, flocked shared or exclusively until it is dropped.
 fn locked(name: &str, exclusive: bool) -> std::fs::File {
     let file = lock_file(name);
-    flock(&file, if exclusive { libc::LOCK_EX } else { libc::LOCK_SH });
+    flock(
+        &file,
+        if exclusive {
+            libc::LOCK_EX
+        } else {
+            libc::LOCK_SH
+        },
+    );
     file
 }
 
@@ -108,8 +131,18 @@ impl ServerProc {
         let stderr = child.stderr.take().unwrap();
         let mut lines = BufReader::new(stderr).lines();
         // With --self-signed, the certificate's lines come first.
-        let first = lines.by_ref().map(|l| l.expect("server's stderr")).take(5).find(|l| l.contains("listening on ")).expect("the server never said where it listens");
-        let addr = first.split("listening on ").nth(1).and_then(|s| s.split(' ').next()).unwrap().to_string();
+        let first = lines
+            .by_ref()
+            .map(|l| l.expect("server's stderr"))
+            .take(5)
+            .find(|l| l.contains("listening on "))
+            .expect("the server never said where it listens");
+        let addr = first
+            .split("listening on ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .unwrap()
+            .to_string();
         // Keep draining its log so it never blocks on a full pipe.
         let log = std::sync::Arc::new(Mutex::new(Vec::new()));
         let keep = log.clone();
@@ -124,7 +157,12 @@ impl ServerProc {
     /// Resident memory of the server process, kB.
     pub fn rss_kb(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap()
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap()
     }
 
     pub fn kill(&mut self) {
@@ -156,8 +194,14 @@ pub fn run(prefix: &[&str], args: &[&str]) -> Output {
 }
 
 pub fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("no JSON on stdout ({e}); exit {:?}\nstdout: {}\nstderr: {}", out.status.code(), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON on stdout ({e}); exit {:?}\nstdout: {}\nstderr: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 pub fn f(v: &serde_json::Value, path: &str) -> f64 {
@@ -165,15 +209,23 @@ pub fn f(v: &serde_json::Value, path: &str) -> f64 {
     for k in path.split('.') {
         cur = &cur[k];
     }
-    cur.as_f64().unwrap_or_else(|| panic!("{path} is not a number in {v}"))
+    cur.as_f64()
+        .unwrap_or_else(|| panic!("{path} is not a number in {v}"))
 }
 
 fn sh(args: &[&str]) -> Result<(), String> {
-    let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args[0]))?;
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{}: {e}", args[0]))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+        Err(format!(
+            "`{}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 
@@ -197,28 +249,125 @@ impl Topo {
             return Err("needs root for network namespaces".into());
         }
         let prefix = format!("bl{}{tag}", std::process::id() % 100_000);
-        let t = Topo { cli: format!("{prefix}c"), rtr: format!("{prefix}r"), srv: format!("{prefix}s") };
+        let t = Topo {
+            cli: format!("{prefix}c"),
+            rtr: format!("{prefix}r"),
+            srv: format!("{prefix}s"),
+        };
         for n in [&t.cli, &t.rtr, &t.srv] {
             sh(&["ip", "netns", "add", n])?;
             sh(&["ip", "-n", n, "link", "set", "lo", "up"])?;
         }
-        sh(&["ip", "link", "add", "c0", "netns", &t.cli, "type", "veth", "peer", "name", "rc", "netns", &t.rtr])?;
-        sh(&["ip", "link", "add", "s0", "netns", &t.srv, "type", "veth", "peer", "name", "rs", "netns", &t.rtr])?;
-        sh(&["ip", "-n", &t.cli, "addr", "add", "10.99.2.1/24", "dev", "c0"])?;
-        sh(&["ip", "-n", &t.rtr, "addr", "add", "10.99.2.254/24", "dev", "rc"])?;
-        sh(&["ip", "-n", &t.srv, "addr", "add", "10.99.3.1/24", "dev", "s0"])?;
-        sh(&["ip", "-n", &t.rtr, "addr", "add", "10.99.3.254/24", "dev", "rs"])?;
-        for (ns, dev) in [(&t.cli, "c0"), (&t.rtr, "rc"), (&t.rtr, "rs"), (&t.srv, "s0")] {
+        sh(&[
+            "ip", "link", "add", "c0", "netns", &t.cli, "type", "veth", "peer", "name", "rc",
+            "netns", &t.rtr,
+        ])?;
+        sh(&[
+            "ip", "link", "add", "s0", "netns", &t.srv, "type", "veth", "peer", "name", "rs",
+            "netns", &t.rtr,
+        ])?;
+        sh(&[
+            "ip",
+            "-n",
+            &t.cli,
+            "addr",
+            "add",
+            "10.99.2.1/24",
+            "dev",
+            "c0",
+        ])?;
+        sh(&[
+            "ip",
+            "-n",
+            &t.rtr,
+            "addr",
+            "add",
+            "10.99.2.254/24",
+            "dev",
+            "rc",
+        ])?;
+        sh(&[
+            "ip",
+            "-n",
+            &t.srv,
+            "addr",
+            "add",
+            "10.99.3.1/24",
+            "dev",
+            "s0",
+        ])?;
+        sh(&[
+            "ip",
+            "-n",
+            &t.rtr,
+            "addr",
+            "add",
+            "10.99.3.254/24",
+            "dev",
+            "rs",
+        ])?;
+        for (ns, dev) in [
+            (&t.cli, "c0"),
+            (&t.rtr, "rc"),
+            (&t.rtr, "rs"),
+            (&t.srv, "s0"),
+        ] {
             // Linux TCP builds 64 KB software-GSO packets even with offloads off; a pfifo would
             // count each as one packet.
-            sh(&["ip", "-n", ns, "link", "set", "dev", dev, "gso_max_size", "1514", "gso_max_segs", "1", "up"])?;
-            let _ = sh(&["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso", "off", "gro", "off"]);
+            sh(&[
+                "ip",
+                "-n",
+                ns,
+                "link",
+                "set",
+                "dev",
+                dev,
+                "gso_max_size",
+                "1514",
+                "gso_max_segs",
+                "1",
+                "up",
+            ])?;
+            let _ = sh(&[
+                "ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso", "off", "gro",
+                "off",
+            ]);
         }
         // Cubic, as the lab's hosts (`DEFAULT_CC`), not whatever this machine defaults to; by
         // route, as the lab does it (a namespace's default may only be an allowed one).
-        sh(&["ip", "-n", &t.cli, "route", "add", "default", "via", "10.99.2.254", "congctl", "cubic"])?;
-        sh(&["ip", "-n", &t.srv, "route", "add", "default", "via", "10.99.3.254", "congctl", "cubic"])?;
-        sh(&["ip", "netns", "exec", &t.rtr, "sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        sh(&[
+            "ip",
+            "-n",
+            &t.cli,
+            "route",
+            "add",
+            "default",
+            "via",
+            "10.99.2.254",
+            "congctl",
+            "cubic",
+        ])?;
+        sh(&[
+            "ip",
+            "-n",
+            &t.srv,
+            "route",
+            "add",
+            "default",
+            "via",
+            "10.99.3.254",
+            "congctl",
+            "cubic",
+        ])?;
+        sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &t.rtr,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+        ])?;
         t.reshape(limit, down, up)?;
         Ok(t)
     }
@@ -226,11 +375,37 @@ impl Topo {
     /// Download bottleneck on the router's egress towards the client, upload towards the server.
     pub fn reshape(&self, limit: u32, down: &str, up: &str) -> Result<(), String> {
         for (dev, rate) in [("rc", down), ("rs", up)] {
-            let _ = sh(&["ip", "netns", "exec", &self.rtr, "tc", "qdisc", "del", "dev", dev, "root"]);
-            sh(&["ip", "netns", "exec", &self.rtr, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1"]).map_err(|e| format!("kernel htb unavailable: {e}"))?;
-            sh(&["ip", "netns", "exec", &self.rtr, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate])?;
-            sh(&["ip", "netns", "exec", &self.rtr, "tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "pfifo", "limit", &limit.to_string()])
-                .map_err(|e| format!("kernel pfifo unavailable: {e}"))?;
+            let _ = sh(&[
+                "ip", "netns", "exec", &self.rtr, "tc", "qdisc", "del", "dev", dev, "root",
+            ]);
+            sh(&[
+                "ip", "netns", "exec", &self.rtr, "tc", "qdisc", "add", "dev", dev, "root",
+                "handle", "1:", "htb", "default", "1",
+            ])
+            .map_err(|e| format!("kernel htb unavailable: {e}"))?;
+            sh(&[
+                "ip", "netns", "exec", &self.rtr, "tc", "class", "add", "dev", dev, "parent", "1:",
+                "classid", "1:1", "htb", "rate", rate,
+            ])?;
+            sh(&[
+                "ip",
+                "netns",
+                "exec",
+                &self.rtr,
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:1",
+                "handle",
+                "10:",
+                "pfifo",
+                "limit",
+                &limit.to_string(),
+            ])
+            .map_err(|e| format!("kernel pfifo unavailable: {e}"))?;
         }
         Ok(())
     }
@@ -259,7 +434,10 @@ pub fn skip(why: &str) {
 /// A missing precondition: skip on a laptop, but fail under CI, where a skip that passes would
 /// hide a broken install step.
 pub fn missing(why: &str) {
-    assert!(std::env::var_os("CI").is_none(), "precondition missing under CI: {why}");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "precondition missing under CI: {why}"
+    );
     skip(why);
 }
 
@@ -270,7 +448,8 @@ pub fn wait_ms(ms: u64) {
 /// Whether the server has not closed `s` (nothing to read yet, no end, no error).
 pub fn still_open(s: &std::net::TcpStream) -> bool {
     s.set_nonblocking(true).unwrap();
-    let open = matches!(s.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    let open =
+        matches!(s.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
     s.set_nonblocking(false).unwrap();
     open
 }
@@ -327,8 +506,15 @@ impl LabUp {
         // The lab has read its topology: nothing of the test's stays in the temp directory.
         let _ = std::fs::remove_file(&file);
         let _ = std::fs::remove_dir(file.parent().unwrap());
-        assert!(out.status.success(), "lab up: {}", String::from_utf8_lossy(&out.stderr));
-        Some(LabUp { name: name.into(), _shared: shared })
+        assert!(
+            out.status.success(),
+            "lab up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(LabUp {
+            name: name.into(),
+            _shared: shared,
+        })
     }
 
     /// A built-in topology (`bloatlab lab up PRESET`).
@@ -339,17 +525,31 @@ impl LabUp {
         }
         let shared = shared_labs_lock();
         let out = run(&[], &["lab", "up", preset, "--name", name]);
-        assert!(out.status.success(), "lab up {preset}: {}", String::from_utf8_lossy(&out.stderr));
-        Some(LabUp { name: name.into(), _shared: shared })
+        assert!(
+            out.status.success(),
+            "lab up {preset}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(LabUp {
+            name: name.into(),
+            _shared: shared,
+        })
     }
 
     pub fn exec(&self, host: &str) -> Vec<String> {
-        [BIN, "lab", "exec", "--lab", &self.name, host, "--"].iter().map(|s| s.to_string()).collect()
+        [BIN, "lab", "exec", "--lab", &self.name, host, "--"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
     }
 
     pub fn server(&self, host: &str) -> ServerProc {
         let p = self.exec(host);
-        ServerProc::start(&p.iter().map(String::as_str).collect::<Vec<_>>(), "[::]:9461", &["-q"])
+        ServerProc::start(
+            &p.iter().map(String::as_str).collect::<Vec<_>>(),
+            "[::]:9461",
+            &["-q"],
+        )
     }
 
     pub fn test(&self, host: &str, args: &[&str]) -> serde_json::Value {
@@ -357,27 +557,50 @@ impl LabUp {
     }
 
     /// The test's JSON summary and its result file (read).
-    pub fn test_and_result(&self, host: &str, args: &[&str]) -> (serde_json::Value, serde_json::Value) {
+    pub fn test_and_result(
+        &self,
+        host: &str,
+        args: &[&str],
+    ) -> (serde_json::Value, serde_json::Value) {
         let p = self.exec(host);
-        let out_file = tmp_path(&format!("{}-{}.json", self.name, args.join("_").replace(['/', ' ', ':'], "")));
+        let out_file = tmp_path(&format!(
+            "{}-{}.json",
+            self.name,
+            args.join("_").replace(['/', ' ', ':'], "")
+        ));
         let mut all = vec!["test"];
         all.extend_from_slice(args);
         all.extend_from_slice(&["--json", "-q", "-o", out_file.to_str().unwrap()]);
         let out = run(&p.iter().map(String::as_str).collect::<Vec<_>>(), &all);
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        (json(&out), serde_json::from_slice(&std::fs::read(&out_file).unwrap()).unwrap())
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            json(&out),
+            serde_json::from_slice(&std::fs::read(&out_file).unwrap()).unwrap(),
+        )
     }
 
     pub fn set(&self, link: &str, kv: &[&str]) {
         let mut args = vec!["lab", "set", "--lab", &self.name, link];
         args.extend_from_slice(kv);
         let out = run(&[], &args);
-        assert!(out.status.success(), "lab set: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "lab set: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     pub fn stats(&self) -> serde_json::Value {
         let out = run(&[], &["lab", "stats", "--json", "--lab", &self.name]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         json(&out)
     }
 }

@@ -41,7 +41,13 @@ fn segment(d: &[u8]) -> Option<Segment<'_>> {
             let total = u16::from_be_bytes([d[2], d[3]]) as usize;
             (4, &d[12..16], &d[16..20], ihl, total.checked_sub(ihl)?)
         }
-        6 if d.len() >= 40 && d[6] == 6 => (6, &d[8..24], &d[24..40], 40, u16::from_be_bytes([d[4], d[5]]) as usize),
+        6 if d.len() >= 40 && d[6] == 6 => (
+            6,
+            &d[8..24],
+            &d[24..40],
+            40,
+            u16::from_be_bytes([d[4], d[5]]) as usize,
+        ),
         _ => return None,
     };
     let t = d.get(l4..)?;
@@ -52,7 +58,16 @@ fn segment(d: &[u8]) -> Option<Segment<'_>> {
     if hdr < 20 || t.len() < hdr {
         return None;
     }
-    Some(Segment { version, src, dst, ports: &t[0..4], flag_word: be32(&t[12..16]), ack_seq: be32(&t[8..12]), options: &t[20..hdr], payload: ip_payload.checked_sub(hdr)? })
+    Some(Segment {
+        version,
+        src,
+        dst,
+        ports: &t[0..4],
+        flag_word: be32(&t[12..16]),
+        ack_seq: be32(&t[8..12]),
+        options: &t[20..hdr],
+        payload: ip_payload.checked_sub(hdr)?,
+    })
 }
 
 /// Walks TCP options: (kind, body) pairs until EOL or a malformed length.
@@ -77,7 +92,9 @@ fn options(mut o: &[u8]) -> impl Iterator<Item = (u8, &[u8])> + '_ {
 }
 
 fn option<'a>(seg: &Segment<'a>, kind: u8) -> Option<&'a [u8]> {
-    options(seg.options).find(|(k, _)| *k == kind).map(|(_, b)| b)
+    options(seg.options)
+        .find(|(k, _)| *k == kind)
+        .map(|(_, b)| b)
 }
 
 /// Sequence-space comparison (`after`).
@@ -101,14 +118,21 @@ fn may_drop(seg: &Segment, ts_new: u32, ecr_new: u32) -> bool {
     options(seg.options).all(|(kind, body)| match kind {
         OPT_MD5SIG => true,
         OPT_SACK => (body.len() + 2) % 8 == 2,
-        OPT_TIMESTAMP => body.len() == 8 && !after(be32(&body[0..4]), ts_new) && !after(be32(&body[4..8]), ecr_new),
+        OPT_TIMESTAMP => {
+            body.len() == 8
+                && !after(be32(&body[0..4]), ts_new)
+                && !after(be32(&body[4..8]), ecr_new)
+        }
         _ => false,
     })
 }
 
 fn sack_blocks(seg: &Segment) -> Option<Vec<(u32, u32)>> {
     let b = option(seg, OPT_SACK)?;
-    let blocks: Vec<(u32, u32)> = b.chunks_exact(8).map(|c| (be32(&c[0..4]), be32(&c[4..8]))).collect();
+    let blocks: Vec<(u32, u32)> = b
+        .chunks_exact(8)
+        .map(|c| (be32(&c[0..4]), be32(&c[4..8])))
+        .collect();
     (!blocks.is_empty()).then_some(blocks)
 }
 
@@ -120,7 +144,10 @@ fn sack_compare(a: &Segment, b: &Segment) -> i32 {
         (None, Some(_)) => 1,
         (None, None) => 0,
         (Some(sa), Some(sb)) => {
-            let bytes_b: u32 = sb.iter().map(|(s, e)| e.wrapping_sub(*s)).fold(0, u32::wrapping_add);
+            let bytes_b: u32 = sb
+                .iter()
+                .map(|(s, e)| e.wrapping_sub(*s))
+                .fold(0, u32::wrapping_add);
             let mut bytes_a = 0u32;
             for (start_a, end_a) in sa {
                 // A DSACK (below the cumulative ACK) is information B may lack.
@@ -128,7 +155,10 @@ fn sack_compare(a: &Segment, b: &Segment) -> i32 {
                     return -1;
                 }
                 bytes_a = bytes_a.wrapping_add(end_a.wrapping_sub(start_a));
-                if !sb.iter().any(|(sb_s, sb_e)| !after(*sb_s, start_a) && !after(end_a, *sb_e)) {
+                if !sb
+                    .iter()
+                    .any(|(sb_s, sb_e)| !after(*sb_s, start_a) && !after(end_a, *sb_e))
+                {
                     return -1;
                 }
             }
@@ -155,7 +185,11 @@ pub fn redundant_ack(queue: &VecDeque<Packet>, aggressive: bool) -> Option<usize
     let mut found = 0;
     for (i, p) in queue.iter().enumerate().take(queue.len() - 1) {
         let Some(c) = segment(&p.data) else { continue };
-        if c.version != trigger.version || c.ports != trigger.ports || c.src != trigger.src || c.dst != trigger.dst {
+        if c.version != trigger.version
+            || c.ports != trigger.ports
+            || c.src != trigger.src
+            || c.dst != trigger.dst
+        {
             continue;
         }
         // ECN feedback changed since the eligible one: dropping it would lose that signal.
@@ -182,7 +216,11 @@ pub fn redundant_ack(queue: &VecDeque<Packet>, aggressive: bool) -> Option<usize
     }
     // Aggressive: a lone eligible ACK right ahead of the trigger, with the same ECN flags.
     match eligible {
-        Some((i, flags)) if aggressive && i + 2 == queue.len() && flags == trigger.flag_word & ECE_CWR => Some(i),
+        Some((i, flags))
+            if aggressive && i + 2 == queue.len() && flags == trigger.flag_word & ECE_CWR =>
+        {
+            Some(i)
+        }
         _ => None,
     }
 }
@@ -239,48 +277,164 @@ mod tests {
     fn drops_only_acks_a_later_one_makes_redundant() {
         let a = |ack| tcp4(1000, ack, ACK, &[], 0);
         // (what, queue ahead of the trigger, trigger, conservative drop, aggressive drop)
-        type Case = (&'static str, Vec<Packet>, Packet, Option<usize>, Option<usize>);
+        type Case = (
+            &'static str,
+            Vec<Packet>,
+            Packet,
+            Option<usize>,
+            Option<usize>,
+        );
         let cases: Vec<Case> = vec![
-            ("two older pure ACKs: the one nearest the head goes", vec![a(100), a(200)], a(300), Some(0), Some(0)),
-            ("one older ACK: only aggressive drops it", vec![a(100)], a(200), None, Some(0)),
-            ("a lone ACK not directly ahead is kept even when aggressive", vec![a(100), tcp4(2000, 5, ACK, &[], 0)], a(200), None, None),
-            ("data segments are never dropped", vec![tcp4(1000, 100, ACK, &[], 500), tcp4(1000, 150, ACK, &[], 500)], a(200), None, None),
-            ("an older ACK with a higher ack number is kept", vec![a(300), a(400)], a(200), None, None),
-            ("PSH/FIN/RST keep an ACK", vec![tcp4(1000, 100, ACK | 0x0001_0000, &[], 0), tcp4(1000, 150, ACK | 0x0008_0000, &[], 0)], a(200), None, None),
-            ("a SYN trigger filters nothing", vec![a(100), a(150)], tcp4(1000, 200, ACK | SYN, &[], 0), None, None),
-            ("other connections are left alone", vec![tcp4(7, 100, ACK, &[], 0), tcp4(7, 150, ACK, &[], 0)], a(200), None, None),
-            ("a newer timestamp keeps the older ACK", vec![tcp4(1000, 100, ACK, &ts(9), 0), tcp4(1000, 150, ACK, &ts(9), 0)], tcp4(1000, 200, ACK, &ts(5), 0), None, None),
-            ("older timestamps may go", vec![tcp4(1000, 100, ACK, &ts(4), 0), tcp4(1000, 150, ACK, &ts(5), 0)], tcp4(1000, 200, ACK, &ts(5), 0), Some(0), Some(0)),
-            ("unknown options keep an ACK", vec![tcp4(1000, 100, ACK, &[3, 3, 7, 0], 0), tcp4(1000, 150, ACK, &[3, 3, 7, 0], 0)], a(200), None, None),
+            (
+                "two older pure ACKs: the one nearest the head goes",
+                vec![a(100), a(200)],
+                a(300),
+                Some(0),
+                Some(0),
+            ),
+            (
+                "one older ACK: only aggressive drops it",
+                vec![a(100)],
+                a(200),
+                None,
+                Some(0),
+            ),
+            (
+                "a lone ACK not directly ahead is kept even when aggressive",
+                vec![a(100), tcp4(2000, 5, ACK, &[], 0)],
+                a(200),
+                None,
+                None,
+            ),
+            (
+                "data segments are never dropped",
+                vec![
+                    tcp4(1000, 100, ACK, &[], 500),
+                    tcp4(1000, 150, ACK, &[], 500),
+                ],
+                a(200),
+                None,
+                None,
+            ),
+            (
+                "an older ACK with a higher ack number is kept",
+                vec![a(300), a(400)],
+                a(200),
+                None,
+                None,
+            ),
+            (
+                "PSH/FIN/RST keep an ACK",
+                vec![
+                    tcp4(1000, 100, ACK | 0x0001_0000, &[], 0),
+                    tcp4(1000, 150, ACK | 0x0008_0000, &[], 0),
+                ],
+                a(200),
+                None,
+                None,
+            ),
+            (
+                "a SYN trigger filters nothing",
+                vec![a(100), a(150)],
+                tcp4(1000, 200, ACK | SYN, &[], 0),
+                None,
+                None,
+            ),
+            (
+                "other connections are left alone",
+                vec![tcp4(7, 100, ACK, &[], 0), tcp4(7, 150, ACK, &[], 0)],
+                a(200),
+                None,
+                None,
+            ),
+            (
+                "a newer timestamp keeps the older ACK",
+                vec![
+                    tcp4(1000, 100, ACK, &ts(9), 0),
+                    tcp4(1000, 150, ACK, &ts(9), 0),
+                ],
+                tcp4(1000, 200, ACK, &ts(5), 0),
+                None,
+                None,
+            ),
+            (
+                "older timestamps may go",
+                vec![
+                    tcp4(1000, 100, ACK, &ts(4), 0),
+                    tcp4(1000, 150, ACK, &ts(5), 0),
+                ],
+                tcp4(1000, 200, ACK, &ts(5), 0),
+                Some(0),
+                Some(0),
+            ),
+            (
+                "unknown options keep an ACK",
+                vec![
+                    tcp4(1000, 100, ACK, &[3, 3, 7, 0], 0),
+                    tcp4(1000, 150, ACK, &[3, 3, 7, 0], 0),
+                ],
+                a(200),
+                None,
+                None,
+            ),
             (
                 "a SACK the trigger covers and extends may go",
-                vec![tcp4(1000, 100, ACK, &sack(&[(300, 400)]), 0), tcp4(1000, 100, ACK, &sack(&[(300, 500)]), 0)],
+                vec![
+                    tcp4(1000, 100, ACK, &sack(&[(300, 400)]), 0),
+                    tcp4(1000, 100, ACK, &sack(&[(300, 500)]), 0),
+                ],
                 tcp4(1000, 100, ACK, &sack(&[(300, 600)]), 0),
                 Some(0),
                 Some(0),
             ),
             (
                 "a SACK block the trigger lacks keeps the ACK",
-                vec![tcp4(1000, 100, ACK, &sack(&[(700, 800)]), 0), tcp4(1000, 100, ACK, &sack(&[(700, 800)]), 0)],
+                vec![
+                    tcp4(1000, 100, ACK, &sack(&[(700, 800)]), 0),
+                    tcp4(1000, 100, ACK, &sack(&[(700, 800)]), 0),
+                ],
                 tcp4(1000, 100, ACK, &sack(&[(300, 600)]), 0),
                 None,
                 None,
             ),
             (
                 "a DSACK is kept, though the trigger covers its block",
-                vec![tcp4(1000, 500, ACK, &sack(&[(100, 200)]), 0), tcp4(1000, 500, ACK, &sack(&[(100, 200)]), 0)],
+                vec![
+                    tcp4(1000, 500, ACK, &sack(&[(100, 200)]), 0),
+                    tcp4(1000, 500, ACK, &sack(&[(100, 200)]), 0),
+                ],
                 tcp4(1000, 600, ACK, &sack(&[(100, 200), (700, 800)]), 0),
                 None,
                 None,
             ),
-            ("the same ack number without more SACK is no progress", vec![a(200), a(200)], a(200), None, None),
-            ("ECE changed after the first eligible one: that one is kept", vec![a(100), tcp4(1000, 150, ACK | 0x0040_0000, &[], 0)], a(200), None, None),
+            (
+                "the same ack number without more SACK is no progress",
+                vec![a(200), a(200)],
+                a(200),
+                None,
+                None,
+            ),
+            (
+                "ECE changed after the first eligible one: that one is kept",
+                vec![a(100), tcp4(1000, 150, ACK | 0x0040_0000, &[], 0)],
+                a(200),
+                None,
+                None,
+            ),
         ];
         for (what, ahead, trigger, conservative, aggressive) in cases {
             let mut queue = q(ahead);
             queue.push_back(trigger);
-            assert_eq!(redundant_ack(&queue, false), conservative, "{what} (conservative)");
-            assert_eq!(redundant_ack(&queue, true), aggressive, "{what} (aggressive)");
+            assert_eq!(
+                redundant_ack(&queue, false),
+                conservative,
+                "{what} (conservative)"
+            );
+            assert_eq!(
+                redundant_ack(&queue, true),
+                aggressive,
+                "{what} (aggressive)"
+            );
         }
     }
 }

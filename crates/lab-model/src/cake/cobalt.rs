@@ -15,7 +15,13 @@ pub struct CobaltParams {
 impl CobaltParams {
     pub fn new(target_ns: u64, interval_ns: u64, mtu_time_ns: u64) -> CobaltParams {
         // 1/256 and 1/4096 (cake_set_rate).
-        CobaltParams { interval: interval_ns as i64, target: target_ns as i64, mtu_time: mtu_time_ns as i64, p_inc: 1 << 24, p_dec: 1 << 20 }
+        CobaltParams {
+            interval: interval_ns as i64,
+            target: target_ns as i64,
+            mtu_time: mtu_time_ns as i64,
+            p_inc: 1 << 24,
+            p_dec: 1 << 20,
+        }
     }
 }
 
@@ -66,7 +72,11 @@ fn control(t: i64, interval: i64, rec_inv_sqrt: u32) -> i64 {
 
 impl CobaltVars {
     fn invsqrt(&mut self) {
-        self.rec_inv_sqrt = if self.count < 16 { inv_sqrt_cache()[self.count as usize] } else { newton_step(self.rec_inv_sqrt, self.count) };
+        self.rec_inv_sqrt = if self.count < 16 {
+            inv_sqrt_cache()[self.count as usize]
+        } else {
+            newton_step(self.rec_inv_sqrt, self.count)
+        };
     }
 
     /// A packet of this flow was dropped because the qdisc was full. True when BLUE turned on.
@@ -105,9 +115,19 @@ impl CobaltVars {
     /// Judges a freshly dequeued packet: `Signal::Drop` to drop it. `ect` says whether it can
     /// carry a CE mark instead; `blue_draw` is a uniform u32 for BLUE's coin; `bulk_flows` is
     /// the tin's bulk-flow count in ingress mode, else 0.
-    pub fn should_drop(&mut self, p: &CobaltParams, now: i64, sojourn: i64, ect: bool, blue_draw: u32, bulk_flows: u32) -> Signal {
+    pub fn should_drop(
+        &mut self,
+        p: &CobaltParams,
+        now: i64,
+        sojourn: i64,
+        ect: bool,
+        blue_draw: u32,
+        bulk_flows: u32,
+    ) -> Signal {
         let mut schedule = now - self.drop_next;
-        let over_target = sojourn > p.target && sojourn > p.mtu_time * bulk_flows as i64 * 2 && sojourn > p.mtu_time * 4;
+        let over_target = sojourn > p.target
+            && sojourn > p.mtu_time * bulk_flows as i64 * 2
+            && sojourn > p.mtu_time * 4;
         let next_due = self.count != 0 && schedule >= 0;
         let mut drop = false;
         self.ecn_marked = false;
@@ -200,7 +220,10 @@ mod tests {
         assert_eq!(drops[0], 1, "{drops:?}");
         // Gaps: 100/sqrt(2) = 70.7, 100/sqrt(3) = 57.7, 50, ...
         let gaps: Vec<i64> = drops.windows(2).map(|w| w[1] - w[0]).collect();
-        assert!((gaps[0] - 71).abs() <= 1 && (gaps[1] - 58).abs() <= 1 && (gaps[2] - 50).abs() <= 1, "{gaps:?}");
+        assert!(
+            (gaps[0] - 71).abs() <= 1 && (gaps[1] - 58).abs() <= 1 && (gaps[2] - 50).abs() <= 1,
+            "{gaps:?}"
+        );
         // Non-increasing, give or take the 1 ms steps of this clock.
         assert!(gaps.windows(2).all(|w| w[1] <= w[0] + 1), "{gaps:?}");
     }
@@ -216,7 +239,11 @@ mod tests {
         let peak = v.count;
         assert!(peak > 10, "{peak}");
         v.should_drop(&p, 2100 * MS, 0, false, !0, 0);
-        assert!(v.count < peak && v.count > 0, "one quiet packet 100 ms later: {} of {peak}", v.count);
+        assert!(
+            v.count < peak && v.count > 0,
+            "one quiet packet 100 ms later: {} of {peak}",
+            v.count
+        );
         v.should_drop(&p, 20_000 * MS, 0, false, !0, 0);
         assert_eq!(v.count, 0, "decayed to rest after a long quiet spell");
     }
@@ -230,12 +257,19 @@ mod tests {
         v.queue_full(&p, 20 * MS);
         assert_eq!(v.p_drop, 2 << 24);
         // BLUE drops by its coin, even ECN-capable packets.
-        assert_eq!(v.should_drop(&p, 21 * MS, 0, true, 1 << 24, 0), Signal::BlueDrop);
+        assert_eq!(
+            v.should_drop(&p, 21 * MS, 0, true, 1 << 24, 0),
+            Signal::BlueDrop
+        );
         let mut t = 30 * MS;
         while v.p_drop > 0 {
             v.queue_empty(&p, t);
             t += 6 * MS;
         }
-        assert_eq!((t - 30 * MS) / (6 * MS), 32, "2/256 falls in 32 steps of 1/4096");
+        assert_eq!(
+            (t - 30 * MS) / (6 * MS),
+            32,
+            "2/256 falls in 32 steps of 1/4096"
+        );
     }
 }

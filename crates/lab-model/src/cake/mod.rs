@@ -97,7 +97,18 @@ struct TinCounters {
 
 impl Tin {
     fn new() -> Tin {
-        let flows = (0..QUEUES).map(|_| Flow { queue: VecDeque::new(), backlog: 0, deficit: 0, cvars: CobaltVars::default(), srchost: 0, dsthost: 0, set: Set::None, list: None }).collect();
+        let flows = (0..QUEUES)
+            .map(|_| Flow {
+                queue: VecDeque::new(),
+                backlog: 0,
+                deficit: 0,
+                cvars: CobaltVars::default(),
+                srchost: 0,
+                dsthost: 0,
+                set: Set::None,
+                list: None,
+            })
+            .collect();
         Tin {
             flows,
             tags: vec![0; QUEUES],
@@ -149,7 +160,10 @@ impl Tin {
 
     /// Host bulk-flow counters of a flow, in the modes that keep them.
     fn host_bulk(&mut self, idx: usize, mode: FlowMode, delta: i32) {
-        let (s, d) = (self.flows[idx].srchost as usize, self.flows[idx].dsthost as usize);
+        let (s, d) = (
+            self.flows[idx].srchost as usize,
+            self.flows[idx].dsthost as usize,
+        );
         if mode.dual_src() {
             let c = &mut self.hosts[s].srchost_bulk_flow_count;
             *c = (*c as i32 + delta).max(0) as u16;
@@ -272,7 +286,11 @@ impl Cake {
         let rates = self.p.tin_mode.tin_rates(self.rate);
         for (t, (rate, quantum)) in self.tins.iter_mut().zip(rates) {
             t.tuning = tune_tin(rate, self.mtu, self.p.target_ns, self.p.interval_ns);
-            t.cparams = CobaltParams::new(t.tuning.target_ns, t.tuning.interval_ns, t.tuning.mtu_time_ns);
+            t.cparams = CobaltParams::new(
+                t.tuning.target_ns,
+                t.tuning.interval_ns,
+                t.tuning.mtu_time_ns,
+            );
             t.tin_quantum = quantum as i32;
         }
         self.buffer_limit = buffer_limit(&self.p, self.rate, self.mtu);
@@ -293,7 +311,11 @@ impl Cake {
             (true, Some((s, d))) => (hash_bytes(self.seed, s), hash_bytes(self.seed, d)),
             _ => (0, 0),
         };
-        let mut flow_hash = if mode.hashes_flows() { pkt.flow_hash(self.seed) as u32 } else { 0 };
+        let mut flow_hash = if mode.hashes_flows() {
+            pkt.flow_hash(self.seed) as u32
+        } else {
+            0
+        };
         if !mode.hashes_flows() {
             if mode as u8 & 1 != 0 {
                 flow_hash ^= src_h;
@@ -330,7 +352,12 @@ impl Cake {
         };
         b.tags[slot] = flow_hash;
         if allocate && mode.dual_src() {
-            let h = Self::host_slot(&b.hosts, src_h, |h| h.srchost_tag, |h| h.srchost_bulk_flow_count);
+            let h = Self::host_slot(
+                &b.hosts,
+                src_h,
+                |h| h.srchost_tag,
+                |h| h.srchost_bulk_flow_count,
+            );
             b.hosts[h].srchost_tag = src_h;
             if b.flows[slot].set == Set::Bulk {
                 b.hosts[h].srchost_bulk_flow_count += 1;
@@ -338,7 +365,12 @@ impl Cake {
             b.flows[slot].srchost = h as u16;
         }
         if allocate && mode.dual_dst() {
-            let h = Self::host_slot(&b.hosts, dst_h, |h| h.dsthost_tag, |h| h.dsthost_bulk_flow_count);
+            let h = Self::host_slot(
+                &b.hosts,
+                dst_h,
+                |h| h.dsthost_tag,
+                |h| h.dsthost_bulk_flow_count,
+            );
             b.hosts[h].dsthost_tag = dst_h;
             if b.flows[slot].set == Set::Bulk {
                 b.hosts[h].dsthost_bulk_flow_count += 1;
@@ -349,12 +381,21 @@ impl Cake {
     }
 
     /// A host's slot: its tagged way, else an idle way, else the first way of its set.
-    fn host_slot(hosts: &[Host], hash: u32, tag: impl Fn(&Host) -> u32, bulk: impl Fn(&Host) -> u16) -> usize {
+    fn host_slot(
+        hosts: &[Host],
+        hash: u32,
+        tag: impl Fn(&Host) -> u32,
+        bulk: impl Fn(&Host) -> u16,
+    ) -> usize {
         let reduced = hash as usize % QUEUES;
         let inner = reduced % WAYS;
         let outer = reduced - inner;
         let way = |i: usize| outer + (inner + i) % WAYS;
-        (0..WAYS).map(way).find(|&k| tag(&hosts[k]) == hash).or_else(|| (0..WAYS).map(way).find(|&k| bulk(&hosts[k]) == 0)).unwrap_or(way(0))
+        (0..WAYS)
+            .map(way)
+            .find(|&k| tag(&hosts[k]) == hash)
+            .or_else(|| (0..WAYS).map(way).find(|&k| bulk(&hosts[k]) == 0))
+            .unwrap_or(way(0))
     }
 
     /// `cake_advance_shaper`: charges a packet to its tin's clock and the global shaper.
@@ -380,13 +421,24 @@ impl Cake {
     fn drop_from_longest(&mut self, now: i64, stats: &mut DirStats) {
         // Only flows on the new and old lists hold packets (decaying ones are empty), so the
         // search visits the active flows, not all 1024 queues of every tin, on each drop.
-        let longest = self.tins.iter().enumerate().flat_map(|(t, b)| b.new_flows.iter().chain(&b.old_flows).map(move |&i| (b.flows[i as usize].backlog, t, i as usize)));
-        let Some((t, idx)) = longest.max_by_key(|x| x.0).filter(|x| x.0 > 0).map(|(_, t, i)| (t, i)) else {
+        let longest = self.tins.iter().enumerate().flat_map(|(t, b)| {
+            b.new_flows
+                .iter()
+                .chain(&b.old_flows)
+                .map(move |&i| (b.flows[i as usize].backlog, t, i as usize))
+        });
+        let Some((t, idx)) = longest
+            .max_by_key(|x| x.0)
+            .filter(|x| x.0 > 0)
+            .map(|(_, t, i)| (t, i))
+        else {
             return;
         };
         let b = &mut self.tins[t];
         let f = &mut b.flows[idx];
-        let Some(pkt) = f.queue.pop_front() else { return };
+        let Some(pkt) = f.queue.pop_front() else {
+            return;
+        };
         if f.cvars.queue_full(&b.cparams, now) {
             b.unresponsive_flow_count += 1;
         }
@@ -408,7 +460,11 @@ impl Cake {
     /// every gap between bursts retunes the shaper; the lab does the same.)
     fn estimate_capacity(&mut self, now: i64) {
         let interval = ((now - self.last_packet_time).max(0) as u64).min(1_000_000_000);
-        let shift = if interval > self.avg_packet_interval { 2 } else { 8 };
+        let shift = if interval > self.avg_packet_interval {
+            2
+        } else {
+            8
+        };
         self.avg_packet_interval = ewma(self.avg_packet_interval, interval, shift);
         self.last_packet_time = now;
         if interval > self.avg_packet_interval {
@@ -702,7 +758,8 @@ impl Qdisc for Cake {
                     let load = b.host_load(idx, mode);
                     let dither = self.rng.random::<u32>() >> 16;
                     let b = &mut self.tins[t];
-                    b.flows[idx].deficit += ((b.tuning.flow_quantum * quantum_div(load) + dither) >> 16) as i32;
+                    b.flows[idx].deficit +=
+                        ((b.tuning.flow_quantum * quantum_div(load) + dither) >> 16) as i32;
                     b.move_tail(idx, List::Old);
                     continue 'retry;
                 }
@@ -722,11 +779,17 @@ impl Qdisc for Cake {
                     let sojourn = now - pkt.enqueued_ns as i64;
                     let bulk = if self.p.ingress { b.bulk_flow_count } else { 0 };
                     // BLUE's coin, drawn only for a flow BLUE has marked as unresponsive.
-                    let draw = if b.flows[idx].cvars.p_drop != 0 { self.rng.random::<u32>() } else { u32::MAX };
+                    let draw = if b.flows[idx].cvars.p_drop != 0 {
+                        self.rng.random::<u32>()
+                    } else {
+                        u32::MAX
+                    };
                     let b = &mut self.tins[t];
                     let cp = b.cparams;
                     let f = &mut b.flows[idx];
-                    let signal = f.cvars.should_drop(&cp, now, sojourn, pkt.is_ect(), draw, bulk);
+                    let signal = f
+                        .cvars
+                        .should_drop(&cp, now, sojourn, pkt.is_ect(), draw, bulk);
                     if f.cvars.ecn_marked {
                         pkt.mark_ce();
                     }
@@ -739,8 +802,16 @@ impl Qdisc for Cake {
                         let delay = sojourn.max(0) as u64;
                         let s = &mut b.stats;
                         s.avge_delay = ewma(s.avge_delay, delay, 8);
-                        s.peak_delay = ewma(s.peak_delay, delay, if delay > s.peak_delay { 2 } else { 8 });
-                        s.base_delay = ewma(s.base_delay, delay, if delay < s.base_delay { 2 } else { 8 });
+                        s.peak_delay = ewma(
+                            s.peak_delay,
+                            delay,
+                            if delay > s.peak_delay { 2 } else { 8 },
+                        );
+                        s.base_delay = ewma(
+                            s.base_delay,
+                            delay,
+                            if delay < s.base_delay { 2 } else { 8 },
+                        );
                         let len = self.adjusted_len(&pkt);
                         self.advance_shaper(t, len, now, false);
                         let b = &mut self.tins[t];
@@ -785,7 +856,11 @@ impl Qdisc for Cake {
     }
 
     fn drain(&mut self) -> Vec<Packet> {
-        let mut all: Vec<Packet> = self.tins.iter_mut().flat_map(|b| b.flows.iter_mut().flat_map(|f| f.queue.drain(..))).collect();
+        let mut all: Vec<Packet> = self
+            .tins
+            .iter_mut()
+            .flat_map(|b| b.flows.iter_mut().flat_map(|f| f.queue.drain(..)))
+            .collect();
         all.sort_by_key(|p| p.enqueued_ns);
         self.packets = 0;
         self.bytes = 0;

@@ -129,7 +129,11 @@ fn parse_size(s: &str) -> Result<u64, ConfigError> {
         Some('g') => (&t[..t.len() - 1], 1 << 30),
         _ => (t, 1),
     };
-    num.parse::<u64>().ok().filter(|&n| n > 0).map(|n| n * mult).ok_or_else(|| bad(format!("memlimit `{s}`: want bytes, e.g. 4mb")))
+    num.parse::<u64>()
+        .ok()
+        .filter(|&n| n > 0)
+        .map(|n| n * mult)
+        .ok_or_else(|| bad(format!("memlimit `{s}`: want bytes, e.g. 4mb")))
 }
 
 impl CakeParams {
@@ -140,8 +144,12 @@ impl CakeParams {
         let mut overhead_set = false;
         let mut raw = false;
         let mut it = words.split_whitespace();
-        fn arg<'a>(it: &mut std::str::SplitWhitespace<'a>, key: &str) -> Result<&'a str, ConfigError> {
-            it.next().ok_or_else(|| bad(format!("`{key}` needs a value")))
+        fn arg<'a>(
+            it: &mut std::str::SplitWhitespace<'a>,
+            key: &str,
+        ) -> Result<&'a str, ConfigError> {
+            it.next()
+                .ok_or_else(|| bad(format!("`{key}` needs a value")))
         }
         while let Some(w) = it.next() {
             match w {
@@ -182,12 +190,20 @@ impl CakeParams {
                 "target" => p.target_ns = parse_time_ns(arg(&mut it, w)?)?.max(1000),
                 "overhead" => {
                     let v = arg(&mut it, w)?;
-                    overhead = v.parse::<i32>().ok().filter(|o| (-64..=256).contains(o)).ok_or_else(|| bad(format!("overhead `{v}`: want -64..256")))?;
+                    overhead = v
+                        .parse::<i32>()
+                        .ok()
+                        .filter(|o| (-64..=256).contains(o))
+                        .ok_or_else(|| bad(format!("overhead `{v}`: want -64..256")))?;
                     overhead_set = true;
                 }
                 "mpu" => {
                     let v = arg(&mut it, w)?;
-                    p.mpu = v.parse::<u32>().ok().filter(|m| *m <= 256).ok_or_else(|| bad(format!("mpu `{v}`: want 0..256")))?;
+                    p.mpu = v
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|m| *m <= 256)
+                        .ok_or_else(|| bad(format!("mpu `{v}`: want 0..256")))?;
                 }
                 "atm" => p.framing = Framing::Atm,
                 "ptm" => p.framing = Framing::Ptm,
@@ -202,7 +218,11 @@ impl CakeParams {
                     overhead += 4;
                     overhead_set = true;
                 }
-                "fwmark" => return Err(bad("fwmark: the lab's packets carry no firewall marks".into())),
+                "fwmark" => {
+                    return Err(bad(
+                        "fwmark: the lab's packets carry no firewall marks".into()
+                    ))
+                }
                 other => {
                     if let Some((interval, target)) = rtt_preset(other) {
                         p.interval_ns = interval;
@@ -215,7 +235,10 @@ impl CakeParams {
                             p.mpu = m;
                         }
                     } else {
-                        return Err(bad(format!("unknown word `{other}` (see tc-cake(8): bandwidth, diffserv3, triple-isolate, docsis, ack-filter, rtt, ...)")));
+                        return Err(bad(format!(
+                            "unknown word `{other}` (see tc-cake(8): bandwidth, \
+                            diffserv3, triple-isolate, docsis, ack-filter, rtt, ...)"
+                        )));
                     }
                 }
             }
@@ -227,7 +250,11 @@ impl CakeParams {
 
     /// The words back, canonical, as `tc qdisc show` prints them (for `lab stats`).
     pub fn describe(&self) -> String {
-        let mut w = vec![if self.bandwidth_bps == 0 { "unlimited".to_string() } else { format!("bandwidth {}kbit", self.bandwidth_bps / 1000) }];
+        let mut w = vec![if self.bandwidth_bps == 0 {
+            "unlimited".to_string()
+        } else {
+            format!("bandwidth {}kbit", self.bandwidth_bps / 1000)
+        }];
         if self.autorate_ingress {
             w.push("autorate-ingress".into());
         }
@@ -341,15 +368,18 @@ fn overhead_keyword(w: &str) -> Option<(Framing, i32, Option<u32>)> {
 
 /// DSCP -> tin tables of sch_cake.c (index = DSCP, value = tin).
 pub(crate) const DIFFSERV3: [u8; 64] = [
-    0, 1, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, //
+    0, 1, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, //
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 2, 0, 2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0,
 ];
 pub(crate) const DIFFSERV4: [u8; 64] = [
-    0, 1, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, //
+    0, 1, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
+    0, //
     3, 0, 2, 0, 2, 0, 2, 0, 3, 0, 0, 0, 3, 0, 3, 0, 3, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0,
 ];
 pub(crate) const DIFFSERV8: [u8; 64] = [
-    2, 0, 1, 2, 4, 2, 2, 2, 1, 2, 1, 2, 1, 2, 1, 2, 5, 2, 4, 2, 4, 2, 4, 2, 3, 2, 3, 2, 3, 2, 3, 2, //
+    2, 0, 1, 2, 4, 2, 2, 2, 1, 2, 1, 2, 1, 2, 1, 2, 5, 2, 4, 2, 4, 2, 4, 2, 3, 2, 3, 2, 3, 2, 3,
+    2, //
     6, 2, 3, 2, 3, 2, 3, 2, 6, 2, 2, 2, 6, 2, 6, 2, 7, 2, 2, 2, 2, 2, 2, 2, 7, 2, 2, 2, 2, 2, 2, 2,
 ];
 
@@ -379,7 +409,12 @@ impl TinMode {
         match self {
             TinMode::BestEffort => vec![(rate, 65535)],
             TinMode::Diffserv3 => vec![(rate, 1024), (rate >> 4, 64), (rate >> 2, 256)],
-            TinMode::Diffserv4 => vec![(rate, 1024), (rate >> 4, 64), (rate >> 1, 512), (rate >> 2, 256)],
+            TinMode::Diffserv4 => vec![
+                (rate, 1024),
+                (rate >> 4, 64),
+                (rate >> 1, 512),
+                (rate >> 2, 256),
+            ],
             TinMode::Precedence | TinMode::Diffserv8 => {
                 let (mut r, mut q) = (rate, 256u32);
                 (0..8)
@@ -400,7 +435,9 @@ impl TinMode {
             TinMode::BestEffort => &["Tin 0"],
             TinMode::Diffserv3 => &["Best Effort", "Bulk", "Voice"],
             TinMode::Diffserv4 => &["Best Effort", "Bulk", "Video", "Voice"],
-            TinMode::Precedence | TinMode::Diffserv8 => &["Tin 0", "Tin 1", "Tin 2", "Tin 3", "Tin 4", "Tin 5", "Tin 6", "Tin 7"],
+            TinMode::Precedence | TinMode::Diffserv8 => &[
+                "Tin 0", "Tin 1", "Tin 2", "Tin 3", "Tin 4", "Tin 5", "Tin 6", "Tin 7",
+            ],
         }
     }
 }
@@ -438,11 +475,21 @@ pub fn duration_ns(len: u64, rate: u64) -> u64 {
 }
 
 pub fn tune_tin(rate: u64, mtu: u32, target_ns: u64, interval_ns: u64) -> TinTuning {
-    let flow_quantum = if rate == 0 { 1514 } else { (rate >> 12).clamp(300, 1514) as u32 };
+    let flow_quantum = if rate == 0 {
+        1514
+    } else {
+        (rate >> 12).clamp(300, 1514) as u32
+    };
     let mtu_time_ns = duration_ns(mtu as u64, rate);
     let target = (mtu_time_ns * 3 / 2).max(target_ns);
     let interval = (interval_ns + target - target_ns).max(2 * target);
-    TinTuning { rate, flow_quantum, target_ns: target, interval_ns: interval, mtu_time_ns }
+    TinTuning {
+        rate,
+        flow_quantum,
+        target_ns: target,
+        interval_ns: interval,
+        mtu_time_ns,
+    }
 }
 
 /// The memory limit (`cake_reconfigure`): memlimit if set, else four intervals at the rate but
@@ -462,17 +509,40 @@ mod tests {
 
     #[test]
     fn words_as_tc_reads_them() {
-        let p = CakeParams::parse("bandwidth 57mbit diffserv4 docsis ack-filter dual-dsthost ingress rtt 50ms").unwrap();
+        let p = CakeParams::parse(
+            "bandwidth 57mbit diffserv4 docsis ack-filter dual-dsthost ingress rtt 50ms",
+        )
+        .unwrap();
         assert_eq!(p.bandwidth_bps, 57_000_000);
-        assert_eq!((p.tin_mode, p.flow_mode, p.ack_filter, p.ingress), (TinMode::Diffserv4, FlowMode::DualDstHost, AckFilter::On, true));
-        assert_eq!((p.overhead, p.mpu, p.framing), (Some(18), 64, Framing::None));
+        assert_eq!(
+            (p.tin_mode, p.flow_mode, p.ack_filter, p.ingress),
+            (
+                TinMode::Diffserv4,
+                FlowMode::DualDstHost,
+                AckFilter::On,
+                true
+            )
+        );
+        assert_eq!(
+            (p.overhead, p.mpu, p.framing),
+            (Some(18), 64, Framing::None)
+        );
         assert_eq!((p.interval_ns, p.target_ns), (50 * MS, 2_500_000));
         let raw = CakeParams::parse("docsis raw").unwrap();
-        assert_eq!(raw.overhead, None, "raw clears the overhead flag, as TCA_CAKE_RAW does");
+        assert_eq!(
+            raw.overhead, None,
+            "raw clears the overhead flag, as TCA_CAKE_RAW does"
+        );
         let vlan = CakeParams::parse("ethernet ether-vlan ether-vlan").unwrap();
         assert_eq!((vlan.overhead, vlan.mpu), (Some(46), 84));
-        assert!(CakeParams::parse("bandwidth").unwrap_err().to_string().contains("needs a value"));
-        assert!(CakeParams::parse("diffserv5").unwrap_err().to_string().contains("diffserv5"));
+        assert!(CakeParams::parse("bandwidth")
+            .unwrap_err()
+            .to_string()
+            .contains("needs a value"));
+        assert!(CakeParams::parse("diffserv5")
+            .unwrap_err()
+            .to_string()
+            .contains("diffserv5"));
         assert_eq!(CakeParams::parse("satellite").unwrap().target_ns, 50 * MS);
     }
 
@@ -481,21 +551,37 @@ mod tests {
     fn framing_costs() {
         let atm = CakeParams::parse("pppoe-llcsnap").unwrap();
         for ip in [40usize, 52, 100, 1452, 1500] {
-            assert_eq!(atm.adjusted_len(ip, 0), ((ip as u32 + 40).div_ceil(48)) * 53, "ATM {ip}");
+            assert_eq!(
+                atm.adjusted_len(ip, 0),
+                ((ip as u32 + 40).div_ceil(48)) * 53,
+                "ATM {ip}"
+            );
         }
         assert_eq!(atm.adjusted_len(1500, 0), 33 * 53);
         let ptm = CakeParams::parse("bridged-ptm").unwrap();
         assert_eq!(ptm.adjusted_len(1500, 0), 1522 + 24);
         let docsis = CakeParams::parse("docsis").unwrap();
-        assert_eq!(docsis.adjusted_len(40, 54), 64, "mpu 64 lifts a 58-byte frame");
-        assert_eq!(CakeParams::default().adjusted_len(1500, 1514), 1514, "raw: the link's length");
+        assert_eq!(
+            docsis.adjusted_len(40, 54),
+            64,
+            "mpu 64 lifts a 58-byte frame"
+        );
+        assert_eq!(
+            CakeParams::default().adjusted_len(1500, 1514),
+            1514,
+            "raw: the link's length"
+        );
     }
 
     /// The figures of the reference (queues-and-shapers.md 3.1): quantum and per-tin tuning.
     #[test]
     fn per_tin_tuning_follows_the_rate() {
         for (mbit, quantum) in [(10u64, 305u32), (25, 762), (50, 1514), (1, 300)] {
-            assert_eq!(tune_tin(mbit * 125_000, 1514, 5 * MS, 100 * MS).flow_quantum, quantum, "{mbit} Mbit/s");
+            assert_eq!(
+                tune_tin(mbit * 125_000, 1514, 5 * MS, 100 * MS).flow_quantum,
+                quantum,
+                "{mbit} Mbit/s"
+            );
         }
         // 1 Mbit/s: one 1514-byte frame takes 12.1 ms, so target 18.2 ms and interval 113.2 ms.
         let t = tune_tin(125_000, 1514, 5 * MS, 100 * MS);
@@ -503,13 +589,23 @@ mod tests {
         assert_eq!(t.target_ns, 18_168_000);
         assert_eq!(t.interval_ns, 113_168_000);
         // diffserv3 thresholds: bulk 1/16, voice 1/4.
-        assert_eq!(TinMode::Diffserv3.tin_rates(16_000), vec![(16_000, 1024), (1000, 64), (4000, 256)]);
+        assert_eq!(
+            TinMode::Diffserv3.tin_rates(16_000),
+            vec![(16_000, 1024), (1000, 64), (4000, 256)]
+        );
         assert_eq!(TinMode::Diffserv3.tin_of(46), 2, "EF is voice");
         assert_eq!(TinMode::Diffserv3.tin_of(8), 1, "CS1 is bulk");
-        assert_eq!(TinMode::Diffserv3.tin_of(34), 0, "AF41 is best effort in diffserv3");
+        assert_eq!(
+            TinMode::Diffserv3.tin_of(34),
+            0,
+            "AF41 is best effort in diffserv3"
+        );
         assert_eq!(TinMode::Diffserv4.tin_of(34), 2, "and video in diffserv4");
         // 100 Mbit/s, rtt 100 ms: 4 x BDP = 5 MB.
-        assert_eq!(buffer_limit(&CakeParams::default(), 12_500_000, 1514), 5_000_000);
+        assert_eq!(
+            buffer_limit(&CakeParams::default(), 12_500_000, 1514),
+            5_000_000
+        );
         assert_eq!(buffer_limit(&CakeParams::default(), 125_000, 1514), 4 << 20);
     }
 }

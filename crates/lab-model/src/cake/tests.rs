@@ -28,7 +28,11 @@ fn run(cake: &mut Cake, sources: &mut [Source], until: u64) -> Vec<(u64, Packet)
     let mut t = 0;
     while t < until {
         let arrival = sources.iter().map(|s| s.next).min().unwrap_or(u64::MAX);
-        let ready = if cake.packets() > 0 { cake.next_ready().max(t) } else { u64::MAX };
+        let ready = if cake.packets() > 0 {
+            cake.next_ready().max(t)
+        } else {
+            u64::MAX
+        };
         t = arrival.min(ready);
         if t >= until {
             break;
@@ -37,7 +41,10 @@ fn run(cake: &mut Cake, sources: &mut [Source], until: u64) -> Vec<(u64, Packet)
             let before = cake.packets();
             match cake.dequeue(t, &mut st) {
                 Some(p) => out.push((t, p)),
-                None => assert!(cake.packets() < before || cake.next_ready() > t, "dequeue stalled at {t}"),
+                None => assert!(
+                    cake.packets() < before || cake.next_ready() > t,
+                    "dequeue stalled at {t}"
+                ),
             }
         } else {
             for s in sources.iter_mut().filter(|s| s.next == t) {
@@ -50,11 +57,19 @@ fn run(cake: &mut Cake, sources: &mut [Source], until: u64) -> Vec<(u64, Packet)
 }
 
 fn source(mbit: f64, len: usize, make: impl Fn() -> Packet + 'static) -> Source {
-    Source { next: 0, every: (len as f64 * 8.0 * 1e3 / mbit) as u64, make: Box::new(make) }
+    Source {
+        next: 0,
+        every: (len as f64 * 8.0 * 1e3 / mbit) as u64,
+        make: Box::new(make),
+    }
 }
 
 fn mbit_of(out: &[(u64, Packet)], from: u64, to: u64, pred: impl Fn(&Packet) -> bool) -> f64 {
-    let bytes: usize = out.iter().filter(|(t, p)| *t >= from && *t < to && pred(p)).map(|(_, p)| p.frame_len).sum();
+    let bytes: usize = out
+        .iter()
+        .filter(|(t, p)| *t >= from && *t < to && pred(p))
+        .map(|(_, p)| p.frame_len)
+        .sum();
     bytes as f64 * 8.0 / ((to - from) as f64 / 1e9) / 1e6
 }
 
@@ -87,18 +102,28 @@ fn the_shaper_holds_its_rate_over_ten_seconds() {
 /// shares are per flow, as with `flows`.
 #[test]
 fn host_isolation_shares_by_host_where_the_hosts_differ() {
-    for (mode, one_server, b_share) in [("dual-srchost", true, 0.5), ("triple-isolate", false, 0.5), ("triple-isolate", true, 8.0 / 9.0), ("flows", true, 8.0 / 9.0)] {
+    for (mode, one_server, b_share) in [
+        ("dual-srchost", true, 0.5),
+        ("triple-isolate", false, 0.5),
+        ("triple-isolate", true, 8.0 / 9.0),
+        ("flows", true, 8.0 / 9.0),
+    ] {
         let mut c = cake(&format!("bandwidth 20mbit besteffort {mode}"));
         let b_server = if one_server { 100 } else { 101 };
         let mut s = vec![source(20.0, 1500, || pkt(1500, 1, 100, 1000, 0))];
         for port in 0..8u16 {
-            s.push(source(10.0, 1500, move || pkt(1500, 2, b_server, 2000 + port, 0)));
+            s.push(source(10.0, 1500, move || {
+                pkt(1500, 2, b_server, 2000 + port, 0)
+            }));
         }
         let out = run(&mut c, &mut s, 10_000 * MS);
         let a = mbit_of(&out, 2000 * MS, 10_000 * MS, |p| p.data[15] == 1);
         let b = mbit_of(&out, 2000 * MS, 10_000 * MS, |p| p.data[15] == 2);
         let share = b / (a + b);
-        assert!((share - b_share).abs() < 0.05 * b_share, "{mode}, one server {one_server}: A {a:.2} B {b:.2} Mbit/s");
+        assert!(
+            (share - b_share).abs() < 0.05 * b_share,
+            "{mode}, one server {one_server}: A {a:.2} B {b:.2} Mbit/s"
+        );
     }
 }
 
@@ -107,20 +132,37 @@ fn host_isolation_shares_by_host_where_the_hosts_differ() {
 #[test]
 fn diffserv4_voice_has_priority_up_to_its_threshold() {
     let mut c = cake("bandwidth 20mbit diffserv4");
-    let mut s = [source(40.0, 1500, || pkt(1500, 1, 2, 1, 0)), source(1.0, 200, || pkt(200, 1, 2, 5, 46))];
+    let mut s = [
+        source(40.0, 1500, || pkt(1500, 1, 2, 1, 0)),
+        source(1.0, 200, || pkt(200, 1, 2, 5, 46)),
+    ];
     let out = run(&mut c, &mut s, 5000 * MS);
-    let worst = out.iter().filter(|(t, p)| p.dscp() == 46 && *t > 1000 * MS).map(|(t, p)| t - p.enqueued_ns).max().unwrap();
+    let worst = out
+        .iter()
+        .filter(|(t, p)| p.dscp() == 46 && *t > 1000 * MS)
+        .map(|(t, p)| t - p.enqueued_ns)
+        .max()
+        .unwrap();
     assert!(worst < MS, "voice waited {} us", worst / 1000);
     // Voice at 16 Mbit/s against saturating best effort: once voice's clock (at its 5 Mbit/s
     // threshold) runs ahead, best effort's clock is always the earlier one, so voice gets its
     // threshold and no more.
     let mut c = cake("bandwidth 20mbit diffserv4");
-    let mut s = [source(40.0, 1500, || pkt(1500, 1, 2, 1, 0)), source(16.0, 1500, || pkt(1500, 1, 2, 5, 46))];
+    let mut s = [
+        source(40.0, 1500, || pkt(1500, 1, 2, 1, 0)),
+        source(16.0, 1500, || pkt(1500, 1, 2, 5, 46)),
+    ];
     let out = run(&mut c, &mut s, 6000 * MS);
     let voice = mbit_of(&out, 1000 * MS, 6000 * MS, |p| p.dscp() == 46);
     let be = mbit_of(&out, 1000 * MS, 6000 * MS, |p| p.dscp() == 0);
-    assert!((voice - 5.0).abs() < 0.25, "voice {voice:.2} Mbit/s, best effort {be:.2}");
-    assert!((voice + be - 20.0).abs() < 0.3, "the shaper stays full: {voice:.2} + {be:.2}");
+    assert!(
+        (voice - 5.0).abs() < 0.25,
+        "voice {voice:.2} Mbit/s, best effort {be:.2}"
+    );
+    assert!(
+        (voice + be - 20.0).abs() < 0.3,
+        "the shaper stays full: {voice:.2} + {be:.2}"
+    );
 }
 
 /// An unresponsive 100 Mbit/s UDP flood into a 10 Mbit/s shaper: memory overflows, BLUE's
@@ -129,13 +171,23 @@ fn diffserv4_voice_has_priority_up_to_its_threshold() {
 #[test]
 fn blue_tames_an_unresponsive_flood() {
     let mut c = cake("bandwidth 10mbit besteffort");
-    let mut s = [source(100.0, 1500, || pkt(1500, 1, 100, 1, 0)), source(4.0, 1000, || pkt(1000, 2, 100, 7, 0))];
+    let mut s = [
+        source(100.0, 1500, || pkt(1500, 1, 100, 1, 0)),
+        source(4.0, 1000, || pkt(1000, 2, 100, 7, 0)),
+    ];
     let out = run(&mut c, &mut s, 20_000 * MS);
     let thin = mbit_of(&out, 10_000 * MS, 20_000 * MS, |p| p.data[15] == 2);
-    assert!((thin - 4.0).abs() < 0.1, "the well-behaved flow got {thin:.2} Mbit/s");
+    assert!(
+        (thin - 4.0).abs() < 0.1,
+        "the well-behaved flow got {thin:.2} Mbit/s"
+    );
     let st = c.stats();
     assert_eq!(st.tins[0].unresponsive_flows, 1, "{st:?}");
-    let flood_wait: Vec<u64> = out.iter().filter(|(t, p)| p.data[15] == 1 && *t > 15_000 * MS).map(|(t, p)| t - p.enqueued_ns).collect();
+    let flood_wait: Vec<u64> = out
+        .iter()
+        .filter(|(t, p)| p.data[15] == 1 && *t > 15_000 * MS)
+        .map(|(t, p)| t - p.enqueued_ns)
+        .collect();
     let p50 = flood_wait[flood_wait.len() / 2];
     // 4 MiB of memory would hold 1820 packets (3.3 s at the flood's 6 Mbit/s share); BLUE
     // keeps the flood's queue far below that.
@@ -150,9 +202,17 @@ fn ack_filter_thins_a_queue_of_acks() {
     let mut c = cake("bandwidth 1mbit besteffort ack-filter");
     let mut st = DirStats::default();
     for i in 0..100u32 {
-        c.enqueue(tcp4(1000, 1000 + i * 1448, 0x0010_0000, &[], 0), i as u64 * 100_000, &mut st);
+        c.enqueue(
+            tcp4(1000, 1000 + i * 1448, 0x0010_0000, &[], 0),
+            i as u64 * 100_000,
+            &mut st,
+        );
     }
-    assert!(st.drops.ack_filter >= 95, "{} ACKs filtered", st.drops.ack_filter);
+    assert!(
+        st.drops.ack_filter >= 95,
+        "{} ACKs filtered",
+        st.drops.ack_filter
+    );
     let mut last = 0;
     while let Some(p) = c.dequeue(1_000 * MS, &mut st) {
         last = u32::from_be_bytes([p.data[28], p.data[29], p.data[30], p.data[31]]);
@@ -192,7 +252,10 @@ fn autorate_ingress_follows_a_rate_step_at_the_kernels_pace() {
     }
     // 13 packets per 4 ms is 39 Mbit/s; the shaper sits at 15/16 of it.
     let before = at_step.unwrap() as f64 / 1e6;
-    assert!((before - 36.6).abs() < 1.5, "before the step: {before:.1} Mbit/s");
+    assert!(
+        (before - 36.6).abs() < 1.5,
+        "before the step: {before:.1} Mbit/s"
+    );
     let after = c.rate_bps() as f64 / 1e6;
     // 3 packets per 4 ms is 9 Mbit/s after the step.
     assert!((after - 8.44).abs() < 0.5, "after: {after:.2} Mbit/s");
@@ -227,9 +290,18 @@ fn autorate_ingress_follows_the_peaks_of_irregular_aggregates() {
     }
     let arrived = 2000 / 20 * 19 * 13 + 2000 / 20 * 13 - 13;
     let mean = (arrived * 1500 * 8) as f64 / ((t - start) as f64 / 1e9) / 1e6;
-    assert!((mean - 39.0).abs() < 0.5, "the line's mean {mean:.1} Mbit/s");
+    assert!(
+        (mean - 39.0).abs() < 0.5,
+        "the line's mean {mean:.1} Mbit/s"
+    );
     let estimate = c.stats().capacity_estimate_bps as f64 / 1e6;
     let shaper = c.rate_bps() as f64 / 1e6;
-    assert!(estimate > 1.3 * mean, "estimate {estimate:.1} Mbit/s, mean {mean:.1}");
-    assert!(shaper > 40.0, "shaper {shaper:.1} Mbit/s: above the line, the queue moves to it");
+    assert!(
+        estimate > 1.3 * mean,
+        "estimate {estimate:.1} Mbit/s, mean {mean:.1}"
+    );
+    assert!(
+        shaper > 40.0,
+        "shaper {shaper:.1} Mbit/s: above the line, the queue moves to it"
+    );
 }

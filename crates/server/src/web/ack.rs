@@ -17,7 +17,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 pub(crate) struct AckNow(pub(crate) UnsentLimited);
 
 impl AsyncRead for AckNow {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.0).poll_read(cx, buf);
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
@@ -28,11 +32,19 @@ impl AsyncRead for AckNow {
 }
 
 impl AsyncWrite for AckNow {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.0).poll_write(cx, buf)
     }
 
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
     }
 
@@ -78,7 +90,11 @@ mod tests {
             }
         });
         let (stream, _) = listener.accept().await.unwrap();
-        let mut stream: Box<dyn Io> = if ack_now { Box::new(AckNow(UnsentLimited(stream))) } else { Box::new(stream) };
+        let mut stream: Box<dyn Io> = if ack_now {
+            Box::new(AckNow(UnsentLimited(stream)))
+        } else {
+            Box::new(stream)
+        };
         let mut waits = Vec::new();
         let mut buf = [0u8; 64];
         for _ in 0..30 {
@@ -105,7 +121,13 @@ mod tests {
         let plain = second_write_wait(false).await;
         let acked = second_write_wait(true).await;
         eprintln!("the second write waited {plain:?} without AckNow, {acked:?} with it");
-        assert!(plain > Duration::from_millis(20), "the kernel delayed no ACK ({plain:?}): this test shows nothing here");
-        assert!(acked < Duration::from_millis(10), "the second write waited {acked:?} (without AckNow: {plain:?})");
+        assert!(
+            plain > Duration::from_millis(20),
+            "the kernel delayed no ACK ({plain:?}): this test shows nothing here"
+        );
+        assert!(
+            acked < Duration::from_millis(10),
+            "the second write waited {acked:?} (without AckNow: {plain:?})"
+        );
     }
 }

@@ -20,7 +20,11 @@ pub struct Budgets {
 
 impl Budgets {
     pub fn new(max: u64, window: Duration) -> Budgets {
-        Budgets { max, window, used: Mutex::new(HashMap::new()) }
+        Budgets {
+            max,
+            window,
+            used: Mutex::new(HashMap::new()),
+        }
     }
 
     /// What one address may move per window, for refusals and the log.
@@ -35,8 +39,14 @@ impl Budgets {
         if !used.contains_key(&ip) && used.len() >= MAX_ADDRESSES {
             used.retain(|_, (start, _)| now.saturating_duration_since(*start) < self.window);
             if used.len() >= MAX_ADDRESSES {
-                let soonest = used.values().map(|(s, _)| *s + self.window).min().unwrap_or(now);
-                return Err(soonest.saturating_duration_since(now).max(Duration::from_secs(1)));
+                let soonest = used
+                    .values()
+                    .map(|(s, _)| *s + self.window)
+                    .min()
+                    .unwrap_or(now);
+                return Err(soonest
+                    .saturating_duration_since(now)
+                    .max(Duration::from_secs(1)));
             }
         }
         let entry = used.entry(ip).or_insert((now, 0));
@@ -44,7 +54,9 @@ impl Budgets {
             *entry = (now, 0);
         }
         if entry.1 >= self.max {
-            return Err((entry.0 + self.window).saturating_duration_since(now).max(Duration::from_secs(1)));
+            return Err((entry.0 + self.window)
+                .saturating_duration_since(now)
+                .max(Duration::from_secs(1)));
         }
         entry.1 = entry.1.saturating_add(bytes);
         Ok(())
@@ -63,9 +75,18 @@ mod tests {
         // 600 + 600 crosses 1000: the second chunk was sent and counts, the third is refused.
         assert!(b.charge(a, 600, t0).is_ok());
         assert!(b.charge(a, 600, t0 + Duration::from_secs(1)).is_ok());
-        assert_eq!(b.charge(a, 1, t0 + Duration::from_secs(100)), Err(Duration::from_secs(500)));
-        assert!(b.charge(other, 600, t0 + Duration::from_secs(100)).is_ok(), "budgets are per address");
-        assert!(b.charge(a, 600, t0 + Duration::from_secs(600)).is_ok(), "a new window");
+        assert_eq!(
+            b.charge(a, 1, t0 + Duration::from_secs(100)),
+            Err(Duration::from_secs(500))
+        );
+        assert!(
+            b.charge(other, 600, t0 + Duration::from_secs(100)).is_ok(),
+            "budgets are per address"
+        );
+        assert!(
+            b.charge(a, 600, t0 + Duration::from_secs(600)).is_ok(),
+            "a new window"
+        );
     }
 
     #[test]
@@ -76,8 +97,14 @@ mod tests {
             assert!(b.charge(IpAddr::from(i.to_be_bytes()), 1, t0).is_ok());
         }
         let late = IpAddr::from([203, 0, 113, 9]);
-        assert_eq!(b.charge(late, 1, t0 + Duration::from_secs(20)), Err(Duration::from_secs(40)));
-        assert!(b.charge(late, 1, t0 + Duration::from_secs(60)).is_ok(), "finished windows are pruned");
+        assert_eq!(
+            b.charge(late, 1, t0 + Duration::from_secs(20)),
+            Err(Duration::from_secs(40))
+        );
+        assert!(
+            b.charge(late, 1, t0 + Duration::from_secs(60)).is_ok(),
+            "finished windows are pruned"
+        );
         assert!(b.used.lock().unwrap().len() <= MAX_ADDRESSES);
     }
 }

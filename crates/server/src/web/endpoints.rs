@@ -30,7 +30,10 @@ pub fn route(method: &str, path: &str) -> Route {
         "/probe-worker.js" if read => Route::ProbeWorker,
         "/web/config" if read => Route::PageConfig,
         "/web/result" if method == "POST" => Route::PageResult,
-        "/.well-known/nq" | "/config" | "/small" | "/large" | "/slurp" | "/" | "/index.html" | "/page.js" | "/probe-worker.js" | "/web/config" | "/web/result" => Route::MethodNotAllowed,
+        "/.well-known/nq" | "/config" | "/small" | "/large" | "/slurp" | "/" | "/index.html"
+        | "/page.js" | "/probe-worker.js" | "/web/config" | "/web/result" => {
+            Route::MethodNotAllowed
+        }
         _ => Route::NotFound,
     }
 }
@@ -40,7 +43,14 @@ pub fn route(method: &str, path: &str) -> Route {
 /// is replaced by the address the connection came in on.
 pub fn authority<'a>(asked: Option<&'a str>, local: &'a str) -> &'a str {
     match asked {
-        Some(a) if !a.is_empty() && a.len() <= 255 && a.bytes().all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b)) => a,
+        Some(a)
+            if !a.is_empty()
+                && a.len() <= 255
+                && a.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b)) =>
+        {
+            a
+        }
         _ => local,
     }
 }
@@ -50,7 +60,11 @@ pub fn authority<'a>(asked: Option<&'a str>, local: &'a str) -> &'a str {
 pub fn config_json(scheme: &str, authority: &str, test_endpoint: Option<&str>) -> String {
     let url = |path: &str| format!("{scheme}://{authority}/{path}");
     let mut urls = serde_json::Map::new();
-    for (keys, path) in [(["small_download_url", "small_https_download_url"], "small"), (["large_download_url", "large_https_download_url"], "large"), (["upload_url", "https_upload_url"], "slurp")] {
+    for (keys, path) in [
+        (["small_download_url", "small_https_download_url"], "small"),
+        (["large_download_url", "large_https_download_url"], "large"),
+        (["upload_url", "https_upload_url"], "slurp"),
+    ] {
         for k in keys {
             urls.insert(k.into(), url(path).into());
         }
@@ -65,7 +79,15 @@ pub fn config_json(scheme: &str, authority: &str, test_endpoint: Option<&str>) -
 /// What the page needs to run: the probe port, the phase lengths (the CLI's: 5 s idle, 30 s per
 /// load phase; the page's URL may shorten them), streams per direction, sampling and probing.
 pub fn page_config_json(ws_port: Option<u16>, idle: f64, length: f64) -> String {
-    serde_json::json!({ "ws_port": ws_port, "idle": idle, "length": length, "streams": 4, "step": 0.1, "probe_ms": 50 }).to_string()
+    serde_json::json!({
+        "ws_port": ws_port,
+        "idle": idle,
+        "length": length,
+        "streams": 4,
+        "step": 0.1,
+        "probe_ms": 50,
+    })
+    .to_string()
 }
 
 #[cfg(test)]
@@ -91,7 +113,12 @@ mod tests {
 
     #[test]
     fn the_config_has_both_key_sets_on_the_asked_host_and_nothing_hostile() {
-        let c: serde_json::Value = serde_json::from_str(&config_json("https", authority(Some("rpm.example:4043"), "192.0.2.1:4043"), None)).unwrap();
+        let c: serde_json::Value = serde_json::from_str(&config_json(
+            "https",
+            authority(Some("rpm.example:4043"), "192.0.2.1:4043"),
+            None,
+        ))
+        .unwrap();
         assert_eq!(c["version"], 1);
         for (k, path) in [
             ("small_download_url", "small"),
@@ -101,13 +128,34 @@ mod tests {
             ("upload_url", "slurp"),
             ("https_upload_url", "slurp"),
         ] {
-            assert_eq!(c["urls"][k], format!("https://rpm.example:4043/{path}"), "{k}");
+            assert_eq!(
+                c["urls"][k],
+                format!("https://rpm.example:4043/{path}"),
+                "{k}"
+            );
         }
         assert!(c.get("test_endpoint").is_none());
-        for bad in ["evil.example/\"><script>", "user@host", "a b", "", "\u{1b}[31m"] {
-            assert_eq!(authority(Some(bad), "[2001:db8::1]:443"), "[2001:db8::1]:443", "{bad:?}");
+        for bad in [
+            "evil.example/\"><script>",
+            "user@host",
+            "a b",
+            "",
+            "\u{1b}[31m",
+        ] {
+            assert_eq!(
+                authority(Some(bad), "[2001:db8::1]:443"),
+                "[2001:db8::1]:443",
+                "{bad:?}"
+            );
         }
-        let c: serde_json::Value = serde_json::from_str(&config_json("http", "h", Some("10.0.0.9"))).unwrap();
-        assert_eq!((c["test_endpoint"].as_str(), c["urls"]["upload_url"].as_str()), (Some("10.0.0.9"), Some("http://h/slurp")));
+        let c: serde_json::Value =
+            serde_json::from_str(&config_json("http", "h", Some("10.0.0.9"))).unwrap();
+        assert_eq!(
+            (
+                c["test_endpoint"].as_str(),
+                c["urls"]["upload_url"].as_str()
+            ),
+            (Some("10.0.0.9"), Some("http://h/slurp"))
+        );
     }
 }

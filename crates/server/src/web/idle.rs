@@ -37,11 +37,19 @@ pub struct Activity {
 
 impl Activity {
     pub fn new(now: Instant) -> Arc<Activity> {
-        Arc::new(Activity { base: now, in_flight: AtomicUsize::new(0), begun: AtomicUsize::new(0), last_ns: AtomicU64::new(0) })
+        Arc::new(Activity {
+            base: now,
+            in_flight: AtomicUsize::new(0),
+            begun: AtomicUsize::new(0),
+            last_ns: AtomicU64::new(0),
+        })
     }
 
     fn touch(&self, now: Instant) {
-        self.last_ns.store(now.saturating_duration_since(self.base).as_nanos() as u64, Ordering::Relaxed);
+        self.last_ns.store(
+            now.saturating_duration_since(self.base).as_nanos() as u64,
+            Ordering::Relaxed,
+        );
     }
 
     /// A request starts; it is in flight until the guard (moved into its response body) drops.
@@ -62,7 +70,9 @@ impl Activity {
         if self.in_flight.load(Ordering::Relaxed) > 0 {
             return None;
         }
-        Some(now.saturating_duration_since(self.base + Duration::from_nanos(self.last_ns.load(Ordering::Relaxed))))
+        Some(now.saturating_duration_since(
+            self.base + Duration::from_nanos(self.last_ns.load(Ordering::Relaxed)),
+        ))
     }
 }
 
@@ -87,7 +97,10 @@ impl<B: Body + Unpin> Body for Tracked<B> {
     type Data = B::Data;
     type Error = B::Error;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         Pin::new(&mut self.get_mut().body).poll_frame(cx)
     }
 
@@ -111,7 +124,12 @@ const REQUEST_GRACE: Duration = Duration::from_secs(1);
 /// handshake's deadline), or while crowded for `REQUEST_GRACE` plus four round trips (`rtt()`, the
 /// kernel's smoothed RTT: a request is due one round trip after the handshake, later on a
 /// bloated path).
-pub async fn until_idle(activity: &Activity, first: Duration, crowded: impl Fn() -> bool, rtt: impl Fn() -> Duration) {
+pub async fn until_idle(
+    activity: &Activity,
+    first: Duration,
+    crowded: impl Fn() -> bool,
+    rtt: impl Fn() -> Duration,
+) {
     loop {
         let answered = activity.answered();
         if let Some(idle) = activity.idle_for(Instant::now()) {
@@ -119,7 +137,10 @@ pub async fn until_idle(activity: &Activity, first: Duration, crowded: impl Fn()
             if idle >= limit {
                 return;
             }
-            if idle >= FIRST_GRACE.min(limit) && crowded() && (answered || idle >= REQUEST_GRACE + 4 * rtt()) {
+            if idle >= FIRST_GRACE.min(limit)
+                && crowded()
+                && (answered || idle >= REQUEST_GRACE + 4 * rtt())
+            {
                 return;
             }
         }
@@ -135,15 +156,28 @@ mod tests {
     fn idle_counts_from_the_last_request_and_never_while_one_is_in_flight() {
         let t0 = Instant::now();
         let a = Activity::new(t0);
-        assert_eq!(a.idle_for(t0 + Duration::from_millis(300)), Some(Duration::from_millis(300)), "a new connection is idle from its start");
+        assert_eq!(
+            a.idle_for(t0 + Duration::from_millis(300)),
+            Some(Duration::from_millis(300)),
+            "a new connection is idle from its start"
+        );
         let first = a.begin(t0 + Duration::from_millis(500));
         let second = a.begin(t0 + Duration::from_millis(600));
         assert_eq!(a.idle_for(t0 + Duration::from_secs(5)), None);
         drop(first);
-        assert_eq!(a.idle_for(t0 + Duration::from_secs(5)), None, "one of two still in flight");
+        assert_eq!(
+            a.idle_for(t0 + Duration::from_secs(5)),
+            None,
+            "one of two still in flight"
+        );
         drop(second);
-        let idle = a.idle_for(Instant::now() + Duration::from_millis(200)).unwrap();
-        assert!(idle >= Duration::from_millis(200) && idle < Duration::from_millis(400), "idle counts from the end of the last request: {idle:?}");
+        let idle = a
+            .idle_for(Instant::now() + Duration::from_millis(200))
+            .unwrap();
+        assert!(
+            idle >= Duration::from_millis(200) && idle < Duration::from_millis(400),
+            "idle counts from the end of the last request: {idle:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -153,34 +187,61 @@ mod tests {
         let crowded = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let waiter = {
             let (a, crowded) = (a.clone(), crowded.clone());
-            tokio::spawn(async move { until_idle(&a, first, move || crowded.load(Ordering::Relaxed), || Duration::ZERO).await })
+            tokio::spawn(async move {
+                until_idle(
+                    &a,
+                    first,
+                    move || crowded.load(Ordering::Relaxed),
+                    || Duration::ZERO,
+                )
+                .await
+            })
         };
         tokio::time::sleep(first / 2).await;
-        assert!(!waiter.is_finished(), "before its first request a connection has the handshake's time");
+        assert!(
+            !waiter.is_finished(),
+            "before its first request a connection has the handshake's time"
+        );
         let busy = a.begin(Instant::now());
         crowded.store(true, Ordering::Relaxed);
         tokio::time::sleep(3 * IDLE).await;
-        assert!(!waiter.is_finished(), "a request in flight keeps the connection, crowded or not");
+        assert!(
+            !waiter.is_finished(),
+            "a request in flight keeps the connection, crowded or not"
+        );
         crowded.store(false, Ordering::Relaxed);
         drop(busy);
         tokio::time::sleep(IDLE / 2).await;
-        assert!(!waiter.is_finished(), "answered, idle for less than IDLE, not crowded");
+        assert!(
+            !waiter.is_finished(),
+            "answered, idle for less than IDLE, not crowded"
+        );
         tokio::time::sleep(IDLE).await;
-        assert!(waiter.is_finished(), "gone within an idle period and a half after its last request");
+        assert!(
+            waiter.is_finished(),
+            "gone within an idle period and a half after its last request"
+        );
 
         // Crowded: an answered connection goes as soon as it is idle.
         let a = Activity::new(Instant::now());
         drop(a.begin(Instant::now()));
         let t0 = Instant::now();
         until_idle(&a, first, || true, || Duration::from_secs(1)).await;
-        assert!(t0.elapsed() <= FIRST_GRACE + LOOK_EVERY, "crowded: {:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() <= FIRST_GRACE + LOOK_EVERY,
+            "crowded: {:?}",
+            t0.elapsed()
+        );
         // Never answered and crowded: a grace of four round trips for the first request.
         let rtt = Duration::from_millis(300);
         let a = Activity::new(Instant::now());
         let t0 = Instant::now();
         until_idle(&a, first, || true, || rtt).await;
         let waited = t0.elapsed();
-        assert!(waited >= REQUEST_GRACE + 4 * rtt && waited <= REQUEST_GRACE + 4 * rtt + LOOK_EVERY, "{waited:?}");
+        assert!(
+            waited >= REQUEST_GRACE + 4 * rtt && waited <= REQUEST_GRACE + 4 * rtt + LOOK_EVERY,
+            "{waited:?}"
+        );
         // Never answered, not crowded: the handshake's deadline.
         let a = Activity::new(Instant::now());
         let t0 = Instant::now();

@@ -120,9 +120,21 @@ pub(crate) struct Web {
 impl Web {
     pub(crate) fn new(cfg: WebConfig, ws_port: Option<u16>) -> std::io::Result<Web> {
         let mut chunk = vec![0u8; CHUNK];
-        getrandom::fill(&mut chunk).map_err(|_| std::io::Error::other("no randomness for /large"))?;
-        let keeper = cfg.keep_results.clone().map(|d| results::Keeper::new(d, cfg.keep_max)).transpose()?;
-        Ok(Web { budgets: Budgets::new(cfg.max_bytes_per_ip, cfg.budget_window), cfg, chunk: Bytes::from(chunk), load_views: Default::default(), ws_port, keeper })
+        getrandom::fill(&mut chunk)
+            .map_err(|_| std::io::Error::other("no randomness for /large"))?;
+        let keeper = cfg
+            .keep_results
+            .clone()
+            .map(|d| results::Keeper::new(d, cfg.keep_max))
+            .transpose()?;
+        Ok(Web {
+            budgets: Budgets::new(cfg.max_bytes_per_ip, cfg.budget_window),
+            cfg,
+            chunk: Bytes::from(chunk),
+            load_views: Default::default(),
+            ws_port,
+            keeper,
+        })
     }
 }
 
@@ -145,17 +157,32 @@ pub(crate) async fn accept_allowed(listener: &TcpListener, shared: &Shared) -> (
     }
 }
 
-pub(crate) async fn accept_loop(listener: TcpListener, tls: Option<Arc<tls::Tls>>, shared: Arc<Shared>, web: Arc<Web>) {
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<Arc<tls::Tls>>,
+    shared: Arc<Shared>,
+    web: Arc<Web>,
+) {
     loop {
         let (stream, ip) = accept_allowed(&listener, &shared).await;
         let admit = match shared.connections.take(ip) {
             Ok(slot) => Admit::Slot { _held: slot },
             Err(full) => match shared.refusing.take(ip) {
-                Ok(slot) => Admit::Refuse { _held: slot, why: full.to_string() },
+                Ok(slot) => Admit::Refuse {
+                    _held: slot,
+                    why: full.to_string(),
+                },
                 Err(_) => continue,
             },
         };
-        tokio::spawn(serve_conn(stream, ip, admit, tls.clone(), shared.clone(), web.clone()));
+        tokio::spawn(serve_conn(
+            stream,
+            ip,
+            admit,
+            tls.clone(),
+            shared.clone(),
+            web.clone(),
+        ));
     }
 }
 
@@ -172,7 +199,14 @@ struct Conn {
     web: Arc<Web>,
 }
 
-async fn serve_conn(stream: TcpStream, ip: IpAddr, admit: Admit, tls: Option<Arc<tls::Tls>>, shared: Arc<Shared>, web: Arc<Web>) {
+async fn serve_conn(
+    stream: TcpStream,
+    ip: IpAddr,
+    admit: Admit,
+    tls: Option<Arc<tls::Tls>>,
+    shared: Arc<Shared>,
+    web: Arc<Web>,
+) {
     let (limit, refuse) = match &admit {
         Admit::Slot { .. } => (web.cfg.max_conn_time, None),
         Admit::Refuse { why, .. } => (REFUSE_TIME, Some(why.clone())),
@@ -183,7 +217,10 @@ async fn serve_conn(stream: TcpStream, ip: IpAddr, admit: Admit, tls: Option<Arc
     let conn = Arc::new(Conn {
         ip,
         scheme: if tls.is_some() { "https" } else { "http" },
-        local: stream.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        local: stream
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
         refuse,
         socket: stream.as_fd().try_clone_to_owned().ok().map(Arc::new),
         send_budget: SendBudget::default(),
@@ -196,9 +233,17 @@ async fn serve_conn(stream: TcpStream, ip: IpAddr, admit: Admit, tls: Option<Arc
         match tls {
             Some(tls) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
-                if let Some(Ok(tls)) = handshake_within(acceptor.accept(stream), handshake, &crowded).await {
+                if let Some(Ok(tls)) =
+                    handshake_within(acceptor.accept(stream), handshake, &crowded).await
+                {
                     let budget = conn.send_budget.clone();
-                    serve_http(TokioIo::new(BudgetedTls { tls, budget }), conn, handshake, crowded).await;
+                    serve_http(
+                        TokioIo::new(BudgetedTls { tls, budget }),
+                        conn,
+                        handshake,
+                        crowded,
+                    )
+                    .await;
                 }
             }
             None => serve_http(TokioIo::new(stream), conn, handshake, crowded).await,
@@ -217,23 +262,42 @@ where
     let max_streams = conn.web.cfg.max_streams;
     let rtt = {
         let socket = conn.socket.clone();
-        move || socket.as_ref().and_then(|s| bloatlab_netio::tcp_info(s.as_ref()).ok()).map_or(Duration::ZERO, |i| Duration::from_micros(i.rtt_us.into()))
+        move || {
+            socket
+                .as_ref()
+                .and_then(|s| bloatlab_netio::tcp_info(s.as_ref()).ok())
+                .map_or(Duration::ZERO, |i| Duration::from_micros(i.rtt_us.into()))
+        }
     };
     let activity = idle::Activity::new(tokio::time::Instant::now());
     let svc = {
         let activity = activity.clone();
         hyper::service::service_fn(move |req| {
             let (conn, busy) = (conn.clone(), activity.begin(tokio::time::Instant::now()));
-            async move { Ok::<_, Infallible>(answer(req, conn).await.map(|body| idle::Tracked { body, _busy: busy })) }
+            async move {
+                Ok::<_, Infallible>(
+                    answer(req, conn)
+                        .await
+                        .map(|body| idle::Tracked { body, _busy: busy }),
+                )
+            }
         })
     };
     let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     // Headers within the handshake's deadline (no slowloris), and bounded.
-    b.http1().timer(TokioTimer::new()).header_read_timeout(header_time).max_buf_size(64 * 1024);
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_time)
+        .max_buf_size(64 * 1024);
     // Hyper hands HTTP/2 a body's next chunk only when the stream's buffer is below its send
     // buffer size: 1 makes that one chunk at a time, sized by `/large` to the connection's rate
     // (netio's sendbuf).
-    b.http2().timer(TokioTimer::new()).max_concurrent_streams(max_streams).max_header_list_size(16 * 1024).adaptive_window(true).max_send_buf_size(1);
+    b.http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(max_streams)
+        .max_header_list_size(16 * 1024)
+        .adaptive_window(true)
+        .max_send_buf_size(1);
     let served = b.serve_connection(io, svc);
     tokio::pin!(served);
     tokio::select! {
@@ -261,7 +325,10 @@ impl Body for Reply {
     type Data = Bytes;
     type Error = std::io::Error;
 
-    fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         Poll::Ready(match self.get_mut() {
             Reply::Bytes(b) => b.take().map(|b| Ok(Frame::data(b))),
             Reply::Large(l) => l.next(),
@@ -303,18 +370,34 @@ impl Large {
         // both within sendbuf's bounds).
         let socket = self.conn.socket.as_ref();
         let info = socket.and_then(|s| bloatlab_netio::tcp_info(s.as_ref()).ok());
-        let allowed = socket.map_or(sendbuf::MIN, |s| self.conn.send_budget.follow(s.as_ref(), info.as_ref()));
+        let allowed = socket.map_or(sendbuf::MIN, |s| {
+            self.conn.send_budget.follow(s.as_ref(), info.as_ref())
+        });
         let n = self.left.min(allowed as u64);
-        // Once per MiB: the address's byte budget is charged for the MiB ahead (an address may be charged up
+        // Once per MiB: the address's byte budget is charged for the MiB ahead (an address may be
+        // charged up
         // to 1 MiB per connection it did not take) and the server's view of the path is noted.
         if self.sent >= self.charge_at {
             self.charge_at += CHARGE_EVERY;
-            if self.conn.web.budgets.charge(self.conn.ip, self.left.min(CHARGE_EVERY), Instant::now()).is_err() {
+            if self
+                .conn
+                .web
+                .budgets
+                .charge(self.conn.ip, self.left.min(CHARGE_EVERY), Instant::now())
+                .is_err()
+            {
                 self.left = 0;
-                return Some(Err(std::io::Error::other("this address's byte budget is used up")));
+                return Some(Err(std::io::Error::other(
+                    "this address's byte budget is used up",
+                )));
             }
             if let Some(info) = info {
-                self.conn.web.load_views.record(self.conn.ip, views::Way::Down, info.rtt_us, Instant::now());
+                self.conn.web.load_views.record(
+                    self.conn.ip,
+                    views::Way::Down,
+                    info.rtt_us,
+                    Instant::now(),
+                );
             }
         }
         (self.left, self.sent) = (self.left - n, self.sent + n);
@@ -322,22 +405,39 @@ impl Large {
     }
 }
 
-fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Reply> {
+fn reply(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Reply> {
     let mut r = Response::new(Reply::Bytes(Some(body.into())));
     *r.status_mut() = status;
-    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     r
 }
 
 fn too_many(why: &str, retry_after: Duration) -> Response<Reply> {
-    let mut r = reply(StatusCode::TOO_MANY_REQUESTS, "text/plain; charset=utf-8", format!("{why}\n"));
-    r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after.as_secs().max(1)));
+    let mut r = reply(
+        StatusCode::TOO_MANY_REQUESTS,
+        "text/plain; charset=utf-8",
+        format!("{why}\n"),
+    );
+    r.headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(retry_after.as_secs().max(1)));
     r
 }
 
 fn budget_refusal(conn: &Conn, retry: Duration) -> Response<Reply> {
     let (max, window) = conn.web.budgets.limits();
-    too_many(&format!("your address has moved {:.1} GB through this server in the last {} minutes, its limit", max as f64 / 1e9, window.as_secs() / 60), retry)
+    too_many(
+        &format!(
+            "your address has moved {:.1} GB through this server in the last {} minutes, its limit",
+            max as f64 / 1e9,
+            window.as_secs() / 60
+        ),
+        retry,
+    )
 }
 
 async fn answer(req: Request<Incoming>, conn: Arc<Conn>) -> Response<Reply> {
@@ -346,7 +446,10 @@ async fn answer(req: Request<Incoming>, conn: Arc<Conn>) -> Response<Reply> {
         None => route(req, &conn).await,
     };
     // Measurements must never come from a cache.
-    r.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static("no-store, must-revalidate, private, max-age=0"));
+    r.headers_mut().insert(
+        CACHE_CONTROL,
+        HeaderValue::from_static("no-store, must-revalidate, private, max-age=0"),
+    );
     r
 }
 
@@ -354,27 +457,75 @@ async fn route(req: Request<Incoming>, conn: &Arc<Conn>) -> Response<Reply> {
     let head = req.method() == hyper::Method::HEAD;
     let mut r = match endpoints::route(req.method().as_str(), req.uri().path()) {
         Route::Config => {
-            let asked = req.uri().authority().map(|a| a.as_str()).or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()));
-            let body = endpoints::config_json(conn.scheme, endpoints::authority(asked, &conn.local), conn.web.cfg.test_endpoint.as_deref());
+            let asked = req
+                .uri()
+                .authority()
+                .map(|a| a.as_str())
+                .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()));
+            let body = endpoints::config_json(
+                conn.scheme,
+                endpoints::authority(asked, &conn.local),
+                conn.web.cfg.test_endpoint.as_deref(),
+            );
             reply(StatusCode::OK, "application/json", body)
         }
-        Route::Small => reply(StatusCode::OK, "application/octet-stream", Bytes::from_static(b"x")),
+        Route::Small => reply(
+            StatusCode::OK,
+            "application/octet-stream",
+            Bytes::from_static(b"x"),
+        ),
         Route::Large => match conn.web.budgets.charge(conn.ip, 0, Instant::now()) {
             Err(retry) => budget_refusal(conn, retry),
             Ok(()) => {
-                let mut r = Response::new(Reply::Large(Large { left: LARGE_BYTES, sent: 0, charge_at: 0, conn: conn.clone() }));
-                r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+                let mut r = Response::new(Reply::Large(Large {
+                    left: LARGE_BYTES,
+                    sent: 0,
+                    charge_at: 0,
+                    conn: conn.clone(),
+                }));
+                r.headers_mut().insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static("application/octet-stream"),
+                );
                 r
             }
         },
         Route::Slurp => return slurp(req, conn).await,
-        Route::Page => page(reply(StatusCode::OK, "text/html; charset=utf-8", Bytes::from_static(include_bytes!("page/index.html")))),
-        Route::PageScript => page(reply(StatusCode::OK, "text/javascript; charset=utf-8", Bytes::from_static(include_bytes!("page/page.js")))),
-        Route::ProbeWorker => page(reply(StatusCode::OK, "text/javascript; charset=utf-8", Bytes::from_static(include_bytes!("page/probe-worker.js")))),
-        Route::PageConfig => reply(StatusCode::OK, "application/json", endpoints::page_config_json(conn.web.ws_port, conn.web.cfg.page_idle, conn.web.cfg.page_length)),
+        Route::Page => page(reply(
+            StatusCode::OK,
+            "text/html; charset=utf-8",
+            Bytes::from_static(include_bytes!("page/index.html")),
+        )),
+        Route::PageScript => page(reply(
+            StatusCode::OK,
+            "text/javascript; charset=utf-8",
+            Bytes::from_static(include_bytes!("page/page.js")),
+        )),
+        Route::ProbeWorker => page(reply(
+            StatusCode::OK,
+            "text/javascript; charset=utf-8",
+            Bytes::from_static(include_bytes!("page/probe-worker.js")),
+        )),
+        Route::PageConfig => reply(
+            StatusCode::OK,
+            "application/json",
+            endpoints::page_config_json(
+                conn.web.ws_port,
+                conn.web.cfg.page_idle,
+                conn.web.cfg.page_length,
+            ),
+        ),
         Route::PageResult => return page_result(req, conn).await,
-        Route::MethodNotAllowed => reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain; charset=utf-8", "method not allowed\n"),
-        Route::NotFound => reply(StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "not found\n"),
+        Route::MethodNotAllowed => reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "method not allowed\n",
+        ),
+        Route::NotFound => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "not found\n",
+        ),
     };
     if head {
         *r.body_mut() = Reply::Bytes(None);
@@ -388,9 +539,16 @@ fn page(mut r: Response<Reply>) -> Response<Reply> {
     let h = r.headers_mut();
     h.insert(
         "content-security-policy",
-        HeaderValue::from_static("default-src 'self'; connect-src 'self' ws: wss:; style-src 'self' 'unsafe-inline'; img-src 'self' data:; worker-src 'self'; frame-ancestors 'none'"),
+        HeaderValue::from_static(
+            "default-src 'self'; connect-src 'self' ws: wss:; style-src \
+            'self' 'unsafe-inline'; img-src 'self' data:; worker-src 'self'; frame-ancestors \
+            'none'",
+        ),
     );
-    h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
     r
 }
 
@@ -400,41 +558,82 @@ async fn slurp(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
     let mut body = req.into_body();
     let (mut got, mut uncounted) = (0u64, 0u64);
     while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else { return reply(StatusCode::BAD_REQUEST, "text/plain; charset=utf-8", "upload broken off\n") };
+        let Ok(frame) = frame else {
+            return reply(
+                StatusCode::BAD_REQUEST,
+                "text/plain; charset=utf-8",
+                "upload broken off\n",
+            );
+        };
         if let Some(d) = frame.data_ref() {
             // What arrived, for the browser test's upload goodput (in batches: one lock each).
             uncounted += d.len() as u64;
             if uncounted >= UPLOAD_COUNT_EVERY {
-                conn.web.load_views.count_upload(conn.ip, std::mem::take(&mut uncounted), Instant::now());
+                conn.web.load_views.count_upload(
+                    conn.ip,
+                    std::mem::take(&mut uncounted),
+                    Instant::now(),
+                );
             }
             // The receiver's view of the upload's path, for the browser test's probes.
             if got % CHARGE_EVERY + d.len() as u64 >= CHARGE_EVERY {
-                if let Some(info) = conn.socket.as_ref().and_then(|s| bloatlab_netio::tcp_info(s.as_ref()).ok()) {
-                    conn.web.load_views.record(conn.ip, views::Way::Up, info.rcv_rtt_us, Instant::now());
+                if let Some(info) = conn
+                    .socket
+                    .as_ref()
+                    .and_then(|s| bloatlab_netio::tcp_info(s.as_ref()).ok())
+                {
+                    conn.web.load_views.record(
+                        conn.ip,
+                        views::Way::Up,
+                        info.rcv_rtt_us,
+                        Instant::now(),
+                    );
                 }
             }
             got += d.len() as u64;
-            if let Err(retry) = conn.web.budgets.charge(conn.ip, d.len() as u64, Instant::now()) {
+            if let Err(retry) = conn
+                .web
+                .budgets
+                .charge(conn.ip, d.len() as u64, Instant::now())
+            {
                 return budget_refusal(conn, retry);
             }
         }
     }
-    conn.web.load_views.count_upload(conn.ip, uncounted, Instant::now());
-    reply(StatusCode::OK, "text/plain; charset=utf-8", format!("{got}\n"))
+    conn.web
+        .load_views
+        .count_upload(conn.ip, uncounted, Instant::now());
+    reply(
+        StatusCode::OK,
+        "text/plain; charset=utf-8",
+        format!("{got}\n"),
+    )
 }
 
 /// `/web/result`: the browser test's measurements, summarized into a result file (kept with
 /// `--keep-web-results`) and sent back whole. The body is counted as it arrives.
 async fn page_result(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
     use http_body_util::BodyExt;
-    let bad = |why: String| reply(StatusCode::BAD_REQUEST, "text/plain; charset=utf-8", format!("{why}\n"));
+    let bad = |why: String| {
+        reply(
+            StatusCode::BAD_REQUEST,
+            "text/plain; charset=utf-8",
+            format!("{why}\n"),
+        )
+    };
     let mut body = req.into_body();
     let mut raw = Vec::new();
     while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else { return bad("upload broken off".into()) };
+        let Ok(frame) = frame else {
+            return bad("upload broken off".into());
+        };
         if let Some(d) = frame.data_ref() {
             if raw.len() + d.len() > results::MAX_UPLOAD {
-                return reply(StatusCode::PAYLOAD_TOO_LARGE, "text/plain; charset=utf-8", format!("a result is at most {} MiB\n", results::MAX_UPLOAD >> 20));
+                return reply(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "text/plain; charset=utf-8",
+                    format!("a result is at most {} MiB\n", results::MAX_UPLOAD >> 20),
+                );
             }
             raw.extend_from_slice(d);
         }
@@ -458,9 +657,16 @@ async fn page_result(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
             kernel: bloatlab_netio::kernel(),
             default_cc: bloatlab_netio::default_cc(),
         };
-        let r = results::result_file(upload, ip, server, humantime::format_rfc3339_millis(now).to_string());
+        let r = results::result_file(
+            upload,
+            ip,
+            server,
+            humantime::format_rfc3339_millis(now).to_string(),
+        );
         if let Some(k) = &web.keeper {
-            let ms = now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+            let ms = now
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
             if let Err(e) = k.store(&r, ms) {
                 eprintln!("bloatlab server: keeping a browser result: {e}");
             }
@@ -470,6 +676,10 @@ async fn page_result(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
     .await;
     match done {
         Ok(Ok(json)) => reply(StatusCode::OK, "application/json", json),
-        _ => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8", "the result could not be made\n"),
+        _ => reply(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain; charset=utf-8",
+            "the result could not be made\n",
+        ),
     }
 }

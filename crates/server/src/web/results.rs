@@ -75,9 +75,16 @@ fn in_range(x: f64, lo: f64, hi: f64) -> bool {
 /// Checks an upload against the limits above; says what is wrong with it.
 pub fn validate(u: &Upload) -> Result<(), String> {
     if u.version != 1 {
-        return Err(format!("version {}: this server reads version 1", u.version));
+        return Err(format!(
+            "version {}: this server reads version 1",
+            u.version
+        ));
     }
-    if !in_range(u.step, 0.01, 10.0) || !in_range(u.probe_interval, 0.005, 10.0) || u.streams == 0 || u.streams > 64 {
+    if !in_range(u.step, 0.01, 10.0)
+        || !in_range(u.probe_interval, 0.005, 10.0)
+        || u.streams == 0
+        || u.streams > 64
+    {
         return Err("step, probe_interval or streams out of range".into());
     }
     let mut seen = Vec::new();
@@ -90,12 +97,21 @@ pub fn validate(u: &Upload) -> Result<(), String> {
             return Err("a phase's times are out of range".into());
         }
     }
-    let all = [&u.rtt, &u.kernel_rtt, &u.down_rtt, &u.up_rtt, &u.down, &u.up];
+    let all = [
+        &u.rtt,
+        &u.kernel_rtt,
+        &u.down_rtt,
+        &u.up_rtt,
+        &u.down,
+        &u.up,
+    ];
     if all.iter().map(|s| s.len()).sum::<usize>() > MAX_SAMPLES {
         return Err(format!("more than {MAX_SAMPLES} samples"));
     }
     for s in all {
-        if s.iter().any(|(t, v)| !in_range(*t, 0.0, MAX_SECONDS) || v.is_some_and(|v| !in_range(v, 0.0, 1e6))) {
+        if s.iter().any(|(t, v)| {
+            !in_range(*t, 0.0, MAX_SECONDS) || v.is_some_and(|v| !in_range(v, 0.0, 1e6))
+        }) {
             return Err("a sample's time or value is out of range".into());
         }
         if s.windows(2).any(|w| w[1].0 < w[0].0) {
@@ -108,7 +124,10 @@ pub fn validate(u: &Upload) -> Result<(), String> {
 /// The browser's name in letters, digits and a few separators only, so that it can be shown
 /// anywhere unescaped.
 pub fn safe_browser(ua: &str) -> String {
-    ua.chars().filter(|c| c.is_ascii_alphanumeric() || " ./;,()_:-".contains(*c)).take(MAX_BROWSER).collect()
+    ua.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || " ./;,()_:-".contains(*c))
+        .take(MAX_BROWSER)
+        .collect()
 }
 
 /// Splits the page's probes into those that measured the path and those TCP had to recover.
@@ -126,7 +145,10 @@ pub fn safe_browser(ua: &str) -> String {
 /// where they count as lost.
 pub fn split_recovered(rtt: Samples) -> (Samples, Samples) {
     // The earliest answer among the probes sent after each one (`rtt` is in sending order).
-    let answered_ms: Vec<f64> = rtt.iter().map(|(t, v)| v.map_or(f64::INFINITY, |v| t * 1e3 + v)).collect();
+    let answered_ms: Vec<f64> = rtt
+        .iter()
+        .map(|(t, v)| v.map_or(f64::INFINITY, |v| t * 1e3 + v))
+        .collect();
     let mut earliest_later = vec![f64::INFINITY; rtt.len()];
     for i in (0..rtt.len().saturating_sub(1)).rev() {
         earliest_later[i] = earliest_later[i + 1].min(answered_ms[i + 1]);
@@ -148,19 +170,47 @@ pub fn result_file(u: Upload, client: IpAddr, server: Host, start_time: String) 
         "test": "web", "streams": u.streams, "step": u.step, "probe_interval": u.probe_interval,
         "probes": "WebSocket, timed in a Worker",
     });
-    let phases: Vec<Phase> = u.phases.iter().map(|p| Phase { name: p.name.clone(), start: p.start, end: p.end }).collect();
+    let phases: Vec<Phase> = u
+        .phases
+        .iter()
+        .map(|p| Phase {
+            name: p.name.clone(),
+            start: p.start,
+            end: p.end,
+        })
+        .collect();
     // Each direction's load begins with its first phase: the download flow with "download".
-    let starts = |names: [&str; 2]| phases.iter().filter(|p| names.contains(&p.name.as_str())).map(|p| p.start).reduce(f64::min);
+    let starts = |names: [&str; 2]| {
+        phases
+            .iter()
+            .filter(|p| names.contains(&p.name.as_str()))
+            .map(|p| p.start)
+            .reduce(f64::min)
+    };
     let flows = vec![
-        FlowInfo { name: "http down".into(), start: starts(["download", "both"]), ..Default::default() },
-        FlowInfo { name: "http up".into(), start: starts(["upload", "both"]), ..Default::default() },
+        FlowInfo {
+            name: "http down".into(),
+            start: starts(["download", "both"]),
+            ..Default::default()
+        },
+        FlowInfo {
+            name: "http up".into(),
+            start: starts(["upload", "both"]),
+            ..Default::default()
+        },
     ];
     let metadata = Metadata {
         tool: "bloatlab".into(),
         tool_version: env!("CARGO_PKG_VERSION").into(),
         test: "web".into(),
         params,
-        client: Host { name: "browser".into(), address: Some(client.to_string()), software: safe_browser(&u.browser), kernel: String::new(), default_cc: String::new() },
+        client: Host {
+            name: "browser".into(),
+            address: Some(client.to_string()),
+            software: safe_browser(&u.browser),
+            kernel: String::new(),
+            default_cc: String::new(),
+        },
         server,
         cc: None,
         start_time,
@@ -175,8 +225,22 @@ pub fn result_file(u: Upload, client: IpAddr, server: Host, start_time: String) 
         udp: None,
     };
     let mut r = ResultFile::new(metadata);
-    let latency = |name: &str, samples| Series { name: name.into(), kind: SeriesKind::Latency, direction: None, dscp: Some(0), unit: "ms".into(), samples };
-    let goodput = |name: &str, dir: &str, samples| Series { name: name.into(), kind: SeriesKind::Throughput, direction: Some(dir.into()), dscp: Some(0), unit: "Mbit/s".into(), samples };
+    let latency = |name: &str, samples| Series {
+        name: name.into(),
+        kind: SeriesKind::Latency,
+        direction: None,
+        dscp: Some(0),
+        unit: "ms".into(),
+        samples,
+    };
+    let goodput = |name: &str, dir: &str, samples| Series {
+        name: name.into(),
+        kind: SeriesKind::Throughput,
+        direction: Some(dir.into()),
+        dscp: Some(0),
+        unit: "Mbit/s".into(),
+        samples,
+    };
     // "rtt " series are the probes the summary grades; those TCP recovered and the server's
     // views are named apart.
     let (measured, recovered) = split_recovered(u.rtt);
@@ -205,14 +269,20 @@ pub struct Keeper {
 impl Keeper {
     pub fn new(dir: PathBuf, max_files: usize) -> std::io::Result<Keeper> {
         std::fs::create_dir_all(&dir)?;
-        Ok(Keeper { dir, max_files: max_files.max(1), lock: Mutex::new(0) })
+        Ok(Keeper {
+            dir,
+            max_files: max_files.max(1),
+            lock: Mutex::new(0),
+        })
     }
 
     /// Stores one result as `web-<unix ms>-<n>.json.gz`; returns its path.
     pub fn store(&self, r: &ResultFile, unix_ms: u128) -> Result<PathBuf, String> {
         let mut n = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         *n += 1;
-        let path = self.dir.join(format!("web-{unix_ms:015}-{:06}.json.gz", *n % 1_000_000));
+        let path = self
+            .dir
+            .join(format!("web-{unix_ms:015}-{:06}.json.gz", *n % 1_000_000));
         // The directory may have been removed or rotated away since the server started.
         std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
         bloatlab_result::write_atomic(&path, r).map_err(|e| e.to_string())?;
@@ -223,8 +293,18 @@ impl Keeper {
 
 /// Removes the oldest stored results (by name, which starts with the time) beyond `max`.
 fn prune(dir: &Path, max: usize) {
-    let Ok(rd) = std::fs::read_dir(dir) else { return };
-    let mut names: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("web-") && n.ends_with(".json.gz"))).collect();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut names: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("web-") && n.ends_with(".json.gz"))
+        })
+        .collect();
     if names.len() <= max {
         return;
     }
@@ -240,17 +320,42 @@ mod tests {
 
     /// A browser run through a bloated downlink: idle 20 ms, download +300 ms, upload +10 ms.
     fn upload() -> Upload {
-        let grid = |from: f64, to: f64, v: f64| (0..).map(move |i| from + i as f64 * 0.05).take_while(move |t| *t < to).map(move |t| (t, Some(v)));
-        let rtt = grid(0.0, 5.0, 20.0).chain(grid(5.0, 15.0, 320.0)).chain(grid(15.0, 25.0, 30.0)).chain(grid(25.0, 35.0, 320.0)).collect();
-        let down = grid(0.0, 5.0, 0.0).chain(grid(5.0, 15.0, 50.0)).chain(grid(15.0, 25.0, 0.5)).chain(grid(25.0, 35.0, 45.0)).collect();
-        let up = grid(0.0, 15.0, 0.0).chain(grid(15.0, 25.0, 10.0)).chain(grid(25.0, 35.0, 8.0)).collect();
-        let phase = |name: &str, start: f64, end: f64| UploadPhase { name: name.into(), start, end };
+        let grid = |from: f64, to: f64, v: f64| {
+            (0..)
+                .map(move |i| from + i as f64 * 0.05)
+                .take_while(move |t| *t < to)
+                .map(move |t| (t, Some(v)))
+        };
+        let rtt = grid(0.0, 5.0, 20.0)
+            .chain(grid(5.0, 15.0, 320.0))
+            .chain(grid(15.0, 25.0, 30.0))
+            .chain(grid(25.0, 35.0, 320.0))
+            .collect();
+        let down = grid(0.0, 5.0, 0.0)
+            .chain(grid(5.0, 15.0, 50.0))
+            .chain(grid(15.0, 25.0, 0.5))
+            .chain(grid(25.0, 35.0, 45.0))
+            .collect();
+        let up = grid(0.0, 15.0, 0.0)
+            .chain(grid(15.0, 25.0, 10.0))
+            .chain(grid(25.0, 35.0, 8.0))
+            .collect();
+        let phase = |name: &str, start: f64, end: f64| UploadPhase {
+            name: name.into(),
+            start,
+            end,
+        };
         Upload {
             version: 1,
             step: 0.05,
             probe_interval: 0.05,
             streams: 4,
-            phases: vec![phase("idle", 0.0, 5.0), phase("download", 5.0, 15.0), phase("upload", 15.0, 25.0), phase("both", 25.0, 35.0)],
+            phases: vec![
+                phase("idle", 0.0, 5.0),
+                phase("download", 5.0, 15.0),
+                phase("upload", 15.0, 25.0),
+                phase("both", 25.0, 35.0),
+            ],
             rtt,
             kernel_rtt: vec![],
             down_rtt: vec![],
@@ -265,18 +370,49 @@ mod tests {
     fn a_browser_run_is_graded_per_direction_by_the_clis_rules() {
         let u = upload();
         validate(&u).unwrap();
-        let r = result_file(u, "192.0.2.7".parse().unwrap(), Host::default(), "2026-11-25T00:00:00Z".into());
+        let r = result_file(
+            u,
+            "192.0.2.7".parse().unwrap(),
+            Host::default(),
+            "2026-11-25T00:00:00Z".into(),
+        );
         let s = r.summary.as_ref().unwrap();
         let phase = s.phase_added_latency_ms;
-        assert_eq!((phase.download, phase.upload, phase.both), (Some(300.0), Some(10.0), Some(300.0)));
+        assert_eq!(
+            (phase.download, phase.upload, phase.both),
+            (Some(300.0), Some(10.0), Some(300.0))
+        );
         // The worse direction sets the grade (300 ms: D), never an average.
-        assert_eq!((s.grade_by_direction.down.as_deref(), s.grade_by_direction.up.as_deref()), (Some("D"), Some("A")));
-        assert_eq!((s.grade.as_deref(), s.added_latency_ms), (Some("D"), Some(300.0)));
+        assert_eq!(
+            (
+                s.grade_by_direction.down.as_deref(),
+                s.grade_by_direction.up.as_deref()
+            ),
+            (Some("D"), Some("A"))
+        );
+        assert_eq!(
+            (s.grade.as_deref(), s.added_latency_ms),
+            (Some("D"), Some(300.0))
+        );
         // Each direction's goodput over its own phase.
-        assert!((s.throughput_mbps.down.unwrap() - 50.0).abs() < 0.5, "{:?}", s.throughput_mbps);
-        assert!((s.throughput_mbps.up.unwrap() - 10.0).abs() < 0.5, "{:?}", s.throughput_mbps);
-        assert_eq!(s.saturated.map(|x| (x.down, x.up)), Some((Some(true), Some(true))));
-        assert_eq!(r.metadata.client.software, "Mozilla/5.0 scriptalert(1)/script Chrome/120");
+        assert!(
+            (s.throughput_mbps.down.unwrap() - 50.0).abs() < 0.5,
+            "{:?}",
+            s.throughput_mbps
+        );
+        assert!(
+            (s.throughput_mbps.up.unwrap() - 10.0).abs() < 0.5,
+            "{:?}",
+            s.throughput_mbps
+        );
+        assert_eq!(
+            s.saturated.map(|x| (x.down, x.up)),
+            Some((Some(true), Some(true)))
+        );
+        assert_eq!(
+            r.metadata.client.software,
+            "Mozilla/5.0 scriptalert(1)/script Chrome/120"
+        );
         // What is stored reads back as any result file does.
         let back = bloatlab_result::parse(serde_json::to_string(&r).unwrap().as_bytes()).unwrap();
         assert_eq!(back.metadata.test, "web");
@@ -299,17 +435,30 @@ mod tests {
             })
         });
         let (measured, recovered) = split_recovered(lossy);
-        assert_eq!(recovered, vec![(0.5, Some(340.0)), (14.0 * 0.05, Some(140.0))]);
+        assert_eq!(
+            recovered,
+            vec![(0.5, Some(340.0)), (14.0 * 0.05, Some(140.0))]
+        );
         assert_eq!(measured.len(), 38);
         // A queue that grows by 300 ms in a burst and drains at the line's pace (a FIFO empties
         // by at most 50 ms of delay in 50 ms) keeps its order: every probe measured it.
-        let queue = |i: usize| Some(if i < 10 { 40.0 } else { (340.0 - 45.0 * (i - 10) as f64).max(40.0) });
+        let queue = |i: usize| {
+            Some(if i < 10 {
+                40.0
+            } else {
+                (340.0 - 45.0 * (i - 10) as f64).max(40.0)
+            })
+        };
         let (measured, recovered) = split_recovered(probes(40, queue));
         assert_eq!((measured.len(), recovered.len()), (40, 0));
         // Answers swapped by a few ms (two server threads) are not a recovery; a lost probe
         // stays a lost one.
-        let (measured, recovered) = split_recovered(probes(4, |i| [Some(95.0), Some(40.0), None, Some(40.0)][i]));
-        assert_eq!((measured.len(), recovered.len(), measured[2].1), (4, 0, None));
+        let (measured, recovered) =
+            split_recovered(probes(4, |i| [Some(95.0), Some(40.0), None, Some(40.0)][i]));
+        assert_eq!(
+            (measured.len(), recovered.len(), measured[2].1),
+            (4, 0, None)
+        );
     }
 
     #[test]
@@ -317,18 +466,38 @@ mod tests {
         let mut u = upload();
         // Two of every three probes of the upload phase held 500 ms by retransmissions (a loss
         // and the probe behind it): loss, not delay, though most of the phase's probes.
-        for (i, s) in u.rtt.iter_mut().enumerate().filter(|(_, s)| (15.0..25.0).contains(&s.0)) {
+        for (i, s) in u
+            .rtt
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, s)| (15.0..25.0).contains(&s.0))
+        {
             if i % 3 != 0 {
                 s.1 = Some(530.0);
             }
         }
-        let r = result_file(u, "192.0.2.7".parse().unwrap(), Host::default(), String::new());
-        assert_eq!(r.summary.as_ref().unwrap().phase_added_latency_ms.upload, Some(10.0));
+        let r = result_file(
+            u,
+            "192.0.2.7".parse().unwrap(),
+            Host::default(),
+            String::new(),
+        );
+        assert_eq!(
+            r.summary.as_ref().unwrap().phase_added_latency_ms.upload,
+            Some(10.0)
+        );
         // (The fixture's download queue vanishes at once when its phase ends, faster than a
         // FIFO drains, so its last probes are overtaken too: not this phase's.)
         let recovered = r.series.iter().find(|s| s.name == "recovered ws").unwrap();
-        let upload: Vec<_> = recovered.samples.iter().filter(|s| (15.0..25.0).contains(&s.0)).collect();
-        assert!(upload.len() >= 120 && upload.iter().all(|s| s.1 == Some(530.0)), "{upload:?}");
+        let upload: Vec<_> = recovered
+            .samples
+            .iter()
+            .filter(|s| (15.0..25.0).contains(&s.0))
+            .collect();
+        assert!(
+            upload.len() >= 120 && upload.iter().all(|s| s.1 == Some(530.0)),
+            "{upload:?}"
+        );
     }
 
     #[test]
@@ -337,20 +506,29 @@ mod tests {
         let cases: Vec<(&str, Spoil)> = vec![
             ("version", Box::new(|u| u.version = 2)),
             ("phase name", Box::new(|u| u.phases[0].name = "<b>".into())),
-            ("phase twice", Box::new(|u| u.phases[1].name = "idle".into())),
+            (
+                "phase twice",
+                Box::new(|u| u.phases[1].name = "idle".into()),
+            ),
             ("phase backwards", Box::new(|u| u.phases[1].end = 1.0)),
             ("huge value", Box::new(|u| u.rtt[3].1 = Some(1e300))),
             ("negative time", Box::new(|u| u.down[0].0 = -1.0)),
             ("disorder", Box::new(|u| u.up.swap(1, 2))),
             ("streams", Box::new(|u| u.streams = 1000)),
-            ("too many samples", Box::new(|u| u.kernel_rtt = vec![(1.0, None); MAX_SAMPLES])),
+            (
+                "too many samples",
+                Box::new(|u| u.kernel_rtt = vec![(1.0, None); MAX_SAMPLES]),
+            ),
         ];
         for (what, spoil) in cases {
             let mut u = upload();
             spoil(&mut u);
             assert!(validate(&u).is_err(), "{what}");
         }
-        let unknown = r#"{"version":1,"step":0.1,"probe_interval":0.05,"streams":1,"phases":[],"rtt":[],"kernel_rtt":[],"down_rtt":[],"up_rtt":[],"down":[],"up":[],"x":1}"#;
+        let unknown = concat!(
+            r#"{"version":1,"step":0.1,"probe_interval":0.05,"streams":1,"phases":[],"rtt":[],"#,
+            r#""kernel_rtt":[],"down_rtt":[],"up_rtt":[],"down":[],"up":[],"x":1}"#
+        );
         assert!(serde_json::from_str::<Upload>(unknown).is_err());
     }
 
@@ -359,9 +537,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("bloatlab-keep-test-{}", std::process::id()));
         let _cleanup = scopeguard(dir.clone());
         let k = Keeper::new(dir.clone(), 3).unwrap();
-        let r = result_file(upload(), "192.0.2.7".parse().unwrap(), Host::default(), String::new());
+        let r = result_file(
+            upload(),
+            "192.0.2.7".parse().unwrap(),
+            Host::default(),
+            String::new(),
+        );
         let paths: Vec<PathBuf> = (0..5).map(|i| k.store(&r, 1_000 + i).unwrap()).collect();
-        let mut left: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+        let mut left: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
         left.sort();
         assert_eq!(left, paths[2..]);
     }

@@ -25,12 +25,19 @@ pub struct Tls {
 impl Tls {
     pub fn load(cert: &Path, key: &Path) -> Result<Tls, String> {
         let config = server_config(cert, key)?;
-        Ok(Tls { cert: cert.into(), key: key.into(), current: RwLock::new(config) })
+        Ok(Tls {
+            cert: cert.into(),
+            key: key.into(),
+            current: RwLock::new(config),
+        })
     }
 
     /// The configuration new connections get.
     pub fn current(&self) -> Arc<ServerConfig> {
-        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Reads the files again; on an error the old certificate stays in use.
@@ -42,8 +49,10 @@ impl Tls {
 }
 
 fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
-    let certs: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_file_iter(cert).map_err(|e| format!("{}: {e}", cert.display()))?.collect::<Result<_, _>>().map_err(|e| format!("{}: {e}", cert.display()))?;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| format!("{}: {e}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: {e}", cert.display()))?;
     if certs.is_empty() {
         return Err(format!("{}: no certificate in it", cert.display()));
     }
@@ -61,12 +70,17 @@ fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
 
 /// SHA-256 of the first certificate in a PEM file, as browsers show it (AB:CD:...).
 pub fn fingerprint_of(cert: &Path) -> Result<String, String> {
-    let der = CertificateDer::from_pem_file(cert).map_err(|e| format!("{}: {e}", cert.display()))?;
+    let der =
+        CertificateDer::from_pem_file(cert).map_err(|e| format!("{}: {e}", cert.display()))?;
     Ok(fingerprint(&der))
 }
 
 fn fingerprint(der: &[u8]) -> String {
-    Sha256::digest(der).iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":")
+    Sha256::digest(der)
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// Civil date (year, month, day) of a day count since 1970-01-01 (Howard Hinnant's algorithm).
@@ -85,19 +99,38 @@ fn civil(days: i64) -> (i32, u8, u8) {
 /// Makes `cert.pem` and `key.pem` in `dir` for `names` (host names or addresses), valid from
 /// yesterday for MAX_VALIDITY_DAYS - 1 days, unless that directory already holds a pair made
 /// for the same names that is valid for another 30 days. Returns the two paths.
-pub fn self_signed(dir: &Path, names: &[String], now: SystemTime) -> Result<(PathBuf, PathBuf), String> {
-    let (cert, key, about) = (dir.join("cert.pem"), dir.join("key.pem"), dir.join("self-signed.txt"));
-    let today = (now.duration_since(UNIX_EPOCH).map_err(|e| e.to_string())?.as_secs() / 86_400) as i64;
+pub fn self_signed(
+    dir: &Path,
+    names: &[String],
+    now: SystemTime,
+) -> Result<(PathBuf, PathBuf), String> {
+    let (cert, key, about) = (
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+        dir.join("self-signed.txt"),
+    );
+    let today = (now
+        .duration_since(UNIX_EPOCH)
+        .map_err(|e| e.to_string())?
+        .as_secs()
+        / 86_400) as i64;
     let wanted = names.join(",");
     // "NAMES\nLAST_DAY": what the pair in the directory was made for.
     if let Ok(text) = std::fs::read_to_string(&about) {
         let mut lines = text.lines();
-        let (made_for, last_day) = (lines.next().unwrap_or(""), lines.next().and_then(|d| d.parse::<i64>().ok()).unwrap_or(0));
+        let (made_for, last_day) = (
+            lines.next().unwrap_or(""),
+            lines
+                .next()
+                .and_then(|d| d.parse::<i64>().ok())
+                .unwrap_or(0),
+        );
         if made_for == wanted && last_day > today + 30 && cert.exists() && key.exists() {
             return Ok((cert, key));
         }
     }
-    let mut params = rcgen::CertificateParams::new(names.to_vec()).map_err(|e| format!("--name: {e}"))?;
+    let mut params =
+        rcgen::CertificateParams::new(names.to_vec()).map_err(|e| format!("--name: {e}"))?;
     let (first, last) = (today - 1, today - 1 + MAX_VALIDITY_DAYS - 1);
     let date = |days: i64| {
         let (y, m, d) = civil(days);
@@ -105,14 +138,28 @@ pub fn self_signed(dir: &Path, names: &[String], now: SystemTime) -> Result<(Pat
     };
     params.not_before = date(first);
     params.not_after = date(last);
-    params.distinguished_name.push(rcgen::DnType::CommonName, names.first().cloned().unwrap_or_else(|| "bloatlab".into()));
-    let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| e.to_string())?;
+    params.distinguished_name.push(
+        rcgen::DnType::CommonName,
+        names.first().cloned().unwrap_or_else(|| "bloatlab".into()),
+    );
+    let pair =
+        rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| e.to_string())?;
     let made = params.self_signed(&pair).map_err(|e| e.to_string())?;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
     let write = |path: &Path, text: &str| -> Result<(), String> {
         let _ = std::fs::remove_file(path);
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        f.write_all(text.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        f.write_all(text.as_bytes())
+            .map_err(|e| format!("{}: {e}", path.display()))
     };
     write(&key, &pair.serialize_pem())?;
     write(&cert, &made.pem())?;
@@ -147,9 +194,15 @@ mod tests {
         let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
         let (cert, key) = self_signed(&dir, &names, now).unwrap();
         let tls = Tls::load(&cert, &key).unwrap();
-        assert_eq!(tls.current().alpn_protocols, [b"h2".to_vec(), b"http/1.1".to_vec()]);
+        assert_eq!(
+            tls.current().alpn_protocols,
+            [b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         let fp = fingerprint_of(&cert).unwrap();
         assert_eq!(fp.len(), 32 * 3 - 1);
         // The same names a day later: the same certificate; other names: a new one.

@@ -40,7 +40,8 @@ struct Seen {
 pub(crate) struct LoadViews(Mutex<HashMap<IpAddr, Seen>>);
 
 fn fresh(v: Option<(u32, Instant)>, now: Instant) -> Option<u32> {
-    v.filter(|(us, at)| *us > 0 && now.saturating_duration_since(*at) <= FRESH).map(|(us, _)| us)
+    v.filter(|(us, at)| *us > 0 && now.saturating_duration_since(*at) <= FRESH)
+        .map(|(us, _)| us)
 }
 
 impl LoadViews {
@@ -69,7 +70,11 @@ impl LoadViews {
 
     pub(crate) fn get(&self, ip: IpAddr, now: Instant) -> LoadView {
         let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(&ip).map_or_else(LoadView::default, |s| LoadView { down_us: fresh(s.down, now), up_us: fresh(s.up, now), up_bytes: s.up_bytes })
+        map.get(&ip).map_or_else(LoadView::default, |s| LoadView {
+            down_us: fresh(s.down, now),
+            up_us: fresh(s.up, now),
+            up_bytes: s.up_bytes,
+        })
     }
 }
 
@@ -86,9 +91,23 @@ mod tests {
         v.record(a, Way::Up, 40_000, t0 + Duration::from_secs(1));
         v.count_upload(a, 1000, t0);
         v.count_upload(a, 500, t0);
-        assert_eq!(v.get(a, t0 + Duration::from_secs(1)), LoadView { down_us: Some(230_000), up_us: Some(40_000), up_bytes: 1500 });
+        assert_eq!(
+            v.get(a, t0 + Duration::from_secs(1)),
+            LoadView {
+                down_us: Some(230_000),
+                up_us: Some(40_000),
+                up_bytes: 1500
+            }
+        );
         assert_eq!(v.get(b, t0), LoadView::default());
-        assert_eq!(v.get(a, t0 + Duration::from_millis(2500)), LoadView { down_us: None, up_us: Some(40_000), up_bytes: 1500 });
+        assert_eq!(
+            v.get(a, t0 + Duration::from_millis(2500)),
+            LoadView {
+                down_us: None,
+                up_us: Some(40_000),
+                up_bytes: 1500
+            }
+        );
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! that arrived (the page's upload goodput).
 //!
 //! Limits: a slot from the same pools as every other connection, the opening (TLS and upgrade)
-//! within the header deadline (up to `crate::handshake::LOSSY_HANDSHAKE` while neither the address nor the
+//! within the header deadline (up to `crate::handshake::LOSSY_HANDSHAKE` while neither the address
+//! nor the
 //! server holds half its slots, as on the HTTPS face), the connection within the HTTP face's
 //! total deadline, a probe at least every `IDLE`, messages of at most 64 bytes. 1000 mute
 //! sockets from one address hold its slots 5 s, and the last ones (under half of them) up to
@@ -41,20 +42,43 @@ const MAX_MESSAGE: usize = 64;
 /// The path the page opens.
 pub const PATH: &str = "/ws";
 
-pub(crate) async fn accept_loop(listener: TcpListener, tls: Option<Arc<tls::Tls>>, shared: Arc<Shared>, web: Arc<Web>) {
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<Arc<tls::Tls>>,
+    shared: Arc<Shared>,
+    web: Arc<Web>,
+) {
     loop {
         let (stream, ip) = super::accept_allowed(&listener, &shared).await;
         // No slot: closed at once (a browser's WebSocket reports a failed connection, which is
         // what it is).
-        let Ok(slot) = shared.connections.take(ip) else { continue };
-        tokio::spawn(serve(stream, ip, slot, tls.clone(), shared.clone(), web.clone()));
+        let Ok(slot) = shared.connections.take(ip) else {
+            continue;
+        };
+        tokio::spawn(serve(
+            stream,
+            ip,
+            slot,
+            tls.clone(),
+            shared.clone(),
+            web.clone(),
+        ));
     }
 }
 
-async fn serve(stream: TcpStream, ip: IpAddr, slot: Slot, tls: Option<Arc<tls::Tls>>, shared: Arc<Shared>, web: Arc<Web>) {
+async fn serve(
+    stream: TcpStream,
+    ip: IpAddr,
+    slot: Slot,
+    tls: Option<Arc<tls::Tls>>,
+    shared: Arc<Shared>,
+    web: Arc<Web>,
+) {
     let _slot = slot;
     let _ = stream.set_nodelay(true);
-    let Ok(socket) = stream.as_fd().try_clone_to_owned() else { return };
+    let Ok(socket) = stream.as_fd().try_clone_to_owned() else {
+        return;
+    };
     let handshake = shared.config.hello_timeout;
     let crowded = move || shared.connections.crowded(ip);
     let _ = timeout(web.cfg.max_conn_time, async move {
@@ -76,14 +100,25 @@ type Io = Box<dyn Stream>;
 /// certificate; `None` when the client gives up, or asks for another path.
 async fn open(stream: TcpStream, tls: Option<Arc<tls::Tls>>) -> Option<WebSocketStream<Io>> {
     let mut first = [0u8; 1];
-    let Ok(1) = stream.peek(&mut first).await else { return None };
+    let Ok(1) = stream.peek(&mut first).await else {
+        return None;
+    };
     let io: Io = match (first[0] == 0x16, tls) {
-        (true, Some(tls)) => Box::new(tokio_rustls::TlsAcceptor::from(tls.current()).accept(stream).await.ok()?),
+        (true, Some(tls)) => Box::new(
+            tokio_rustls::TlsAcceptor::from(tls.current())
+                .accept(stream)
+                .await
+                .ok()?,
+        ),
         (false, _) => Box::new(stream),
         (true, None) => return None,
     };
-    let config = WebSocketConfig::default().max_message_size(Some(MAX_MESSAGE)).max_frame_size(Some(MAX_MESSAGE));
-    tokio_tungstenite::accept_hdr_async_with_config(io, only_probe_path, Some(config)).await.ok()
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(MAX_MESSAGE))
+        .max_frame_size(Some(MAX_MESSAGE));
+    tokio_tungstenite::accept_hdr_async_with_config(io, only_probe_path, Some(config))
+        .await
+        .ok()
 }
 
 /// Refuses upgrades on any path but `PATH`.
@@ -111,7 +146,11 @@ async fn probes(mut ws: WebSocketStream<Io>, ip: IpAddr, socket: &OwnedFd, web: 
         };
         let kernel = bloatlab_netio::tcp_info(socket).ok().map(|i| i.rtt_us);
         let load = web.load_views.get(ip, Instant::now());
-        if ws.send(Message::text(reply(seq, kernel, load))).await.is_err() {
+        if ws
+            .send(Message::text(reply(seq, kernel, load)))
+            .await
+            .is_err()
+        {
             break;
         }
     }
@@ -129,8 +168,19 @@ pub fn parse_seq(text: &str) -> Option<u32> {
 /// The answer to one probe: its number, the server's views in ms (`null` when unknown), and the
 /// upload bytes it has received from this address.
 pub fn reply(seq: u32, ws_rtt_us: Option<u32>, load: super::LoadView) -> String {
-    let ms = |us: Option<u32>| us.filter(|&u| u > 0).map_or(serde_json::Value::Null, |u| serde_json::json!(u as f64 / 1000.0));
-    serde_json::json!({ "seq": seq, "rtt_ms": ms(ws_rtt_us), "down_rtt_ms": ms(load.down_us), "up_rtt_ms": ms(load.up_us), "up_bytes": load.up_bytes }).to_string()
+    let ms = |us: Option<u32>| {
+        us.filter(|&u| u > 0).map_or(serde_json::Value::Null, |u| {
+            serde_json::json!(u as f64 / 1000.0)
+        })
+    };
+    serde_json::json!({
+        "seq": seq,
+        "rtt_ms": ms(ws_rtt_us),
+        "down_rtt_ms": ms(load.down_us),
+        "up_rtt_ms": ms(load.up_us),
+        "up_bytes": load.up_bytes,
+    })
+    .to_string()
 }
 
 #[cfg(test)]
@@ -141,15 +191,39 @@ mod tests {
     fn only_plain_sequence_numbers_are_probes() {
         assert_eq!(parse_seq("0"), Some(0));
         assert_eq!(parse_seq("4294967295"), Some(u32::MAX));
-        for bad in ["", "4294967296", "-1", "1e3", " 1", "<script>", "12345678901"] {
+        for bad in [
+            "",
+            "4294967296",
+            "-1",
+            "1e3",
+            " 1",
+            "<script>",
+            "12345678901",
+        ] {
             assert_eq!(parse_seq(bad), None, "{bad:?}");
         }
     }
 
     #[test]
     fn replies_carry_the_views_in_ms() {
-        let r: serde_json::Value = serde_json::from_str(&reply(7, Some(15_500), super::super::LoadView { down_us: Some(230_000), up_us: None, up_bytes: 7 })).unwrap();
-        assert_eq!((r["seq"].as_u64(), r["rtt_ms"].as_f64(), r["down_rtt_ms"].as_f64()), (Some(7), Some(15.5), Some(230.0)));
+        let r: serde_json::Value = serde_json::from_str(&reply(
+            7,
+            Some(15_500),
+            super::super::LoadView {
+                down_us: Some(230_000),
+                up_us: None,
+                up_bytes: 7,
+            },
+        ))
+        .unwrap();
+        assert_eq!(
+            (
+                r["seq"].as_u64(),
+                r["rtt_ms"].as_f64(),
+                r["down_rtt_ms"].as_f64()
+            ),
+            (Some(7), Some(15.5), Some(230.0))
+        );
         assert!(r["up_rtt_ms"].is_null());
         assert_eq!(r["up_bytes"], 7);
     }
