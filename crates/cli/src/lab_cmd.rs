@@ -359,7 +359,10 @@ pub fn run(cmd: LabCommand, stop: impl Fn() -> Arc<AtomicBool>) -> ExitCode {
             out_dir,
             quiet,
         } => {
-            let test = test.split_whitespace().map(String::from).collect();
+            let test = match crate::test_spec(&test) {
+                Ok((params, _)) => params,
+                Err(e) => return crate::fail(e),
+            };
             compare(
                 &topology,
                 &fix,
@@ -618,14 +621,13 @@ fn cake_text(c: &serde_json::Value, ack_drops: u64) -> String {
 
 fn experiment_options(
     length: f64,
-    test: Vec<String>,
+    test: bloatlab_measure::Params,
     out_dir: &std::path::Path,
     lab_name: &str,
     quiet: bool,
     stop: Arc<AtomicBool>,
 ) -> Options {
     Options {
-        exe: std::env::current_exe().expect("own path"),
         test,
         length,
         out_dir: out_dir.to_path_buf(),
@@ -670,7 +672,8 @@ fn demo(
         );
     }
     let topo = load_topology("cable").expect("preset");
-    let o = experiment_options(length, vec!["rrul".into()], out_dir, "demo", quiet, stop);
+    let rrul = bloatlab_measure::Params::new(bloatlab_measure::TestKind::Rrul);
+    let o = experiment_options(length, rrul, out_dir, "demo", quiet, stop);
     let d = match bloatlab_experiment::demo::demo(topo, how, &o) {
         Ok(d) => d,
         Err(e) => return fail(e),

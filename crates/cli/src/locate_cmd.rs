@@ -50,15 +50,6 @@ pub struct LocateArgs {
     quiet: bool,
 }
 
-fn load_of(name: &str) -> Option<(Load, TestKind)> {
-    match name {
-        "download" | "down" => Some((Load::Download, TestKind::TcpDown)),
-        "upload" | "up" => Some((Load::Upload, TestKind::TcpUp)),
-        "both" => Some((Load::Both, TestKind::TcpBidir)),
-        _ => None,
-    }
-}
-
 pub fn run(
     a: LocateArgs,
     progress: ProgressMode,
@@ -82,29 +73,16 @@ pub fn run(
     if a.flows == 0 || a.flows > 16 {
         return usage("--flows must be between 1 and 16".into());
     }
-    let mut tests = Vec::new();
-    for (i, name) in a.phases.iter().enumerate() {
-        let Some((load, kind)) = load_of(name) else {
+    let mut loads = Vec::new();
+    for name in &a.phases {
+        let Some(load) = Load::parse(name) else {
             return usage(format!(
                 "--phases: `{name}` is not download, upload or both"
             ));
         };
-        let params = Params {
-            test: kind,
-            length: a.length,
-            idle: if i == 0 { a.idle + 2.0 } else { a.idle },
-            step: 0.01,
-            flows: a.flows,
-            cc: None,
-            dscp: 46,
-            under_load: false,
-            probe_size: 64,
-            rpm_interval: 1.0,
-            rpm_sequential: false,
-            udp: None,
-        };
-        tests.push((load, params));
+        loads.push(load);
     }
+    let tests = bloatlab_locate::phase_tests(&loads, a.length, a.idle, a.flows);
     let key = match crate::load_key(a.key.as_deref()) {
         Ok(k) => k,
         Err(e) => return crate::fail(e),

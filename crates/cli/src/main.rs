@@ -1,6 +1,7 @@
 //! The `bloatlab` binary: argument parsing and wiring only.
 
 use bloatlab_measure::display::{events_text, summary_text, ProgressMode};
+use bloatlab_measure::http_rpm::HttpOptions;
 use bloatlab_measure::{Ended, Options, Params, TestKind, UdpParams};
 mod lab_cmd;
 mod locate_cmd;
@@ -526,44 +527,10 @@ fn stop_flag() -> Arc<AtomicBool> {
     stop
 }
 
-/// The counters of the lab this test runs in (`lab exec`, `lab run`, `lab demo`), if any.
-fn lab_counters() -> Option<serde_json::Value> {
-    let socket = std::env::var_os(bloatlab_lab::SOCKET_ENV)?;
-    match bloatlab_lab::control::request(
-        std::path::Path::new(&socket),
-        &bloatlab_lab::control::Request::Stats,
-    ) {
-        Ok(r) if r.ok => r.stats,
-        Ok(r) => {
-            eprintln!(
-                "bloatlab: lab counters unavailable: {}",
-                r.message.unwrap_or_default()
-            );
-            None
-        }
-        Err(e) => {
-            eprintln!("bloatlab: lab counters unavailable: {e}");
-            None
-        }
-    }
-}
-
-/// Inside a lab, the emulator's counters go into the result file: ground truth next to the
-/// measurement. They count from the lab's start, so both ends of the test are kept (the
-/// difference is what this test saw).
-fn attach_lab_counters(
-    result: &mut bloatlab_result::ResultFile,
-    path: &std::path::Path,
-    at_start: Option<serde_json::Value>,
-) {
-    let Some(at_end) = lab_counters() else { return };
-    result.metadata.lab = Some(serde_json::json!({ "at_start": at_start, "at_end": at_end }));
-    if let Err(e) = bloatlab_result::write_atomic(path, result) {
-        eprintln!(
-            "bloatlab: could not add the lab counters to {}: {e}",
-            path.display()
-        );
-    }
+/// The control socket of the lab this test runs in (`lab exec`, `lab run`), if any: its
+/// counters go into the result file.
+fn lab_socket() -> Option<PathBuf> {
+    std::env::var_os(bloatlab_lab::SOCKET_ENV).map(PathBuf::from)
 }
 
 fn progress_mode(quiet: bool) -> ProgressMode {
@@ -701,16 +668,18 @@ fn compare(
     json: bool,
     quiet: bool,
 ) -> ExitCode {
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
-        Err(e) => return fail(format!("cannot find the bloatlab binary: {e}")),
-    };
     if !(length > 0.0 && length.is_finite()) {
         return fail("--length must be positive");
     }
+    let ((test, http), key) = match (test_spec(test), load_key(None)) {
+        (Ok(t), Ok(k)) => (t, k),
+        (Err(e), _) | (_, Err(e)) => return fail(e),
+    };
     let o = bloatlab_experiment::targets::TargetsOptions {
-        exe,
-        test: test.split_whitespace().map(String::from).collect(),
+        test,
+        http,
+        key,
+        lab_socket: lab_socket(),
         length,
         out_dir,
         quiet,
@@ -741,101 +710,114 @@ fn compare(
     ExitCode::SUCCESS
 }
 
-/// Flows per direction a test may open: a thread each on the client.
-const MAX_FLOWS: u16 = 256;
+impl TestArgs {
+    /// The test's parameters from its flags, checked.
+    fn params(&self) -> Result<Params, String> {
+        let kind: TestKind = self.test.into();
+        let size = match (kind, self.size.as_deref()) {
+            (TestKind::Writeback, s) => bloatlab_measure::writeback::parse_size(s.unwrap_or("1G"))?,
+            (_, None) => 1024,
+            (_, Some(s)) => match s.parse::<u64>() {
+                Ok(n) if (56..=1472).contains(&n) => n,
+                _ => return Err(format!("--size {s}: want UDP payload bytes 56..1472")),
+            },
+        };
+        let params = Params {
+            length: self.length.unwrap_or(kind.default_length()),
+            idle: self.idle,
+            step: self.step,
+            flows: self.flows,
+            cc: self.cc.map(|c| {
+                match c {
+                    Cc::Cubic => "cubic",
+                    Cc::Bbr => "bbr",
+                    Cc::Reno => "reno",
+                }
+                .to_string()
+            }),
+            dscp: self.dscp,
+            under_load: self.under_load,
+            probe_size: self.probe_size,
+            rpm_interval: self.rpm_interval,
+            rpm_sequential: self.sequential,
+            udp: (kind == TestKind::Udp).then_some(UdpParams {
+                rate_bps: self.rate.unwrap_or(10_000_000),
+                size: size as u16,
+                pacing: self.pacing,
+                bucket: self.bucket.as_secs_f64(),
+                dscp: 0,
+            }),
+            ..Params::new(kind)
+        };
+        params.validate()?;
+        Ok(params)
+    }
+
+    fn http(&self) -> HttpOptions {
+        HttpOptions {
+            insecure: self.insecure,
+            ca: self.ca.clone(),
+            http1: self.http1,
+        }
+    }
+}
+
+/// The experiments' `--test "voip --under-load"`: a test and its flags, read as `bloatlab
+/// test` reads them (the experiment supplies the target, length and output).
+#[derive(Parser)]
+#[command(no_binary_name = true)]
+struct TestSpec {
+    #[command(flatten)]
+    args: TestArgs,
+}
+
+fn test_spec(spec: &str) -> Result<(Params, HttpOptions), String> {
+    let mut words: Vec<&str> = spec.split_whitespace().collect();
+    if words.is_empty() {
+        return Err("--test: name a test (rrul, tcp-down, ...)".into());
+    }
+    words.insert(1, "TARGET");
+    let a = TestSpec::try_parse_from(words)
+        .map_err(|e| {
+            let e = e.to_string();
+            format!("--test `{spec}`: {}", e.lines().next().unwrap_or_default())
+        })?
+        .args;
+    Ok((a.params()?, a.http()))
+}
 
 fn test(a: TestArgs) -> ExitCode {
-    let kind: TestKind = a.test.into();
     let usage = |m: &str| {
         eprintln!("bloatlab: {m}");
         ExitCode::from(2)
     };
-    let length = a.length.unwrap_or(kind.default_length());
-    if !(length > 0.0 && length.is_finite() && a.idle >= 0.0 && a.idle.is_finite()) {
-        return usage("--length must be positive and --idle not negative");
-    }
-    if !(0.001..=1.0).contains(&a.step) {
-        return usage("--step must be between 0.001 and 1 second");
-    }
-    if a.flows == 0 || a.flows > MAX_FLOWS {
-        return usage(&format!("--flows must be between 1 and {MAX_FLOWS}"));
-    }
-    let size = match (kind, a.size.as_deref()) {
-        (TestKind::Writeback, s) => bloatlab_measure::writeback::parse_size(s.unwrap_or("1G")),
-        (_, None) => Ok(1024),
-        (_, Some(s)) => match s.parse::<u64>() {
-            Ok(n) if (56..=1472).contains(&n) => Ok(n),
-            _ => Err(format!("--size {s}: want UDP payload bytes 56..1472")),
-        },
-    };
-    let size = match size {
-        Ok(n) => n,
+    let params = match a.params() {
+        Ok(p) => p,
         Err(e) => return usage(&e),
     };
-    let params = Params {
-        test: kind,
-        length,
-        idle: a.idle,
-        step: a.step,
-        flows: a.flows,
-        cc: a.cc.map(|c| match c {
-            Cc::Cubic => "cubic".to_string(),
-            Cc::Bbr => "bbr".to_string(),
-            Cc::Reno => "reno".to_string(),
-        }),
-        dscp: a.dscp,
-        under_load: a.under_load,
-        probe_size: a.probe_size,
-        rpm_interval: a.rpm_interval,
-        rpm_sequential: a.sequential,
-        udp: (kind == TestKind::Udp).then_some(UdpParams {
-            rate_bps: a.rate.unwrap_or(10_000_000),
-            size: size as u16,
-            pacing: a.pacing,
-            bucket: a.bucket.as_secs_f64(),
-            dscp: 0,
-        }),
-    };
-    if kind == TestKind::Udp
-        && !(Duration::from_micros(100)..=Duration::from_secs(1)).contains(&a.bucket)
-    {
-        return usage("--bucket must be between 100us and 1s");
-    }
+    let kind = params.test;
     let progress = progress_mode(a.quiet);
+    let opts = |key| Options {
+        output: a.output.clone(),
+        progress,
+        stop: stop_flag(),
+        key,
+    };
     if kind == TestKind::Mtu {
-        let opts = Options {
-            output: a.output,
-            progress,
-            stop: stop_flag(),
-            key: None,
-        };
-        return finish_test(
-            bloatlab_measure::mtu::run(&a.host, None, &opts),
-            a.json,
-            a.quiet,
-            None,
-        );
+        let outcome = bloatlab_measure::mtu::run(&a.host, None, &opts(None));
+        return finish_test(outcome, a.json, a.quiet);
     }
     if kind == TestKind::Writeback {
         let wb = bloatlab_measure::writeback::WritebackParams {
             dir: PathBuf::from(&a.host),
-            size,
+            size: bloatlab_measure::writeback::parse_size(a.size.as_deref().unwrap_or("1G"))
+                .expect("checked by params()"),
             rate_bps: a.rate,
             fsync: a.fsync,
             idle: a.idle,
         };
-        let opts = Options {
-            output: a.output,
-            progress,
-            stop: stop_flag(),
-            key: None,
-        };
-        return finish_test(
-            bloatlab_measure::writeback::run(&wb, &opts),
-            a.json,
-            a.quiet,
-            None,
-        );
+        let outcome = bloatlab_measure::writeback::run(&wb, &opts(None));
+        return finish_test(outcome, a.json, a.quiet);
     }
     let key = match load_key(a.key.as_deref()) {
         Ok(k) => k,
@@ -848,27 +830,9 @@ fn test(a: TestArgs) -> ExitCode {
             .and_then(|p| p.parent())
             .filter(|p| !p.as_os_str().is_empty())
             .map_or_else(|| PathBuf::from("."), PathBuf::from);
-        return locate_cmd::with_test(
-            &a.host,
-            params,
-            out_dir,
-            a.json,
-            Options {
-                output: a.output,
-                progress,
-                stop: stop_flag(),
-                key,
-            },
-        );
+        return locate_cmd::with_test(&a.host, params, out_dir, a.json, opts(key));
     }
-    let opts = Options {
-        output: a.output,
-        progress,
-        stop: stop_flag(),
-        key,
-    };
-    let lab_at_start = lab_counters();
-    let by_url = a.host.starts_with("https://") || a.host.starts_with("http://");
+    let by_url = bloatlab_measure::is_url(&a.host);
     if by_url && !matches!(kind, TestKind::Rpm) {
         return usage(
             "a URL target is for `test rpm` (a responsiveness config URL); other tests \
@@ -884,34 +848,32 @@ fn test(a: TestArgs) -> ExitCode {
             bloatlab server serves one too: its --https or --http port's /.well-known/nq",
         );
     }
-    let outcome = if by_url {
-        let http = bloatlab_measure::http_rpm::HttpOptions {
-            insecure: a.insecure,
-            ca: a.ca.clone(),
-            http1: a.http1,
-        };
-        bloatlab_measure::http_rpm::run(&params, &a.host, &opts, &http)
-    } else {
-        bloatlab_measure::run(&params, &a.host, &opts)
-    };
-    finish_test(outcome, a.json, a.quiet, Some(lab_at_start))
+    let lab = lab_socket();
+    let at_start = lab
+        .as_deref()
+        .and_then(|s| bloatlab_lab::control::counters(s).ok());
+    let opts = opts(key);
+    let mut outcome = bloatlab_measure::run_target(&params, &a.host, &opts, &a.http());
+    if let (Some(socket), Ok(o)) = (&lab, &mut outcome) {
+        let r = bloatlab_lab::control::attach_counters(socket, &mut o.result, &o.path, at_start);
+        if let Err(e) = r {
+            eprintln!("bloatlab: {e}");
+        }
+    }
+    finish_test(outcome, a.json, a.quiet)
 }
 
 /// Prints a finished test's summary (text or JSON) and events and says where its file is; the
-/// exit code says how it ended. `lab_at_start`: a network test's lab counters, to attach.
+/// exit code says how it ended.
 fn finish_test(
     outcome: Result<bloatlab_measure::Outcome, bloatlab_measure::MeasureError>,
     json: bool,
     quiet: bool,
-    lab_at_start: Option<Option<serde_json::Value>>,
 ) -> ExitCode {
-    let mut outcome = match outcome {
+    let outcome = match outcome {
         Ok(o) => o,
         Err(e) => return fail(e),
     };
-    if let Some(at_start) = lab_at_start {
-        attach_lab_counters(&mut outcome.result, &outcome.path, at_start);
-    }
     // A summary of a run cut short by this host's own failure would mislead: one line only.
     if !matches!(outcome.ended, Ended::Failed(_)) {
         let summary = outcome.result.summary.clone().unwrap_or_default();

@@ -524,12 +524,7 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
                 (None, true) => return usage("give --config FILE or --from RESULT..."),
             };
             if let Some(host) = verify {
-                let exe = match std::env::current_exe() {
-                    Ok(e) => e,
-                    Err(e) => return fail(format!("cannot find the bloatlab binary: {e}")),
-                };
                 let v = bloatlab_experiment::verify::Verify {
-                    exe,
                     host,
                     netns: verify_netns,
                     length,
@@ -663,12 +658,7 @@ fn apply_sysctl(
             )
         }));
     };
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
-        Err(e) => return fail(format!("cannot find the bloatlab binary: {e}")),
-    };
     let v = bloatlab_experiment::writeback_verify::WritebackVerify {
-        exe,
         dir: PathBuf::from(dir),
         size,
         rate_bps: rate,

@@ -5,7 +5,9 @@
 
 use crate::placement::{self, Fix, Shaper};
 use crate::{stamp, write_report, Options, Session};
+use bloatlab_lab::ns::in_netns;
 use bloatlab_lab::Topology;
+use bloatlab_locate::{Load, Verdict};
 use bloatlab_report::html::Section;
 use bloatlab_result::Summary;
 use bloatlab_tune::advise::{self, Advice, Qdisc, Target};
@@ -14,8 +16,8 @@ use bloatlab_tune::config::{self, Shaping};
 use bloatlab_tune::link::LinkType;
 use serde::Serialize;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 /// Where the advice goes on the lab's router.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -51,8 +53,7 @@ impl Apply {
 /// What the locate step found.
 #[derive(Clone, Debug, Serialize)]
 pub struct Located {
-    /// The verdict as `bloatlab locate --json` gives it.
-    pub verdict: serde_json::Value,
+    pub verdict: Verdict,
     pub file: PathBuf,
     /// One result file per load phase (download alone, upload alone).
     pub phase_files: Vec<PathBuf>,
@@ -101,62 +102,34 @@ fn link_type(topo: &Topology) -> Result<LinkType, String> {
     Ok(LinkType::from_overhead(spec.up.overhead as u32, spec.up.atm).unwrap_or(LinkType::Raw))
 }
 
-/// `bloatlab locate` from the client: download and upload loads alone, each `length` s.
+/// Locate from the client: download and upload loads alone, each `length` s.
 fn locate(s: &Session, o: &Options, length: f64) -> Result<Located, String> {
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", s.namespace("client")])
-        .arg(&o.exe)
-        .args([
-            "locate",
-            &s.target,
-            "--phases",
-            "download,upload",
-            "-l",
-            &length.to_string(),
-            "--idle",
-            "2",
-            "--json",
-            "--out-dir",
-        ])
-        .arg(&o.out_dir)
-        .stdout(Stdio::piped())
-        .stderr(if o.quiet {
-            Stdio::null()
-        } else {
-            Stdio::inherit()
-        });
-    if o.quiet {
-        cmd.arg("-q");
-    }
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run locate: {e}"))?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|_| format!("locate failed (exit {:?})", out.status.code()))?;
-    let files = v["phases"]
-        .as_array()
-        .map(|p| {
-            p.iter()
-                .filter_map(|p| p["file"].as_str().map(PathBuf::from))
-                .collect()
-        })
-        .unwrap_or_default();
+    let tests = bloatlab_locate::phase_tests(&[Load::Download, Load::Upload], length, 2.0, 4);
+    let lo = bloatlab_locate::Options {
+        out_dir: o.out_dir.clone(),
+        test: bloatlab_measure::Options {
+            output: None,
+            ..crate::test_options(&o.out_dir, o.quiet, &o.stop)
+        },
+        max_hops: 30,
+        hop_interval: Duration::from_secs(1),
+        icmp: false,
+        verbose: !o.quiet,
+    };
+    let (located, file) = in_netns(s.namespace("client"), || {
+        bloatlab_locate::locate(&s.target, &tests, &lo)
+    })??;
     Ok(Located {
-        verdict: v["verdict"].clone(),
-        file: v["file"].as_str().map(PathBuf::from).unwrap_or_default(),
-        phase_files: files,
+        verdict: located.verdict,
+        file,
+        phase_files: located.phases.into_iter().map(|p| p.file).collect(),
     })
 }
 
 /// The verdict in words, with its caveats.
-pub fn verdict_text(v: &serde_json::Value) -> String {
-    let mut t = v["text"].as_str().unwrap_or("no verdict").to_string();
-    for c in v["caveats"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.as_str())
-    {
+pub fn verdict_text(v: &Verdict) -> String {
+    let mut t = v.text.clone();
+    for c in &v.caveats {
         t += &format!("\nnote: {c}");
     }
     t
@@ -183,7 +156,7 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
         .join(format!("bloatlab-{name}-before-{stamp}.json.gz"));
     o.say(&format!(
         "1/5 measure: {} through `{name}` as it is ({} s load after 5 s idle)",
-        o.test.join(" "),
+        crate::test_label(&o.test),
         o.length
     ));
     let before = session.run_test(o, &before_file)?;
@@ -244,7 +217,7 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
                 .unwrap_or_else(|| bloatlab_analyze::summarize(&r)),
         );
     }
-    let on_host = located.verdict["hop"] == 0;
+    let on_host = located.verdict.hop == Some(0);
     d.located = Some(located);
     if stopped() {
         return finish(d, sections, None);
@@ -335,7 +308,7 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
         .join(format!("bloatlab-{name}-after-{stamp}.json.gz"));
     o.say(&format!(
         "5/5 verify: {} again ({} s load after 5 s idle)",
-        o.test.join(" "),
+        crate::test_label(&o.test),
         o.length
     ));
     let after = session.run_test(o, &after_file)?;

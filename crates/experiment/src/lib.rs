@@ -1,7 +1,7 @@
 //! Experiments that chain the lab, the measurement and the report: `lab demo` and
 //! `lab compare`. The command line only parses arguments and calls these; tests call them too.
-//! Measurement runs as `bloatlab test ...` inside the lab's client namespace, the server as
-//! `bloatlab server` inside its server namespace (the binary is passed in: `Options::exe`).
+//! The measurement runs on a thread inside the lab's client namespace, the server on threads
+//! inside its server namespace (`bloatlab_lab::ns::in_netns`): library calls, no processes.
 
 pub mod demo;
 pub mod placement;
@@ -12,21 +12,21 @@ pub mod writeback_verify;
 
 use bloatlab_lab::control;
 use bloatlab_lab::lab::LabInfo;
-use bloatlab_lab::{Lab, Topology, SOCKET_ENV};
+use bloatlab_lab::ns::in_netns;
+use bloatlab_lab::{Lab, Topology};
+use bloatlab_measure::display::ProgressMode;
+use bloatlab_measure::{Ended, Outcome, Params};
 use bloatlab_report::{html, RunView};
 use bloatlab_result::Summary;
 pub use placement::{place, Fix, Setting};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub struct Options {
-    /// The bloatlab binary that runs the tests and the server.
-    pub exe: PathBuf,
-    /// The test each run makes (`rrul`, `tcp-bidir`, `rpm`, `voip --under-load`, ...).
-    pub test: Vec<String>,
+    /// The test each run makes (rrul, tcp-bidir, rpm, voip under load, ...); its length and
+    /// idle phase are the experiment's.
+    pub test: Params,
     /// Load phase of each run, seconds (after 5 s idle).
     pub length: f64,
     /// Where result files and the report go.
@@ -111,7 +111,7 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &Options) -> Result<Comparison,
             "{}/{}: {} through `{topo_name}` with {} ({} s load after 5 s idle)",
             i + 1,
             placements.len(),
-            o.test.join(" "),
+            test_label(&o.test),
             fix.label(),
             o.length
         ));
@@ -154,7 +154,7 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &Options) -> Result<Comparison,
 /// server is stopped and the lab torn down when this is dropped.
 struct Session {
     lab: Lab,
-    server: Child,
+    server: bloatlab_server::Server,
     info: LabInfo,
     /// The server's first IPv4 address.
     target: String,
@@ -172,7 +172,7 @@ impl Session {
         )
         .map_err(|e| format!("control socket: {e}"))?;
         let info = lab.info().clone();
-        let server = start_server(&o.exe, &info, "server")?;
+        let server = start_server(&info, "server")?;
         let target = info.hosts["server"].ipv4[0].clone();
         Ok(Session {
             lab,
@@ -182,9 +182,24 @@ impl Session {
         })
     }
 
-    /// `bloatlab test ...` (`o.test`) from the client host; its JSON summary.
+    /// The test (`o.test`) from the client host; its summary.
     fn run_test(&self, o: &Options, out: &Path) -> Result<Summary, String> {
-        run_test(&o.exe, &self.info, &self.target, o, out)
+        let mut params = o.test.clone();
+        params.length = o.length;
+        params.idle = 5.0;
+        let opts = test_options(out, o.quiet, &o.stop);
+        let socket = &self.info.socket;
+        let tag = params.test.name();
+        let outcome = in_netns(self.namespace("client"), || {
+            let at_start = control::counters(socket).ok();
+            let mut outcome = bloatlab_measure::run(&params, &self.target, &opts)
+                .map_err(|e| format!("the {tag} run failed: {e}"))?;
+            if let Err(e) = control::attach_counters(socket, &mut outcome.result, out, at_start) {
+                eprintln!("bloatlab: {e}");
+            }
+            Ok::<_, String>(outcome)
+        })??;
+        summary_of(outcome, tag)
     }
 
     fn namespace(&self, host: &str) -> &str {
@@ -194,8 +209,32 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        let _ = self.server.kill();
-        let _ = self.server.wait();
+        self.server.stop();
+    }
+}
+
+/// How a test the experiment runs writes and reports: to `out`, progress as lines on stderr
+/// (or none), stopped by the experiment's Ctrl-C.
+fn test_options(out: &Path, quiet: bool, stop: &Arc<AtomicBool>) -> bloatlab_measure::Options {
+    bloatlab_measure::Options {
+        output: Some(out.to_path_buf()),
+        progress: if quiet {
+            ProgressMode::Quiet
+        } else {
+            ProgressMode::Lines
+        },
+        stop: stop.clone(),
+        key: None,
+    }
+}
+
+/// A test's name as the progress lines say it (`voip under load`).
+fn test_label(p: &Params) -> String {
+    let name = p.test.name();
+    if p.under_load {
+        format!("{name} under load")
+    } else {
+        name.to_string()
     }
 }
 
@@ -232,21 +271,16 @@ fn write_report(
     Ok(out.to_path_buf())
 }
 
-/// Runs a `bloatlab test ... --json` command (stdout and stderr captured) and reads its
-/// summary; errors name the run by `tag`.
-fn summary_of(mut cmd: Command, tag: &str) -> Result<Summary, String> {
-    let out = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .map_err(|e| format!("cannot run the {tag} test: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "the {tag} test failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+/// The summary of a test that ran to its end or to Ctrl-C; a test cut short by a failure
+/// is an error naming the run by `tag`.
+fn summary_of(outcome: Outcome, tag: &str) -> Result<Summary, String> {
+    match outcome.ended {
+        Ended::Complete | Ended::Interrupted => Ok(match outcome.result.summary {
+            Some(s) => s,
+            None => bloatlab_analyze::summarize(&outcome.result),
+        }),
+        Ended::ServerLost(why) | Ended::Failed(why) => Err(format!("the {tag} test failed: {why}")),
     }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("the {tag} test's summary: {e}"))
 }
 
 fn stamp() -> String {
@@ -254,55 +288,16 @@ fn stamp() -> String {
     s.replace([':', '-'], "").trim_end_matches('Z').to_string()
 }
 
-/// Starts `bloatlab server` in a lab host and waits until it listens.
-fn start_server(exe: &Path, info: &LabInfo, host: &str) -> Result<Child, String> {
-    let ns = &info.hosts[host].namespace;
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .arg(exe)
-        .args(["server", "-q", "--listen", "[::]:9461"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start the server: {e}"))?;
-    let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
-    match lines.next() {
-        Some(Ok(l)) if l.contains("listening on") => {
-            std::thread::spawn(move || for _ in lines {});
-            Ok(child)
-        }
-        other => {
-            let _ = child.kill();
-            Err(format!("the lab server did not start: {other:?}"))
-        }
-    }
-}
-
-/// `bloatlab test ...` from the client host; its JSON summary.
-fn run_test(
-    exe: &Path,
-    info: &LabInfo,
-    server: &str,
-    o: &Options,
-    out: &Path,
-) -> Result<Summary, String> {
-    let ns = &info.hosts["client"].namespace;
-    let (kind, extra) = o.test.split_first().ok_or("no test named")?;
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", ns])
-        .arg(exe)
-        .args(["test", kind, server])
-        .args(extra)
-        .args(["-l", &o.length.to_string(), "--idle", "5", "--json", "-o"])
-        .arg(out)
-        .env(SOCKET_ENV, &info.socket)
-        .stdout(Stdio::piped());
-    if o.quiet {
-        cmd.arg("-q");
-    }
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run the test: {e}"))?;
-    serde_json::from_slice(&out.stdout)
-        .map_err(|_| format!("the {kind} run failed (exit {:?})", out.status.code()))
+/// Starts a bloatlab server in a lab host (port 9461, every address), serving on threads
+/// inside its namespace.
+fn start_server(info: &LabInfo, host: &str) -> Result<bloatlab_server::Server, String> {
+    let config = bloatlab_server::Config {
+        listen: "[::]:9461".parse().expect("an address"),
+        verbose: false,
+        ..Default::default()
+    };
+    in_netns(&info.hosts[host].namespace, || {
+        bloatlab_server::Server::start(config)
+    })?
+    .map_err(|e| format!("the lab server did not start: {e}"))
 }

@@ -1,20 +1,28 @@
 //! `bloatlab compare TARGET TARGET...`: the same test against several paths (a tunnel and the
 //! raw path, a LAN server and a WAN one, Wi-Fi and wired), one table, one overlaid report, and
 //! each path's efficiency against the first: what a tunnel or a hop costs, in goodput and in
-//! the host's CPU. The tests run as `bloatlab test` processes.
+//! the host's CPU. The tests run here, one after another.
 
-use crate::{stamp, table, write_report};
+use crate::{stamp, table, test_label, write_report};
+use bloatlab_measure::http_rpm::HttpOptions;
+use bloatlab_measure::Params;
 use bloatlab_result::Summary;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub struct TargetsOptions {
-    pub exe: PathBuf,
-    /// The test each run makes (`tcp-down`, `rrul`, ...), with its own options.
-    pub test: Vec<String>,
+    /// The test each run makes (`tcp-down`, `rrul`, ...), with its own options; its length is
+    /// `length`.
+    pub test: Params,
+    /// For URL targets (rpm over HTTP).
+    pub http: HttpOptions,
+    /// The servers' shared key, when they require one.
+    pub key: Option<Vec<u8>>,
+    /// Inside a lab (`lab exec`, `lab run`): its control socket, to keep its counters with
+    /// each run.
+    pub lab_socket: Option<PathBuf>,
     /// Load phase of each run, seconds.
     pub length: f64,
     pub out_dir: PathBuf,
@@ -165,25 +173,26 @@ pub fn text(runs: &[TargetRun]) -> String {
 }
 
 fn run_one(o: &TargetsOptions, target: &str, out: &Path) -> Result<Summary, String> {
-    let (kind, extra) = o.test.split_first().ok_or("no test named")?;
-    let mut cmd = Command::new(&o.exe);
-    cmd.args(["test", kind, target])
-        .args(extra)
-        .args(["-l", &o.length.to_string(), "--json", "-o"])
-        .arg(out)
-        .stdout(Stdio::piped());
-    if o.quiet {
-        cmd.arg("-q");
+    let mut params = o.test.clone();
+    params.length = o.length;
+    let opts = bloatlab_measure::Options {
+        key: o.key.clone(),
+        ..crate::test_options(out, o.quiet, &o.stop)
+    };
+    let at_start = o
+        .lab_socket
+        .as_deref()
+        .and_then(|s| bloatlab_lab::control::counters(s).ok());
+    let tag = params.test.name();
+    let mut outcome = bloatlab_measure::run_target(&params, target, &opts, &o.http)
+        .map_err(|e| format!("the {tag} run against {target} failed: {e}"))?;
+    if let Some(socket) = &o.lab_socket {
+        let r = bloatlab_lab::control::attach_counters(socket, &mut outcome.result, out, at_start);
+        if let Err(e) = r {
+            eprintln!("bloatlab: {e}");
+        }
     }
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run the test: {e}"))?;
-    serde_json::from_slice(&out.stdout).map_err(|_| {
-        format!(
-            "the {kind} run against {target} failed (exit {:?})",
-            out.status.code()
-        )
-    })
+    crate::summary_of(outcome, &format!("{tag} run against {target}"))
 }
 
 /// Runs the test against each target in turn and writes one report of them all.
@@ -200,7 +209,7 @@ pub fn compare_targets(targets: &[String], o: &TargetsOptions) -> Result<TargetC
                 "{}/{}: {} against {target} ({} s load)",
                 i + 1,
                 targets.len(),
-                o.test.join(" "),
+                test_label(&o.test),
                 o.length
             );
         }

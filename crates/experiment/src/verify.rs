@@ -1,12 +1,14 @@
 //! `tune apply --verify`: measure, apply, measure again, keep the change only if it helped.
-//! The tests run as `bloatlab test` processes (in a namespace when the path starts in one, as
-//! from a lab's client), the change through `bloatlab_tune::apply`.
+//! The tests run here (on a thread inside a namespace when the path starts in one, as from a
+//! lab's client), the change through `bloatlab_tune::apply`.
 
+use bloatlab_measure::{Params, TestKind};
 use bloatlab_result::Summary;
 use bloatlab_tune::apply::{self, Iface};
 use serde::Serialize;
 use std::path::PathBuf;
-use std::process::Command;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 /// Goodput the change may cost, as a share of what was measured before: a shaper at 95% of
 /// the line takes some 5-10% on purpose.
@@ -19,7 +21,6 @@ pub const KEEP_GOODPUT: f64 = 0.85;
 pub const KEEP_DIRECTION: f64 = 0.25;
 
 pub struct Verify {
-    pub exe: PathBuf,
     /// The bloatlab server to measure against.
     pub host: String,
     /// Run the tests inside this network namespace.
@@ -42,28 +43,19 @@ fn measure(v: &Verify, tag: &str) -> Result<Summary, String> {
         "bloatlab-tune-{tag}-{}.json.gz",
         std::process::id()
     ));
-    let mut c = match &v.netns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(&v.exe);
-            c
-        }
-        None => Command::new(&v.exe),
+    let params = Params {
+        length: v.length,
+        idle: 3.0,
+        ..Params::new(TestKind::RrulBe)
     };
-    c.args([
-        "test",
-        "rrul-be",
-        &v.host,
-        "-l",
-        &v.length.to_string(),
-        "--idle",
-        "3",
-        "--json",
-        "-q",
-        "-o",
-    ])
-    .arg(&file);
-    crate::summary_of(c, tag)
+    let opts = crate::test_options(&file, true, &Arc::new(AtomicBool::new(false)));
+    let run = || bloatlab_measure::run(&params, &v.host, &opts);
+    let outcome = match &v.netns {
+        Some(ns) => bloatlab_lab::ns::in_netns(ns, run)?,
+        None => run(),
+    }
+    .map_err(|e| format!("the {tag} test failed: {e}"))?;
+    crate::summary_of(outcome, tag)
 }
 
 /// Keep or not, and why: latency under load must not rise, the total goodput must keep

@@ -1,13 +1,15 @@
 //! `tune apply --sysctl --verify DIR`: measure the page cache in front of DIR's disk, set the
-//! dirty thresholds, measure again, keep them only if they helped. The tests run as `bloatlab
-//! test writeback` processes; the thresholds are global, so every way out of here that does
+//! dirty thresholds, measure again, keep them only if they helped. The tests run here
+//! (`bloatlab_measure::writeback`); the thresholds are global, so every way out of here that does
 //! not keep them restores the machine's own (also when a measurement fails).
 
+use bloatlab_measure::writeback::{Fsync, WritebackParams};
 use bloatlab_result::Summary;
 use bloatlab_tune::sysctl;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 /// Rate to stable storage the change may cost, as a share of before: smaller thresholds
 /// start the disk earlier, which should not slow it.
@@ -17,7 +19,6 @@ pub const KEEP_SYNC_WAIT: f64 = 1.5;
 pub const SYNC_WAIT_SLACK_MS: f64 = 5.0;
 
 pub struct WritebackVerify {
-    pub exe: PathBuf,
     pub dir: PathBuf,
     /// Bytes each test writes, and the feeding rate it writes at (full speed when absent).
     pub size: u64,
@@ -38,24 +39,17 @@ fn measure(v: &WritebackVerify, tag: &str) -> Result<Summary, String> {
         "bloatlab-tune-writeback-{tag}-{}.json.gz",
         std::process::id()
     ));
-    let mut c = Command::new(&v.exe);
-    c.arg("test")
-        .arg("writeback")
-        .arg(&v.dir)
-        .args([
-            "--size",
-            &v.size.to_string(),
-            "--idle",
-            "1",
-            "--json",
-            "-q",
-            "-o",
-        ])
-        .arg(&file);
-    if let Some(r) = v.rate_bps {
-        c.args(["--rate", &format!("{r}bit")]);
-    }
-    crate::summary_of(c, tag)
+    let params = WritebackParams {
+        dir: v.dir.clone(),
+        size: v.size,
+        rate_bps: v.rate_bps,
+        fsync: Fsync::End,
+        idle: 1.0,
+    };
+    let opts = crate::test_options(&file, true, &Arc::new(AtomicBool::new(false)));
+    let outcome = bloatlab_measure::writeback::run(&params, &opts)
+        .map_err(|e| format!("the {tag} test failed: {e}"))?;
+    crate::summary_of(outcome, tag)
 }
 
 /// The longest a synced write waited: the small probes' p99 or the big file's closing fsync,

@@ -124,3 +124,33 @@ pub fn request(path: &Path, req: &Request) -> Result<Response, String> {
         .map_err(|e| e.to_string())?;
     serde_json::from_str(&resp).map_err(|e| format!("bad answer from the lab: {e}"))
 }
+
+/// The counters of the lab listening at `socket`, for a result file.
+pub fn counters(socket: &Path) -> Result<serde_json::Value, String> {
+    match request(socket, &Request::Stats)? {
+        Response {
+            ok: true,
+            stats: Some(s),
+            ..
+        } => Ok(s),
+        r => Err(r
+            .message
+            .unwrap_or_else(|| "no counters in the answer".into())),
+    }
+}
+
+/// Inside a lab, the emulator's counters go into the test's result file: ground truth next to
+/// the measurement. They count from the lab's start, so both ends of the test are kept (the
+/// difference is what this test saw). `at_start` was read before the test; the file at `path`
+/// is rewritten with both.
+pub fn attach_counters(
+    socket: &Path,
+    result: &mut bloatlab_result::ResultFile,
+    path: &Path,
+    at_start: Option<serde_json::Value>,
+) -> Result<(), String> {
+    let at_end = counters(socket).map_err(|e| format!("lab counters unavailable: {e}"))?;
+    result.metadata.lab = Some(serde_json::json!({ "at_start": at_start, "at_end": at_end }));
+    bloatlab_result::write_atomic(path, result)
+        .map_err(|e| format!("could not add the lab counters to {}: {e}", path.display()))
+}

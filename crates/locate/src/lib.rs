@@ -9,7 +9,7 @@ pub mod verdict;
 
 use bloatlab_measure::hops::{HopConfig, HopProbe, HopProber};
 use bloatlab_measure::localq::{LocalQueue, LocalQueueSampler};
-use bloatlab_measure::{Ended, Params};
+use bloatlab_measure::{Ended, Params, TestKind};
 use bloatlab_result::Summary;
 use observe::Windows;
 use serde::Serialize;
@@ -50,6 +50,30 @@ fn names(addrs: &[IpAddr]) -> std::collections::HashMap<IpAddr, String> {
 
 /// Seconds of each load phase skipped while the queues fill (as the test summaries do).
 const RAMP: f64 = 2.0;
+
+/// One test per load phase: `flows` TCP flows per loaded direction for `length` s after
+/// `idle` s (the first phase idles 2 s more, while the hops' first answers come in), probes
+/// marked EF.
+pub fn phase_tests(loads: &[Load], length: f64, idle: f64, flows: u16) -> Vec<(Load, Params)> {
+    loads
+        .iter()
+        .enumerate()
+        .map(|(i, &load)| {
+            let test = match load {
+                Load::Download => TestKind::TcpDown,
+                Load::Upload => TestKind::TcpUp,
+                Load::Both => TestKind::TcpBidir,
+            };
+            let params = Params {
+                length,
+                idle: if i == 0 { idle + 2.0 } else { idle },
+                flows,
+                ..Params::new(test)
+            };
+            (load, params)
+        })
+        .collect()
+}
 
 pub struct Options {
     /// Where the locate file and each phase's result file go.

@@ -35,6 +35,16 @@ impl Load {
             Load::Both => "both",
         }
     }
+    /// A phase by the name the command line takes (`download` or `down`, `upload` or `up`,
+    /// `both`).
+    pub fn parse(name: &str) -> Option<Load> {
+        match name {
+            "download" | "down" => Some(Load::Download),
+            "upload" | "up" => Some(Load::Upload),
+            "both" => Some(Load::Both),
+            _ => None,
+        }
+    }
     fn index(self) -> usize {
         self as usize
     }

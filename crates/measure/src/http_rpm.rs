@@ -46,6 +46,7 @@ const ACKED_EVERY: Duration = Duration::from_millis(5);
 /// connection's send budget).
 const UPLOAD_CHUNK: usize = sendbuf::MAX;
 
+#[derive(Clone, Debug, Default)]
 pub struct HttpOptions {
     /// Accept any certificate (self-signed test servers).
     pub insecure: bool,

@@ -20,10 +20,32 @@ pub mod target;
 mod udp_load;
 pub mod writeback;
 
-pub use plan::{Params, TestKind, UdpParams};
+pub use plan::{Params, TestKind, UdpParams, MAX_FLOWS};
 pub use run::{run, Ended, Options, Outcome};
 
 use std::net::SocketAddr;
+
+/// Whether a target names a responsiveness config URL (the HTTP transport) rather than a
+/// bloatlab server's HOST[:PORT].
+pub fn is_url(target: &str) -> bool {
+    target.starts_with("https://") || target.starts_with("http://")
+}
+
+/// Runs a network test against `target`: a bloatlab server's HOST[:PORT], or for `rpm` a
+/// responsiveness config URL over `http`. The one entry the command line and the
+/// experiments share.
+pub fn run_target(
+    params: &Params,
+    target: &str,
+    opts: &Options,
+    http: &http_rpm::HttpOptions,
+) -> Result<Outcome, MeasureError> {
+    if is_url(target) {
+        http_rpm::run(params, target, opts, http)
+    } else {
+        run(params, target, opts)
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum MeasureError {

@@ -50,6 +50,9 @@ impl TestKind {
     }
 }
 
+/// Most flows per direction a test may open.
+pub const MAX_FLOWS: u16 = 256;
+
 /// What the user asked for.
 #[derive(Clone, Debug, Serialize)]
 pub struct Params {
@@ -76,6 +79,47 @@ pub struct Params {
     pub rpm_sequential: bool,
     /// udp: the load's rate, size, pacing and profile bucket.
     pub udp: Option<UdpParams>,
+}
+
+impl Params {
+    /// A test of `kind` as `bloatlab test KIND` runs it with no other flags.
+    pub fn new(test: TestKind) -> Params {
+        Params {
+            test,
+            length: test.default_length(),
+            idle: 5.0,
+            step: 0.01,
+            flows: 4,
+            cc: None,
+            dscp: 46,
+            under_load: false,
+            probe_size: 64,
+            rpm_interval: 1.0,
+            rpm_sequential: false,
+            udp: None,
+        }
+    }
+
+    /// The parameters a test can run with, or what is wrong with them in the words of the
+    /// command line's flags.
+    pub fn validate(&self) -> Result<(), String> {
+        let (length, idle) = (self.length, self.idle);
+        if !(length > 0.0 && length.is_finite() && idle >= 0.0 && idle.is_finite()) {
+            return Err("--length must be positive and --idle not negative".into());
+        }
+        if !(0.001..=1.0).contains(&self.step) {
+            return Err("--step must be between 0.001 and 1 second".into());
+        }
+        if self.flows == 0 || self.flows > MAX_FLOWS {
+            return Err(format!("--flows must be between 1 and {MAX_FLOWS}"));
+        }
+        if let Some(u) = &self.udp {
+            if !(1e-4..=1.0).contains(&u.bucket) {
+                return Err("--bucket must be between 100us and 1s".into());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `test udp`: a constant-rate UDP stream to the server.
@@ -279,18 +323,8 @@ mod tests {
 
     fn params(test: TestKind) -> Params {
         Params {
-            test,
             length: 30.0,
-            idle: 5.0,
-            step: 0.01,
-            flows: 4,
-            cc: None,
-            dscp: 46,
-            under_load: false,
-            probe_size: 64,
-            rpm_interval: 1.0,
-            rpm_sequential: false,
-            udp: None,
+            ..Params::new(test)
         }
     }
 

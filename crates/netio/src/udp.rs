@@ -57,13 +57,14 @@ fn snmp6(text: &str, name: &str) -> Option<u64> {
 }
 
 /// UDP datagrams this network namespace dropped because a socket's receive buffer was full,
-/// IPv4 and IPv6 together, since boot.
+/// IPv4 and IPv6 together, since boot. The calling thread's namespace: /proc/net is the
+/// process leader's, which differs for a test run on a thread inside a lab host.
 pub fn udp_rcvbuf_errors() -> Option<u64> {
     let v4 = snmp_udp(
-        &std::fs::read_to_string("/proc/net/snmp").ok()?,
+        &std::fs::read_to_string("/proc/thread-self/net/snmp").ok()?,
         "RcvbufErrors",
     )?;
-    let v6 = std::fs::read_to_string("/proc/net/snmp6")
+    let v6 = std::fs::read_to_string("/proc/thread-self/net/snmp6")
         .ok()
         .and_then(|t| snmp6(&t, "Udp6RcvbufErrors"))
         .unwrap_or(0);
