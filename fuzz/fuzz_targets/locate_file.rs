@@ -4,10 +4,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else {
-        return;
-    };
-    if let Some(Ok(view)) = bloatlab_report::hops::from_json(&v) {
-        let _ = bloatlab_report::html::render_hops(&view);
+    if let Some(Ok(l)) = bloatlab_result::locate::parse(data) {
+        let _ = bloatlab_report::html::render_hops(&bloatlab_report::hops::from_locate(&l));
     }
 });

@@ -55,28 +55,13 @@ pub fn run(
     progress: ProgressMode,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> ExitCode {
-    let usage = |m: String| {
-        eprintln!("bloatlab: {m}");
-        ExitCode::from(2)
-    };
-    if !(a.length >= 4.0 && a.length.is_finite()) {
-        return usage(
-            "--length must be at least 4 seconds (2 s of it are the queues filling)".into(),
-        );
-    }
-    if !(a.idle >= 1.0 && a.idle.is_finite()) {
-        return usage("--idle must be at least 1 second".into());
-    }
-    if !(0.05..=10.0).contains(&a.hop_interval) {
-        return usage("--hop-interval must be between 0.05 and 10 seconds".into());
-    }
-    if a.flows == 0 || a.flows > 16 {
-        return usage("--flows must be between 1 and 16".into());
+    if let Err(e) = bloatlab_locate::validate(a.length, a.idle, a.hop_interval, a.flows) {
+        return crate::usage(e);
     }
     let mut loads = Vec::new();
     for name in &a.phases {
         let Some(load) = Load::parse(name) else {
-            return usage(format!(
+            return crate::usage(format!(
                 "--phases: `{name}` is not download, upload or both"
             ));
         };

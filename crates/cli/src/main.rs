@@ -8,6 +8,7 @@ mod locate_cmd;
 mod report_cmd;
 mod tune_cmd;
 
+use bloatlab_server::web::tls;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -232,22 +233,6 @@ fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     }
 }
 
-/// The self-signed certificate's names when none are given.
-fn default_names() -> Vec<String> {
-    let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
-    if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
-        let h = h.trim();
-        if !h.is_empty()
-            && h != "localhost"
-            && h.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-        {
-            names.push(h.to_string());
-        }
-    }
-    names
-}
-
 /// The web face's settings from the command line; --self-signed makes or finds its files here.
 fn web_config(a: &ServerArgs) -> Result<bloatlab_server::web::WebConfig, String> {
     if !(a.web_max_gb.is_finite() && a.web_max_gb > 0.0) {
@@ -265,23 +250,13 @@ fn web_config(a: &ServerArgs) -> Result<bloatlab_server::web::WebConfig, String>
     let tls = match (&a.cert, &a.cert_key, a.self_signed) {
         (Some(c), Some(k), _) => Some((c.clone(), k.clone())),
         (_, _, true) => {
-            let dir = a
-                .tls_dir
-                .clone()
-                .unwrap_or_else(|| match std::env::var_os("HOME") {
-                    // SAFETY: geteuid has no preconditions.
-                    Some(home) if unsafe { libc::geteuid() } != 0 => {
-                        PathBuf::from(home).join(".local/state/bloatlab/tls")
-                    }
-                    _ => PathBuf::from("/var/lib/bloatlab/tls"),
-                });
+            let dir = a.tls_dir.clone().unwrap_or_else(tls::default_dir);
             let names = if a.name.is_empty() {
-                default_names()
+                tls::default_names()
             } else {
                 a.name.clone()
             };
-            let (cert, key) =
-                bloatlab_server::web::tls::self_signed(&dir, &names, std::time::SystemTime::now())?;
+            let (cert, key) = tls::self_signed(&dir, &names, std::time::SystemTime::now())?;
             eprintln!(
                 "bloatlab server: self-signed certificate for {} in {}",
                 names.join(", "),
@@ -294,7 +269,7 @@ fn web_config(a: &ServerArgs) -> Result<bloatlab_server::web::WebConfig, String>
     if let Some((cert, _)) = &tls {
         eprintln!(
             "bloatlab server: certificate SHA-256 {}",
-            bloatlab_server::web::tls::fingerprint_of(cert)?
+            tls::fingerprint_of(cert)?
         );
     }
     Ok(bloatlab_server::web::WebConfig {
@@ -545,9 +520,16 @@ fn progress_mode(quiet: bool) -> ProgressMode {
     }
 }
 
-fn fail(msg: impl std::fmt::Display) -> ExitCode {
+/// A failure: one line on stderr, exit code 1.
+pub(crate) fn fail(msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("bloatlab: {msg}");
     ExitCode::from(1)
+}
+
+/// A usage error: one line on stderr, exit code 2.
+pub(crate) fn usage(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("bloatlab: {msg}");
+    ExitCode::from(2)
 }
 
 /// The shared key: the file's bytes (a trailing newline dropped), else BLOATLAB_KEY's value.
@@ -559,16 +541,7 @@ fn load_key(file: Option<&std::path::Path>) -> Result<Option<Vec<u8>>, String> {
             None => return Ok(None),
         },
     };
-    let key = raw.strip_suffix(b"\n").unwrap_or(&raw);
-    let key = key.strip_suffix(b"\r").unwrap_or(key);
-    if key.len() < bloatlab_proto::auth::MIN_KEY_LEN {
-        return Err(format!(
-            "the key must be at least {} bytes (got {})",
-            bloatlab_proto::auth::MIN_KEY_LEN,
-            key.len()
-        ));
-    }
-    Ok(Some(key.to_vec()))
+    bloatlab_proto::auth::parse_key(&raw).map(Some)
 }
 
 /// For the long-running processes (server, lab): a peer that resets a connection while a
@@ -632,26 +605,7 @@ fn server(a: ServerArgs) -> ExitCode {
             ))
         }
     };
-    eprintln!(
-        "bloatlab server listening on {} (TCP and UDP); Ctrl-C to stop",
-        server.local_addr
-    );
-    if let Some(a) = server.https_addr {
-        eprintln!("bloatlab server: responsiveness endpoints on https://{a}/.well-known/nq");
-    }
-    if let Some(a) = server.http_addr {
-        eprintln!("bloatlab server: responsiveness endpoints on http://{a}/.well-known/nq");
-    }
-    match server.ws_addr {
-        Some(ws) => eprintln!(
-            "bloatlab server: browser test at the same addresses' / (latency probes on port {})",
-            ws.port()
-        ),
-        None if server.http_addr.is_some() || server.https_addr.is_some() => {
-            eprintln!("bloatlab server: no --ws port: the browser test at / cannot probe latency")
-        }
-        None => {}
-    }
+    eprint!("{}", server.banner());
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -787,13 +741,9 @@ fn test_spec(spec: &str) -> Result<(Params, HttpOptions), String> {
 }
 
 fn test(a: TestArgs) -> ExitCode {
-    let usage = |m: &str| {
-        eprintln!("bloatlab: {m}");
-        ExitCode::from(2)
-    };
     let params = match a.params() {
         Ok(p) => p,
-        Err(e) => return usage(&e),
+        Err(e) => return usage(e),
     };
     let kind = params.test;
     let progress = progress_mode(a.quiet);

@@ -1,8 +1,9 @@
 //! `bloatlab report|plot|export`: result files in, pictures and other formats out.
 
+use crate::fail;
+use bloatlab_report::export;
 use bloatlab_report::plot::{self, Kind};
 use bloatlab_report::view::label_for;
-use bloatlab_report::{export, html, RunView};
 use clap::ValueEnum;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -25,43 +26,8 @@ pub enum ExportFormat {
     Csv,
 }
 
-fn fail(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("bloatlab: {msg}");
-    ExitCode::from(1)
-}
-
-pub fn load(paths: &[PathBuf]) -> Result<Vec<RunView>, String> {
-    paths
-        .iter()
-        .map(|p| {
-            bloatlab_result::read(p)
-                .map(|r| RunView::new(&r, &label_for(p)))
-                .map_err(|e| e.to_string())
-        })
-        .collect()
-}
-
-/// A locate file's chart data, `None` for anything else (result files go to `load`).
-fn locate_view(p: &Path) -> Option<Result<bloatlab_report::hops::HopsView, String>> {
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(p).ok()?).ok()?;
-    bloatlab_report::hops::from_json(&v).map(|r| r.map_err(|e| format!("{}: {e}", p.display())))
-}
-
-pub fn write_report(paths: &[PathBuf], out: &Path) -> Result<(), String> {
-    let page = match (paths, paths.iter().find_map(|p| locate_view(p))) {
-        ([_], Some(view)) => html::render_hops(&view?),
-        (_, Some(_)) => {
-            return Err(
-                "a locate file (bloatlab locate) makes a report of its own: give it alone".into(),
-            )
-        }
-        (_, None) => html::render(&load(paths)?),
-    };
-    std::fs::write(out, page).map_err(|e| format!("{}: {e}", out.display()))
-}
-
 pub fn report(paths: &[PathBuf], out: &Path) -> ExitCode {
-    match write_report(paths, out) {
+    match bloatlab_report::write_html(paths, out) {
         Ok(()) => {
             eprintln!(
                 "report written to {} (opens offline in any browser)",
@@ -74,7 +40,7 @@ pub fn report(paths: &[PathBuf], out: &Path) -> ExitCode {
 }
 
 pub fn plot(paths: &[PathBuf], kind: PlotKind, out: &Path) -> ExitCode {
-    let runs = match load(paths) {
+    let runs = match bloatlab_report::load(paths) {
         Ok(r) => r,
         Err(e) => return fail(e),
     };

@@ -1,10 +1,11 @@
 //! `bloatlab advise` and `bloatlab config`: result files and options in, advice and
 //! configurations out (the logic is in bloatlab-tune).
 
+use crate::{fail, usage};
 use bloatlab_tune::advise::{self, Qdisc, Target};
 use bloatlab_tune::config::{self, Leaf, Shaping};
+use bloatlab_tune::inputs;
 use bloatlab_tune::link::LinkType;
-use bloatlab_tune::writeback::Feed;
 use bloatlab_units as units;
 use clap::ValueEnum;
 use std::path::PathBuf;
@@ -116,78 +117,6 @@ pub struct ConfigArgs {
     delay: Duration,
 }
 
-fn fail(m: impl std::fmt::Display) -> ExitCode {
-    eprintln!("bloatlab: {m}");
-    ExitCode::from(1)
-}
-
-fn usage(m: impl std::fmt::Display) -> ExitCode {
-    eprintln!("bloatlab: {m}");
-    ExitCode::from(2)
-}
-
-/// Result files' summaries, and whether a locate file among them put the queue on this host.
-fn read_inputs(files: &[PathBuf]) -> Result<(Vec<bloatlab_result::Summary>, bool), String> {
-    let (mut runs, mut on_host) = (Vec::new(), false);
-    for f in files {
-        let locate = std::fs::read(f)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .filter(|v| v["format"] == "bloatlab-locate");
-        if let Some(v) = locate {
-            on_host |= v["verdict"]["hop"] == 0;
-            continue;
-        }
-        let r = bloatlab_result::read(f).map_err(|e| e.to_string())?;
-        runs.push(
-            r.summary
-                .clone()
-                .unwrap_or_else(|| bloatlab_analyze::summarize(&r)),
-        );
-    }
-    if runs.is_empty() {
-        return Err("no result file among the inputs (a locate file alone has no rates)".into());
-    }
-    Ok((runs, on_host))
-}
-
-/// The rate that feeds a disk: `rate` when given, else the best goodput of the network results
-/// (a writeback result among them is skipped).
-fn feed_from(
-    rate: Option<u64>,
-    results: &[(PathBuf, bloatlab_result::ResultFile)],
-) -> Option<Feed> {
-    let best = results
-        .iter()
-        .filter(|(_, r)| r.metadata.test != "writeback")
-        .map(|(f, r)| {
-            (
-                f,
-                r.summary
-                    .clone()
-                    .unwrap_or_else(|| bloatlab_analyze::summarize(r)),
-            )
-        })
-        .flat_map(|(f, s)| {
-            [s.throughput_mbps.down, s.throughput_mbps.up]
-                .into_iter()
-                .flatten()
-                .map(move |m| (f, m))
-        })
-        .max_by(|x, y| x.1.total_cmp(&y.1));
-    match (rate, best) {
-        (Some(bps), _) => Some(Feed {
-            bps,
-            from: "given with --rate".into(),
-        }),
-        (None, Some((f, m))) => Some(Feed {
-            bps: (m * 1e6) as u64,
-            from: format!("the best goodput measured in {}", f.display()),
-        }),
-        (None, None) => None,
-    }
-}
-
 /// Writeback advice from a writeback result, the feeding rate from --rate or the network
 /// results beside it.
 fn advise_writeback(
@@ -195,7 +124,12 @@ fn advise_writeback(
     wb: &bloatlab_result::ResultFile,
     results: &[(PathBuf, bloatlab_result::ResultFile)],
 ) -> ExitCode {
-    match bloatlab_tune::writeback::advise(wb, feed_from(a.rate, results), a.nfs_block, a.rpm) {
+    match bloatlab_tune::writeback::advise(
+        wb,
+        inputs::feed_from(a.rate, results),
+        a.nfs_block,
+        a.rpm,
+    ) {
         Ok(adv) if a.json => println!(
             "{}",
             serde_json::to_string_pretty(&adv).expect("serializes")
@@ -221,7 +155,7 @@ pub fn advise_cmd(a: AdviseArgs) -> ExitCode {
     if let Some((_, wb)) = results.iter().find(|(_, r)| r.metadata.test == "writeback") {
         return advise_writeback(&a, wb, &results);
     }
-    let (runs, on_host) = match read_inputs(&a.files) {
+    let (runs, on_host) = match inputs::read_runs(&a.files) {
         Ok(x) => x,
         Err(e) => return fail(e),
     };
@@ -260,7 +194,7 @@ pub fn config_cmd(a: ConfigArgs) -> ExitCode {
     let (mut down, mut up) = (a.down.map(kbit), a.up.map(kbit));
     let mut ack_filter = a.ack_filter;
     if !a.from.is_empty() {
-        let (runs, _) = match read_inputs(&a.from) {
+        let (runs, _) = match inputs::read_runs(&a.from) {
             Ok(x) => x,
             Err(e) => return fail(e),
         };
@@ -495,27 +429,12 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
                     Err(e) => return fail(format!("{}: {e}", f.display())),
                 },
                 (None, false) => {
-                    let (runs, _) = match read_inputs(&from) {
+                    let (runs, _) = match inputs::read_runs(&from) {
                         Ok(x) => x,
                         Err(e) => return fail(e),
                     };
-                    let adv = advise::advise(
-                        &runs,
-                        &Target {
-                            link,
-                            qdisc: Qdisc::Cake,
-                            queue_on_host: false,
-                        },
-                    );
-                    let ack_filter = adv.upload_ack_filter();
-                    let s = Shaping {
-                        dev,
-                        down_kbit: adv.down.map(|d| d.rate_kbit),
-                        up_kbit: adv.up.map(|d| d.rate_kbit),
-                        link,
-                        ack_filter,
-                    };
-                    let (script, said) = config::for_kernel(&s, bloatlab_tune::apply::kernel_has);
+                    let has = bloatlab_tune::apply::kernel_has;
+                    let (script, said) = inputs::kernel_script(&runs, &dev, link, has);
                     if let Some(said) = said {
                         eprintln!("{said}");
                     }
@@ -531,26 +450,12 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
                     out_dir,
                 };
                 return match bloatlab_experiment::verify::apply_verified(&iface, &script, &v) {
+                    Ok(r) if json => {
+                        println!("{}", serde_json::to_string_pretty(&r).expect("serializes"));
+                        ExitCode::SUCCESS
+                    }
                     Ok(r) => {
-                        if json {
-                            println!("{}", serde_json::to_string_pretty(&r).expect("serializes"));
-                        } else {
-                            let row = |n: &str, s: &bloatlab_result::Summary| {
-                                let m =
-                                    |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}"));
-                                println!(
-                                    "{n:<7} added latency {:>7} ms   down {:>6} Mbit/s   up \
-                                    {:>6} \
-                                    Mbit/s",
-                                    m(s.added_latency_ms),
-                                    m(s.throughput_mbps.down),
-                                    m(s.throughput_mbps.up)
-                                );
-                            };
-                            row("before", &r.before);
-                            row("after", &r.after);
-                            println!("{}: {}", if r.kept { "kept" } else { "not kept" }, r.reason);
-                        }
+                        print!("{}", r.text());
                         ExitCode::SUCCESS
                     }
                     Err(e) => fail(e),
@@ -621,30 +526,16 @@ fn apply_sysctl(
             Ok(v) => v,
             Err(e) => return fail(e),
         },
-        (None, false) => {
-            let results: Vec<(PathBuf, bloatlab_result::ResultFile)> = match from
-                .iter()
-                .map(|f| {
-                    bloatlab_result::read(f)
-                        .map(|r| (f.clone(), r))
-                        .map_err(|e| e.to_string())
-                })
-                .collect()
-            {
-                Ok(r) => r,
-                Err(e) => return fail(e),
-            };
-            let Some((_, wb)) = results.iter().find(|(_, r)| r.metadata.test == "writeback") else {
+        (None, false) => match inputs::writeback_thresholds(from, rate) {
+            Ok(Some(t)) => t,
+            Ok(None) => {
                 return usage(
                     "--sysctl --from needs a writeback result (bloatlab test writeback \
                     DIR -o FILE)",
-                );
-            };
-            match bloatlab_tune::writeback::advise(wb, feed_from(rate, &results), 1 << 20, None) {
-                Ok(a) => (a.dirty_background_bytes, a.dirty_bytes),
-                Err(e) => return fail(e),
+                )
             }
-        }
+            Err(e) => return fail(e),
+        },
         (None, true) => return usage(
             "give --config FILE (bloatlab config sysctl-writeback) or --from WRITEBACK-RESULT...",
         ),
@@ -670,21 +561,7 @@ fn apply_sysctl(
             ExitCode::SUCCESS
         }
         Ok(r) => {
-            let row = |n: &str, s: &bloatlab_result::Summary| {
-                let m = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}"));
-                let w = s.writeback.as_ref();
-                println!(
-                    "{n:<7} dirty peak {:>7} MB   to the disk {:>7} Mbit/s   closing fsync {:>7} \
-                        ms   small sync p99 {:>7} ms",
-                    m(w.map(|w| w.dirty_peak_mb)),
-                    m(s.stable_mbps),
-                    m(s.fsync_ms),
-                    m(s.small_sync_ms.map(|p| p.p99))
-                );
-            };
-            row("before", &r.before);
-            row("after", &r.after);
-            println!("{}: {}", if r.kept { "kept" } else { "not kept" }, r.reason);
+            print!("{}", r.text());
             ExitCode::SUCCESS
         }
         Err(e) => fail(e),

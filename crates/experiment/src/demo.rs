@@ -12,7 +12,8 @@ use bloatlab_report::html::Section;
 use bloatlab_result::Summary;
 use bloatlab_tune::advise::{self, Advice, Qdisc, Target};
 use bloatlab_tune::apply::{self, Iface};
-use bloatlab_tune::config::{self, Shaping};
+use bloatlab_tune::config;
+use bloatlab_tune::inputs;
 use bloatlab_tune::link::LinkType;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -126,6 +127,31 @@ fn locate(s: &Session, o: &Options, length: f64) -> Result<Located, String> {
     })
 }
 
+impl Demo {
+    /// The verdict, before and after side by side, and whether the fix stays.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        if let Some(l) = &self.located {
+            out += &format!("{}\n", verdict_text(&l.verdict));
+        }
+        let mut cols = vec![("modem FIFO", &self.before)];
+        if let Some(a) = &self.after {
+            let label = if self.kept {
+                "advised fix"
+            } else {
+                "advised fix (rolled back)"
+            };
+            cols.push((label, a));
+        }
+        out += &crate::table::table(&cols);
+        if !self.reason.is_empty() {
+            let kept = if self.kept { "kept" } else { "not kept" };
+            out += &format!("\n{kept}: {}\n", self.reason);
+        }
+        out
+    }
+}
+
 /// The verdict in words, with its caveats.
 pub fn verdict_text(v: &Verdict) -> String {
     let mut t = v.text.clone();
@@ -211,11 +237,7 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
     let mut runs = vec![d.before.clone()];
     for f in &located.phase_files {
         let r = bloatlab_result::read(f).map_err(|e| e.to_string())?;
-        runs.push(
-            r.summary
-                .clone()
-                .unwrap_or_else(|| bloatlab_analyze::summarize(&r)),
-        );
+        runs.push(inputs::summary(&r));
     }
     let on_host = located.verdict.hop == Some(0);
     d.located = Some(located);
@@ -248,10 +270,11 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
         title: "Advice (bloatlab advise)".into(),
         text: advice.text(),
     });
+    let shaping = inputs::shaping(&advice, &router_dev, link);
     let shaper = Shaper {
-        up_kbit: advice.up.as_ref().map(|a| a.rate_kbit),
-        down_kbit: advice.down.as_ref().map(|a| a.rate_kbit),
-        ack_filter: advice.upload_ack_filter(),
+        up_kbit: shaping.up_kbit,
+        down_kbit: shaping.down_kbit,
+        ack_filter: shaping.ack_filter,
     };
     d.advice = Some(advice);
 
@@ -271,13 +294,6 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
                 .join("\n")
         }
         Apply::Kernel => {
-            let shaping = Shaping {
-                dev: router_dev.clone(),
-                down_kbit: shaper.down_kbit,
-                up_kbit: shaper.up_kbit,
-                link,
-                ack_filter: shaper.ack_filter,
-            };
             let (script, said) = config::for_kernel(&shaping, apply::kernel_has);
             if let Some(said) = said {
                 o.say(&said);

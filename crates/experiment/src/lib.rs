@@ -54,6 +54,34 @@ pub struct Comparison {
     pub interrupted: bool,
 }
 
+impl Comparison {
+    /// The runs side by side, one column a fix.
+    pub fn text(&self) -> String {
+        let cols: Vec<(&str, &Summary)> = self
+            .runs
+            .iter()
+            .map(|r| (r.fix.label(), &r.summary))
+            .collect();
+        table::table(&cols)
+    }
+
+    /// `{"runs": [{"fix", "file", "summary"}, ...]}`.
+    pub fn json(&self) -> String {
+        let runs: Vec<serde_json::Value> = self
+            .runs
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "fix": r.fix.name(),
+                    "file": r.file,
+                    "summary": r.summary,
+                })
+            })
+            .collect();
+        serde_json::to_string_pretty(&serde_json::json!({ "runs": runs })).expect("plain data")
+    }
+}
+
 impl Options {
     fn say(&self, m: &str) {
         if !self.quiet {

@@ -119,6 +119,25 @@ pub fn judge(before: &Summary, after: &Summary) -> (bool, String) {
     )
 }
 
+impl Verified {
+    /// Before and after, one line each, and whether the change stays.
+    pub fn text(&self) -> String {
+        let row = |n: &str, s: &Summary| {
+            let m = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}"));
+            format!(
+                "{n:<7} added latency {:>7} ms   down {:>6} Mbit/s   up {:>6} Mbit/s\n",
+                m(s.added_latency_ms),
+                m(s.throughput_mbps.down),
+                m(s.throughput_mbps.up)
+            )
+        };
+        let kept = if self.kept { "kept" } else { "not kept" };
+        row("before", &self.before)
+            + &row("after", &self.after)
+            + &format!("{kept}: {}\n", self.reason)
+    }
+}
+
 /// Measures, applies `script` to `iface`, measures again; rolls back unless `judge` keeps it.
 pub fn apply_verified(iface: &Iface, script: &str, v: &Verify) -> Result<Verified, String> {
     std::fs::create_dir_all(&v.out_dir).map_err(|e| format!("{}: {e}", v.out_dir.display()))?;

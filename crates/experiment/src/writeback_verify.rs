@@ -132,6 +132,28 @@ impl Drop for Restore<'_> {
     }
 }
 
+impl SysctlVerified {
+    /// Before and after, one line each, and whether the thresholds stay.
+    pub fn text(&self) -> String {
+        let row = |n: &str, s: &Summary| {
+            let m = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}"));
+            let w = s.writeback.as_ref();
+            format!(
+                "{n:<7} dirty peak {:>7} MB   to the disk {:>7} Mbit/s   closing fsync {:>7} \
+                    ms   small sync p99 {:>7} ms\n",
+                m(w.map(|w| w.dirty_peak_mb)),
+                m(s.stable_mbps),
+                m(s.fsync_ms),
+                m(s.small_sync_ms.map(|p| p.p99))
+            )
+        };
+        let kept = if self.kept { "kept" } else { "not kept" };
+        row("before", &self.before)
+            + &row("after", &self.after)
+            + &format!("{kept}: {}\n", self.reason)
+    }
+}
+
 /// Measures, applies the two byte thresholds, measures again; rolls back unless `judge`
 /// keeps them.
 pub fn apply_verified(

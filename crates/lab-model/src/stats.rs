@@ -3,21 +3,7 @@
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-/// Drops by reason, so that no loss goes unexplained.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Drops {
-    /// Buffer full (tail drop, head drop, FQ-CoDel's fat-flow drop).
-    pub overflow: u64,
-    /// CoDel dropped the packet (sojourn above target for an interval).
-    pub aqm: u64,
-    /// Configured random or Gilbert-Elliott loss.
-    pub loss: u64,
-    /// Larger than the link MTU.
-    pub mtu: u64,
-    /// Pure ACKs CAKE's ACK filter found redundant.
-    #[serde(default)]
-    pub ack_filter: u64,
-}
+pub use bloatlab_result::lab::Drops;
 
 /// Sojourn times in the queue, in microseconds, with two significant digits (an HDR histogram:
 /// any recorded value is within 1% of its bucket's, from 1 us up to an hour).
@@ -50,6 +36,11 @@ impl SojournHistogram {
     /// The sojourn, in microseconds, at quantile `q` (0..1), within 1%; None when empty.
     pub fn quantile_us(&self, q: f64) -> Option<u64> {
         (!self.hist.is_empty()).then(|| self.hist.value_at_quantile(q))
+    }
+
+    /// The non-empty buckets, as result files keep them.
+    pub fn to_sojourn(&self) -> bloatlab_result::lab::Sojourn {
+        bloatlab_result::lab::Sojourn { us: self.buckets() }
     }
 
     fn buckets(&self) -> Vec<(u64, u64)> {

@@ -2,6 +2,7 @@
 //! `lab stats`, `lab down` and for bloatlab tests that record the emulator's counters.
 
 use crate::lab::Shared;
+use bloatlab_result::lab::{LabCounters, LabStats};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -28,7 +29,7 @@ pub struct Response {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stats: Option<serde_json::Value>,
+    pub stats: Option<LabStats>,
 }
 
 /// Serves requests until `stop` is set; a `down` request sets `down`.
@@ -126,7 +127,7 @@ pub fn request(path: &Path, req: &Request) -> Result<Response, String> {
 }
 
 /// The counters of the lab listening at `socket`, for a result file.
-pub fn counters(socket: &Path) -> Result<serde_json::Value, String> {
+pub fn counters(socket: &Path) -> Result<LabStats, String> {
     match request(socket, &Request::Stats)? {
         Response {
             ok: true,
@@ -147,10 +148,10 @@ pub fn attach_counters(
     socket: &Path,
     result: &mut bloatlab_result::ResultFile,
     path: &Path,
-    at_start: Option<serde_json::Value>,
+    at_start: Option<LabStats>,
 ) -> Result<(), String> {
     let at_end = counters(socket).map_err(|e| format!("lab counters unavailable: {e}"))?;
-    result.metadata.lab = Some(serde_json::json!({ "at_start": at_start, "at_end": at_end }));
+    result.metadata.lab = Some(LabCounters { at_start, at_end });
     bloatlab_result::write_atomic(path, result)
         .map_err(|e| format!("could not add the lab counters to {}: {e}", path.display()))
 }

@@ -9,6 +9,7 @@ use crate::{NS_PREFIX, STATE_DIR};
 use bloatlab_lab_model::slow_icmp::SlowIcmp;
 use bloatlab_lab_model::Direction;
 use bloatlab_netio::mono_ns;
+use bloatlab_result::lab::{DirStats, LabStats, LinkStats, P99Max, TunStats};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -443,54 +444,66 @@ impl Shared {
     }
 
     /// Counters of every link direction, with the TUN transmit queue in front of it.
-    pub fn stats(&self) -> serde_json::Value {
-        let mut links = serde_json::Map::new();
+    pub fn stats(&self) -> LabStats {
+        let mut links = BTreeMap::new();
         for (l, rt) in self.topo.links.iter().zip(&self.links) {
-            let mut dirs = serde_json::Map::new();
-            for (dname, d, tun, sender) in [
-                ("up", &rt.up, &rt.up_tun, &l.a),
-                ("down", &rt.down, &rt.down_tun, &l.b),
-            ] {
-                let (stats, config, qdisc, cake) = {
+            let dir = |d: &Mutex<Direction>, tun: &Mutex<TunQueue>, sender: &str| {
+                let mut out = {
                     let g = d.lock().unwrap_or_else(|e| e.into_inner());
-                    (
-                        g.stats.clone(),
-                        g.config().describe(),
-                        g.qdisc_name(),
-                        g.cake_stats(),
-                    )
+                    let s = &g.stats;
+                    DirStats {
+                        rx_packets: s.rx_packets,
+                        rx_bytes: s.rx_bytes,
+                        tx_packets: s.tx_packets,
+                        tx_bytes: s.tx_bytes,
+                        drops: s.drops.clone(),
+                        ecn_marks: s.ecn_marks,
+                        queue_packets: s.queue_packets as u64,
+                        queue_bytes: s.queue_bytes as u64,
+                        max_queue_packets: s.max_queue_packets as u64,
+                        sojourn: s.sojourn.to_sojourn(),
+                        ring_packets: s.ring_packets as u64,
+                        max_ring_packets: s.max_ring_packets as u64,
+                        ring_sojourn: s.ring_sojourn.to_sojourn(),
+                        bql_limit_bytes: s.bql_limit_bytes,
+                        config: g.config().describe(),
+                        qdisc: g.qdisc_name().to_string(),
+                        cake: g.cake_stats(),
+                        tun: TunStats::default(),
+                    }
                 };
-                let tun_drops = ns::tx_dropped(&namespace(&self.info.name, sender), &l.name);
-                let ((packets_p99, packets_max), (wait_p99, wait_max), calls) = {
-                    let t = tun.lock().unwrap_or_else(|e| e.into_inner());
-                    (
-                        t.packets(),
-                        t.wait_us(),
-                        [t.reads, t.super_in, t.writes, t.super_out],
-                    )
+                let t = tun.lock().unwrap_or_else(|e| e.into_inner());
+                let ((packets_p99, packets_max), (wait_p99, wait_max)) = (t.packets(), t.wait_us());
+                out.tun = TunStats {
+                    txqueuelen: TUN_TXQUEUELEN.into(),
+                    dropped: ns::tx_dropped(&namespace(&self.info.name, sender), &l.name),
+                    waiting_packets: P99Max {
+                        p99: packets_p99,
+                        max: packets_max,
+                    },
+                    wait_us: P99Max {
+                        p99: wait_p99,
+                        max: wait_max,
+                    },
+                    offload: self.topo.offload,
+                    reads: t.reads,
+                    super_packets_in: t.super_in,
+                    writes: t.writes,
+                    super_packets_out: t.super_out,
                 };
-                let mut v = serde_json::to_value(&stats).expect("plain data");
-                v["config"] = config.into();
-                v["qdisc"] = qdisc.into();
-                if let Some(c) = cake {
-                    v["cake"] = serde_json::to_value(c).expect("plain data");
-                }
-                v["tun"] = serde_json::json!({
-                    "txqueuelen": TUN_TXQUEUELEN,
-                    "dropped": tun_drops,
-                    "waiting_packets": { "p99": packets_p99, "max": packets_max },
-                    "wait_us": { "p99": wait_p99, "max": wait_max },
-                    "offload": self.topo.offload,
-                    "reads": calls[0],
-                    "super_packets_in": calls[1],
-                    "writes": calls[2],
-                    "super_packets_out": calls[3],
-                });
-                dirs.insert(dname.into(), v);
-            }
-            links.insert(l.name.clone(), serde_json::Value::Object(dirs));
+                out
+            };
+            let link = LinkStats {
+                up: dir(&rt.up, &rt.up_tun, &l.a),
+                down: dir(&rt.down, &rt.down_tun, &l.b),
+            };
+            links.insert(l.name.clone(), link);
         }
-        serde_json::json!({ "lab": self.info.name, "topology": self.topo.name, "links": links })
+        LabStats {
+            lab: self.info.name.clone(),
+            topology: self.topo.name.clone(),
+            links,
+        }
     }
 }
 

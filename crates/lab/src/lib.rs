@@ -2,6 +2,7 @@
 //! threads that push every packet through the pure link model of `bloatlab-lab-model`.
 
 pub mod control;
+pub mod daemon;
 pub mod forward;
 pub mod lab;
 pub mod ns;

@@ -7,20 +7,19 @@ pub mod observe;
 pub mod table;
 pub mod verdict;
 
-use bloatlab_measure::hops::{HopConfig, HopProbe, HopProber};
-use bloatlab_measure::localq::{LocalQueue, LocalQueueSampler};
+use bloatlab_measure::hops::{HopConfig, HopProber};
+use bloatlab_measure::localq::LocalQueueSampler;
 use bloatlab_measure::{Ended, Params, TestKind};
+pub use bloatlab_result::locate::{
+    HopReport, Loaded, LocateFile, LocateMetadata, PhaseRun, PhaseStats, FORMAT, VERSION,
+};
 use bloatlab_result::Summary;
 use observe::Windows;
-use serde::Serialize;
 use std::net::{IpAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 pub use verdict::{Direction, Load, Verdict};
-
-pub const FORMAT: &str = "bloatlab-locate";
-pub const VERSION: u32 = 1;
 
 /// How long reverse lookups of the hops may take, all together.
 const NAME_DEADLINE: Duration = Duration::from_secs(1);
@@ -50,6 +49,26 @@ fn names(addrs: &[IpAddr]) -> std::collections::HashMap<IpAddr, String> {
 
 /// Seconds of each load phase skipped while the queues fill (as the test summaries do).
 const RAMP: f64 = 2.0;
+
+/// Checks a locate's plan: each phase's `length` and `idle` (s), the seconds between probes
+/// of one hop, TCP flows per loaded direction.
+pub fn validate(length: f64, idle: f64, hop_interval: f64, flows: u16) -> Result<(), String> {
+    if !(length >= 4.0 && length.is_finite()) {
+        return Err(
+            "--length must be at least 4 seconds (2 s of it are the queues filling)".into(),
+        );
+    }
+    if !(idle >= 1.0 && idle.is_finite()) {
+        return Err("--idle must be at least 1 second".into());
+    }
+    if !(0.05..=10.0).contains(&hop_interval) {
+        return Err("--hop-interval must be between 0.05 and 10 seconds".into());
+    }
+    if flows == 0 || flows > 16 {
+        return Err("--flows must be between 1 and 16".into());
+    }
+    Ok(())
+}
 
 /// One test per load phase: `flows` TCP flows per loaded direction for `length` s after
 /// `idle` s (the first phase idles 2 s more, while the hops' first answers come in), probes
@@ -88,77 +107,6 @@ pub struct Options {
     pub icmp: bool,
     /// Say what runs on stderr.
     pub verbose: bool,
-}
-
-/// One hop as reported: answers, idle p50 and loaded p50/p90 per phase.
-#[derive(Clone, Debug, Serialize)]
-pub struct HopReport {
-    pub ttl: u8,
-    pub address: Option<IpAddr>,
-    /// The address's reverse name, when a lookup answered within `NAME_DEADLINE`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    pub destination: bool,
-    pub answered: u32,
-    pub sent: u32,
-    pub idle_p50_ms: Option<f64>,
-    pub phases: PhaseStats,
-}
-
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct PhaseStats {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub download: Option<Loaded>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub upload: Option<Loaded>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub both: Option<Loaded>,
-}
-
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct Loaded {
-    pub p50_ms: f64,
-    pub p90_ms: f64,
-    pub answered: usize,
-}
-
-/// One load phase's test.
-#[derive(Clone, Debug, Serialize)]
-pub struct PhaseRun {
-    pub load: Load,
-    pub test: String,
-    pub file: PathBuf,
-    pub added_latency_ms: Option<f64>,
-    pub throughput_down_mbps: Option<f64>,
-    pub throughput_up_mbps: Option<f64>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Meta {
-    pub tool: String,
-    pub tool_version: String,
-    pub target: String,
-    pub address: IpAddr,
-    pub start_time: String,
-    pub hop_interval_s: f64,
-    pub max_hops: u8,
-    /// "udp" or "icmp".
-    pub probes: String,
-}
-
-/// The locate file: versioned, with every raw probe and queue sample.
-#[derive(Clone, Debug, Serialize)]
-pub struct Located {
-    pub format: String,
-    pub version: u32,
-    pub metadata: Meta,
-    pub phases: Vec<PhaseRun>,
-    pub hops: Vec<HopReport>,
-    pub local: Option<LocalQueue>,
-    pub verdict: Verdict,
-    /// True while running, and when a phase failed or Ctrl-C ended it early.
-    pub partial: bool,
-    pub probes: Vec<HopProbe>,
 }
 
 fn loaded(v: &[f64]) -> Option<Loaded> {
@@ -237,7 +185,7 @@ fn resolve(host: &str) -> Result<(String, IpAddr), String> {
     Ok((h, addr.ip()))
 }
 
-fn write(path: &Path, l: &Located) -> Result<(), String> {
+fn write(path: &Path, l: &LocateFile) -> Result<(), String> {
     let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, serde_json::to_vec_pretty(l).expect("serializes"))
         .map_err(|e| format!("{}: {e}", tmp.display()))?;
@@ -252,7 +200,7 @@ pub fn locate(
     host: &str,
     tests: &[(Load, Params)],
     o: &Options,
-) -> Result<(Located, PathBuf), String> {
+) -> Result<(LocateFile, PathBuf), String> {
     let (name, ip) = resolve(host)?;
     std::fs::create_dir_all(&o.out_dir).map_err(|e| format!("{}: {e}", o.out_dir.display()))?;
     let stamp = humantime::format_rfc3339_seconds(SystemTime::now())
@@ -265,11 +213,11 @@ pub fn locate(
     cfg.max_hops = o.max_hops;
     cfg.interval = o.hop_interval;
     cfg.icmp = o.icmp;
-    let meta = Meta {
+    let meta = LocateMetadata {
         tool: "bloatlab".into(),
         tool_version: env!("CARGO_PKG_VERSION").into(),
         target: name,
-        address: ip,
+        address: Some(ip),
         start_time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
         hop_interval_s: o.hop_interval.as_secs_f64(),
         max_hops: o.max_hops,
@@ -342,7 +290,7 @@ pub fn locate(
     let local_obs = local_q.as_ref().map(|q| observe::local(q, &wins));
     let v = verdict::verdict(&obs, local_obs.as_ref(), &end_to_end(&runs));
     let partial = failure.is_some() || runs.len() < tests.len();
-    let located = Located {
+    let located = LocateFile {
         format: FORMAT.into(),
         version: VERSION,
         metadata: meta,

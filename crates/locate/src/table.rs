@@ -1,6 +1,6 @@
 //! The locate result for people: a table per hop, then the verdict in plain words.
 
-use crate::{Loaded, Located};
+use crate::{Loaded, LocateFile};
 use std::fmt::Write;
 
 fn ms(v: Option<f64>) -> String {
@@ -11,12 +11,15 @@ fn pair(l: Option<Loaded>) -> String {
     l.map_or("-".into(), |l| format!("{:.0}/{:.0}", l.p50_ms, l.p90_ms))
 }
 
-pub fn text(l: &Located) -> String {
+pub fn text(l: &LocateFile) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
         "Path to {} ({}), round trip per hop, ms (loaded: p50/p90):",
-        l.metadata.target, l.metadata.address
+        l.metadata.target,
+        l.metadata
+            .address
+            .map_or("no address".into(), |a| a.to_string())
     );
     let _ = writeln!(
         o,

@@ -7,7 +7,7 @@
 //! of the path's, provided the hops after it agree: a router that is merely slow to generate
 //! its ICMP answers under load is high on its own while later hops are not, and is not blamed.
 
-use serde::Serialize;
+pub use bloatlab_result::locate::{Direction, Finding, Load, Verdict};
 use std::net::IpAddr;
 
 /// Added latency below which a path is not called bloated (ms): the upper bound of grade A
@@ -17,38 +17,6 @@ pub const BLOAT_MS: f64 = 30.0;
 pub const EXPLAINS: f64 = 0.5;
 /// Answers a hop needs in the idle phase and in a load phase for its numbers to count.
 pub const MIN_ANSWERS: usize = 3;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Load {
-    Download,
-    Upload,
-    Both,
-}
-
-impl Load {
-    pub const ALL: [Load; 3] = [Load::Download, Load::Upload, Load::Both];
-    pub fn name(self) -> &'static str {
-        match self {
-            Load::Download => "download",
-            Load::Upload => "upload",
-            Load::Both => "both",
-        }
-    }
-    /// A phase by the name the command line takes (`download` or `down`, `upload` or `up`,
-    /// `both`).
-    pub fn parse(name: &str) -> Option<Load> {
-        match name {
-            "download" | "down" => Some(Load::Download),
-            "upload" | "up" => Some(Load::Upload),
-            "both" => Some(Load::Both),
-            _ => None,
-        }
-    }
-    fn index(self) -> usize {
-        self as usize
-    }
-}
 
 /// Round trips of one hop (ms), idle and per load phase, with the answers it gave.
 #[derive(Clone, Debug, Default)]
@@ -82,44 +50,6 @@ pub struct EndToEnd {
     pub owd_added_ms: Option<(f64, f64)>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Direction {
-    Up,
-    Down,
-    Both,
-    None,
-}
-
-/// One bloated place: the link into `hop` (0: this host's own interface queue).
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Finding {
-    pub hop: u8,
-    pub address: Option<IpAddr>,
-    pub direction: Direction,
-    /// What this place adds under load (its added round trip minus the previous hop's), ms.
-    pub added_ms: f64,
-    /// The path's added round trip in the same load, ms.
-    pub path_added_ms: f64,
-    pub confidence: f64,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Verdict {
-    /// TTL of the hop at the far end of the bloated link, 0 for this host, null for none.
-    pub hop: Option<u8>,
-    pub address: Option<IpAddr>,
-    pub direction: Direction,
-    pub added_ms: f64,
-    pub confidence: f64,
-    pub text: String,
-    /// Another place that bloats in the other direction.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub also: Vec<Finding>,
-    /// What the verdict could not see or chose to discount.
-    pub caveats: Vec<String>,
-}
-
 fn median(v: &[f64]) -> Option<f64> {
     let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
     if s.is_empty() {
@@ -137,7 +67,7 @@ impl HopObs {
     }
     /// Loaded p50 minus idle p50, when both have enough answers.
     pub fn added(&self, load: Load) -> Option<f64> {
-        let l = &self.loaded[load.index()];
+        let l = &self.loaded[load as usize];
         if l.len() < MIN_ANSWERS {
             return None;
         }
@@ -147,7 +77,7 @@ impl HopObs {
 
 /// The path's added round trip under `load`: the test's own probes, else the last hop's.
 fn path_added(hops: &[HopObs], e2e: &EndToEnd, load: Load) -> Option<f64> {
-    e2e.added_ms[load.index()].or_else(|| hops.iter().rev().find_map(|h| h.added(load)))
+    e2e.added_ms[load as usize].or_else(|| hops.iter().rev().find_map(|h| h.added(load)))
 }
 
 /// Where the queue filled by `load` sits, if the path bloats under it.
@@ -162,7 +92,7 @@ fn locate(
         return None;
     }
     let need = EXPLAINS * path;
-    let local_delay = local.and_then(|l| l.delay_ms[load.index()]);
+    let local_delay = local.and_then(|l| l.delay_ms[load as usize]);
     if let Some(d) = local_delay.filter(|d| *d >= need) {
         let confidence = (d / path).min(1.0);
         return Some(Finding {
@@ -195,9 +125,9 @@ fn locate(
             seen[i - 1].1.max(0.0)
         };
         let added = (a - before).max(0.0);
-        let n = h.loaded[load.index()].len();
+        let n = h.loaded[load as usize].len();
         let idle = h.idle_p50().unwrap_or(0.0);
-        let above = h.loaded[load.index()]
+        let above = h.loaded[load as usize]
             .iter()
             .filter(|&&x| x - idle >= need / 2.0)
             .count() as f64

@@ -192,7 +192,9 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
         let _ = writeln!(
             out,
             "Path MTU                {mtu} bytes (route MTU here {}){hole}",
-            meta.params["route_mtu"]
+            meta.mtu_route()
+                .route_mtu
+                .map_or("null".into(), |m| m.to_string())
         );
         for l in &a.lines {
             let _ = writeln!(out, "  {l}");
@@ -473,7 +475,7 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
 /// and what a small synced write waited meanwhile.
 fn writeback_text(s: &Summary, w: &bloatlab_result::WritebackStart, meta: &Metadata) -> String {
     let mut out = String::new();
-    let vm = &meta.params["vm"];
+    let vm = meta.writeback_machine().vm;
     let _ = writeln!(
         out,
         "writeback to {} ({}){}",
@@ -481,20 +483,19 @@ fn writeback_text(s: &Summary, w: &bloatlab_result::WritebackStart, meta: &Metad
         meta.server.software,
         if s.partial { "  [PARTIAL]" } else { "" }
     );
-    let setting = |bytes: &str, ratio: &str| match vm[bytes].as_u64() {
+    let setting = |bytes: Option<u64>, ratio: Option<u64>| match bytes {
         Some(b) if b > 0 => format!("{} MB", b / 1_000_000),
         _ => format!(
             "{}% of available memory",
-            vm[ratio].as_u64().map_or("?".into(), |r| r.to_string())
+            ratio.map_or("?".into(), |r| r.to_string())
         ),
     };
     let _ = writeln!(
         out,
         "Thresholds              background {}, foreground {}; expiry {} s",
-        setting("dirty_background_bytes", "dirty_background_ratio"),
-        setting("dirty_bytes", "dirty_ratio"),
-        vm["dirty_expire_centisecs"]
-            .as_u64()
+        setting(vm.dirty_background_bytes, vm.dirty_background_ratio),
+        setting(vm.dirty_bytes, vm.dirty_ratio),
+        vm.dirty_expire_centisecs
             .map_or("?".into(), |c| format!("{}", c as f64 / 100.0))
     );
     let mb = w.bytes as f64 / 1e6;

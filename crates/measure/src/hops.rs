@@ -46,17 +46,7 @@ impl HopConfig {
     }
 }
 
-/// One probe and its answer, if any.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct HopProbe {
-    pub ttl: u8,
-    /// Wall-clock send time, seconds since the Unix epoch (to place it in a test's phases).
-    pub sent_unix: f64,
-    pub rtt_ms: Option<f64>,
-    pub from: Option<IpAddr>,
-    /// The answer came from the destination (Port Unreachable).
-    pub reached: bool,
-}
+pub use bloatlab_result::locate::HopProbe;
 
 pub struct HopProber {
     stop: Arc<AtomicBool>,

@@ -956,15 +956,12 @@ fn spawn_load(
 }
 
 fn metadata(params: &Params, config_url: &str, target: &Target, http1: bool) -> Metadata {
-    let mut p = serde_json::to_value(params).unwrap_or_default();
-    p["transport"] = match (http1, target.tls) {
+    let transport = match (http1, target.tls) {
         (false, true) => "HTTP/2 over TLS",
         (false, false) => "HTTP/2 (cleartext)",
         (true, true) => "HTTP/1.1 over TLS",
         (true, false) => "HTTP/1.1 (cleartext)",
-    }
-    .into();
-    p["config_url"] = config_url.into();
+    };
     let server = Host {
         name: target.uri.host().unwrap_or_default().into(),
         address: Some(target.addr.to_string()),
@@ -972,7 +969,10 @@ fn metadata(params: &Params, config_url: &str, target: &Target, http1: bool) -> 
         kernel: "unknown".into(),
         default_cc: "unknown".into(),
     };
-    crate::run::new_metadata(params, p, server)
+    let mut meta = crate::run::new_metadata(params, server);
+    meta.set_param("transport", transport);
+    meta.set_param("config_url", config_url);
+    meta
 }
 
 /// The result file as it stands at `t`: throughput per load connection, the probes' times as
@@ -1018,7 +1018,7 @@ fn build(meta: &Metadata, st: &State, idle: f64, t: f64, finished: bool) -> Resu
         }
         None => {}
     }
-    r.metadata.params["load_connections"] = st.flows.len().into();
+    r.metadata.set_param("load_connections", st.flows.len());
     for f in &st.flows {
         r.series.push(Series {
             name: f.name.clone(),

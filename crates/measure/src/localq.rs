@@ -9,22 +9,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct QueueSample {
-    pub t_unix: f64,
-    pub backlog_bytes: u64,
-    pub backlog_packets: u64,
-}
-
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct LocalQueue {
-    pub interface: String,
-    /// The interface's transmit queue length (packets), from sysfs.
-    pub txqueuelen: Option<u64>,
-    /// Byte queue limit of its first transmit queue, when the driver uses BQL.
-    pub bql_limit: Option<u64>,
-    pub samples: Vec<QueueSample>,
-}
+pub use bloatlab_result::locate::{LocalQueue, QueueSample};
 
 /// The interface the kernel routes `target` through (`ip route get`).
 pub fn route_interface(target: IpAddr) -> Option<String> {

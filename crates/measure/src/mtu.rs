@@ -280,13 +280,13 @@ pub fn run(host: &str, want_v6: Option<bool>, opts: &Options) -> Result<Outcome,
     }
     let mtu = search.path_mtu();
     let blackhole = search.blackhole();
-    let mut params = serde_json::json!({
+    let params = serde_json::json!({
         "host": host,
         "address": dest.to_string(),
         "route_mtu": route,
         "wait_ms": wait.as_secs_f64() * 1e3,
+        "probes": recs,
     });
-    params["probes"] = serde_json::to_value(&recs).unwrap_or_default();
     let server = Host {
         name: host.into(),
         address: Some(dest.to_string()),

@@ -207,11 +207,7 @@ fn metadata(params: &Params, host: &str, control: &Control) -> Metadata {
             .clone()
             .unwrap_or_else(|| HIDDEN.into()),
     };
-    new_metadata(
-        params,
-        serde_json::to_value(params).unwrap_or_default(),
-        server,
-    )
+    new_metadata(params, server)
 }
 
 /// This host as the client of a test.
@@ -241,16 +237,12 @@ pub(crate) fn local_metadata(test: &str, params: serde_json::Value, server: Host
 }
 
 /// A test's metadata before it runs: this client, the given server and parameters.
-pub(crate) fn new_metadata(
-    params: &Params,
-    params_json: serde_json::Value,
-    server: Host,
-) -> Metadata {
+pub(crate) fn new_metadata(params: &Params, server: Host) -> Metadata {
     Metadata {
         tool: "bloatlab".into(),
         tool_version: env!("CARGO_PKG_VERSION").into(),
         test: params.test.name().into(),
-        params: params_json,
+        params: serde_json::to_value(params).unwrap_or_default(),
         client: this_host(),
         server,
         cc: params.cc.clone(),
@@ -495,7 +487,7 @@ impl Test<'_> {
             });
         }
         meta.phases = cut_phases(&phases, t);
-        meta.params["load_connections"] = self.load.flows.len().into();
+        meta.set_param("load_connections", self.load.flows.len());
         meta.rpm = self.rpm.as_ref().map(|r| r.saturation.run().clone());
         let conn_log = self.conn.as_ref().map(|c| c.log.lock().unwrap().clone());
         record::build(

@@ -7,6 +7,7 @@
 use crate::run::{Ended, Options, Outcome};
 use crate::MeasureError;
 use bloatlab_netio as netio;
+use bloatlab_result::params::{VmSettings, WritebackMachine};
 use bloatlab_result::{
     self as result, Event, Host, Metadata, Phase, ResultFile, Series, SeriesKind,
 };
@@ -173,22 +174,20 @@ struct Logs {
     fsyncs: Vec<(u64, f64)>,
 }
 
-fn vm_settings() -> serde_json::Value {
-    let mut m = serde_json::Map::new();
-    for k in [
-        "dirty_background_ratio",
-        "dirty_ratio",
-        "dirty_background_bytes",
-        "dirty_bytes",
-        "dirty_expire_centisecs",
-        "dirty_writeback_centisecs",
-    ] {
-        let v = std::fs::read_to_string(format!("/proc/sys/vm/{k}"))
+fn vm_settings() -> VmSettings {
+    let read = |k: &str| {
+        std::fs::read_to_string(format!("/proc/sys/vm/{k}"))
             .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok());
-        m.insert(k.into(), v.into());
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    };
+    VmSettings {
+        dirty_background_ratio: read("dirty_background_ratio"),
+        dirty_ratio: read("dirty_ratio"),
+        dirty_background_bytes: read("dirty_background_bytes"),
+        dirty_bytes: read("dirty_bytes"),
+        dirty_expire_centisecs: read("dirty_expire_centisecs"),
+        dirty_writeback_centisecs: read("dirty_writeback_centisecs"),
     }
-    serde_json::Value::Object(m)
 }
 
 /// Fills a buffer with bytes no filesystem can compress (xorshift).
@@ -238,13 +237,21 @@ pub fn run(p: &WritebackParams, opts: &Options) -> Result<Outcome, MeasureError>
         .unwrap_or_else(|| crate::run::default_output("writeback"));
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     let (device, fstype) = mount_of(&mounts, &dir).unwrap_or_else(|| ("?".into(), "?".into()));
+    let machine = WritebackMachine {
+        vm: vm_settings(),
+        mem_total_kb: std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| meminfo_kb(&m, "MemTotal")),
+        page_size: Some(netio::page_size()),
+        rate_bps: p.rate_bps,
+    };
     let mut params = serde_json::to_value(p).unwrap_or_default();
-    params["vm"] = vm_settings();
-    params["mem_total_kb"] = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| meminfo_kb(&m, "MemTotal"))
-        .into();
-    params["page_size"] = netio::page_size().into();
+    if let (Some(o), serde_json::Value::Object(m)) = (
+        params.as_object_mut(),
+        serde_json::to_value(machine).unwrap_or_default(),
+    ) {
+        o.extend(m);
+    }
     let server = Host {
         name: dir.display().to_string(),
         address: None,

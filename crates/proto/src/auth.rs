@@ -118,3 +118,17 @@ mod tests {
         assert!(!probe_signed(key, &p[..8]));
     }
 }
+
+/// A shared key as a file or BLOATLAB_KEY holds it: a trailing newline (or CRLF) dropped, at
+/// least `MIN_KEY_LEN` bytes.
+pub fn parse_key(raw: &[u8]) -> Result<Vec<u8>, String> {
+    let key = raw.strip_suffix(b"\n").unwrap_or(raw);
+    let key = key.strip_suffix(b"\r").unwrap_or(key);
+    if key.len() < MIN_KEY_LEN {
+        return Err(format!(
+            "the key must be at least {MIN_KEY_LEN} bytes (got {})",
+            key.len()
+        ));
+    }
+    Ok(key.to_vec())
+}

@@ -1,8 +1,8 @@
 //! Chart data of a locate file (`bloatlab locate`): round trip per hop, idle and under each
-//! load. Pure; read from the file's JSON so that any version-1 locate file renders.
+//! load. Pure.
 
+use bloatlab_result::locate::{Load, LocateFile};
 use serde::Serialize;
-use serde_json::Value;
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct HopBar {
@@ -26,46 +26,32 @@ pub struct HopsView {
     pub partial: bool,
 }
 
-pub const LOADS: [&str; 3] = ["download", "upload", "both"];
-
-/// `None` when the JSON is not a locate file.
-pub fn from_json(v: &Value) -> Option<Result<HopsView, String>> {
-    if v["format"] != "bloatlab-locate" {
-        return None;
-    }
-    if v["version"] != 1 {
-        return Some(Err(format!(
-            "locate file version {} (this bloatlab reads version 1)",
-            v["version"]
-        )));
-    }
-    let text = |x: &Value| x.as_str().unwrap_or("").to_string();
-    let hops = v["hops"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-    let hops = hops
+/// The chart data of a locate file.
+pub fn from_locate(l: &LocateFile) -> HopsView {
+    let hops = l
+        .hops
         .iter()
-        .map(|h| {
-            let phase = |k: &str, q: &str| h["phases"][k][q].as_f64();
-            HopBar {
-                label: format!("{} {}", h["ttl"], h["address"].as_str().unwrap_or("*")),
-                idle_p50: h["idle_p50_ms"].as_f64(),
-                p50: LOADS.map(|k| phase(k, "p50_ms")),
-                p90: LOADS.map(|k| phase(k, "p90_ms")),
-                answered: h["answered"].as_u64().unwrap_or(0),
-                sent: h["sent"].as_u64().unwrap_or(0),
-            }
+        .map(|h| HopBar {
+            label: format!(
+                "{} {}",
+                h.ttl,
+                h.address.map_or("*".into(), |a| a.to_string())
+            ),
+            idle_p50: h.idle_p50_ms,
+            p50: Load::ALL.map(|k| h.phases.get(k).map(|p| p.p50_ms)),
+            p90: Load::ALL.map(|k| h.phases.get(k).map(|p| p.p90_ms)),
+            answered: h.answered.into(),
+            sent: h.sent.into(),
         })
         .collect();
-    Some(Ok(HopsView {
-        target: text(&v["metadata"]["target"]),
-        start_time: text(&v["metadata"]["start_time"]),
+    HopsView {
+        target: l.metadata.target.clone(),
+        start_time: l.metadata.start_time.clone(),
         hops,
-        verdict: text(&v["verdict"]["text"]),
-        caveats: v["verdict"]["caveats"]
-            .as_array()
-            .map(|c| c.iter().map(text).collect())
-            .unwrap_or_default(),
-        partial: v["partial"].as_bool().unwrap_or(false),
-    }))
+        verdict: l.verdict.text.clone(),
+        caveats: l.verdict.caveats.clone(),
+        partial: l.partial,
+    }
 }
 
 #[cfg(test)]
@@ -73,8 +59,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_locate_file_becomes_bars_per_hop_and_other_files_are_not_taken() {
-        let v = serde_json::json!({
+    fn a_locate_file_becomes_bars_per_hop() {
+        let v = br#"{
             "format": "bloatlab-locate", "version": 1,
             "metadata": {"target": "10.77.2.2", "start_time": "2026-11-24T07:00:00.000Z"},
             "hops": [
@@ -85,8 +71,8 @@ mod tests {
             ],
             "verdict": {"text": "The bloat is on ...", "caveats": ["hop 2 never answered"]},
             "partial": false
-        });
-        let h = from_json(&v).unwrap().unwrap();
+        }"#;
+        let h = from_locate(&bloatlab_result::locate::parse(v).unwrap().unwrap());
         assert_eq!(h.hops[0].label, "1 10.77.0.2");
         assert_eq!(
             (h.hops[0].p50, h.hops[0].p90[1]),
@@ -94,11 +80,5 @@ mod tests {
         );
         assert_eq!(h.hops[1].label, "2 *");
         assert_eq!(h.caveats, vec!["hop 2 never answered"]);
-        assert!(from_json(&serde_json::json!({"format": "bloatlab-result"})).is_none());
-        assert!(
-            from_json(&serde_json::json!({"format": "bloatlab-locate", "version": 2}))
-                .unwrap()
-                .is_err()
-        );
     }
 }

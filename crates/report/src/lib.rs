@@ -6,6 +6,42 @@ pub mod export;
 pub mod hops;
 pub mod html;
 pub mod plot;
+pub mod text;
 pub mod view;
 
 pub use view::RunView;
+
+use std::path::{Path, PathBuf};
+
+/// Result files as chart data, each labelled by its file name.
+pub fn load(paths: &[PathBuf]) -> Result<Vec<RunView>, String> {
+    paths
+        .iter()
+        .map(|p| {
+            bloatlab_result::read(p)
+                .map(|r| RunView::new(&r, &view::label_for(p)))
+                .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+/// The HTML report of result files overlaid, or of one locate file alone.
+pub fn write_html(paths: &[PathBuf], out: &Path) -> Result<(), String> {
+    let mut locate = None;
+    for p in paths {
+        if let Some(l) = bloatlab_result::locate::read(p)? {
+            locate = Some(l);
+            break;
+        }
+    }
+    let page = match (paths, locate) {
+        ([_], Some(l)) => html::render_hops(&hops::from_locate(&l)),
+        (_, Some(_)) => {
+            return Err(
+                "a locate file (bloatlab locate) makes a report of its own: give it alone".into(),
+            )
+        }
+        (_, None) => html::render(&load(paths)?),
+    };
+    std::fs::write(out, page).map_err(|e| format!("{}: {e}", out.display()))
+}

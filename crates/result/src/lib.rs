@@ -2,6 +2,9 @@
 //! Writers replace the file atomically (temp file + rename), so a run killed at any moment
 //! leaves the last complete snapshot, marked `partial`.
 
+pub mod lab;
+pub mod locate;
+pub mod params;
 mod summary;
 
 pub use summary::*;
@@ -109,7 +112,7 @@ pub struct Metadata {
     pub streams: Vec<StreamCounts>,
     /// Ground truth from an emulated network (filled in by the lab), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lab: Option<serde_json::Value>,
+    pub lab: Option<lab::LabCounters>,
     /// RPM tests: the draft's algorithm interval by interval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rpm: Option<RpmRun>,

@@ -302,6 +302,35 @@ impl Server {
     }
 
     /// Stops accepting and ends every connection; returns once the runtime is down.
+    /// Where it listens, one line a face, the first saying where the protocol is.
+    pub fn banner(&self) -> String {
+        let mut out = format!(
+            "bloatlab server listening on {} (TCP and UDP); Ctrl-C to stop\n",
+            self.local_addr
+        );
+        for (scheme, addr) in [("https", self.https_addr), ("http", self.http_addr)] {
+            if let Some(a) = addr {
+                out += &format!(
+                    "bloatlab server: responsiveness endpoints on {scheme}://{a}/.well-known/nq\n"
+                );
+            }
+        }
+        match self.ws_addr {
+            Some(ws) => {
+                out += &format!(
+                    "bloatlab server: browser test at the same addresses' / (latency probes on \
+                    port {})\n",
+                    ws.port()
+                )
+            }
+            None if self.http_addr.is_some() || self.https_addr.is_some() => {
+                out += "bloatlab server: no --ws port: the browser test at / cannot probe latency\n"
+            }
+            None => {}
+        }
+        out
+    }
+
     pub fn stop(&mut self) {
         let _ = self.stop.send(true);
         for t in self.threads.drain(..) {

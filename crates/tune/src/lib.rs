@@ -6,6 +6,7 @@ pub mod advise;
 pub mod apply;
 pub mod batch;
 pub mod config;
+pub mod inputs;
 pub mod link;
 pub mod sysctl;
 pub mod writeback;

@@ -49,8 +49,8 @@ pub struct WritebackAdvice {
 }
 
 /// The machine's threshold as the test recorded it: bytes, or a ratio of `mem_kb`.
-fn setting(vm: &serde_json::Value, bytes: &str, ratio: &str, mem_kb: Option<u64>) -> String {
-    match (vm[bytes].as_u64(), vm[ratio].as_u64()) {
+fn setting(bytes: Option<u64>, ratio: Option<u64>, mem_kb: Option<u64>) -> String {
+    match (bytes, ratio) {
         (Some(b), _) if b > 0 => format!("{b} B ({:.0} MB)", b as f64 / 1e6),
         (_, Some(r)) => match mem_kb {
             Some(m) => format!(
@@ -80,10 +80,10 @@ pub fn advise(
         .writeback
         .as_ref()
         .ok_or("not a writeback result (bloatlab test writeback DIR)")?;
-    let params = &r.metadata.params;
+    let machine = r.metadata.writeback_machine();
     let feed = feed
         .or_else(|| {
-            params["rate_bps"].as_u64().map(|bps| Feed {
+            machine.rate_bps.map(|bps| Feed {
                 bps,
                 from: "the rate the test \
             wrote at (--rate)"
@@ -110,12 +110,11 @@ pub fn advise(
         "The data arrives at {} bit/s ({:.0} B/s): {}.\n",
         feed.bps, bytes_per_s, feed.from
     );
-    let vm = &params["vm"];
-    let mem = params["mem_total_kb"].as_u64();
+    let (vm, mem) = (&machine.vm, machine.mem_total_kb);
     t += &format!(
         "This machine's thresholds: writeback starts at {}, writers wait beyond {}.\n",
-        setting(vm, "dirty_background_bytes", "dirty_background_ratio", mem),
-        setting(vm, "dirty_bytes", "dirty_ratio", mem)
+        setting(vm.dirty_background_bytes, vm.dirty_background_ratio, mem),
+        setting(vm.dirty_bytes, vm.dirty_ratio, mem)
     );
     let mb = w.bytes as f64 / 1e6;
     match (w.started_after_bytes, w.started_after_ms) {

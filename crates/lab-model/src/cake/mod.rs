@@ -15,7 +15,6 @@ use params::{buffer_limit, duration_ns, tune_tin, TinTuning};
 pub use params::{AckFilter, CakeParams, FlowMode, Framing, TinMode};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
 const QUEUES: usize = 1024;
@@ -872,44 +871,7 @@ impl Qdisc for Cake {
     }
 }
 
-/// One tin's counters, named as `tc -s qdisc show` prints them.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct TinStats {
-    pub name: String,
-    pub thresh_bps: u64,
-    pub target_us: u64,
-    pub interval_us: u64,
-    pub pk_delay_us: u64,
-    pub av_delay_us: u64,
-    pub sp_delay_us: u64,
-    pub backlog_bytes: u64,
-    pub packets: u64,
-    pub bytes: u64,
-    pub way_inds: u64,
-    pub way_miss: u64,
-    pub way_cols: u64,
-    pub drops: u64,
-    pub marks: u64,
-    pub ack_drops: u64,
-    pub overlimit_drops: u64,
-    pub sparse_flows: u64,
-    pub bulk_flows: u64,
-    pub unresponsive_flows: u64,
-    pub max_len: u64,
-    pub quantum: u64,
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct CakeStats {
-    /// The settings in tc's words.
-    pub settings: String,
-    pub rate_bps: u64,
-    pub capacity_estimate_bps: u64,
-    pub memory_limit: u64,
-    pub memory_used: u64,
-    pub overlimits: u64,
-    pub tins: Vec<TinStats>,
-}
+pub use bloatlab_result::lab::{CakeStats, TinStats};
 
 #[cfg(test)]
 mod tests;
