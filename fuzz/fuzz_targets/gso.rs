@@ -2,7 +2,8 @@
 //! namespace's kernel and by whatever its processes put in their packets. Splitting it into
 //! wire segments and merging those back must never panic, and must keep every payload byte.
 #![no_main]
-use bloatlab_lab_model::gso::{coalesce, split, VnetHdr, VNET_HDR_LEN};
+use bloatlab_lab_model::gso::{coalesce, split};
+use bloatlab_lab_model::vnet::{VnetHdr, VNET_HDR_LEN};
 use libfuzzer_sys::fuzz_target;
 use std::sync::Arc;
 

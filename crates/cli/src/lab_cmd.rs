@@ -1,8 +1,8 @@
 //! `bloatlab lab ...`: wiring between the command line and `bloatlab-lab`.
 
 use crate::fail;
-use bloatlab_experiment::{Fix, Options};
-use bloatlab_lab::lab::LabInfo;
+use bloatlab_experiment::{ExperimentOptions, Fix};
+use bloatlab_lab::instance::LabInfo;
 use bloatlab_lab::{control, daemon, presets, Topology};
 use clap::Subcommand;
 use std::path::PathBuf;
@@ -209,17 +209,8 @@ pub fn run(cmd: LabCommand, stop: impl Fn() -> Arc<AtomicBool>) -> ExitCode {
                 Ok(i) => i,
                 Err(e) => return fail(e),
             };
-            match control::counters(&info.socket) {
-                Ok(stats) if json => {
-                    println!("{}", serde_json::to_string_pretty(&stats).expect("json"));
-                    ExitCode::SUCCESS
-                }
-                Ok(stats) => {
-                    print!("{}", bloatlab_report::text::lab_stats(&stats));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(e),
-            }
+            let stats = control::counters(&info.socket);
+            crate::show(stats, json, bloatlab_report::text::lab_stats)
         }
         LabCommand::Down { name, all } => {
             if all {
@@ -287,7 +278,7 @@ pub fn run(cmd: LabCommand, stop: impl Fn() -> Arc<AtomicBool>) -> ExitCode {
                 Ok((params, _)) => params,
                 Err(e) => return crate::fail(e),
             };
-            let o = Options {
+            let o = ExperimentOptions {
                 test,
                 length,
                 out_dir,
@@ -320,7 +311,7 @@ fn demo(
     }
     let topo = daemon::load("cable").expect("preset");
     let rrul = bloatlab_measure::Params::new(bloatlab_measure::TestKind::Rrul);
-    let o = Options {
+    let o = ExperimentOptions {
         test: rrul,
         length,
         out_dir: out_dir.to_path_buf(),
@@ -350,7 +341,7 @@ fn demo(
     ExitCode::SUCCESS
 }
 
-fn compare(topology: &str, fixes: &str, json: bool, o: Options) -> ExitCode {
+fn compare(topology: &str, fixes: &str, json: bool, o: ExperimentOptions) -> ExitCode {
     let topo = match daemon::load(topology) {
         Ok(t) => t,
         Err(e) => return fail(e),

@@ -1,8 +1,8 @@
 //! `bloatlab locate`: arguments to the locate library and its output.
 
-use bloatlab_locate::{table, Load};
+use bloatlab_locate::table;
 use bloatlab_measure::display::ProgressMode;
-use bloatlab_measure::{Params, TestKind};
+use bloatlab_measure::Params;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
@@ -58,23 +58,18 @@ pub fn run(
     if let Err(e) = bloatlab_locate::validate(a.length, a.idle, a.hop_interval, a.flows) {
         return crate::usage(e);
     }
-    let mut loads = Vec::new();
-    for name in &a.phases {
-        let Some(load) = Load::parse(name) else {
-            return crate::usage(format!(
-                "--phases: `{name}` is not download, upload or both"
-            ));
-        };
-        loads.push(load);
-    }
+    let loads = match bloatlab_locate::loads(&a.phases) {
+        Ok(l) => l,
+        Err(e) => return crate::usage(e),
+    };
     let tests = bloatlab_locate::phase_tests(&loads, a.length, a.idle, a.flows);
     let key = match crate::load_key(a.key.as_deref()) {
         Ok(k) => k,
         Err(e) => return crate::fail(e),
     };
-    let o = bloatlab_locate::Options {
+    let o = bloatlab_locate::LocateOptions {
         out_dir: a.out_dir,
-        test: bloatlab_measure::Options {
+        test: bloatlab_measure::RunOptions {
             output: None,
             progress: if a.quiet {
                 ProgressMode::Quiet
@@ -124,24 +119,15 @@ pub fn with_test(
     params: Params,
     out_dir: PathBuf,
     json: bool,
-    test: bloatlab_measure::Options,
+    test: bloatlab_measure::RunOptions,
 ) -> ExitCode {
-    let load = match params.test {
-        TestKind::TcpDown => Load::Download,
-        TestKind::TcpUp => Load::Upload,
-        TestKind::TcpBidir | TestKind::Rrul | TestKind::RrulBe => Load::Both,
-        other => {
-            eprintln!(
-                "bloatlab: --locate needs a load test (tcp-down, tcp-up, tcp-bidir, rrul, \
-                rrul-be), not {}",
-                other.name()
-            );
-            return ExitCode::from(2);
-        }
+    let load = match bloatlab_locate::load_of(params.test) {
+        Ok(l) => l,
+        Err(e) => return crate::usage(e),
     };
     let quiet = matches!(test.progress, ProgressMode::Quiet);
     let stop = test.stop.clone();
-    let o = bloatlab_locate::Options {
+    let o = bloatlab_locate::LocateOptions {
         out_dir,
         test,
         max_hops: 30,

@@ -2,12 +2,11 @@
 //! configurations out (the logic is in bloatlab-tune).
 
 use crate::{fail, usage};
-use bloatlab_tune::advise::{self, Qdisc, Target};
-use bloatlab_tune::config::{self, Leaf, Shaping};
+use bloatlab_tune::advise::{self, RouterQdisc, Target};
+use bloatlab_tune::config::{self, ConfigKind, Shaping};
 use bloatlab_tune::inputs;
 use bloatlab_tune::link::LinkType;
 use bloatlab_units as units;
-use clap::ValueEnum;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -36,46 +35,17 @@ pub struct AdviseArgs {
     #[arg(long, default_value = "raw", value_parser = LinkType::parse)]
     link: LinkType,
     /// What the router can run: cake, fq_codel (HTB + fq_codel) or fifo (HTB + short FIFO).
-    #[arg(long, default_value = "cake", value_parser = Qdisc::parse)]
-    qdisc: Qdisc,
+    #[arg(long, default_value = "cake", value_parser = RouterQdisc::parse)]
+    qdisc: RouterQdisc,
     /// Print the advice as JSON.
     #[arg(long)]
     json: bool,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-pub enum Kind {
-    /// CAKE on egress and, through an IFB device, on ingress (a shell script).
-    TcCake,
-    /// HTB with fq_codel leaves in three priority classes, as sqm-scripts' simple.qos.
-    TcHtbFqcodel,
-    /// The same with short FIFO leaves, for kernels without fq_codel.
-    TcHtbFifo,
-    /// HTB classes: voice, SIP, network control, SSH, default (a FireQOS home layout).
-    TcHtbClasses,
-    /// An /etc/config/sqm section for OpenWrt.
-    OpenwrtSqm,
-    /// The classes in FireQOS's language.
-    Fireqos,
-    /// nftables: wash DSCP from the Internet, mark voice CS6 for the Wi-Fi VO queue.
-    NftDscp,
-    /// vm.dirty_background_bytes and vm.dirty_bytes from --rate x --background-delay / --delay.
-    SysctlWriteback,
-    /// OpenVPN settings for throughput without a 15000-packet queue on the tunnel (--mtu: the
-    /// path's, from bloatlab test mtu; --rate: the tunnel's goodput, from bloatlab compare).
-    Openvpn,
-    /// OpenVPN's `up` script: a shaper at 95% of --rate into CAKE or fq_codel on the tunnel.
-    OpenvpnUp,
-    /// The WireGuard MTU for a path MTU (--mtu, from bloatlab test mtu).
-    WireguardMtu,
-    /// OpenWrt wireless settings for calls over Wi-Fi, as commented advice.
-    WifiOpenwrt,
-}
-
 #[derive(clap::Args)]
 pub struct ConfigArgs {
     #[arg(value_enum)]
-    kind: Kind,
+    kind: ConfigKind,
     /// The WAN interface (its ingress is shaped on ifb4DEV).
     #[arg(long, default_value = "eth0")]
     dev: String,
@@ -117,56 +87,37 @@ pub struct ConfigArgs {
     delay: Duration,
 }
 
-/// Writeback advice from a writeback result, the feeding rate from --rate or the network
-/// results beside it.
-fn advise_writeback(
-    a: &AdviseArgs,
-    wb: &bloatlab_result::ResultFile,
-    results: &[(PathBuf, bloatlab_result::ResultFile)],
-) -> ExitCode {
-    match bloatlab_tune::writeback::advise(
-        wb,
-        inputs::feed_from(a.rate, results),
-        a.nfs_block,
-        a.rpm,
-    ) {
-        Ok(adv) if a.json => println!(
-            "{}",
-            serde_json::to_string_pretty(&adv).expect("serializes")
-        ),
-        Ok(adv) => {
-            print!("{}", adv.text);
-            println!(
-                "\nnext: bloatlab config sysctl-writeback --rate {}bit",
-                adv.feed.bps
-            );
-        }
-        Err(e) => return fail(e),
-    }
-    ExitCode::SUCCESS
-}
-
 pub fn advise_cmd(a: AdviseArgs) -> ExitCode {
-    let results: Vec<(PathBuf, bloatlab_result::ResultFile)> = a
-        .files
-        .iter()
-        .filter_map(|f| bloatlab_result::read(f).ok().map(|r| (f.clone(), r)))
-        .collect();
-    if let Some((_, wb)) = results.iter().find(|(_, r)| r.metadata.test == "writeback") {
-        return advise_writeback(&a, wb, &results);
+    let results = inputs::read_results(&a.files);
+    if let Some(wb) = inputs::writeback_of(&results) {
+        let feed = inputs::feed_from(a.rate, &results);
+        return match bloatlab_tune::writeback::advise(wb, feed, a.nfs_block, a.rpm) {
+            Ok(adv) if a.json => {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&adv).expect("serializes")
+                );
+                ExitCode::SUCCESS
+            }
+            Ok(adv) => {
+                print!("{}", adv.text);
+                let bps = adv.feed.bps;
+                println!("\nnext: bloatlab config sysctl-writeback --rate {bps}bit");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        };
     }
     let (runs, on_host) = match inputs::read_runs(&a.files) {
         Ok(x) => x,
         Err(e) => return fail(e),
     };
-    let advice = advise::advise(
-        &runs,
-        &Target {
-            link: a.link,
-            qdisc: a.qdisc,
-            queue_on_host: on_host,
-        },
-    );
+    let target = Target {
+        link: a.link,
+        qdisc: a.qdisc,
+        queue_on_host: on_host,
+    };
+    let advice = advise::advise(&runs, &target);
     if a.json {
         println!(
             "{}",
@@ -174,17 +125,7 @@ pub fn advise_cmd(a: AdviseArgs) -> ExitCode {
         );
     } else {
         print!("{}", advice.text());
-        let kind = match a.qdisc {
-            Qdisc::Cake => "tc-cake",
-            Qdisc::HtbFqCodel => "tc-htb-fqcodel",
-            Qdisc::HtbFifo => "tc-htb-fifo",
-        };
-        let files: Vec<String> = a.files.iter().map(|f| f.display().to_string()).collect();
-        println!(
-            "\nnext: bloatlab config {kind} --dev IFACE --link {} --from {}",
-            a.link.cake_keyword(),
-            files.join(" ")
-        );
+        println!("\nnext: {}", advise::next_command(&target, &a.files));
     }
     ExitCode::SUCCESS
 }
@@ -198,29 +139,13 @@ pub fn config_cmd(a: ConfigArgs) -> ExitCode {
             Ok(x) => x,
             Err(e) => return fail(e),
         };
-        let adv = advise::advise(
-            &runs,
-            &Target {
-                link: a.link,
-                qdisc: Qdisc::Cake,
-                queue_on_host: false,
-            },
-        );
+        let adv = inputs::advise_cake(&runs, a.link);
         down = down.or(adv.down.as_ref().map(|d| d.rate_kbit));
         up = up.or(adv.up.as_ref().map(|d| d.rate_kbit));
         ack_filter |= adv.upload_ack_filter();
     }
-    if a.dev.is_empty()
-        || a.dev.len() > 15
-        || !a
-            .dev
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c))
-    {
-        return usage(format!(
-            "--dev `{}`: an interface name (at most 15 letters, digits, '-', '_', '.')",
-            a.dev
-        ));
+    if let Err(e) = config::check_dev(&a.dev) {
+        return usage(e);
     }
     let s = Shaping {
         dev: a.dev.clone(),
@@ -229,71 +154,26 @@ pub fn config_cmd(a: ConfigArgs) -> ExitCode {
         link: a.link,
         ack_filter,
     };
-    let needs_rates = !matches!(
-        a.kind,
-        Kind::NftDscp
-            | Kind::SysctlWriteback
-            | Kind::WifiOpenwrt
-            | Kind::Openvpn
-            | Kind::OpenvpnUp
-            | Kind::WireguardMtu
-    );
-    if needs_rates && down.is_none() && up.is_none() {
+    if a.kind.needs_rates() && down.is_none() && up.is_none() {
         return usage(
             "give --down and/or --up (e.g. --down 57Mbit --up 3610kbit), or --from RESULT...",
         );
     }
-    let text = match a.kind {
-        Kind::TcCake => config::tc_cake(&s),
-        Kind::TcHtbFqcodel => config::tc_htb(&s, Leaf::FqCodel),
-        Kind::TcHtbFifo => config::tc_htb(&s, Leaf::Fifo),
-        Kind::TcHtbClasses => config::tc_htb_classes(
-            &s,
-            if a.leaf == "fifo" {
-                Leaf::Fifo
-            } else {
-                Leaf::FqCodel
-            },
-        ),
-        Kind::OpenwrtSqm => config::openwrt_sqm(&s, a.qdisc == "cake"),
-        Kind::Fireqos => config::fireqos(&s),
-        Kind::NftDscp => config::nft_dscp(&s),
-        Kind::SysctlWriteback => match a.rate {
-            Some(r) => config::sysctl_writeback(
-                r,
-                a.background_delay.as_nanos() as u64,
-                a.delay.as_nanos() as u64,
-            ),
-            None => {
-                return usage(
-                    "sysctl-writeback needs --rate (the link the writes go to: \
-                1Gibit, 100Mbit, ...)",
-                )
-            }
-        },
-        Kind::WifiOpenwrt => config::wifi_openwrt(),
-        Kind::Openvpn => config::openvpn(a.mtu, a.rate),
-        Kind::OpenvpnUp => match a.rate {
-            Some(r) => config::openvpn_up(r),
-            None => {
-                return usage(
-                    "openvpn-up needs --rate, the tunnel's goodput (bloatlab compare \
-                RAW TUNNEL measures it)",
-                )
-            }
-        },
-        Kind::WireguardMtu => match a.mtu {
-            Some(m) if (576..=65_535).contains(&m) => config::wireguard_mtu(m),
-            _ => {
-                return usage(
-                    "wireguard-mtu needs --mtu, the path MTU (576..65535; bloatlab test \
-                mtu HOST measures it)",
-                )
-            }
-        },
+    let extras = config::Extras {
+        fifo_leaves: a.leaf == "fifo",
+        sqm_cake: a.qdisc == "cake",
+        mtu: a.mtu,
+        rate: a.rate,
+        background_delay_ns: a.background_delay.as_nanos() as u64,
+        delay_ns: a.delay.as_nanos() as u64,
     };
-    print!("{text}");
-    ExitCode::SUCCESS
+    match config::render(a.kind, &s, &extras) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => usage(e),
+    }
 }
 
 #[derive(clap::Subcommand)]
@@ -397,13 +277,9 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
             said(bloatlab_tune::sysctl::rollback(vm, state))
         }
         TuneCommand::Status { sysctl: true, .. } => {
-            match bloatlab_tune::sysctl::status(vm, state) {
-                Ok(s) => {
-                    println!("{s}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(e),
-            }
+            crate::show(bloatlab_tune::sysctl::status(vm, state), false, |s| {
+                s.clone()
+            })
         }
         TuneCommand::Apply {
             dev,
@@ -418,11 +294,8 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
             json,
             ..
         } => {
-            let dev = dev.unwrap_or_default();
-            let iface = bloatlab_tune::apply::Iface {
-                dev: dev.clone(),
-                netns,
-            };
+            let iface = iface(dev, netns);
+            let dev = iface.dev.clone();
             let script = match (file, from.is_empty()) {
                 (Some(f), _) => match std::fs::read_to_string(&f) {
                     Ok(s) => s,
@@ -449,17 +322,8 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
                     length,
                     out_dir,
                 };
-                return match bloatlab_experiment::verify::apply_verified(&iface, &script, &v) {
-                    Ok(r) if json => {
-                        println!("{}", serde_json::to_string_pretty(&r).expect("serializes"));
-                        ExitCode::SUCCESS
-                    }
-                    Ok(r) => {
-                        print!("{}", r.text());
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => fail(e),
-                };
+                let r = bloatlab_experiment::verify::apply_verified(&iface, &script, &v);
+                return crate::show(r, json, |r| r.text());
             }
             match bloatlab_tune::apply::apply(&iface, &script) {
                 Ok(said) => {
@@ -471,24 +335,20 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
                 Err(e) => fail(e),
             }
         }
-        TuneCommand::Rollback { dev, netns, .. } => said(bloatlab_tune::apply::rollback(
-            &bloatlab_tune::apply::Iface {
-                dev: dev.unwrap_or_default(),
-                netns,
-            },
-        )),
-        TuneCommand::Status { dev, netns, .. } => {
-            match bloatlab_tune::apply::status(&bloatlab_tune::apply::Iface {
-                dev: dev.unwrap_or_default(),
-                netns,
-            }) {
-                Ok(s) => {
-                    println!("{s}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(e),
-            }
+        TuneCommand::Rollback { dev, netns, .. } => {
+            said(bloatlab_tune::apply::rollback(&iface(dev, netns)))
         }
+        TuneCommand::Status { dev, netns, .. } => {
+            let s = bloatlab_tune::apply::status(&iface(dev, netns));
+            crate::show(s, false, |s| s.clone())
+        }
+    }
+}
+
+fn iface(dev: Option<String>, netns: Option<String>) -> bloatlab_tune::apply::Iface {
+    bloatlab_tune::apply::Iface {
+        dev: dev.unwrap_or_default(),
+        netns,
     }
 }
 
@@ -555,15 +415,6 @@ fn apply_sysctl(
         rate_bps: rate,
         out_dir,
     };
-    match bloatlab_experiment::writeback_verify::apply_verified(vm, state, bg, fg, &v) {
-        Ok(r) if json => {
-            println!("{}", serde_json::to_string_pretty(&r).expect("serializes"));
-            ExitCode::SUCCESS
-        }
-        Ok(r) => {
-            print!("{}", r.text());
-            ExitCode::SUCCESS
-        }
-        Err(e) => fail(e),
-    }
+    let r = bloatlab_experiment::writeback_verify::apply_verified(vm, state, bg, fg, &v);
+    crate::show(r, json, |r| r.text())
 }

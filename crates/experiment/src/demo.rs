@@ -4,13 +4,13 @@
 //! verdict, the advice and the applied configuration in it.
 
 use crate::placement::{self, Fix, Shaper};
-use crate::{stamp, write_report, Options, Session};
+use crate::{stamp, write_report, ExperimentOptions, Session};
 use bloatlab_lab::ns::in_netns;
 use bloatlab_lab::Topology;
 use bloatlab_locate::{Load, Verdict};
 use bloatlab_report::html::Section;
 use bloatlab_result::Summary;
-use bloatlab_tune::advise::{self, Advice, Qdisc, Target};
+use bloatlab_tune::advise::{self, Advice, RouterQdisc, Target};
 use bloatlab_tune::apply::{self, Iface};
 use bloatlab_tune::config;
 use bloatlab_tune::inputs;
@@ -104,11 +104,11 @@ fn link_type(topo: &Topology) -> Result<LinkType, String> {
 }
 
 /// Locate from the client: download and upload loads alone, each `length` s.
-fn locate(s: &Session, o: &Options, length: f64) -> Result<Located, String> {
+fn locate(s: &Session, o: &ExperimentOptions, length: f64) -> Result<Located, String> {
     let tests = bloatlab_locate::phase_tests(&[Load::Download, Load::Upload], length, 2.0, 4);
-    let lo = bloatlab_locate::Options {
+    let lo = bloatlab_locate::LocateOptions {
         out_dir: o.out_dir.clone(),
-        test: bloatlab_measure::Options {
+        test: bloatlab_measure::RunOptions {
             output: None,
             ..crate::test_options(&o.out_dir, o.quiet, &o.stop)
         },
@@ -162,7 +162,7 @@ pub fn verdict_text(v: &Verdict) -> String {
 }
 
 /// The demo on `topo` (hosts `client`, a router in front of the slowest link, `server`).
-pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
+pub fn demo(topo: Topology, how: Apply, o: &ExperimentOptions) -> Result<Demo, String> {
     let link = link_type(&topo)?;
     let router_dev = placement::slowest(&topo)?.name.clone();
     let router = placement::slowest(&topo)?.a.clone();
@@ -251,11 +251,11 @@ pub fn demo(topo: Topology, how: Apply, o: &Options) -> Result<Demo, String> {
         netns: Some(session.namespace(&router).to_string()),
     };
     let qdisc = match how {
-        Apply::Emulated(Fix::Cake | Fix::CakeAckFilter) => Qdisc::Cake,
-        Apply::Emulated(_) => Qdisc::HtbFqCodel,
-        Apply::Kernel if apply::kernel_has("cake") => Qdisc::Cake,
-        Apply::Kernel if apply::kernel_has("fq_codel") => Qdisc::HtbFqCodel,
-        Apply::Kernel => Qdisc::HtbFifo,
+        Apply::Emulated(Fix::Cake | Fix::CakeAckFilter) => RouterQdisc::Cake,
+        Apply::Emulated(_) => RouterQdisc::HtbFqCodel,
+        Apply::Kernel if apply::kernel_has("cake") => RouterQdisc::Cake,
+        Apply::Kernel if apply::kernel_has("fq_codel") => RouterQdisc::HtbFqCodel,
+        Apply::Kernel => RouterQdisc::HtbFifo,
     };
     let advice = advise::advise(
         &runs,

@@ -11,7 +11,7 @@ pub mod verify;
 pub mod writeback_verify;
 
 use bloatlab_lab::control;
-use bloatlab_lab::lab::LabInfo;
+use bloatlab_lab::instance::LabInfo;
 use bloatlab_lab::ns::in_netns;
 use bloatlab_lab::{Lab, Topology};
 use bloatlab_measure::display::ProgressMode;
@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-pub struct Options {
+pub struct ExperimentOptions {
     /// The test each run makes (rrul, tcp-bidir, rpm, voip under load, ...); its length and
     /// idle phase are the experiment's.
     pub test: Params,
@@ -82,7 +82,7 @@ impl Comparison {
     }
 }
 
-impl Options {
+impl ExperimentOptions {
     fn say(&self, m: &str) {
         if !self.quiet {
             eprintln!("{m}");
@@ -92,7 +92,7 @@ impl Options {
 
 /// Runs the test once per fix on the same emulated line, each fix placed as `place` says,
 /// and writes one report with every run. Stops between runs on `stop`.
-pub fn compare(topo: Topology, fixes: &[Fix], o: &Options) -> Result<Comparison, String> {
+pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<Comparison, String> {
     for host in ["client", "server"] {
         if !topo.hosts.iter().any(|h| h == host) {
             return Err(format!(
@@ -189,7 +189,7 @@ struct Session {
 }
 
 impl Session {
-    fn up(topo: Topology, o: &Options) -> Result<Session, String> {
+    fn up(topo: Topology, o: &ExperimentOptions) -> Result<Session, String> {
         std::fs::create_dir_all(&o.out_dir).map_err(|e| format!("{}: {e}", o.out_dir.display()))?;
         let lab = Lab::up(topo, &o.lab_name).map_err(|e| e.to_string())?;
         control::serve(
@@ -211,7 +211,7 @@ impl Session {
     }
 
     /// The test (`o.test`) from the client host; its summary.
-    fn run_test(&self, o: &Options, out: &Path) -> Result<Summary, String> {
+    fn run_test(&self, o: &ExperimentOptions, out: &Path) -> Result<Summary, String> {
         let mut params = o.test.clone();
         params.length = o.length;
         params.idle = 5.0;
@@ -243,8 +243,8 @@ impl Drop for Session {
 
 /// How a test the experiment runs writes and reports: to `out`, progress as lines on stderr
 /// (or none), stopped by the experiment's Ctrl-C.
-fn test_options(out: &Path, quiet: bool, stop: &Arc<AtomicBool>) -> bloatlab_measure::Options {
-    bloatlab_measure::Options {
+fn test_options(out: &Path, quiet: bool, stop: &Arc<AtomicBool>) -> bloatlab_measure::RunOptions {
+    bloatlab_measure::RunOptions {
         output: Some(out.to_path_buf()),
         progress: if quiet {
             ProgressMode::Quiet

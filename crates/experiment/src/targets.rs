@@ -175,7 +175,7 @@ pub fn text(runs: &[TargetRun]) -> String {
 fn run_one(o: &TargetsOptions, target: &str, out: &Path) -> Result<Summary, String> {
     let mut params = o.test.clone();
     params.length = o.length;
-    let opts = bloatlab_measure::Options {
+    let opts = bloatlab_measure::RunOptions {
         key: o.key.clone(),
         ..crate::test_options(out, o.quiet, &o.stop)
     };

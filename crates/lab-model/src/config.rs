@@ -7,18 +7,9 @@ use crate::fifo::Fifo;
 use crate::fq_codel::{FqCodel, FqCodelParams};
 use crate::qdisc::{Limit, Qdisc};
 use crate::rate::Rate;
+use crate::values::{parse_bool, parse_fraction, parse_usize};
+pub use crate::values::{parse_rate, parse_time_ns, ConfigError};
 use crate::MS;
-
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum ConfigError {
-    #[error(
-        "unknown key `{0}` (keys: rate, delay, jitter, reorder, loss, ge, mtu, overhead, atm, \
-        qdisc, limit, target, interval, ecn, flows, quantum, ring, bql, seed)"
-    )]
-    Key(String),
-    #[error("{0}")]
-    Value(String),
-}
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Loss {
@@ -122,46 +113,6 @@ impl Default for DirConfig {
             seed: 1,
         }
     }
-}
-
-/// Bits per second: "60mbit", "500kbit", "1gbit" (`bloatlab_units`, tc's bit units).
-pub fn parse_rate(s: &str) -> Result<u64, ConfigError> {
-    bloatlab_units::parse_rate(s).map_err(ConfigError::Value)
-}
-
-/// Nanoseconds: "7.5ms", "100us", "2s", "0" (`bloatlab_units`).
-pub fn parse_time_ns(s: &str) -> Result<u64, ConfigError> {
-    bloatlab_units::parse_duration(s)
-        .map(|d| d.as_nanos() as u64)
-        .map_err(ConfigError::Value)
-}
-
-fn parse_fraction(s: &str) -> Result<f64, ConfigError> {
-    let t = s.trim();
-    let v = match t.strip_suffix('%') {
-        Some(p) => p.trim().parse::<f64>().map(|v| v / 100.0),
-        None => t.parse::<f64>(),
-    };
-    match v {
-        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
-        _ => Err(ConfigError::Value(format!(
-            "probability `{s}`: want e.g. 1% or 0.01"
-        ))),
-    }
-}
-
-fn parse_bool(s: &str) -> Result<bool, ConfigError> {
-    match s.trim() {
-        "true" | "on" | "yes" | "1" => Ok(true),
-        "false" | "off" | "no" | "0" => Ok(false),
-        _ => Err(ConfigError::Value(format!("`{s}`: want on or off"))),
-    }
-}
-
-fn parse_usize(s: &str, what: &str) -> Result<usize, ConfigError> {
-    s.trim()
-        .parse()
-        .map_err(|_| ConfigError::Value(format!("{what} `{s}`: want a whole number")))
 }
 
 /// "1000" or "1000p" packets, "64kb"/"1mb"/"3000b" bytes, "100ms" time. Sizes follow tc:

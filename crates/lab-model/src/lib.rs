@@ -15,9 +15,11 @@ pub mod qdisc;
 pub mod rate;
 pub mod slow_icmp;
 pub mod stats;
+pub mod values;
+pub mod vnet;
 
 pub use config::{DirConfig, QdiscConfig};
-pub use link::Direction;
+pub use link::LinkDirection;
 pub use packet::Packet;
 pub use qdisc::Qdisc;
 pub use stats::DirStats;

@@ -36,7 +36,7 @@ impl Ord for InFlight {
     }
 }
 
-pub struct Direction {
+pub struct LinkDirection {
     cfg: DirConfig,
     qdisc: Box<dyn Qdisc>,
     serializer: Serializer,
@@ -57,10 +57,10 @@ pub struct Direction {
     ge_bad: bool,
 }
 
-impl Direction {
+impl LinkDirection {
     /// `now` is time zero of rate traces and schedules.
-    pub fn new(cfg: DirConfig, now: u64) -> Direction {
-        Direction {
+    pub fn new(cfg: DirConfig, now: u64) -> LinkDirection {
+        LinkDirection {
             dql: cfg.bql.then(|| Dql::new(now)),
             qdisc: cfg.build_qdisc(),
             serializer: Serializer::new(cfg.rate.clone(), now),
@@ -302,16 +302,16 @@ mod tests {
         Err("no files".into())
     }
 
-    fn dir(kv: &[(&str, &str)]) -> Direction {
+    fn dir(kv: &[(&str, &str)]) -> LinkDirection {
         let mut c = DirConfig::default();
         for (k, v) in kv {
             c.set(k, v, &noop).unwrap();
         }
-        Direction::new(c, 0)
+        LinkDirection::new(c, 0)
     }
 
     /// Runs the direction until idle, collecting (delivery time, packet).
-    fn drain(d: &mut Direction, out: &mut Vec<(u64, Packet)>) {
+    fn drain(d: &mut LinkDirection, out: &mut Vec<(u64, Packet)>) {
         while let Some(t) = d.next_wakeup() {
             while let Some(p) = d.poll(t) {
                 out.push((t, p));
@@ -458,7 +458,7 @@ mod tests {
 
     /// A bulk flow fills a 10 Mbit/s link behind FQ-CoDel; one sparse 100-byte packet arrives
     /// at 1 s. Returns how long it took to arrive, and the direction.
-    fn sparse_packet_delay(below: &[(&str, &str)]) -> (u64, Direction) {
+    fn sparse_packet_delay(below: &[(&str, &str)]) -> (u64, LinkDirection) {
         let mut d = dir(&[&[("rate", "10mbit"), ("qdisc", "fq_codel")], below].concat());
         for _ in 0..2000 {
             d.arrive(udp4(1500, 1, 2, 0), 0);

@@ -1,6 +1,6 @@
 //! Raw IP packets as read from a TUN device, and the few header fields the model needs.
 
-use crate::gso::{Payload, VnetHdr};
+use crate::vnet::{Payload, VnetHdr};
 
 /// An IP packet in a queue, with the time it entered the queue (for sojourn time).
 #[derive(Clone, Debug)]
@@ -178,7 +178,7 @@ pub fn udp4(len: usize, sport: u16, dport: u16, ecn: u8) -> Packet {
 }
 
 #[cfg(test)]
-pub use crate::gso::ipv4_checksum;
+pub use crate::vnet::ipv4_checksum;
 
 #[cfg(test)]
 mod tests {

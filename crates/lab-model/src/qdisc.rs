@@ -23,7 +23,7 @@ pub trait Qdisc: Send {
         std::iter::from_fn(|| self.dequeue(0, &mut scratch)).collect()
     }
     /// CAKE's per-tin statistics.
-    fn cake_stats(&self) -> Option<crate::cake::CakeStats> {
+    fn cake_stats(&self) -> Option<bloatlab_result::lab::CakeStats> {
         None
     }
 }

@@ -1,6 +1,6 @@
 //! Link rates: fixed, a mahimahi packet-delivery trace, or a schedule of rates over time.
 
-use crate::config::{parse_rate, ConfigError};
+use crate::values::{parse_rate, ConfigError};
 use crate::MS;
 
 /// A mahimahi delivery opportunity carries this many bytes (its `PACKET_SIZE`: a 1500-byte

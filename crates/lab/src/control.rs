@@ -1,7 +1,7 @@
 //! The control socket of a running lab: JSON lines over a Unix socket, for `lab set`,
 //! `lab stats`, `lab down` and for bloatlab tests that record the emulator's counters.
 
-use crate::lab::Shared;
+use crate::instance::Shared;
 use bloatlab_result::lab::{LabCounters, LabStats};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};

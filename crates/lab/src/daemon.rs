@@ -3,7 +3,7 @@
 //! command, and every other command finds the lab it means.
 
 use crate::control::{self, Request};
-use crate::lab::{self, LabInfo};
+use crate::instance::{self, LabInfo};
 use crate::{presets, Lab, Topology, SOCKET_ENV};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -30,7 +30,7 @@ pub fn load(arg: &str) -> Result<Topology, String> {
 /// The lab meant by `name`; else the one whose socket BLOATLAB_LAB_SOCKET names (inside `lab
 /// run`, with other labs up beside it); else the only one running.
 pub fn find(name: Option<&str>) -> Result<LabInfo, String> {
-    let live: Vec<LabInfo> = lab::running()
+    let live: Vec<LabInfo> = instance::running()
         .into_iter()
         .filter(|(_, alive)| *alive)
         .map(|(i, _)| i)
@@ -135,7 +135,10 @@ pub fn start(
             let why = std::fs::read_to_string(&log).unwrap_or_default();
             return Err(why.trim().trim_start_matches("bloatlab lab: ").to_string());
         }
-        if let Some((info, true)) = lab::running().into_iter().find(|(i, _)| i.name == name) {
+        if let Some((info, true)) = instance::running()
+            .into_iter()
+            .find(|(i, _)| i.name == name)
+        {
             if info.socket.exists() {
                 return Ok(info);
             }
@@ -154,7 +157,7 @@ pub fn start(
 pub fn down(info: &LabInfo) -> Result<(), String> {
     control::request(&info.socket, &Request::Down)?;
     for _ in 0..100 {
-        if !lab::running()
+        if !instance::running()
             .iter()
             .any(|(i, alive)| i.name == info.name && *alive)
         {
@@ -171,8 +174,11 @@ pub fn down(info: &LabInfo) -> Result<(), String> {
 /// Every lab's remains: processes, namespaces, devices, state and logs (also after a
 /// SIGKILL). What was removed, one item a line.
 pub fn down_all() -> Vec<String> {
-    let names: Vec<String> = lab::running().into_iter().map(|(i, _)| i.name).collect();
-    let mut removed = lab::down_all();
+    let names: Vec<String> = instance::running()
+        .into_iter()
+        .map(|(i, _)| i.name)
+        .collect();
+    let mut removed = instance::down_all();
     // A killed lab's log outlives it; once its remains are gone, so is the log.
     for log in names.iter().map(|n| log_path(n)) {
         if std::fs::remove_file(&log).is_ok() {

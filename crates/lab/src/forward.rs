@@ -6,7 +6,8 @@
 use crate::tun::{read_packet, wait_readable, write_packet, READ_BUF};
 use bloatlab_lab_model::gso;
 use bloatlab_lab_model::slow_icmp::SlowIcmp;
-use bloatlab_lab_model::{Direction, Packet};
+use bloatlab_lab_model::vnet::VnetHdr;
+use bloatlab_lab_model::{LinkDirection, Packet};
 use bloatlab_netio::mono_ns;
 use hdrhistogram::Histogram;
 use std::collections::VecDeque;
@@ -97,9 +98,9 @@ struct Calls {
 /// into them, `buf` gets a fresh one), else the packet, held first if its host is slow to send
 /// its own ICMP errors.
 fn arrive(
-    dir: &mut Direction,
+    dir: &mut LinkDirection,
     buf: &mut Vec<u8>,
-    vnet: gso::VnetHdr,
+    vnet: VnetHdr,
     train: u64,
     slow_icmp: Option<&mut SlowIcmp>,
     now: u64,
@@ -126,7 +127,7 @@ pub fn spawn(
     name: String,
     ends: Ends,
     txqueuelen: usize,
-    model: Arc<Mutex<Direction>>,
+    model: Arc<Mutex<LinkDirection>>,
     tun_queue: Arc<Mutex<TunQueue>>,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<()>> {

@@ -4,13 +4,13 @@
 pub mod control;
 pub mod daemon;
 pub mod forward;
-pub mod lab;
+pub mod instance;
 pub mod ns;
 pub mod presets;
 pub mod topology;
 pub mod tun;
 
-pub use lab::{Lab, LabError};
+pub use instance::{Lab, LabError};
 pub use topology::Topology;
 
 /// Where running labs keep their control socket and description.

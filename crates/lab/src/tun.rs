@@ -2,7 +2,8 @@
 //! virtio-net header before each packet (IFF_VNET_HDR) and TCP segmentation and checksum
 //! offloads, so the kernel hands over and takes back 64 KB super-packets (see `gso`).
 
-use bloatlab_lab_model::gso::{VnetHdr, Write, VNET_HDR_LEN};
+use bloatlab_lab_model::gso::Write;
+use bloatlab_lab_model::vnet::{VnetHdr, VNET_HDR_LEN};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 

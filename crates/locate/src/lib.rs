@@ -19,7 +19,7 @@ use std::net::{IpAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
-pub use verdict::{Direction, Load, Verdict};
+pub use verdict::{BloatDirection, Load, Verdict};
 
 /// How long reverse lookups of the hops may take, all together.
 const NAME_DEADLINE: Duration = Duration::from_secs(1);
@@ -70,6 +70,29 @@ pub fn validate(length: f64, idle: f64, hop_interval: f64, flows: u16) -> Result
     Ok(())
 }
 
+/// Load phases by the names `--phases` takes.
+pub fn loads(names: &[String]) -> Result<Vec<Load>, String> {
+    names
+        .iter()
+        .map(|n| {
+            Load::parse(n).ok_or_else(|| format!("--phases: `{n}` is not download, upload or both"))
+        })
+        .collect()
+}
+
+/// The load a test applies, for `test --locate`: only load tests have one.
+pub fn load_of(test: TestKind) -> Result<Load, String> {
+    match test {
+        TestKind::TcpDown => Ok(Load::Download),
+        TestKind::TcpUp => Ok(Load::Upload),
+        TestKind::TcpBidir | TestKind::Rrul | TestKind::RrulBe => Ok(Load::Both),
+        other => Err(format!(
+            "--locate needs a load test (tcp-down, tcp-up, tcp-bidir, rrul, rrul-be), not {}",
+            other.name()
+        )),
+    }
+}
+
 /// One test per load phase: `flows` TCP flows per loaded direction for `length` s after
 /// `idle` s (the first phase idles 2 s more, while the hops' first answers come in), probes
 /// marked EF.
@@ -94,12 +117,12 @@ pub fn phase_tests(loads: &[Load], length: f64, idle: f64, flows: u16) -> Vec<(L
         .collect()
 }
 
-pub struct Options {
+pub struct LocateOptions {
     /// Where the locate file and each phase's result file go.
     pub out_dir: PathBuf,
     /// Passed to every phase's test (progress, Ctrl-C, key; its `output` names the result
     /// file when there is one phase).
-    pub test: bloatlab_measure::Options,
+    pub test: bloatlab_measure::RunOptions,
     pub max_hops: u8,
     /// Time between two probes of one hop.
     pub hop_interval: Duration,
@@ -199,7 +222,7 @@ fn write(path: &Path, l: &LocateFile) -> Result<(), String> {
 pub fn locate(
     host: &str,
     tests: &[(Load, Params)],
-    o: &Options,
+    o: &LocateOptions,
 ) -> Result<(LocateFile, PathBuf), String> {
     let (name, ip) = resolve(host)?;
     std::fs::create_dir_all(&o.out_dir).map_err(|e| format!("{}: {e}", o.out_dir.display()))?;
@@ -252,7 +275,7 @@ pub fn locate(
                 .out_dir
                 .join(format!("bloatlab-locate-{stamp}-{}.json.gz", load.name())),
         };
-        let topts = bloatlab_measure::Options {
+        let topts = bloatlab_measure::RunOptions {
             output: Some(file.clone()),
             progress: o.test.progress,
             stop: o.test.stop.clone(),

@@ -7,7 +7,7 @@
 //! of the path's, provided the hops after it agree: a router that is merely slow to generate
 //! its ICMP answers under load is high on its own while later hops are not, and is not blamed.
 
-pub use bloatlab_result::locate::{Direction, Finding, Load, Verdict};
+pub use bloatlab_result::locate::{BloatDirection, Finding, Load, Verdict};
 use std::net::IpAddr;
 
 /// Added latency below which a path is not called bloated (ms): the upper bound of grade A
@@ -98,7 +98,7 @@ fn locate(
         return Some(Finding {
             hop: 0,
             address: None,
-            direction: Direction::None,
+            direction: BloatDirection::None,
             added_ms: d,
             path_added_ms: path,
             confidence: round2(confidence),
@@ -143,7 +143,7 @@ fn locate(
         return Some(Finding {
             hop: h.ttl,
             address: h.address,
-            direction: Direction::None,
+            direction: BloatDirection::None,
             added_ms: added,
             path_added_ms: path,
             confidence: round2(confidence),
@@ -226,12 +226,12 @@ pub fn verdict(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd) -> Ver
             let confidence = d.confidence.max(u.confidence);
             both = Some((share_words(&d), share_words(&u)));
             let mut f = if d.added_ms >= u.added_ms { d } else { u };
-            f.direction = Direction::Both;
+            f.direction = BloatDirection::Both;
             f.confidence = confidence;
             found.push(f);
         }
         (d, u) => {
-            for (f, dir) in [(d, Direction::Down), (u, Direction::Up)] {
+            for (f, dir) in [(d, BloatDirection::Down), (u, BloatDirection::Up)] {
                 if let Some(mut f) = f {
                     f.direction = dir;
                     found.push(f);
@@ -247,10 +247,10 @@ pub fn verdict(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd) -> Ver
     {
         if let Some(mut f) = locate(hops, local, e2e, Load::Both) {
             f.direction = match e2e.owd_added_ms {
-                Some((d, u)) if d >= BLOAT_MS && u >= BLOAT_MS => Direction::Both,
-                Some((d, u)) if d >= u => Direction::Down,
-                Some(_) => Direction::Up,
-                None => Direction::None,
+                Some((d, u)) if d >= BLOAT_MS && u >= BLOAT_MS => BloatDirection::Both,
+                Some((d, u)) if d >= u => BloatDirection::Down,
+                Some(_) => BloatDirection::Up,
+                None => BloatDirection::None,
             };
             found.push(f);
         }
@@ -302,7 +302,7 @@ pub fn verdict(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd) -> Ver
         return Verdict {
             hop: None,
             address: None,
-            direction: Direction::None,
+            direction: BloatDirection::None,
             added_ms: worst.max(0.0),
             confidence: 0.0,
             text,
@@ -310,11 +310,11 @@ pub fn verdict(hops: &[HopObs], local: Option<&LocalObs>, e2e: &EndToEnd) -> Ver
             caveats,
         };
     };
-    let dir_words = |d: Direction| match d {
-        Direction::Down => "download direction",
-        Direction::Up => "upload direction",
-        Direction::Both => "both directions",
-        Direction::None => "direction unknown",
+    let dir_words = |d: BloatDirection| match d {
+        BloatDirection::Down => "download direction",
+        BloatDirection::Up => "upload direction",
+        BloatDirection::Both => "both directions",
+        BloatDirection::None => "direction unknown",
     };
     let adds = match &both {
         Some((d, u)) => format!("under download load {d}; under upload load {u}"),
@@ -390,7 +390,7 @@ mod tests {
         );
         assert_eq!(
             (v.hop, v.direction),
-            (Some(2), Direction::Down),
+            (Some(2), BloatDirection::Down),
             "{}",
             v.text
         );
@@ -411,7 +411,12 @@ mod tests {
             None,
             &EndToEnd::default(),
         );
-        assert_eq!((v.hop, v.direction), (Some(1), Direction::Up), "{}", v.text);
+        assert_eq!(
+            (v.hop, v.direction),
+            (Some(1), BloatDirection::Up),
+            "{}",
+            v.text
+        );
         assert!(v.text.contains("from this host to hop 1"), "{}", v.text);
     }
 
@@ -424,7 +429,7 @@ mod tests {
         );
         assert_eq!(
             (v.hop, v.direction),
-            (Some(2), Direction::Both),
+            (Some(2), BloatDirection::Both),
             "{}",
             v.text
         );
@@ -458,7 +463,12 @@ mod tests {
             None,
             &e2e,
         );
-        assert_eq!((v.hop, v.direction), (Some(2), Direction::Up), "{}", v.text);
+        assert_eq!(
+            (v.hop, v.direction),
+            (Some(2), BloatDirection::Up),
+            "{}",
+            v.text
+        );
         assert!(
             v.text.contains(
                 "upload direction: it holds all of the 1009 ms the path adds, its \
@@ -476,9 +486,17 @@ mod tests {
             None,
             &EndToEnd::default(),
         );
-        assert_eq!((v.hop, v.direction), (Some(2), Direction::Up), "{}", v.text);
+        assert_eq!(
+            (v.hop, v.direction),
+            (Some(2), BloatDirection::Up),
+            "{}",
+            v.text
+        );
         assert_eq!(v.also.len(), 1);
-        assert_eq!((v.also[0].hop, v.also[0].direction), (1, Direction::Down));
+        assert_eq!(
+            (v.also[0].hop, v.also[0].direction),
+            (1, BloatDirection::Down)
+        );
     }
 
     #[test]
@@ -489,7 +507,12 @@ mod tests {
             None,
             &EndToEnd::default(),
         );
-        assert_eq!((v.hop, v.direction), (None, Direction::None), "{}", v.text);
+        assert_eq!(
+            (v.hop, v.direction),
+            (None, BloatDirection::None),
+            "{}",
+            v.text
+        );
         assert!(v.text.starts_with("No hop bloats"), "{}", v.text);
     }
 
@@ -501,7 +524,7 @@ mod tests {
         let v = verdict(&hops, None, &EndToEnd::default());
         assert_eq!(
             (v.hop, v.direction),
-            (Some(3), Direction::Down),
+            (Some(3), BloatDirection::Down),
             "{}",
             v.text
         );
@@ -521,7 +544,7 @@ mod tests {
         );
         assert_eq!(
             (v.hop, v.direction),
-            (Some(3), Direction::Down),
+            (Some(3), BloatDirection::Down),
             "{}",
             v.text
         );
@@ -593,7 +616,12 @@ mod tests {
             delay_ms: [Some(0.2), Some(480.0), Some(480.0)],
         };
         let v = verdict(&hops, Some(&local), &EndToEnd::default());
-        assert_eq!((v.hop, v.direction), (Some(0), Direction::Up), "{}", v.text);
+        assert_eq!(
+            (v.hop, v.direction),
+            (Some(0), BloatDirection::Up),
+            "{}",
+            v.text
+        );
         assert!(
             v.text.contains("this host's own interface queue"),
             "{}",
@@ -613,7 +641,12 @@ mod tests {
             owd_added_ms: Some((4.0, 296.0)),
         };
         let v = verdict(&hops, None, &e2e);
-        assert_eq!((v.hop, v.direction), (Some(2), Direction::Up), "{}", v.text);
+        assert_eq!(
+            (v.hop, v.direction),
+            (Some(2), BloatDirection::Up),
+            "{}",
+            v.text
+        );
     }
 
     #[test]

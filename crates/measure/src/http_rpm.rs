@@ -10,8 +10,9 @@
 //! the foreign term alone (the summary's `rpm.loaded` is null). The result file is the same
 //! format; its `params.transport` says which transport ran.
 
+use crate::engine::{Drain, Pace, Period, Schedule, Timer};
 use crate::plan::Params;
-use crate::run::{Ended, Options, Outcome};
+use crate::run::{Ended, Outcome, RunOptions};
 use crate::MeasureError;
 use bloatlab_analyze::rpm;
 use bloatlab_netio::sendbuf::{self, BudgetedTls, SendBudget, UnsentLimited};
@@ -438,7 +439,7 @@ impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
 pub fn run(
     params: &Params,
     config_url: &str,
-    opts: &Options,
+    opts: &RunOptions,
     http: &HttpOptions,
 ) -> Result<Outcome, MeasureError> {
     let fail = |why: String| MeasureError::Resolve {
@@ -559,7 +560,7 @@ impl State {
 async fn run_async(
     params: &Params,
     config_url: &str,
-    opts: &Options,
+    opts: &RunOptions,
     http: &HttpOptions,
 ) -> Result<Outcome, String> {
     let connector = connector(http)?;
@@ -616,62 +617,59 @@ async fn run_async(
     let mut load_tasks = tokio::task::JoinSet::new();
     let (idle, id, length) = (params.idle, params.rpm_interval, params.length);
     let mut tasks = tokio::task::JoinSet::new();
-    let mut next_probe = 0.0;
     // Probes sent so far; each records one answer or one timeout.
     let mut spawned = 0usize;
-    let mut next_interval = idle;
-    let mut next_sample = params.step;
-    let mut next_snapshot = 2.0;
+    let drain = Drain::UntilAnswered {
+        timeout: PROBE_TIMEOUT.as_secs_f64(),
+    };
+    let mut schedule = Schedule::new(idle, vec![length; plan.len()], drain);
+    let mut probe = Timer::new(0.0, PROBE_EVERY.as_secs_f64(), Pace::Grid);
+    let mut interval = Timer::new(idle, id, Pace::Grid);
+    let mut sample = Timer::new(params.step, params.step, Pace::Grid);
+    let mut snapshot = Timer::new(2.0, 2.0, Pace::Grid);
+    let mut status = Timer::new(0.0, 0.25, Pace::Grid);
     let mut interval_bytes: Vec<u64> = Vec::new();
     let mut progress = crate::display::Progress::new(opts.progress);
-    let (mut next_status, mut status_bytes) = (0.0, (0u64, 0u64));
+    let mut status_bytes = (0u64, 0u64);
     let ended = loop {
         let t = st.t();
         if opts.stop.load(Ordering::Relaxed) {
             break Ended::Interrupted;
         }
-        // A stage ends when its load saturated (below) or its length ran out; the next begins.
-        if let Some(cur) = st.current() {
-            if t >= cur.start + length {
-                cur.end = Some(t);
-            }
-        }
-        // A stage's load goes on, without new probes, until the probes sent under it are
-        // answered (through a deep buffer a foreign probe's three round trips outlast the
-        // last intervals) or time out: none of them finishes against another stage's load.
-        let quiet = t >= idle && st.current().is_none();
-        let answered = |st: &State| {
+        // A stage ends when its load saturated (below) or its length ran out. Its load goes
+        // on, without new probes, until the probes sent under it are answered (through a deep
+        // buffer a foreign probe's three round trips outlast the last intervals) or time out:
+        // none of them finishes against another stage's load. Then the next stage begins.
+        let answered = {
             let p = st.probes.lock().unwrap();
             p.foreign.len() + p.loaded.len() >= spawned
         };
-        let drained = st
-            .stages
-            .last()
-            .and_then(|s| s.end)
-            .is_none_or(|end| t >= end + PROBE_TIMEOUT.as_secs_f64())
-            || answered(&st);
-        if quiet && drained {
-            if st.stages.len() == plan.len() {
-                break Ended::Complete;
+        let phase = schedule.advance(t, answered);
+        for (run, times) in st.stages.iter_mut().zip(schedule.stages()) {
+            run.end = times.end;
+        }
+        match phase {
+            Period::Done => break Ended::Complete,
+            Period::Loading(i) if i == st.stages.len() => {
+                stop.store(true, Ordering::Relaxed);
+                load_tasks.abort_all();
+                senders.lock().unwrap().clear();
+                stop = Arc::new(AtomicBool::new(false));
+                let start = schedule.stages()[i].start;
+                st.stages.push(StageRun {
+                    stage: plan[i],
+                    start,
+                    end: None,
+                    saturation: rpm::Saturation::new(id),
+                    flows: 0,
+                });
+                interval.restart(start);
             }
-            stop.store(true, Ordering::Relaxed);
-            load_tasks.abort_all();
-            senders.lock().unwrap().clear();
-            stop = Arc::new(AtomicBool::new(false));
-            let stage = plan[st.stages.len()];
-            st.stages.push(StageRun {
-                stage,
-                start: t,
-                end: None,
-                saturation: rpm::Saturation::new(id),
-                flows: 0,
-            });
-            next_interval = t;
+            _ => {}
         }
         let stage = st.current().map(|c| c.stage);
-        if t >= next_probe {
-            next_probe += PROBE_EVERY.as_secs_f64();
-            if !(t >= idle && stage.is_none()) {
+        if probe.fire(t) {
+            if !matches!(phase, Period::Draining(_)) {
                 spawn_foreign(
                     &mut tasks,
                     urls.clone(),
@@ -690,9 +688,9 @@ async fn run_async(
                 }
             }
         }
-        if let Some(stage) = stage.filter(|_| t >= next_interval) {
+        if let Some(stage) = stage.filter(|_| interval.is_due(t)) {
             let cur = st.stages.last().expect("a stage under way");
-            let (start, first) = (cur.start, next_interval <= cur.start);
+            let (start, first) = (cur.start, interval.next() <= cur.start);
             let directions = [true, false]
                 .into_iter()
                 .filter(|d| stage.loads(*d))
@@ -712,9 +710,10 @@ async fn run_async(
                     .interval(t, down, up, resp, Some(per_dir as u32))
                 {
                     cur.end = Some(t);
+                    schedule.end_stage(t);
                 }
             }
-            next_interval += id;
+            interval.fire(t);
             let cur = st.stages.last_mut().expect("a stage under way");
             if cur.end.is_none() && per_dir < MAX_CONNECTIONS {
                 cur.flows += directions.len();
@@ -747,8 +746,7 @@ async fn run_async(
                 .map(|f| f.bytes.load(Ordering::Relaxed))
                 .collect();
         }
-        if t >= next_sample {
-            next_sample += params.step;
+        if sample.fire(t) {
             // Only the stage under way samples: a finished stage's series end with its load.
             let running = st.stages.len().checked_sub(1).filter(|_| stage.is_some());
             for f in st.flows.iter_mut().filter(|f| Some(f.stage) == running) {
@@ -758,8 +756,7 @@ async fn run_async(
                 f.last = b;
             }
         }
-        if t >= next_status {
-            next_status += 0.25;
+        if status.fire(t) {
             let sum = |down: bool| {
                 st.flows
                     .iter()
@@ -799,21 +796,15 @@ async fn run_async(
             });
             status_bytes = now_bytes;
         }
-        if t >= next_snapshot {
-            next_snapshot += 2.0;
+        if snapshot.fire(t) {
             let snap = build(&meta, &st, idle, t, false);
             let p = path.clone();
             tokio::task::spawn_blocking(move || result::write_atomic(&p, &snap));
         }
-        let due = [
-            next_probe,
-            next_sample,
-            next_interval,
-            next_snapshot,
-            next_status,
-        ]
-        .into_iter()
-        .fold(f64::MAX, f64::min);
+        let due = [probe, sample, interval, snapshot, status]
+            .iter()
+            .map(Timer::next)
+            .fold(f64::MAX, f64::min);
         tokio::time::sleep(Duration::from_secs_f64((due - st.t()).clamp(0.000_5, 0.01))).await;
     };
     let end_t = st.t();

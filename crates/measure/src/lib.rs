@@ -5,6 +5,9 @@
 mod connprobe;
 mod control;
 pub mod display;
+pub mod engine;
+#[cfg(feature = "clap")]
+pub mod flags;
 mod flow;
 pub mod hops;
 pub mod http_rpm;
@@ -21,7 +24,7 @@ mod udp_load;
 pub mod writeback;
 
 pub use plan::{Params, TestKind, UdpParams, MAX_FLOWS};
-pub use run::{run, Ended, Options, Outcome};
+pub use run::{run, Ended, Outcome, RunOptions};
 
 use std::net::SocketAddr;
 
@@ -37,7 +40,7 @@ pub fn is_url(target: &str) -> bool {
 pub fn run_target(
     params: &Params,
     target: &str,
-    opts: &Options,
+    opts: &RunOptions,
     http: &http_rpm::HttpOptions,
 ) -> Result<Outcome, MeasureError> {
     if is_url(target) {

@@ -21,7 +21,7 @@ pub struct Failure {
 /// A flow's name and how its opening went.
 type Opened = (String, Result<FlowConn, String>);
 
-pub struct Load {
+pub struct BulkLoad {
     addr: SocketAddr,
     token: Token,
     pings: Arc<PingLog>,
@@ -36,16 +36,16 @@ pub struct Load {
     stopped: bool,
 }
 
-impl Load {
+impl BulkLoad {
     pub fn new(
         addr: SocketAddr,
         token: Token,
         mut flows: Vec<plan::Flow>,
         pings: Arc<PingLog>,
-    ) -> Load {
+    ) -> BulkLoad {
         flows.sort_by(|a, b| a.start_after.total_cmp(&b.start_after));
         let (opened_tx, opened_rx) = mpsc::channel();
-        Load {
+        BulkLoad {
             addr,
             token,
             pings,

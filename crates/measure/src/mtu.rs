@@ -3,7 +3,7 @@
 //! needed" / "packet too big" to say why. The search is pure ([`Search`]); the shell sends the
 //! probes from an unprivileged ping socket and reads its error queue.
 
-use crate::run::{Ended, Options, Outcome};
+use crate::run::{Ended, Outcome, RunOptions};
 use crate::MeasureError;
 use bloatlab_netio::icmp;
 use bloatlab_result::{
@@ -209,7 +209,7 @@ fn probe_size(
 }
 
 /// Runs the search against `host` (a name or an address; no bloatlab server needed: ICMP echo).
-pub fn run(host: &str, want_v6: Option<bool>, opts: &Options) -> Result<Outcome, MeasureError> {
+pub fn run(host: &str, want_v6: Option<bool>, opts: &RunOptions) -> Result<Outcome, MeasureError> {
     let name = host.trim_start_matches('[').trim_end_matches(']');
     let addrs: Vec<IpAddr> = (name, 0)
         .to_socket_addrs()

@@ -5,21 +5,38 @@ use bloatlab_proto::{dscp_name, Direction, FlowSpec, StreamSpec, UdpLoadSpec};
 use serde::Serialize;
 use std::time::Duration;
 
+/// The tests; their documentation is `bloatlab test`'s help.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum TestKind {
+    /// Idle latency: UDP probes and TCP connect times.
     Ping,
+    /// Download: --flows TCP flows from the server.
     TcpDown,
+    /// Upload: --flows TCP flows to the server.
     TcpUp,
+    /// Both directions at once, --flows each way.
     TcpBidir,
+    /// Realtime Response Under Load: 4 down + 4 up flows marked BE, BK, CS5, EF, with UDP probes
+    /// marked EF, BK, BE.
     Rrul,
+    /// rrul with every flow and probe unmarked (best effort).
     RrulBe,
+    /// A call-like isochronous stream each way (20 ms, 172 B): one-way delay, jitter, loss, MOS.
     Voip,
+    /// Responsiveness under working conditions, in round trips per minute (IETF ippm draft).
     Rpm,
+    /// Constant-rate UDP upload (--rate, --size) with the chosen sender --pacing: goodput, loss,
+    /// reordering and the burst profile where it left and where it arrived.
     Udp,
-    /// Not a network test: the page cache in front of a disk (`measure::writeback`).
+    /// Not the network: the page cache in front of a disk. HOST is a directory; writes --size
+    /// as `dd conv=fdatasync` does (or at --rate), sampling the kernel's dirty and writeback
+    /// counters and timing a small write + fsync every 100 ms meanwhile.
     Writeback,
-    /// The path MTU by ICMP echo (`measure::mtu`), no bloatlab server needed.
+    /// The path MTU to HOST (any host that answers ICMP echo) by Don't-Fragment probes, black
+    /// holes (large packets lost with no "fragmentation needed"), and the TCP MSS, OpenVPN
+    /// mssfix and WireGuard MTU that follow.
     Mtu,
 }
 

@@ -4,10 +4,11 @@ use crate::connprobe::ConnRec;
 use crate::control::Report;
 use crate::flow::{FlowConn, PingLog};
 use crate::load::Failure;
-use crate::probe::{ProbeStream, Rec};
+use crate::probe::{Log as ProbeLog, ProbeStream, Rec};
 use crate::udp_load::UdpLoad;
 use bloatlab_analyze::clock::{self, Echo};
 use bloatlab_result::*;
+use std::sync::MutexGuard;
 
 /// A probe not answered within this long is counted lost in a snapshot (the final file counts
 /// every unanswered probe as lost, after the drain).
@@ -41,13 +42,38 @@ fn resolved<'r>(recs: &'r [Rec], live: &Live) -> impl Iterator<Item = &'r Rec> +
         .filter(move |r| finished || r.reply.is_some() || r.t1 < cutoff)
 }
 
+/// The result file as the test stands: the clock, each part's series and records (flows,
+/// probe streams, connect and RPM probes, the UDP load), then the summary.
 pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
     let mut result = ResultFile::new(meta.clone());
     result.partial = !live.finished;
 
-    // Clock offset from the idle phase's echoes when there are enough, else from all of them;
-    // drift from a second estimate over the settling after the load.
     let logs: Vec<_> = live.probes.iter().map(|p| p.log.lock().unwrap()).collect();
+    let offset = clock_offset(live, &logs);
+    result.metadata.clock_offset = offset;
+    let off_ns = |t: f64| offset.map_or(0.0, |o| o.at(t) * 1e6);
+
+    result.series.extend(throughput_series(live));
+
+    probe_streams(&mut result, live, &logs, &off_ns);
+    drop(logs);
+
+    connect_and_rpm_series(&mut result, live);
+    flow_records(&mut result, live);
+    if let Some(u) = live.udp {
+        udp_record(&mut result, u, live, offset, meta.step);
+    }
+    let mut summary = bloatlab_analyze::summarize(&result);
+    let retrans: Vec<u32> = live.flows.iter().filter_map(|f| f.retransmits()).collect();
+    summary.tcp_retransmits =
+        (!retrans.is_empty()).then(|| retrans.iter().map(|&r| u64::from(r)).sum());
+    result.summary = Some(summary);
+    result
+}
+
+/// The server's clock against ours: from the idle phase's echoes when there are enough, else
+/// from all of them; drift from a second estimate over the settling after the load.
+fn clock_offset(live: &Live, logs: &[MutexGuard<'_, ProbeLog>]) -> Option<ClockOffset> {
     let echoes = |keep: &dyn Fn(f64) -> bool| -> Vec<Echo> {
         logs.iter()
             .flat_map(|l| l.recs.iter())
@@ -70,22 +96,33 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
         .settle_start
         .map(|s| echoes(&|t| t >= s))
         .unwrap_or_default();
-    let offset = clock::estimate_with_drift(&before, &after, live.t0);
-    result.metadata.clock_offset = offset;
-    let off_ns = |t: f64| offset.map_or(0.0, |o| o.at(t) * 1e6);
+    clock::estimate_with_drift(&before, &after, live.t0)
+}
 
-    for flow in live.flows {
-        result.series.push(Series {
+/// Each bulk flow's throughput.
+fn throughput_series(live: &Live) -> Vec<Series> {
+    live.flows
+        .iter()
+        .map(|flow| Series {
             name: flow.flow.name.clone(),
             kind: SeriesKind::Throughput,
             direction: Some(flow.flow.spec.direction.as_str().into()),
             dscp: Some(flow.flow.spec.dscp),
             unit: "Mbit/s".into(),
             samples: flow.samples.clone(),
-        });
-    }
+        })
+        .collect()
+}
 
-    for (p, log) in live.probes.iter().zip(&logs) {
+/// Each UDP probe stream: round trips and one-way delays (on the server's clock moved by
+/// `off_ns`), its counts at both ends, and what became of its DSCP.
+fn probe_streams(
+    result: &mut ResultFile,
+    live: &Live,
+    logs: &[MutexGuard<'_, ProbeLog>],
+    off_ns: &dyn Fn(f64) -> f64,
+) {
+    for (p, log) in live.probes.iter().zip(logs) {
         let name = &p.stream.name;
         let dscp = Some(p.stream.spec.dscp);
         let mut rtt = Vec::new();
@@ -168,8 +205,11 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
             });
         }
     }
-    drop(logs);
+}
 
+/// TCP connect times (RPM: the foreign probes' connect and request times) and RPM's probes
+/// on the load connections.
+fn connect_and_rpm_series(result: &mut ResultFile, live: &Live) {
     if let Some(conn) = live.connect {
         let mk = |name: &str, pick: fn(&ConnRec) -> Option<f64>| Series {
             name: name.into(),
@@ -226,6 +266,11 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
             samples,
         });
     }
+}
+
+/// Each flow's record (congestion control, bytes the server saw, start, error, DSCP) and an
+/// event for each that failed.
+fn flow_records(result: &mut ResultFile, live: &Live) {
     let failure = |name: &str| {
         live.failures
             .iter()
@@ -264,54 +309,57 @@ pub fn build(meta: &Metadata, live: &Live) -> ResultFile {
             what: format!("flow {}: {}", f.flow, f.why),
         });
     }
-    if let Some(u) = live.udp {
-        let info = udp_info(u, live, |server_ns| {
-            offset.map(|o| secs(live.t0, server_ns) - o.at(secs(live.t0, server_ns)) / 1e3)
+}
+
+/// `test udp`: the load's record, its goodput where it arrived, and what became of its DSCP
+/// and pacing.
+fn udp_record(
+    result: &mut ResultFile,
+    u: &UdpLoad,
+    live: &Live,
+    offset: Option<ClockOffset>,
+    step: f64,
+) {
+    let info = udp_info(u, live, |server_ns| {
+        offset.map(|o| secs(live.t0, server_ns) - o.at(secs(live.t0, server_ns)) / 1e3)
+    });
+    if let Some(server) = &info.server {
+        let samples = step_rates(
+            server.recv_start.unwrap_or(0.0),
+            info.bucket_ms / 1e3,
+            &server.recv_bytes,
+            step,
+        );
+        result.series.push(Series {
+            name: "udp up".into(),
+            kind: SeriesKind::Throughput,
+            direction: Some("up".into()),
+            dscp: Some(info.dscp),
+            unit: "Mbit/s".into(),
+            samples,
         });
-        if let Some(server) = &info.server {
-            let samples = step_rates(
-                server.recv_start.unwrap_or(0.0),
-                info.bucket_ms / 1e3,
-                &server.recv_bytes,
-                meta.step,
-            );
-            result.series.push(Series {
-                name: "udp up".into(),
-                kind: SeriesKind::Throughput,
-                direction: Some("up".into()),
-                dscp: Some(info.dscp),
-                unit: "Mbit/s".into(),
-                samples,
-            });
-        }
-        if let Some(why) = &u.dscp_refused {
-            result.events.push(Event {
-                t: 0.0,
-                what: format!("UDP load: {why}"),
-            });
-        }
-        if let Some(note) = &u.pacing_note {
-            result.events.push(Event {
-                t: 0.0,
-                what: format!("UDP load pacing: {note}"),
-            });
-        }
-        if info.server.is_none() && live.finished {
-            result.events.push(Event {
-                t: 0.0,
-                what: "the server reported nothing of the UDP load \
-                (an older server?): no loss or goodput"
-                    .into(),
-            });
-        }
-        result.metadata.udp = Some(info);
     }
-    let mut summary = bloatlab_analyze::summarize(&result);
-    let retrans: Vec<u32> = live.flows.iter().filter_map(|f| f.retransmits()).collect();
-    summary.tcp_retransmits =
-        (!retrans.is_empty()).then(|| retrans.iter().map(|&r| u64::from(r)).sum());
-    result.summary = Some(summary);
-    result
+    if let Some(why) = &u.dscp_refused {
+        result.events.push(Event {
+            t: 0.0,
+            what: format!("UDP load: {why}"),
+        });
+    }
+    if let Some(note) = &u.pacing_note {
+        result.events.push(Event {
+            t: 0.0,
+            what: format!("UDP load pacing: {note}"),
+        });
+    }
+    if info.server.is_none() && live.finished {
+        result.events.push(Event {
+            t: 0.0,
+            what: "the server reported nothing of the UDP load \
+            (an older server?): no loss or goodput"
+                .into(),
+        });
+    }
+    result.metadata.udp = Some(info);
 }
 
 /// The load's record: the sender's log and, once reported, the server's, its buckets placed on

@@ -4,8 +4,9 @@ use crate::connprobe::ConnProber;
 use crate::control::Control;
 use crate::control::Report;
 use crate::display::{ProgressMode, Status};
+use crate::engine::{Drain, Pace, Period, Schedule, Timer};
 use crate::flow::PingLog;
-use crate::load::Load;
+use crate::load::BulkLoad;
 use crate::plan::{self, Params, TestKind};
 use crate::probe::ProbeStream;
 use crate::record::{self, Live};
@@ -21,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-pub struct Options {
+pub struct RunOptions {
     /// Result file; `None` picks `bloatlab-TEST-TIMESTAMP.json.gz` in the current directory.
     pub output: Option<PathBuf>,
     pub progress: ProgressMode,
@@ -88,7 +89,7 @@ pub(crate) fn default_output(test: &str) -> PathBuf {
     ))
 }
 
-pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, MeasureError> {
+pub fn run(params: &Params, host: &str, opts: &RunOptions) -> Result<Outcome, MeasureError> {
     let addrs = resolve(host)?;
     let mut plan = plan::plan(params);
     if opts.key.is_some() {
@@ -152,14 +153,14 @@ pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, Measu
         }
         None => None,
     };
-    let load = Load::new(
+    let load = BulkLoad::new(
         control.addr,
         control.token,
         plan.flows.clone(),
         pings.clone(),
     );
     let progress = crate::display::Progress::new(opts.progress);
-    let load_end = plan.load_end();
+    let schedule = Schedule::new(plan.idle, vec![plan.load], Drain::For(plan.settle));
     let rpm = (params.test == TestKind::Rpm).then(|| RpmRamp {
         saturation: rpm::Saturation::new(params.rpm_interval),
         next: params.rpm_interval,
@@ -167,7 +168,7 @@ pub fn run(params: &Params, host: &str, opts: &Options) -> Result<Outcome, Measu
     let mut test = Test {
         params,
         plan,
-        load_end,
+        schedule,
         rpm,
         t0,
         meta,
@@ -302,9 +303,9 @@ struct RpmRamp {
 struct Test<'a> {
     params: &'a Params,
     plan: plan::Plan,
-    /// Seconds from the test start at which the load ends: the plan's, or earlier when an RPM
-    /// test has its answer.
-    load_end: f64,
+    /// Its phases: the plan's idle, load and settle, the load ending early when an RPM test
+    /// has its answer.
+    schedule: Schedule,
     rpm: Option<RpmRamp>,
     t0: u64,
     meta: Metadata,
@@ -312,7 +313,7 @@ struct Test<'a> {
     probes: Vec<ProbeStream>,
     conn: Option<ConnProber>,
     udp: Option<UdpLoad>,
-    load: Load,
+    load: BulkLoad,
     snapshots: Snapshots,
     progress: crate::display::Progress,
 }
@@ -322,8 +323,13 @@ impl Test<'_> {
         (netio::mono_ns() - self.t0) as f64 / 1e9
     }
 
+    /// When the load ends: the plan's, or earlier when an RPM test has its answer.
+    fn load_end(&self) -> f64 {
+        self.schedule.load_end()
+    }
+
     fn total(&self) -> f64 {
-        self.load_end + self.plan.settle
+        self.load_end() + self.plan.settle
     }
 
     /// RPM: at the end of each of the draft's intervals, the goodput of that interval per
@@ -332,7 +338,7 @@ impl Test<'_> {
     fn rpm_interval(&mut self, t: f64) {
         let Some(r) = self.rpm.as_mut() else { return };
         let load_t = t - self.plan.idle;
-        if load_t < r.next || t >= self.load_end {
+        if load_t < r.next || t >= self.schedule.load_end() {
             return;
         }
         let id = self.params.rpm_interval;
@@ -364,20 +370,25 @@ impl Test<'_> {
         let open = self.load.flows.iter().filter(|f| !f.failed).count();
         let per_dir = (directions > 0).then(|| (open / directions) as u32);
         if r.saturation.interval(t, down, up, responsiveness, per_dir) {
-            self.load_end = t;
+            self.schedule.end_stage(t);
         }
     }
 
     /// The main loop: opens flows as they fall due, samples every step, sends probes on loaded
     /// connections, shows progress and writes snapshots, until the plan ends or something stops it.
-    fn drive(&mut self, control: &Control, opts: &Options) -> Ended {
-        let step = self.params.step;
-        let (mut next_sample, mut next_ping, mut next_status, mut next_snapshot) =
-            (step, 0.0, 0.0, SNAPSHOT_EVERY);
+    fn drive(&mut self, control: &Control, opts: &RunOptions) -> Ended {
+        let mut sample = Timer::new(self.params.step, self.params.step, Pace::GridSkip);
+        let mut status = Timer::new(0.0, 0.25, Pace::FromNow);
+        let mut snapshot = Timer::new(SNAPSHOT_EVERY, SNAPSHOT_EVERY, Pace::FromNow);
+        let mut ping = self
+            .plan
+            .loaded_probe_interval
+            .map(|iv| Timer::new(0.0, iv.as_secs_f64(), Pace::FromNow));
         let mut ping_id = 0u64;
         loop {
             let t = self.elapsed();
-            if t >= self.total() {
+            let phase = self.schedule.advance(t, false);
+            if phase == Period::Done {
                 return Ended::Complete;
             }
             if opts.stop.load(Ordering::Relaxed) {
@@ -386,46 +397,37 @@ impl Test<'_> {
             if control.server_gone() {
                 return Ended::ServerLost("the server closed the control connection".into());
             }
-            let load_t = t - self.plan.idle;
-            let loading = load_t >= 0.0 && t < self.load_end;
+            let loading = phase == Period::Loading(0);
             if loading {
-                self.load.open_due(load_t, t);
-            } else if t >= self.load_end && self.plan.load > 0.0 {
+                self.load.open_due(t - self.plan.idle, t);
+            } else if phase == Period::Draining(0) && self.plan.load > 0.0 {
                 // Settling: the queues drain while the probes go on (second clock estimate).
                 self.load.stop();
             }
             self.load.take_opened(t);
-            if t >= next_sample {
+            if sample.fire(t) {
                 self.load.sample(t);
                 self.rpm_interval(t);
-                next_sample += step;
-                if next_sample < t {
-                    next_sample = t + step;
+            }
+            if let Some(ping) = ping.as_mut().filter(|p| loading && p.is_due(t)) {
+                if let Some(f) = self.load.running(ping_id + 1) {
+                    ping_id += 1;
+                    f.ping(ping_id, &self.pings);
+                    ping.fire(t);
                 }
             }
-            if let Some(iv) = self.plan.loaded_probe_interval {
-                if loading && t >= next_ping {
-                    if let Some(f) = self.load.running(ping_id + 1) {
-                        ping_id += 1;
-                        f.ping(ping_id, &self.pings);
-                        next_ping = t + iv.as_secs_f64();
-                    }
-                }
-            }
-            if t >= next_status {
-                next_status = t + 0.25;
+            if status.fire(t) {
                 let st = self.status(t);
                 self.progress.update(&st);
             }
-            if t >= next_snapshot {
-                next_snapshot = t + SNAPSHOT_EVERY;
+            if snapshot.fire(t) {
                 self.snapshots.send(self.snapshot(t, false, None));
             }
             // Sleep until the next thing is due (at most 5 ms): waking more often only takes CPU
             // from the flows, which on loopback is the bottleneck.
-            let mut due = next_sample.min(next_snapshot).min(next_status);
-            if self.plan.loaded_probe_interval.is_some() {
-                due = due.min(next_ping);
+            let mut due = sample.next().min(snapshot.next()).min(status.next());
+            if let Some(p) = &ping {
+                due = due.min(p.next());
             }
             if let Some(first) = self.load.next_due() {
                 due = due.min(self.plan.idle + first);
@@ -446,7 +448,7 @@ impl Test<'_> {
         });
         let phase = if t < self.plan.idle || self.plan.load == 0.0 {
             "idle"
-        } else if t < self.load_end {
+        } else if t < self.load_end() {
             "load"
         } else {
             "settle"
@@ -478,11 +480,11 @@ impl Test<'_> {
             phases.push(Phase {
                 name: "load".into(),
                 start: self.plan.idle,
-                end: self.load_end,
+                end: self.load_end(),
             });
             phases.push(Phase {
                 name: "settle".into(),
-                start: self.load_end,
+                start: self.load_end(),
                 end: self.total(),
             });
         }
@@ -496,7 +498,7 @@ impl Test<'_> {
                 t0: self.t0,
                 now: netio::mono_ns(),
                 idle_end: self.plan.idle,
-                settle_start: (self.plan.settle > 0.0).then_some(self.load_end),
+                settle_start: (self.plan.settle > 0.0).then_some(self.load_end()),
                 flows: &self.load.flows,
                 failures: &self.load.failures,
                 probes: &self.probes,
@@ -512,7 +514,7 @@ impl Test<'_> {
 
     /// Stops the load, then gives the probes still in flight time to come back through the
     /// queues (twice the longest round trip seen, 1-6 s; 1 s when the test did not complete).
-    fn stop_and_drain(&mut self, ended: &Ended, opts: &Options) {
+    fn stop_and_drain(&mut self, ended: &Ended, opts: &RunOptions) {
         self.load.stop();
         if let Some(u) = self.udp.as_mut() {
             u.stop();

@@ -4,7 +4,7 @@
 //! 100 ms, like RRUL's probes for a disk. The counters are machine-wide: the summary says when
 //! other activity moved them.
 
-use crate::run::{Ended, Options, Outcome};
+use crate::run::{Ended, Outcome, RunOptions};
 use crate::MeasureError;
 use bloatlab_netio as netio;
 use bloatlab_result::params::{VmSettings, WritebackMachine};
@@ -200,7 +200,7 @@ fn incompressible(buf: &mut [u8], mut x: u64) {
     }
 }
 
-pub fn run(p: &WritebackParams, opts: &Options) -> Result<Outcome, MeasureError> {
+pub fn run(p: &WritebackParams, opts: &RunOptions) -> Result<Outcome, MeasureError> {
     if !p.dir.is_dir() {
         return Err(MeasureError::Io {
             what: format!("{}", p.dir.display()),

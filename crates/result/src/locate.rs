@@ -80,7 +80,7 @@ impl Load {
 /// Which way the bloated queue holds packets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Direction {
+pub enum BloatDirection {
     Up,
     Down,
     Both,
@@ -94,7 +94,7 @@ pub enum Direction {
 pub struct Finding {
     pub hop: u8,
     pub address: Option<IpAddr>,
-    pub direction: Direction,
+    pub direction: BloatDirection,
     /// What this place adds under load (its added round trip minus the previous hop's), ms.
     pub added_ms: f64,
     /// The path's added round trip in the same load, ms.
@@ -108,7 +108,7 @@ pub struct Verdict {
     /// TTL of the hop at the far end of the bloated link, 0 for this host, null for none.
     pub hop: Option<u8>,
     pub address: Option<IpAddr>,
-    pub direction: Direction,
+    pub direction: BloatDirection,
     pub added_ms: f64,
     pub confidence: f64,
     pub text: String,
@@ -265,7 +265,7 @@ mod tests {
             version: VERSION,
             verdict: Verdict {
                 hop: Some(0),
-                direction: Direction::Up,
+                direction: BloatDirection::Up,
                 text: "this host".into(),
                 ..Default::default()
             },

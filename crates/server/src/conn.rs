@@ -3,7 +3,7 @@
 //! probe. Each phase has a total deadline, never a per-read timeout.
 
 use crate::handshake::handshake_within;
-use crate::lines::{read_line, send};
+use crate::lines::{read_line, send, Reader};
 use crate::session::Session;
 use crate::{data, limits::Slot, random, Shared, GRACE};
 use bloatlab_netio as netio;
@@ -15,11 +15,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{timeout, timeout_at, Instant};
-
-pub(crate) type Reader = BufReader<OwnedReadHalf>;
 
 /// The next connection; out of descriptors or memory, it backs off instead of spinning.
 pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {

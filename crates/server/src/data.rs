@@ -3,8 +3,7 @@
 //! test's `--max-rate`; pongs that a client does not read are dropped, never queued without
 //! bound.
 
-use crate::conn::Reader;
-use crate::lines::send;
+use crate::lines::{send, Reader};
 use crate::session::Session;
 use bloatlab_netio as netio;
 use bloatlab_proto::{frame, Direction, RefuseReason, ServerMsg};

@@ -12,6 +12,8 @@
 
 mod conn;
 mod data;
+#[cfg(feature = "clap")]
+pub mod flags;
 mod handshake;
 mod limits;
 mod lines;

@@ -2,7 +2,11 @@
 
 use bloatlab_proto::{self as proto, ServerMsg};
 use std::io;
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::tcp::OwnedReadHalf;
+
+/// A connection's read half as the faces read it: buffered, for lines and frames.
+pub(crate) type Reader = BufReader<OwnedReadHalf>;
 
 /// Reads one `\n`-terminated line of at most `max` bytes: `Ok(None)` at a clean end of stream,
 /// an error for an over-long line (the peer does not speak the protocol). Memory is bounded by

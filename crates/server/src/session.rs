@@ -9,65 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-/// Token bucket: refills at `per_sec` and holds `cap`.
-#[derive(Debug)]
-pub struct Bucket {
-    tokens: f64,
-    per_sec: f64,
-    cap: f64,
-    last: Instant,
-}
-
-impl Bucket {
-    pub fn new(per_sec: f64, cap: f64, now: Instant) -> Self {
-        Bucket {
-            tokens: cap,
-            per_sec,
-            cap,
-            last: now,
-        }
-    }
-
-    /// For one probe stream: refills at twice the announced rate and holds 5 s worth (at least
-    /// 50), so requests that a bloated queue delivers in a bunch are all answered, while a client
-    /// that sends far more than it announced is held to its word.
-    pub fn for_stream(interval_us: u32, now: Instant) -> Self {
-        let per_sec = 2e6 / f64::from(interval_us.max(1));
-        Bucket::new(per_sec, (per_sec * 5.0).max(50.0), now)
-    }
-
-    pub fn take(&mut self, now: Instant) -> bool {
-        self.take_n(1.0, now)
-    }
-
-    pub(crate) fn take_n(&mut self, n: f64, now: Instant) -> bool {
-        self.refill(now);
-        if self.tokens >= n {
-            self.tokens -= n;
-            true
-        } else {
-            false
-        }
-    }
-
-    fn refill(&mut self, now: Instant) {
-        let dt = now.saturating_duration_since(self.last).as_secs_f64();
-        self.last = now;
-        self.tokens = (self.tokens + dt * self.per_sec).min(self.cap);
-    }
-
-    /// Takes `n` tokens, going into debt if need be; returns how long to wait until the debt is
-    /// paid: a sender that waits that long keeps to `per_sec` on average.
-    pub fn pay(&mut self, n: f64, now: Instant) -> Duration {
-        self.refill(now);
-        self.tokens -= n;
-        if self.tokens >= 0.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(-self.tokens / self.per_sec)
-        }
-    }
-}
+use crate::limits::Bucket;
 
 #[derive(Debug)]
 pub struct StreamState {

@@ -2,7 +2,7 @@
 //! number, their bytes per bucket of arrival time, reordering and duplicates, within a bound on
 //! rate and memory set by what the test announced. Pure: the caller gives every time.
 
-use crate::session::Bucket;
+use crate::limits::Bucket;
 use bloatlab_proto::buckets::Buckets;
 use bloatlab_proto::{UdpLoadReport, UdpLoadSpec};
 use std::time::{Duration, Instant};

@@ -23,18 +23,18 @@ const MSS: f64 = 1448.0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Qdisc {
+pub enum RouterQdisc {
     Cake,
     HtbFqCodel,
     HtbFifo,
 }
 
-impl Qdisc {
-    pub fn parse(s: &str) -> Result<Qdisc, String> {
+impl RouterQdisc {
+    pub fn parse(s: &str) -> Result<RouterQdisc, String> {
         match s {
-            "cake" => Ok(Qdisc::Cake),
-            "fq_codel" | "htb-fq_codel" | "fq-codel" => Ok(Qdisc::HtbFqCodel),
-            "fifo" | "htb-fifo" => Ok(Qdisc::HtbFifo),
+            "cake" => Ok(RouterQdisc::Cake),
+            "fq_codel" | "htb-fq_codel" | "fq-codel" => Ok(RouterQdisc::HtbFqCodel),
+            "fifo" | "htb-fifo" => Ok(RouterQdisc::HtbFifo),
             o => Err(format!("qdisc `{o}`: cake, fq_codel or fifo")),
         }
     }
@@ -46,7 +46,7 @@ pub struct DirAdvice {
     pub overhead: u32,
     pub mpu: u32,
     pub link: LinkType,
-    pub qdisc: Qdisc,
+    pub qdisc: RouterQdisc,
     /// Length (packets) of each hashed FIFO for `htb-fifo`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fifo_packets: Option<u64>,
@@ -100,9 +100,24 @@ impl Advice {
 #[derive(Clone, Copy, Debug)]
 pub struct Target {
     pub link: LinkType,
-    pub qdisc: Qdisc,
+    pub qdisc: RouterQdisc,
     /// A locate verdict put the queue on the measuring host itself (hop 0).
     pub queue_on_host: bool,
+}
+
+/// The `bloatlab config` command that turns this advice from `files` into a configuration.
+pub fn next_command(t: &Target, files: &[std::path::PathBuf]) -> String {
+    let kind = match t.qdisc {
+        RouterQdisc::Cake => "tc-cake",
+        RouterQdisc::HtbFqCodel => "tc-htb-fqcodel",
+        RouterQdisc::HtbFifo => "tc-htb-fifo",
+    };
+    let files: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    format!(
+        "bloatlab config {kind} --dev IFACE --link {} --from {}",
+        t.link.cake_keyword(),
+        files.join(" ")
+    )
 }
 
 fn list(v: &[f64]) -> String {
@@ -166,12 +181,12 @@ fn direction(name: &str, goodputs: &[f64], bloat: Option<Bloat>, t: &Target) -> 
     // One full packet's serialisation at the shaped rate, on top of what the queue keeps.
     let packet_ms = f64::from(t.link.wire_bytes(1500)) * 8.0 / rate_bps * 1e3;
     let (fifo_packets, expected, how) = match t.qdisc {
-        Qdisc::Cake | Qdisc::HtbFqCodel => (
+        RouterQdisc::Cake | RouterQdisc::HtbFqCodel => (
             None,
             5.0 + packet_ms,
             "CoDel keeps each flow's queue near its 5 ms target".to_string(),
         ),
-        Qdisc::HtbFifo => {
+        RouterQdisc::HtbFifo => {
             let n = bucket_packets(rate_kbit);
             let how = format!(
                 "small packets (calls, ACKs, DNS) first and the rest hashed onto {FIFO_BUCKETS} \
@@ -297,7 +312,7 @@ pub fn advise(runs: &[Summary], t: &Target) -> Advice {
     };
     let down = dir(true, "download");
     let mut up = dir(false, "upload");
-    if let (Some(d), Some(u), Qdisc::Cake) = (&down, &mut up, t.qdisc) {
+    if let (Some(d), Some(u), RouterQdisc::Cake) = (&down, &mut up, t.qdisc) {
         let share = ack_share(d.rate_kbit, u.rate_kbit, t.link);
         if share >= ACK_FILTER_SHARE {
             u.ack_filter = true;
@@ -318,18 +333,18 @@ pub fn advise(runs: &[Summary], t: &Target) -> Advice {
         );
     }
     match t.qdisc {
-        Qdisc::Cake => notes.push(
+        RouterQdisc::Cake => notes.push(
             "Where the router has no CAKE (sch_cake), use HTB + fq_codel \
             (bloatlab config tc-htb-fqcodel); where it has neither, HTB with a short FIFO (--qdisc \
             fifo)."
                 .into(),
         ),
-        Qdisc::HtbFqCodel => notes.push(
+        RouterQdisc::HtbFqCodel => notes.push(
             "CAKE, where available, does the same with link-layer \
             compensation and per-host fairness built in (bloatlab config tc-cake)."
                 .into(),
         ),
-        Qdisc::HtbFifo => notes.push(
+        RouterQdisc::HtbFifo => notes.push(
             "FIFOs hashed by port isolate flows only roughly (two flows \
             may share one) and keep no queue short: each bulk flow still waits behind its own \
             FIFO. Prefer fq_codel or CAKE where the router has them."
@@ -367,7 +382,7 @@ mod tests {
 
     const CABLE: Target = Target {
         link: LinkType::Docsis,
-        qdisc: Qdisc::Cake,
+        qdisc: RouterQdisc::Cake,
         queue_on_host: false,
     };
 
@@ -417,7 +432,7 @@ mod tests {
             &[s],
             &Target {
                 link: LinkType::Raw,
-                qdisc: Qdisc::HtbFifo,
+                qdisc: RouterQdisc::HtbFifo,
                 queue_on_host: false,
             },
         );
@@ -493,7 +508,7 @@ mod tests {
         );
         // Only CAKE has the filter.
         let fq = Target {
-            qdisc: Qdisc::HtbFqCodel,
+            qdisc: RouterQdisc::HtbFqCodel,
             ..CABLE
         };
         assert!(
@@ -530,7 +545,7 @@ mod tests {
             &[run(Some(50.0), Some(10.0), 8.0)],
             &Target {
                 link: LinkType::Ethernet,
-                qdisc: Qdisc::Cake,
+                qdisc: RouterQdisc::Cake,
                 queue_on_host: true,
             },
         );

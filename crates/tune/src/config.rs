@@ -93,6 +93,131 @@ fn undo(o: &mut String, s: &Shaping) {
     );
 }
 
+/// The configurations `bloatlab config` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum ConfigKind {
+    /// CAKE on egress and, through an IFB device, on ingress (a shell script).
+    TcCake,
+    /// HTB with fq_codel leaves in three priority classes, as sqm-scripts' simple.qos.
+    TcHtbFqcodel,
+    /// The same with short FIFO leaves, for kernels without fq_codel.
+    TcHtbFifo,
+    /// HTB classes: voice, SIP, network control, SSH, default (a FireQOS home layout).
+    TcHtbClasses,
+    /// An /etc/config/sqm section for OpenWrt.
+    OpenwrtSqm,
+    /// The classes in FireQOS's language.
+    Fireqos,
+    /// nftables: wash DSCP from the Internet, mark voice CS6 for the Wi-Fi VO queue.
+    NftDscp,
+    /// vm.dirty_background_bytes and vm.dirty_bytes from --rate x --background-delay / --delay.
+    SysctlWriteback,
+    /// OpenVPN settings for throughput without a 15000-packet queue on the tunnel (--mtu: the
+    /// path's, from bloatlab test mtu; --rate: the tunnel's goodput, from bloatlab compare).
+    Openvpn,
+    /// OpenVPN's `up` script: a shaper at 95% of --rate into CAKE or fq_codel on the tunnel.
+    OpenvpnUp,
+    /// The WireGuard MTU for a path MTU (--mtu, from bloatlab test mtu).
+    WireguardMtu,
+    /// OpenWrt wireless settings for calls over Wi-Fi, as commented advice.
+    WifiOpenwrt,
+}
+
+impl ConfigKind {
+    /// Whether it shapes, and so needs a rate for at least one direction.
+    pub fn needs_rates(self) -> bool {
+        !matches!(
+            self,
+            ConfigKind::NftDscp
+                | ConfigKind::SysctlWriteback
+                | ConfigKind::WifiOpenwrt
+                | ConfigKind::Openvpn
+                | ConfigKind::OpenvpnUp
+                | ConfigKind::WireguardMtu
+        )
+    }
+}
+
+/// What some configurations take besides the shaper.
+#[derive(Clone, Debug, Default)]
+pub struct Extras {
+    /// tc-htb-classes: FIFO leaves instead of fq_codel.
+    pub fifo_leaves: bool,
+    /// openwrt-sqm: CAKE (layer_cake.qos) rather than fq_codel (simple.qos).
+    pub sqm_cake: bool,
+    /// openvpn, wireguard-mtu: the path MTU.
+    pub mtu: Option<u32>,
+    /// sysctl-writeback: the link the writes come from; openvpn, openvpn-up: the tunnel's
+    /// goodput. Bit/s.
+    pub rate: Option<u64>,
+    /// sysctl-writeback: the link's time that may be dirty before writeback starts, and
+    /// before writers are throttled, ns.
+    pub background_delay_ns: u64,
+    pub delay_ns: u64,
+}
+
+/// An interface name as the kernel takes it: at most 15 letters, digits, '-', '_', '.', '@'.
+pub fn check_dev(dev: &str) -> Result<(), String> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || "-_.@".contains(c);
+    if dev.is_empty() || dev.len() > 15 || !dev.chars().all(ok) {
+        return Err(format!(
+            "--dev `{dev}`: an interface name (at most 15 letters, digits, '-', '_', '.')"
+        ));
+    }
+    Ok(())
+}
+
+/// The configuration of `kind` for `s`, or what it still needs (in the flags' words).
+pub fn render(kind: ConfigKind, s: &Shaping, x: &Extras) -> Result<String, String> {
+    Ok(match kind {
+        ConfigKind::TcCake => tc_cake(s),
+        ConfigKind::TcHtbFqcodel => tc_htb(s, Leaf::FqCodel),
+        ConfigKind::TcHtbFifo => tc_htb(s, Leaf::Fifo),
+        ConfigKind::TcHtbClasses => tc_htb_classes(
+            s,
+            if x.fifo_leaves {
+                Leaf::Fifo
+            } else {
+                Leaf::FqCodel
+            },
+        ),
+        ConfigKind::OpenwrtSqm => openwrt_sqm(s, x.sqm_cake),
+        ConfigKind::Fireqos => fireqos(s),
+        ConfigKind::NftDscp => nft_dscp(s),
+        ConfigKind::SysctlWriteback => match x.rate {
+            Some(r) => sysctl_writeback(r, x.background_delay_ns, x.delay_ns),
+            None => {
+                return Err("sysctl-writeback needs --rate (the link the writes go to: \
+                    1Gibit, 100Mbit, ...)"
+                    .into())
+            }
+        },
+        ConfigKind::WifiOpenwrt => wifi_openwrt(),
+        ConfigKind::Openvpn => openvpn(x.mtu, x.rate),
+        ConfigKind::OpenvpnUp => match x.rate {
+            Some(r) => openvpn_up(r),
+            None => {
+                return Err(
+                    "openvpn-up needs --rate, the tunnel's goodput (bloatlab compare \
+                    RAW TUNNEL measures it)"
+                        .into(),
+                )
+            }
+        },
+        ConfigKind::WireguardMtu => match x.mtu {
+            Some(m) if (576..=65_535).contains(&m) => wireguard_mtu(m),
+            _ => {
+                return Err(
+                    "wireguard-mtu needs --mtu, the path MTU (576..65535; bloatlab \
+                    test mtu HOST measures it)"
+                        .into(),
+                )
+            }
+        },
+    })
+}
+
 /// The best shaper script the kernel can run (`has("cake")`, `has("fq_codel")`): CAKE, else
 /// HTB with fq_codel, else HTB with short FIFOs; and what was given up, when anything was.
 pub fn for_kernel(s: &Shaping, has: impl Fn(&str) -> bool) -> (String, Option<String>) {

@@ -1,7 +1,7 @@
 //! What the tuning commands read: result and locate files, and the advice → shaper → script
 //! pipeline that `tune apply --from` and the lab's demo share.
 
-use crate::advise::{self, Advice, Qdisc, Target};
+use crate::advise::{self, Advice, RouterQdisc, Target};
 use crate::config::{self, Shaping};
 use crate::link::LinkType;
 use crate::writeback::Feed;
@@ -23,6 +23,23 @@ pub fn read_runs(files: &[PathBuf]) -> Result<(Vec<Summary>, bool), String> {
         return Err("no result file among the inputs (a locate file alone has no rates)".into());
     }
     Ok((runs, on_host))
+}
+
+/// The files among `files` that read as results, each with its path (a locate file and
+/// unreadable ones are left out).
+pub fn read_results(files: &[PathBuf]) -> Vec<(PathBuf, ResultFile)> {
+    files
+        .iter()
+        .filter_map(|f| bloatlab_result::read(f).ok().map(|r| (f.clone(), r)))
+        .collect()
+}
+
+/// The writeback result among `results`, if any.
+pub fn writeback_of(results: &[(PathBuf, ResultFile)]) -> Option<&ResultFile> {
+    results
+        .iter()
+        .map(|(_, r)| r)
+        .find(|r| r.metadata.test == "writeback")
 }
 
 /// A result's summary: the one in the file, else computed now (a killed run has none).
@@ -78,12 +95,18 @@ pub fn kernel_script(
     link: LinkType,
     has: impl Fn(&str) -> bool,
 ) -> (String, Option<String>) {
+    config::for_kernel(&shaping(&advise_cake(runs, link), dev, link), has)
+}
+
+/// The advice for CAKE on `link` from measured runs, the queue not on this host: the rates
+/// every shaper takes from it.
+pub fn advise_cake(runs: &[Summary], link: LinkType) -> Advice {
     let target = Target {
         link,
-        qdisc: Qdisc::Cake,
+        qdisc: RouterQdisc::Cake,
         queue_on_host: false,
     };
-    config::for_kernel(&shaping(&advise::advise(runs, &target), dev, link), has)
+    advise::advise(runs, &target)
 }
 
 /// Page-cache thresholds (background, throttle; bytes) advised from the writeback result among
@@ -101,7 +124,7 @@ pub fn writeback_thresholds(
                 .map_err(|e| e.to_string())
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let Some((_, wb)) = results.iter().find(|(_, r)| r.metadata.test == "writeback") else {
+    let Some(wb) = writeback_of(&results) else {
         return Ok(None);
     };
     let a = crate::writeback::advise(wb, feed_from(rate, &results), 1 << 20, None)?;

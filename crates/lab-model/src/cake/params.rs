@@ -2,7 +2,7 @@
 //! tc-cake(8)), and the per-tin figures the kernel derives from them (`cake_set_rate`,
 //! `cake_config_*`, `cake_reconfigure` in `net/sched/sch_cake.c`).
 
-use crate::config::{parse_rate, parse_time_ns, ConfigError};
+use crate::values::{parse_rate, parse_time_ns, ConfigError};
 use crate::MS;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use crate::topology::{Topology, DEFAULT_CC};
 use crate::tun::Tun;
 use crate::{NS_PREFIX, STATE_DIR};
 use bloatlab_lab_model::slow_icmp::SlowIcmp;
-use bloatlab_lab_model::Direction;
+use bloatlab_lab_model::LinkDirection;
 use bloatlab_netio::mono_ns;
 use bloatlab_result::lab::{DirStats, LabStats, LinkStats, P99Max, TunStats};
 use serde::{Deserialize, Serialize};
@@ -47,8 +47,8 @@ pub struct HostInfo {
 }
 
 pub struct LinkRuntime {
-    pub up: Arc<Mutex<Direction>>,
-    pub down: Arc<Mutex<Direction>>,
+    pub up: Arc<Mutex<LinkDirection>>,
+    pub down: Arc<Mutex<LinkDirection>>,
     pub up_tun: Arc<Mutex<TunQueue>>,
     pub down_tun: Arc<Mutex<TunQueue>>,
 }
@@ -184,8 +184,8 @@ impl Lab {
             .links
             .iter()
             .map(|l| LinkRuntime {
-                up: Arc::new(Mutex::new(Direction::new(l.up.clone(), now))),
-                down: Arc::new(Mutex::new(Direction::new(l.down.clone(), now))),
+                up: Arc::new(Mutex::new(LinkDirection::new(l.up.clone(), now))),
+                down: Arc::new(Mutex::new(LinkDirection::new(l.down.clone(), now))),
                 up_tun: Arc::default(),
                 down_tun: Arc::default(),
             })
@@ -399,7 +399,7 @@ impl Shared {
             )
         })?;
         let rt = &self.links[i];
-        let targets: Vec<&Arc<Mutex<Direction>>> = match dir {
+        let targets: Vec<&Arc<Mutex<LinkDirection>>> = match dir {
             "up" => vec![&rt.up],
             "down" => vec![&rt.down],
             "both" => vec![&rt.up, &rt.down],
@@ -447,7 +447,7 @@ impl Shared {
     pub fn stats(&self) -> LabStats {
         let mut links = BTreeMap::new();
         for (l, rt) in self.topo.links.iter().zip(&self.links) {
-            let dir = |d: &Mutex<Direction>, tun: &Mutex<TunQueue>, sender: &str| {
+            let dir = |d: &Mutex<LinkDirection>, tun: &Mutex<TunQueue>, sender: &str| {
                 let mut out = {
                     let g = d.lock().unwrap_or_else(|e| e.into_inner());
                     let s = &g.stats;
