@@ -162,7 +162,7 @@ pub fn with_test(
         if let Some(r) = &result {
             print!(
                 "{}",
-                bloatlab_measure::display::summary_text(&summary, &r.metadata)
+                bloatlab_report::text::summary_text(&summary, &r.metadata)
             );
         }
         print!("\n{}", table::text(&located));

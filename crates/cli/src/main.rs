@@ -1,8 +1,9 @@
 //! The `bloatlab` binary: argument parsing and wiring only.
 
-use bloatlab_measure::display::{events_text, summary_text, ProgressMode};
+use bloatlab_measure::display::ProgressMode;
 use bloatlab_measure::flags::{test_spec, TestArgs};
 use bloatlab_measure::{Ended, RunOptions, TestKind};
+use bloatlab_report::text::{events_text, summary_text};
 mod lab_cmd;
 mod locate_cmd;
 mod report_cmd;

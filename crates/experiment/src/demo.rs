@@ -143,7 +143,7 @@ impl Demo {
             };
             cols.push((label, a));
         }
-        out += &crate::table::table(&cols);
+        out += &bloatlab_report::table::table(&cols);
         if !self.reason.is_empty() {
             let kept = if self.kept { "kept" } else { "not kept" };
             out += &format!("\n{kept}: {}\n", self.reason);

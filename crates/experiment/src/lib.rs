@@ -5,7 +5,6 @@
 
 pub mod demo;
 pub mod placement;
-pub mod table;
 pub mod targets;
 pub mod verify;
 pub mod writeback_verify;
@@ -62,7 +61,7 @@ impl Comparison {
             .iter()
             .map(|r| (r.fix.label(), &r.summary))
             .collect();
-        table::table(&cols)
+        bloatlab_report::table::table(&cols)
     }
 
     /// `{"runs": [{"fix", "file", "summary"}, ...]}`.

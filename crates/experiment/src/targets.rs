@@ -3,9 +3,10 @@
 //! each path's efficiency against the first: what a tunnel or a hop costs, in goodput and in
 //! the host's CPU. The tests run here, one after another.
 
-use crate::{stamp, table, test_label, write_report};
+use crate::{stamp, test_label, write_report};
 use bloatlab_measure::http_rpm::HttpOptions;
 use bloatlab_measure::Params;
+use bloatlab_report::table;
 use bloatlab_result::Summary;
 use serde::Serialize;
 use std::path::{Path, PathBuf};

@@ -6,6 +6,7 @@ pub mod export;
 pub mod hops;
 pub mod html;
 pub mod plot;
+pub mod table;
 pub mod text;
 pub mod view;
 

@@ -10,6 +10,8 @@
 //! Durations follow `get_time`'s units (`s`/`sec`/`secs`, `ms`/`msec`/`msecs`, `us`/`usec`/
 //! `usecs`) plus `ns`; a unit is required (tc reads a bare number as microseconds, people as
 //! seconds or milliseconds) except for `0`.
+//!
+//! And back to text: `ms` writes milliseconds with a precision that suits their size.
 
 use std::time::Duration;
 
@@ -182,5 +184,16 @@ mod tests {
                 && parse_duration("1min").is_err()
         );
         assert!(parse_duration("ms").is_err());
+    }
+}
+
+/// Milliseconds with a precision that suits their size.
+pub fn ms(v: f64) -> String {
+    if v.abs() < 1.0 {
+        format!("{v:.3} ms")
+    } else if v.abs() < 100.0 {
+        format!("{v:.1} ms")
+    } else {
+        format!("{v:.0} ms")
     }
 }
