@@ -83,6 +83,20 @@ pub fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// A shared key as a file or BLOATLAB_KEY holds it: a trailing newline (or CRLF) dropped, at
+/// least `MIN_KEY_LEN` bytes.
+pub fn parse_key(raw: &[u8]) -> Result<Vec<u8>, String> {
+    let key = raw.strip_suffix(b"\n").unwrap_or(raw);
+    let key = key.strip_suffix(b"\r").unwrap_or(key);
+    if key.len() < MIN_KEY_LEN {
+        return Err(format!(
+            "the key must be at least {MIN_KEY_LEN} bytes (got {})",
+            key.len()
+        ));
+    }
+    Ok(key.to_vec())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,18 +131,4 @@ mod tests {
         assert!(!probe_signed(b"another key 0123", &p));
         assert!(!probe_signed(key, &p[..8]));
     }
-}
-
-/// A shared key as a file or BLOATLAB_KEY holds it: a trailing newline (or CRLF) dropped, at
-/// least `MIN_KEY_LEN` bytes.
-pub fn parse_key(raw: &[u8]) -> Result<Vec<u8>, String> {
-    let key = raw.strip_suffix(b"\n").unwrap_or(raw);
-    let key = key.strip_suffix(b"\r").unwrap_or(key);
-    if key.len() < MIN_KEY_LEN {
-        return Err(format!(
-            "the key must be at least {MIN_KEY_LEN} bytes (got {})",
-            key.len()
-        ));
-    }
-    Ok(key.to_vec())
 }

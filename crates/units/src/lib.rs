@@ -115,6 +115,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// Milliseconds with a precision that suits their size.
+pub fn ms(v: f64) -> String {
+    if v.abs() < 1.0 {
+        format!("{v:.3} ms")
+    } else if v.abs() < 100.0 {
+        format!("{v:.1} ms")
+    } else {
+        format!("{v:.0} ms")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,16 +195,5 @@ mod tests {
                 && parse_duration("1min").is_err()
         );
         assert!(parse_duration("ms").is_err());
-    }
-}
-
-/// Milliseconds with a precision that suits their size.
-pub fn ms(v: f64) -> String {
-    if v.abs() < 1.0 {
-        format!("{v:.3} ms")
-    } else if v.abs() < 100.0 {
-        format!("{v:.1} ms")
-    } else {
-        format!("{v:.0} ms")
     }
 }

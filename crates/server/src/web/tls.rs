@@ -169,6 +169,35 @@ pub fn self_signed(
 
 use std::os::unix::fs::DirBuilderExt;
 
+/// Where `--self-signed` keeps its files: /var/lib/bloatlab/tls as root, else under the
+/// user's ~/.local/state.
+pub fn default_dir() -> PathBuf {
+    match std::env::var_os("HOME") {
+        // SAFETY: geteuid has no preconditions.
+        Some(home) if unsafe { libc::geteuid() } != 0 => {
+            PathBuf::from(home).join(".local/state/bloatlab/tls")
+        }
+        _ => PathBuf::from("/var/lib/bloatlab/tls"),
+    }
+}
+
+/// The self-signed certificate's names when none are given: localhost, its addresses and this
+/// host's name (when it is one a certificate can carry).
+pub fn default_names() -> Vec<String> {
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
+    if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        let h = h.trim();
+        if !h.is_empty()
+            && h != "localhost"
+            && h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        {
+            names.push(h.to_string());
+        }
+    }
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,33 +241,4 @@ mod tests {
         assert_ne!(fingerprint_of(&cert).unwrap(), fp);
         assert_eq!(tls.reload().unwrap(), fingerprint_of(&cert).unwrap());
     }
-}
-
-/// Where `--self-signed` keeps its files: /var/lib/bloatlab/tls as root, else under the
-/// user's ~/.local/state.
-pub fn default_dir() -> PathBuf {
-    match std::env::var_os("HOME") {
-        // SAFETY: geteuid has no preconditions.
-        Some(home) if unsafe { libc::geteuid() } != 0 => {
-            PathBuf::from(home).join(".local/state/bloatlab/tls")
-        }
-        _ => PathBuf::from("/var/lib/bloatlab/tls"),
-    }
-}
-
-/// The self-signed certificate's names when none are given: localhost, its addresses and this
-/// host's name (when it is one a certificate can carry).
-pub fn default_names() -> Vec<String> {
-    let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
-    if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
-        let h = h.trim();
-        if !h.is_empty()
-            && h != "localhost"
-            && h.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-        {
-            names.push(h.to_string());
-        }
-    }
-    names
 }
