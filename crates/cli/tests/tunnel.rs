@@ -280,12 +280,28 @@ fn openvpn_through_the_lab_its_cost_its_queue_and_its_mtu() {
     // mtu` by default) clamps inner TCP segments so the outer packet fits 1492 bytes:
     // (1492 - 52 - 52) / 1492 against 1448 / 1500 leaves about 96% of the raw path's goodput
     // (0.959-0.969 measured). The work of both OpenVPNs shows in the host's CPU per gigabit.
+    // The raw path runs before and after the tunnel, and the cheaper of its two runs is the
+    // reference: the host's CPU counts whatever else runs (in CI, a finished test's browser
+    // still shutting down made one raw run read 9.3 s/Gbit against the tunnel's 8.1, where a
+    // quiet host reads 3.4-5.2 against 9.3-9.5).
     let fast = ends.start(&lab, 0, &["--txqueuelen", "15000"]);
-    let c = compare(&lab, &[SERVER_LINE, &tunnel_server(0)], "tcp-down", "5");
+    let c = compare(
+        &lab,
+        &[SERVER_LINE, &tunnel_server(0), SERVER_LINE],
+        "tcp-down",
+        "5",
+    );
     let runs = c["runs"].as_array().unwrap();
-    let (raw, tun) = (&runs[0], &runs[1]);
-    let efficiency = goodput(&tun["summary"]) / goodput(&raw["summary"]);
     let per_gbit = |r: &serde_json::Value| f(r, "cpu.cpu_s_per_gbit");
+    let (raw, tun) = (
+        if per_gbit(&runs[2]) < per_gbit(&runs[0]) {
+            &runs[2]
+        } else {
+            &runs[0]
+        },
+        &runs[1],
+    );
+    let efficiency = goodput(&tun["summary"]) / goodput(&raw["summary"]);
     eprintln!(
         "efficiency {:.3} ({:.1} of {:.1} Mbit/s); CPU s per Gbit raw {:.2}, tunnel {:.2}; busy \
             {:.0}% / {:.0}%",
