@@ -20,6 +20,8 @@ const MAX_IN_FLIGHT: usize = 32;
 pub struct ConnProber {
     pub log: Arc<Mutex<Vec<ConnRec>>>,
     stop: Arc<AtomicBool>,
+    /// Probes sent and not yet logged.
+    in_flight: Arc<AtomicUsize>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -55,13 +57,13 @@ impl ConnProber {
     pub fn start(addr: SocketAddr, token: Token, interval: Duration) -> ConnProber {
         let log = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (l, st) = (log.clone(), stop.clone());
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let (l, st, out) = (log.clone(), stop.clone(), in_flight.clone());
         let thread = std::thread::spawn(move || {
-            let in_flight = Arc::new(AtomicUsize::new(0));
             let mut workers = Vec::new();
             while !st.load(Ordering::Relaxed) {
-                if in_flight.load(Ordering::Relaxed) < MAX_IN_FLIGHT {
-                    let (l, n) = (l.clone(), in_flight.clone());
+                if out.load(Ordering::Relaxed) < MAX_IN_FLIGHT {
+                    let (l, n) = (l.clone(), out.clone());
                     n.fetch_add(1, Ordering::Relaxed);
                     workers.push(std::thread::spawn(move || {
                         let sent = netio::mono_ns();
@@ -80,9 +82,23 @@ impl ConnProber {
         ConnProber {
             log,
             stop,
+            in_flight,
             thread: Some(thread),
         }
     }
+
+    /// Sends no more probes; those under way finish on their own deadlines.
+    pub fn stop_sending(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether every probe sent has its answer or gave up.
+    pub fn all_answered(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed) == 0
+    }
+
+    /// The longest a probe takes to answer or give up: its connect, then its request.
+    pub const DEADLINE: Duration = Duration::from_secs(2 * CONNECT_TIMEOUT.as_secs());
 
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);

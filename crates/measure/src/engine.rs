@@ -5,6 +5,9 @@
 //! can see (an RPM stage saturated, every probe of a stage answered). Its tests run on
 //! virtual time.
 
+use bloatlab_analyze::rpm;
+use bloatlab_result::RpmRun;
+
 /// How a periodic deadline moves on when it fires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pace {
@@ -67,13 +70,16 @@ impl Timer {
 
 /// What follows a load stage before the next one begins or the test ends.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Drain {
-    /// A fixed time: the queues empty while the probes go on (the bloatlab protocol's settle,
-    /// whose probes also give the clock's second estimate).
-    For(f64),
-    /// Until every probe sent under the stage has its answer, or `timeout` s after its end:
-    /// no probe may finish against the next stage's load (HTTP RPM's sequential stages).
-    UntilAnswered { timeout: f64 },
+pub struct Drain {
+    /// The stage's load runs on, without new probes, until every probe sent under it has its
+    /// answer or gave up, at most this long (the longest probe deadline): the probes still out
+    /// when a load ends are its slowest, and cutting them off would make it read better than it
+    /// was. Nor may one finish against the next stage's load.
+    pub answers: f64,
+    /// Then the load stops and its queues drain for this long while the probes that run
+    /// throughout go on (the bloatlab protocol's settle, which gives the clock's second
+    /// estimate).
+    pub settle: f64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,8 +88,10 @@ pub enum Period {
     Idle,
     /// Load stage `i` is under way.
     Loading(usize),
-    /// Stage `i` has ended; its queues and probes drain.
-    Draining(usize),
+    /// Stage `i` has ended: its load runs on, without new probes, for the last answers.
+    Answering(usize),
+    /// Stage `i`'s load has stopped; its queues drain.
+    Settling(usize),
     Done,
 }
 
@@ -91,7 +99,10 @@ pub enum Period {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StageTimes {
     pub start: f64,
+    /// When its probing ended (saturated, cut short, or its length ran out).
     pub end: Option<f64>,
+    /// When its load stopped: every probe answered, or the deadline passed.
+    pub stopped: Option<f64>,
 }
 
 /// The phases of a test: an idle baseline, then load stages one after another, each followed
@@ -124,38 +135,41 @@ impl Schedule {
     }
 
     /// Moves the phases on to `t` and says where the test is. The first stage begins when the
-    /// idle phase ends, each later one once the stage before has drained (`answered`: every
-    /// probe sent under it has its answer or gave up); a stage ends at its length.
+    /// idle phase ends, each later one once the stage before has drained; a stage ends at its
+    /// length. `answered`: every probe sent under the stage has its answer or gave up.
     pub fn advance(&mut self, t: f64, answered: bool) -> Period {
         if self.done {
             return Period::Done;
         }
-        if let Some(i) = self.stages.len().checked_sub(1) {
-            let s = &mut self.stages[i];
-            if s.end.is_none() && t >= s.start + self.lengths[i] {
-                s.end = Some(s.start + self.lengths[i]);
-            }
-        }
-        match self.stages.last().copied() {
-            None if t < self.idle => Period::Idle,
-            None if self.lengths.is_empty() => self.drained_or(t, self.idle, answered, 0),
-            None => self.begin(self.idle, t, answered),
-            Some(StageTimes { end: None, .. }) => Period::Loading(self.stages.len() - 1),
-            Some(StageTimes { end: Some(end), .. }) => {
-                self.drained_or(t, end, answered, self.stages.len() - 1)
-            }
-        }
-    }
-
-    /// Stage `i` ended at `end`: drained by `t`, the next stage begins (or the test is done);
-    /// else it is still draining.
-    fn drained_or(&mut self, t: f64, end: f64, answered: bool, i: usize) -> Period {
-        let drained = match self.drain {
-            Drain::For(s) => t >= end + s,
-            Drain::UntilAnswered { timeout } => answered || t >= end + timeout,
+        let Some(i) = self.stages.len().checked_sub(1) else {
+            return if t < self.idle {
+                Period::Idle
+            } else {
+                self.begin(self.idle, t, answered)
+            };
         };
-        if !drained {
-            return Period::Draining(i);
+        let (length, drain) = (self.lengths[i], self.drain);
+        let s = &mut self.stages[i];
+        if s.end.is_none() && t >= s.start + length {
+            s.end = Some(s.start + length);
+        }
+        let Some(end) = s.end else {
+            return Period::Loading(i);
+        };
+        if s.stopped.is_none() {
+            // A stage without load (length 0) has no probes of its own to wait for.
+            if length > 0.0 && !answered && t < end + drain.answers {
+                return Period::Answering(i);
+            }
+            s.stopped = Some(if answered || length == 0.0 {
+                t.max(end)
+            } else {
+                end + drain.answers
+            });
+        }
+        let stopped = s.stopped.unwrap_or(end);
+        if t < stopped + drain.settle {
+            return Period::Settling(i);
         }
         if self.stages.len() >= self.lengths.len() {
             self.done = true;
@@ -165,7 +179,15 @@ impl Schedule {
     }
 
     fn begin(&mut self, start: f64, t: f64, answered: bool) -> Period {
-        self.stages.push(StageTimes { start, end: None });
+        if self.lengths.is_empty() {
+            self.done = true;
+            return Period::Done;
+        }
+        self.stages.push(StageTimes {
+            start,
+            end: None,
+            stopped: None,
+        });
         // A stage of no length ends as it begins (a test with no load).
         self.advance(t, answered)
     }
@@ -186,6 +208,97 @@ impl Schedule {
             Some(StageTimes { end: Some(e), .. }) if self.stages.len() == self.lengths.len() => *e,
             _ => planned_start + self.lengths.get(i).copied().unwrap_or(0.0),
         }
+    }
+
+    /// When the test ends, as far as is known at this point: the last stage's load end, the
+    /// time its probes took to answer (once known; none before), and the settle.
+    pub fn end(&self) -> f64 {
+        let answering = match self.stages.last() {
+            Some(s) if self.stages.len() == self.lengths.len() => {
+                s.stopped.zip(s.end).map_or(0.0, |(stop, end)| stop - end)
+            }
+            _ => 0.0,
+        };
+        self.load_end() + answering + self.drain.settle
+    }
+}
+
+/// The responsiveness draft's load ramp over one stage (-09 section 5.4): one load connection
+/// per direction at first and one more at the end of every interval, up to MNP; each interval
+/// ends with the goodput it moved and the responsiveness of the last MAD intervals' probes,
+/// and the stage has its answer once goodput and then responsiveness are saturated. The draft
+/// adds load whether or not goodput still grows: on a full link the added connections are what
+/// shows how much the path buffers (section 5.1.3).
+#[derive(Clone, Debug)]
+pub struct RpmRamp {
+    start: f64,
+    interval: f64,
+    next: f64,
+    connections: u32,
+    saturation: rpm::Saturation,
+    saturated: bool,
+}
+
+impl RpmRamp {
+    /// MNP: the most load connections per direction.
+    pub const MAX_CONNECTIONS: u32 = 16;
+
+    /// A ramp over a stage that begins at `start`, with intervals of `interval` s.
+    pub fn new(start: f64, interval: f64) -> RpmRamp {
+        RpmRamp {
+            start,
+            interval,
+            next: start + interval,
+            connections: 1,
+            saturation: rpm::Saturation::new(interval),
+            saturated: false,
+        }
+    }
+
+    /// Load connections per direction the stage should have by now.
+    pub fn connections(&self) -> u32 {
+        self.connections
+    }
+
+    /// When the current interval ends.
+    pub fn next(&self) -> f64 {
+        self.next
+    }
+
+    pub fn is_due(&self, t: f64) -> bool {
+        !self.saturated && t >= self.next
+    }
+
+    /// Where the probes that count at `t` begin: the last MAD intervals of the stage.
+    pub fn window_start(&self, t: f64) -> f64 {
+        (t - self.interval * rpm::MAD as f64).max(self.start)
+    }
+
+    /// Ends the interval due at `t` with its goodput per direction (Mbit/s; `None` for a
+    /// direction without load), the responsiveness of the probes since `window_start(t)`, and
+    /// the load connections per direction that ran in it. True when the stage has its answer;
+    /// otherwise the next interval runs with one more connection per direction.
+    pub fn end_interval(
+        &mut self,
+        t: f64,
+        down: Option<f64>,
+        up: Option<f64>,
+        responsiveness: Option<f64>,
+        connections: Option<u32>,
+    ) -> bool {
+        self.next += self.interval;
+        self.saturated = self
+            .saturation
+            .interval(t, down, up, responsiveness, connections);
+        if !self.saturated {
+            self.connections = (self.connections + 1).min(Self::MAX_CONNECTIONS);
+        }
+        self.saturated
+    }
+
+    /// The run so far, as the result file records it.
+    pub fn run(&self) -> &RpmRun {
+        self.saturation.run()
     }
 }
 
@@ -209,12 +322,16 @@ mod tests {
 
     #[test]
     fn one_load_stage_then_a_fixed_settle_as_the_bloatlab_protocol_runs() {
-        // 5 s idle, 10 s load, 2 s settle, ticks every 10 ms.
-        let mut s = Schedule::new(5.0, vec![10.0], Drain::For(2.0));
+        // 5 s idle, 10 s load, 2 s settle, ticks every 10 ms; no probes on the load.
+        let drain = Drain {
+            answers: 5.0,
+            settle: 2.0,
+        };
+        let mut s = Schedule::new(5.0, vec![10.0], drain);
         let mut seen = Vec::new();
         let mut t = 0.0;
         while t < 20.0 {
-            let p = s.advance(t, false);
+            let p = s.advance(t, true);
             if seen.last() != Some(&p) {
                 seen.push(p);
             }
@@ -225,58 +342,113 @@ mod tests {
             [
                 Period::Idle,
                 Period::Loading(0),
-                Period::Draining(0),
+                Period::Settling(0),
                 Period::Done
             ]
         );
-        // The stage's times are the plan's, not the ticks'.
-        assert_eq!(
-            s.stages(),
-            [StageTimes {
-                start: 5.0,
-                end: Some(15.0)
-            }]
-        );
+        // The stage's times are the plan's, not the ticks' (the load stops at the first tick
+        // after its end).
+        let st = s.stages()[0];
+        assert_eq!((st.start, st.end), (5.0, Some(15.0)));
+        assert!(st.stopped.unwrap() - 15.0 < 0.011);
         assert_eq!(s.load_end(), 15.0);
+        assert!(s.end() - 17.0 < 0.011);
     }
 
     #[test]
-    fn a_saturated_stage_ends_early_and_the_settle_follows_it() {
-        let mut s = Schedule::new(2.0, vec![20.0], Drain::For(1.0));
+    fn a_loads_last_probes_answer_before_it_stops_within_their_deadline() {
+        let drain = Drain {
+            answers: 5.0,
+            settle: 2.0,
+        };
+        let mut s = Schedule::new(2.0, vec![20.0], drain);
         assert_eq!(s.advance(3.0, false), Period::Loading(0));
-        assert_eq!(s.load_end(), 22.0);
+        assert_eq!(s.end(), 24.0);
         s.end_stage(8.5);
         assert_eq!(s.load_end(), 8.5);
-        assert_eq!(s.advance(9.0, false), Period::Draining(0));
-        assert_eq!(s.advance(9.5, false), Period::Done);
+        // Probes still out: the load runs on for them.
+        assert_eq!(s.advance(9.0, false), Period::Answering(0));
+        assert_eq!(s.advance(10.2, false), Period::Answering(0));
+        // The last answer came at 10.3 s: the load stops, the queues drain.
+        assert_eq!(s.advance(10.3, true), Period::Settling(0));
+        assert_eq!(s.stages()[0].stopped, Some(10.3));
+        assert!((s.end() - 12.3).abs() < 1e-9);
+        assert_eq!(s.advance(12.2, true), Period::Settling(0));
+        assert_eq!(s.advance(12.3, true), Period::Done);
+        // A probe that never answers holds the load at most its deadline.
+        let mut s = Schedule::new(2.0, vec![20.0], drain);
+        assert_eq!(s.advance(21.9, false), Period::Loading(0));
+        assert_eq!(s.advance(26.9, false), Period::Answering(0));
+        assert_eq!(s.advance(27.0, false), Period::Settling(0));
+        assert_eq!(s.stages()[0].stopped, Some(27.0));
+        assert_eq!(s.advance(29.0, false), Period::Done);
     }
 
     #[test]
     fn a_test_without_load_idles_then_settles() {
-        let mut s = Schedule::new(10.0, vec![0.0], Drain::For(1.0));
+        let drain = Drain {
+            answers: 5.0,
+            settle: 1.0,
+        };
+        let mut s = Schedule::new(10.0, vec![0.0], drain);
         assert_eq!(s.advance(9.99, false), Period::Idle);
-        assert_eq!(s.advance(10.0, false), Period::Draining(0));
+        // Nothing was loaded, so nothing is waited for.
+        assert_eq!(s.advance(10.0, false), Period::Settling(0));
         assert_eq!(s.advance(11.0, false), Period::Done);
     }
 
     #[test]
     fn sequential_stages_wait_for_their_probes_or_the_timeout() {
         // Download then upload, 20 s each at most; a stage's probes must come home first.
-        let mut s = Schedule::new(
-            2.0,
-            vec![20.0, 20.0],
-            Drain::UntilAnswered { timeout: 10.0 },
-        );
+        let drain = Drain {
+            answers: 10.0,
+            settle: 0.0,
+        };
+        let mut s = Schedule::new(2.0, vec![20.0, 20.0], drain);
         assert_eq!(s.advance(2.004, false), Period::Loading(0));
         s.end_stage(9.0);
-        assert_eq!(s.advance(9.01, false), Period::Draining(0));
+        assert_eq!(s.advance(9.01, false), Period::Answering(0));
         assert_eq!(s.advance(12.0, true), Period::Loading(1));
         assert_eq!(s.stages()[1].start, 12.0);
         // The upload runs its full length; its probes never answer: the timeout ends it.
-        assert_eq!(s.advance(32.0, false), Period::Draining(1));
+        assert_eq!(s.advance(32.0, false), Period::Answering(1));
         assert_eq!(s.stages()[1].end, Some(32.0));
-        assert_eq!(s.advance(41.9, false), Period::Draining(1));
+        assert_eq!(s.advance(41.9, false), Period::Answering(1));
         assert_eq!(s.advance(42.0, false), Period::Done);
         assert_eq!(s.advance(50.0, true), Period::Done);
+    }
+
+    #[test]
+    fn the_ramp_adds_a_connection_each_interval_until_the_answer_and_never_past_mnp() {
+        let mut r = RpmRamp::new(2.0, 1.0);
+        assert_eq!((r.connections(), r.next()), (1, 3.0));
+        assert!(!r.is_due(2.99) && r.is_due(3.0));
+        // Goodput that keeps growing never saturates: one more connection per interval.
+        for i in 1..=20u32 {
+            let t = 2.0 + f64::from(i);
+            assert!(r.is_due(t));
+            assert_eq!(r.window_start(t), (t - 4.0).max(2.0));
+            let g = Some(f64::from(i) * 10.0);
+            assert!(!r.end_interval(t, g, g, Some(100.0), Some(r.connections())));
+            assert_eq!(r.connections(), (i + 1).min(16));
+        }
+        assert_eq!(r.run().intervals.len(), 20);
+        assert_eq!(r.run().intervals[15].load_connections, Some(16));
+        // Steady goodput, then steady responsiveness: the answer; no more load, no more
+        // intervals.
+        let mut r = RpmRamp::new(0.0, 1.0);
+        let mut t = 0.0;
+        let answered = loop {
+            t += 1.0;
+            if r.end_interval(t, Some(20.0), Some(5.0), Some(300.0), Some(r.connections())) {
+                break t;
+            }
+            assert!(t < 20.0, "never saturated");
+        };
+        // Goodput: MAD intervals for a moving average, MAD averages for the test (t = 7);
+        // responsiveness: MAD values from then on (t = 10).
+        assert_eq!(answered, 10.0);
+        assert_eq!(r.connections(), 10);
+        assert!(!r.is_due(100.0));
     }
 }

@@ -10,7 +10,7 @@
 //! the foreign term alone (the summary's `rpm.loaded` is null). The result file is the same
 //! format; its `params.transport` says which transport ran.
 
-use crate::engine::{Drain, Pace, Period, Schedule, Timer};
+use crate::engine::{Drain, Pace, Period, RpmRamp, Schedule, Timer};
 use crate::plan::Params;
 use crate::run::{Ended, Outcome, RunOptions};
 use crate::MeasureError;
@@ -35,8 +35,6 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::{timeout, Instant};
 
-/// The draft's cap on load connections per direction.
-const MAX_CONNECTIONS: usize = 16;
 /// A probe pair (one foreign, one self) this often: 10 pairs a second, within the draft's 100.
 const PROBE_EVERY: Duration = Duration::from_millis(100);
 /// A probe not done by then counts as failed.
@@ -499,7 +497,7 @@ struct StageRun {
     stage: Stage,
     start: f64,
     end: Option<f64>,
-    saturation: rpm::Saturation,
+    ramp: RpmRamp,
     /// Load connections opened in this stage.
     flows: usize,
 }
@@ -619,12 +617,12 @@ async fn run_async(
     let mut tasks = tokio::task::JoinSet::new();
     // Probes sent so far; each records one answer or one timeout.
     let mut spawned = 0usize;
-    let drain = Drain::UntilAnswered {
-        timeout: PROBE_TIMEOUT.as_secs_f64(),
+    let drain = Drain {
+        answers: PROBE_TIMEOUT.as_secs_f64(),
+        settle: 0.0,
     };
     let mut schedule = Schedule::new(idle, vec![length; plan.len()], drain);
     let mut probe = Timer::new(0.0, PROBE_EVERY.as_secs_f64(), Pace::Grid);
-    let mut interval = Timer::new(idle, id, Pace::Grid);
     let mut sample = Timer::new(params.step, params.step, Pace::Grid);
     let mut snapshot = Timer::new(2.0, 2.0, Pace::Grid);
     let mut status = Timer::new(0.0, 0.25, Pace::Grid);
@@ -660,16 +658,15 @@ async fn run_async(
                     stage: plan[i],
                     start,
                     end: None,
-                    saturation: rpm::Saturation::new(id),
+                    ramp: RpmRamp::new(start, id),
                     flows: 0,
                 });
-                interval.restart(start);
             }
             _ => {}
         }
         let stage = st.current().map(|c| c.stage);
         if probe.fire(t) {
-            if !matches!(phase, Period::Draining(_)) {
+            if !matches!(phase, Period::Answering(_)) {
                 spawn_foreign(
                     &mut tasks,
                     urls.clone(),
@@ -688,63 +685,69 @@ async fn run_async(
                 }
             }
         }
-        if let Some(stage) = stage.filter(|_| interval.is_due(t)) {
-            let cur = st.stages.last().expect("a stage under way");
-            let (start, first) = (cur.start, interval.next() <= cur.start);
+        if let Some(stage) = stage {
             let directions = [true, false]
                 .into_iter()
                 .filter(|d| stage.loads(*d))
                 .collect::<Vec<_>>();
+            let cur = st.stages.last().expect("a stage under way");
             let per_dir = cur.flows / directions.len();
-            if !first {
+            let interval_ended = cur.ramp.is_due(t);
+            if interval_ended {
                 let rate = |down: bool| {
                     stage
                         .loads(down)
                         .then(|| st.mbps_since(down, &interval_bytes) / id)
                 };
                 let (down, up) = (rate(true), rate(false));
-                let resp = st.responsiveness((t - id * rpm::MAD as f64).max(start));
+                let resp = st.responsiveness(cur.ramp.window_start(t));
                 let cur = st.stages.last_mut().expect("a stage under way");
                 if cur
-                    .saturation
-                    .interval(t, down, up, resp, Some(per_dir as u32))
+                    .ramp
+                    .end_interval(t, down, up, resp, Some(per_dir as u32))
                 {
                     cur.end = Some(t);
                     schedule.end_stage(t);
                 }
             }
-            interval.fire(t);
+            // The ramp says how many load connections each direction has by now.
             let cur = st.stages.last_mut().expect("a stage under way");
-            if cur.end.is_none() && per_dir < MAX_CONNECTIONS {
-                cur.flows += directions.len();
-                for down in directions {
-                    let f = Flow {
-                        name: format!("{}-{}", if down { "down" } else { "up" }, per_dir + 1),
-                        down,
-                        stage: st.stages.len() - 1,
-                        bytes: Arc::default(),
-                        samples: Vec::new(),
-                        last: 0,
-                        error: Arc::default(),
-                        opened: Arc::default(),
-                    };
-                    spawn_load(
-                        &mut load_tasks,
-                        &f,
-                        urls.clone(),
-                        connector.clone(),
-                        senders.clone(),
-                        stop.clone(),
-                        st.t0,
-                    );
-                    st.flows.push(f);
+            let wanted = cur.ramp.connections() as usize;
+            let opens = cur.end.is_none() && per_dir < wanted;
+            if opens {
+                cur.flows += directions.len() * (wanted - per_dir);
+                for n in per_dir + 1..=wanted {
+                    for &down in &directions {
+                        let f = Flow {
+                            name: format!("{}-{n}", if down { "down" } else { "up" }),
+                            down,
+                            stage: st.stages.len() - 1,
+                            bytes: Arc::default(),
+                            samples: Vec::new(),
+                            last: 0,
+                            error: Arc::default(),
+                            opened: Arc::default(),
+                        };
+                        spawn_load(
+                            &mut load_tasks,
+                            &f,
+                            urls.clone(),
+                            connector.clone(),
+                            senders.clone(),
+                            stop.clone(),
+                            st.t0,
+                        );
+                        st.flows.push(f);
+                    }
                 }
             }
-            interval_bytes = st
-                .flows
-                .iter()
-                .map(|f| f.bytes.load(Ordering::Relaxed))
-                .collect();
+            if interval_ended || opens {
+                interval_bytes = st
+                    .flows
+                    .iter()
+                    .map(|f| f.bytes.load(Ordering::Relaxed))
+                    .collect();
+            }
         }
         if sample.fire(t) {
             // Only the stage under way samples: a finished stage's series end with its load.
@@ -801,10 +804,11 @@ async fn run_async(
             let p = path.clone();
             tokio::task::spawn_blocking(move || result::write_atomic(&p, &snap));
         }
-        let due = [probe, sample, interval, snapshot, status]
+        let ramp_due = st.current().map_or(f64::MAX, |c| c.ramp.next());
+        let due = [probe, sample, snapshot, status]
             .iter()
             .map(Timer::next)
-            .fold(f64::MAX, f64::min);
+            .fold(ramp_due, f64::min);
         tokio::time::sleep(Duration::from_secs_f64((due - st.t()).clamp(0.000_5, 0.01))).await;
     };
     let end_t = st.t();
@@ -997,7 +1001,7 @@ fn build(meta: &Metadata, st: &State, idle: f64, t: f64, finished: bool) -> Resu
         st.stages
             .iter()
             .find(|s| s.stage == stage)
-            .map(|s| s.saturation.run().clone())
+            .map(|s| s.ramp.run().clone())
     };
     match run(Stage::Both) {
         Some(both) => r.metadata.rpm = Some(both),

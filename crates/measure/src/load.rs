@@ -27,6 +27,8 @@ pub struct BulkLoad {
     pings: Arc<PingLog>,
     /// Not yet due, earliest first.
     pending: Vec<plan::Flow>,
+    /// Flows taken from the plan so far per direction (down, up).
+    asked: [u32; 2],
     opening: usize,
     opened_tx: mpsc::Sender<Opened>,
     opened_rx: mpsc::Receiver<Opened>,
@@ -50,6 +52,7 @@ impl BulkLoad {
             token,
             pings,
             pending: flows,
+            asked: [0, 0],
             opening: 0,
             opened_tx,
             opened_rx,
@@ -79,30 +82,53 @@ impl BulkLoad {
             return;
         }
         for flow in self.pending.drain(..due).collect::<Vec<_>>() {
-            let (addr, token, pings, tx) = (
-                self.addr,
-                self.token,
-                self.pings.clone(),
-                self.opened_tx.clone(),
-            );
-            let name = flow.name.clone();
-            let reply_name = name.clone();
-            let opener = move || {
-                let r = FlowConn::open(addr, token, flow, pings).map_err(|e| e.to_string());
-                // The test may have ended meanwhile: the flow is then dropped (and closed).
-                let _ = tx.send((reply_name, r));
-            };
-            match std::thread::Builder::new()
-                .name(format!("open {name}"))
-                .spawn(opener)
-            {
-                Ok(_) => self.opening += 1,
-                Err(e) => self.failures.push(Failure {
-                    flow: name,
-                    t,
-                    why: format!("cannot start a thread: {e}"),
-                }),
+            self.open(flow, t);
+        }
+    }
+
+    /// Starts opening planned flows, in the plan's order, until each direction the plan loads
+    /// has asked for `per_direction` of them (RPM's ramp decides how many).
+    pub fn open_up_to(&mut self, per_direction: u32, t: f64) {
+        if self.stopped {
+            return;
+        }
+        for (d, dir) in [Direction::Down, Direction::Up].into_iter().enumerate() {
+            while self.asked[d] < per_direction {
+                let Some(i) = self.pending.iter().position(|f| f.spec.direction == dir) else {
+                    break;
+                };
+                let flow = self.pending.remove(i);
+                self.open(flow, t);
             }
+        }
+    }
+
+    fn open(&mut self, flow: plan::Flow, t: f64) {
+        let d = usize::from(flow.spec.direction == Direction::Up);
+        self.asked[d] += 1;
+        let (addr, token, pings, tx) = (
+            self.addr,
+            self.token,
+            self.pings.clone(),
+            self.opened_tx.clone(),
+        );
+        let name = flow.name.clone();
+        let reply_name = name.clone();
+        let opener = move || {
+            let r = FlowConn::open(addr, token, flow, pings).map_err(|e| e.to_string());
+            // The test may have ended meanwhile: the flow is then dropped (and closed).
+            let _ = tx.send((reply_name, r));
+        };
+        match std::thread::Builder::new()
+            .name(format!("open {name}"))
+            .spawn(opener)
+        {
+            Ok(_) => self.opening += 1,
+            Err(e) => self.failures.push(Failure {
+                flow: name,
+                t,
+                why: format!("cannot start a thread: {e}"),
+            }),
         }
     }
 

@@ -1,5 +1,6 @@
 //! Test plans: which flows and probe streams a test runs, for how long. Pure.
 
+use crate::engine::RpmRamp;
 use crate::pacing::Pacing;
 use bloatlab_proto::{dscp_name, Direction, FlowSpec, StreamSpec, UdpLoadSpec};
 use serde::Serialize;
@@ -176,6 +177,9 @@ pub struct Plan {
     pub idle: f64,
     /// Load phase length (0 for tests without load).
     pub load: f64,
+    /// After the load's end, the longest it runs on for the answers of the probes sent under it
+    /// (0 when it carries none: only RPM's probes ride or follow the load).
+    pub answers: f64,
     /// After the load: probes only, while queues drain, for a second clock estimate (drift).
     pub settle: f64,
     pub flows: Vec<Flow>,
@@ -189,8 +193,9 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The longest the test can take.
     pub fn total(&self) -> f64 {
-        self.idle + self.load + self.settle
+        self.idle + self.load + self.answers + self.settle
     }
 
     /// Seconds from the test start at which the load ends (and settling begins).
@@ -203,8 +208,6 @@ impl Plan {
 pub const RRUL_DSCP: [u8; 4] = [0, 8, 40, 46];
 pub const VOIP_INTERVAL_US: u32 = 20_000;
 pub const VOIP_SIZE: u16 = 172;
-/// RPM: load connections per direction at most (the draft's MNP).
-pub const RPM_MAX_CONNECTIONS: u16 = 16;
 /// Probes after the load, for the second clock estimate: long enough for the fastest third of
 /// them to find drained queues (a 1000-packet FIFO at 20 Mbit/s drains in 0.6 s).
 pub const SETTLE_S: f64 = 2.0;
@@ -308,12 +311,11 @@ pub fn plan(p: &Params) -> Plan {
             }
         }
         TestKind::Rpm => {
-            // The draft: start with one connection (per direction: both are tested at once, as
-            // Apple's networkQuality does by default) and add one each interval, up to 16,
-            // whether or not goodput still grows.
-            for i in 0..RPM_MAX_CONNECTIONS {
-                add(Direction::Down, 0, f64::from(i) * p.rpm_interval);
-                add(Direction::Up, 0, f64::from(i) * p.rpm_interval);
+            // The draft's most connections per direction (both are tested at once, as Apple's
+            // networkQuality does by default); the ramp (`engine::RpmRamp`) opens them.
+            for _ in 0..RpmRamp::MAX_CONNECTIONS {
+                add(Direction::Down, 0, 0.0);
+                add(Direction::Up, 0, 0.0);
             }
             // The draft allows 100 probes per interval (MPS), as many foreign as self probes;
             // 10 pairs per second keep within it for any interval of 1 s or more.
@@ -322,9 +324,15 @@ pub fn plan(p: &Params) -> Plan {
         }
     }
     let settle = if load > 0.0 { SETTLE_S } else { 0.0 };
+    let answers = if load > 0.0 && (loaded.is_some() || connect.is_some()) {
+        crate::connprobe::ConnProber::DEADLINE.as_secs_f64()
+    } else {
+        0.0
+    };
     Plan {
         idle,
         load,
+        answers,
         settle,
         flows,
         streams,
@@ -407,17 +415,18 @@ mod tests {
     }
 
     #[test]
-    fn rpm_ramps_load_one_connection_per_second_each_way() {
+    fn rpm_plans_sixteen_responsive_connections_each_way_for_its_ramp() {
         let p = plan(&params(TestKind::Rpm));
         assert_eq!(p.flows.len(), 32);
-        assert_eq!(p.flows[2].start_after, 1.0);
+        // Down and up alternate, so a ramp that opens the first n of each opens them in pairs.
+        assert_eq!(p.flows[2].spec.direction, Direction::Down);
+        assert_eq!(p.flows[3].spec.direction, Direction::Up);
         assert!(p.flows.iter().all(|f| f.responsive));
         assert!(p.loaded_probe_interval.is_some());
-        let p5 = plan(&Params {
-            rpm_interval: 5.0,
-            ..params(TestKind::Rpm)
-        });
-        assert_eq!(p5.flows[31].start_after, 75.0);
+        // The load may run on for its last probes' answers (a foreign probe's connect and
+        // request deadlines), and the server is asked for that time too.
+        assert_eq!(p.answers, 10.0);
+        assert_eq!(p.total(), p.idle + p.load + 10.0 + p.settle);
         assert!(!plan(&params(TestKind::Rrul)).flows[0].responsive);
     }
 

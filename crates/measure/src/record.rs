@@ -18,8 +18,11 @@ pub struct Live<'a> {
     pub t0: u64,
     pub now: u64,
     pub idle_end: f64,
-    /// Seconds from the start at which the load ended and settling began, if the test has load.
+    /// Seconds from the start at which the load phase ended (its probing; the settle phase
+    /// begins), if the test has load.
     pub settle_start: Option<f64>,
+    /// When the load itself stopped: after the answers of its last probes.
+    pub load_stopped: Option<f64>,
     pub flows: &'a [FlowConn],
     pub failures: &'a [Failure],
     pub probes: &'a [ProbeStream],
@@ -92,8 +95,10 @@ fn clock_offset(live: &Live, logs: &[MutexGuard<'_, ProbeLog>]) -> Option<ClockO
     if before.len() < 10 {
         before = echoes(&|_| true);
     }
+    // Once the load has stopped: its queues drain.
     let after = live
         .settle_start
+        .map(|s| live.load_stopped.unwrap_or(s))
         .map(|s| echoes(&|t| t >= s))
         .unwrap_or_default();
     clock::estimate_with_drift(&before, &after, live.t0)
@@ -242,12 +247,13 @@ fn connect_and_rpm_series(result: &mut ResultFile, live: &Live) {
             .map(|(t, ms)| (secs(live.t0, *t), Some(*ms)))
             .collect();
         samples.sort_by(|a, b| a.0.total_cmp(&b.0));
-        // At the end, a ping still without its pong never completed: kept as a timeout, unless
-        // it went out so shortly before the load ended (within the longest answered round trip,
-        // at least 1 s) that closing the flow cut it off.
-        if let (true, Some(load_end)) = (live.finished, live.settle_start) {
-            let longest = samples.iter().filter_map(|s| s.1).fold(0.0, f64::max) / 1e3;
-            let cutoff = load_end - longest.max(1.0);
+        // At the end, a ping still without its pong is a timeout when the load ran on for its
+        // whole deadline; one sent within its deadline of the load's stop (an interrupted
+        // test) was cut off by closing the flow, and is left out.
+        let stopped = live.load_stopped.or(live.settle_start);
+        if let (true, Some(stopped)) = (live.finished, stopped) {
+            let stopped = stopped.min(secs(live.t0, live.now));
+            let cutoff = stopped - PingLog::DEADLINE_NS as f64 / 1e9;
             samples.extend(
                 live.pings
                     .unanswered()

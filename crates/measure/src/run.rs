@@ -4,7 +4,7 @@ use crate::connprobe::ConnProber;
 use crate::control::Control;
 use crate::control::Report;
 use crate::display::{ProgressMode, Status};
-use crate::engine::{Drain, Pace, Period, Schedule, Timer};
+use crate::engine::{Drain, Pace, Period, RpmRamp, Schedule, Timer};
 use crate::flow::PingLog;
 use crate::load::BulkLoad;
 use crate::plan::{self, Params, TestKind};
@@ -160,11 +160,12 @@ pub fn run(params: &Params, host: &str, opts: &RunOptions) -> Result<Outcome, Me
         pings.clone(),
     );
     let progress = crate::display::Progress::new(opts.progress);
-    let schedule = Schedule::new(plan.idle, vec![plan.load], Drain::For(plan.settle));
-    let rpm = (params.test == TestKind::Rpm).then(|| RpmRamp {
-        saturation: rpm::Saturation::new(params.rpm_interval),
-        next: params.rpm_interval,
-    });
+    let drain = Drain {
+        answers: plan.answers,
+        settle: plan.settle,
+    };
+    let schedule = Schedule::new(plan.idle, vec![plan.load], drain);
+    let rpm = (params.test == TestKind::Rpm).then(|| RpmRamp::new(plan.idle, params.rpm_interval));
     let mut test = Test {
         params,
         plan,
@@ -292,19 +293,12 @@ impl Snapshots {
     }
 }
 
-/// The responsiveness draft's intervals: when the next one ends, and the saturation test.
-struct RpmRamp {
-    saturation: rpm::Saturation,
-    /// Seconds into the load phase at which the current interval ends.
-    next: f64,
-}
-
 /// One running test: what it has opened and measured so far.
 struct Test<'a> {
     params: &'a Params,
     plan: plan::Plan,
     /// Its phases: the plan's idle, load and settle, the load ending early when an RPM test
-    /// has its answer.
+    /// has its answer and running on for the answers of its last probes.
     schedule: Schedule,
     rpm: Option<RpmRamp>,
     t0: u64,
@@ -328,24 +322,30 @@ impl Test<'_> {
         self.schedule.load_end()
     }
 
+    /// When the test ends, as far as is known.
     fn total(&self) -> f64 {
-        self.load_end() + self.plan.settle
+        self.schedule.end()
+    }
+
+    /// Whether every probe sent under the load (RPM's pings and foreign probes) has its answer
+    /// or is past its deadline.
+    fn answered(&self) -> bool {
+        self.pings.all_answered(netio::mono_ns())
+            && self.conn.as_ref().is_none_or(|c| c.all_answered())
     }
 
     /// RPM: at the end of each of the draft's intervals, the goodput of that interval per
-    /// direction and the responsiveness of the last MAD intervals' probes go to the saturation
-    /// test; once it has its answer, the load ends here.
+    /// direction and the responsiveness of the last MAD intervals' probes go to the ramp; once
+    /// it has its answer, the load ends here.
     fn rpm_interval(&mut self, t: f64) {
-        let Some(r) = self.rpm.as_mut() else { return };
-        let load_t = t - self.plan.idle;
-        if load_t < r.next || t >= self.schedule.load_end() {
+        let Some(r) = self.rpm.as_ref() else { return };
+        if !r.is_due(t) || t >= self.schedule.load_end() {
             return;
         }
         let id = self.params.rpm_interval;
-        r.next += id;
         let down = self.load.recent_mbps(Direction::Down, t, id);
         let up = self.load.recent_mbps(Direction::Up, t, id);
-        let since = self.t0 + ((t - id * rpm::MAD as f64).max(self.plan.idle) * 1e9) as u64;
+        let since = self.t0 + (r.window_start(t) * 1e9) as u64;
         let (mut connect, mut request) = (Vec::new(), Vec::new());
         if let Some(c) = &self.conn {
             for &(_, tcp, req) in c.log.lock().unwrap().iter().filter(|r| r.0 >= since) {
@@ -369,7 +369,8 @@ impl Test<'_> {
         let directions = down.is_some() as usize + up.is_some() as usize;
         let open = self.load.flows.iter().filter(|f| !f.failed).count();
         let per_dir = (directions > 0).then(|| (open / directions) as u32);
-        if r.saturation.interval(t, down, up, responsiveness, per_dir) {
+        let r = self.rpm.as_mut().expect("an RPM test");
+        if r.end_interval(t, down, up, responsiveness, per_dir) {
             self.schedule.end_stage(t);
         }
     }
@@ -387,7 +388,7 @@ impl Test<'_> {
         let mut ping_id = 0u64;
         loop {
             let t = self.elapsed();
-            let phase = self.schedule.advance(t, false);
+            let phase = self.schedule.advance(t, self.answered());
             if phase == Period::Done {
                 return Ended::Complete;
             }
@@ -398,11 +399,21 @@ impl Test<'_> {
                 return Ended::ServerLost("the server closed the control connection".into());
             }
             let loading = phase == Period::Loading(0);
-            if loading {
-                self.load.open_due(t - self.plan.idle, t);
-            } else if phase == Period::Draining(0) && self.plan.load > 0.0 {
-                // Settling: the queues drain while the probes go on (second clock estimate).
-                self.load.stop();
+            match phase {
+                Period::Loading(_) => match &self.rpm {
+                    Some(r) => self.load.open_up_to(r.connections(), t),
+                    None => self.load.open_due(t - self.plan.idle, t),
+                },
+                // The load runs on for the last answers; no probe is sent against it now.
+                Period::Answering(_) => {
+                    if let Some(c) = &self.conn {
+                        c.stop_sending();
+                    }
+                }
+                // Settling: the queues drain while the probe streams go on (second clock
+                // estimate).
+                Period::Settling(_) if self.plan.load > 0.0 => self.load.stop(),
+                _ => {}
             }
             self.load.take_opened(t);
             if sample.fire(t) {
@@ -429,8 +440,13 @@ impl Test<'_> {
             if let Some(p) = &ping {
                 due = due.min(p.next());
             }
-            if let Some(first) = self.load.next_due() {
-                due = due.min(self.plan.idle + first);
+            match &self.rpm {
+                Some(r) => due = due.min(r.next()),
+                None => {
+                    if let Some(first) = self.load.next_due() {
+                        due = due.min(self.plan.idle + first);
+                    }
+                }
             }
             std::thread::sleep(Duration::from_secs_f64(
                 (due - self.elapsed()).clamp(0.000_2, 0.005),
@@ -446,10 +462,13 @@ impl Test<'_> {
                     .map(|(t2, t3, t4)| ((t4 - r.t1) - (t3 - t2)) as f64 / 1e6)
             })
         });
+        let stopped = self.schedule.stages().first().and_then(|s| s.stopped);
         let phase = if t < self.plan.idle || self.plan.load == 0.0 {
             "idle"
         } else if t < self.load_end() {
             "load"
+        } else if stopped.is_none() {
+            "last answers"
         } else {
             "settle"
         };
@@ -490,7 +509,7 @@ impl Test<'_> {
         }
         meta.phases = cut_phases(&phases, t);
         meta.set_param("load_connections", self.load.flows.len());
-        meta.rpm = self.rpm.as_ref().map(|r| r.saturation.run().clone());
+        meta.rpm = self.rpm.as_ref().map(|r| r.run().clone());
         let conn_log = self.conn.as_ref().map(|c| c.log.lock().unwrap().clone());
         record::build(
             &meta,
@@ -499,6 +518,7 @@ impl Test<'_> {
                 now: netio::mono_ns(),
                 idle_end: self.plan.idle,
                 settle_start: (self.plan.settle > 0.0).then_some(self.load_end()),
+                load_stopped: self.schedule.stages().first().and_then(|s| s.stopped),
                 flows: &self.load.flows,
                 failures: &self.load.failures,
                 probes: &self.probes,
