@@ -10,4 +10,4 @@ pub mod stats;
 pub mod summarize;
 pub mod writeback;
 
-pub use summarize::summarize;
+pub use summarize::{summarize, summary_of};

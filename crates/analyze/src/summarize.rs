@@ -115,6 +115,11 @@ fn mean_rate(s: &Series, w: Window, start: Option<f64>, step: f64) -> f64 {
     stats::rate_over(&s.samples, start.unwrap_or(first.0 - step), w.start, w.end)
 }
 
+/// A result's summary: the one in its file, else computed now (a killed run's file has none).
+pub fn summary_of(result: &ResultFile) -> Summary {
+    result.summary.clone().unwrap_or_else(|| summarize(result))
+}
+
 pub fn summarize(result: &ResultFile) -> Summary {
     let idle = phase_window(result, "idle");
     let load = phase_window(result, "load").map(|w| {

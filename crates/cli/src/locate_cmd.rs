@@ -145,7 +145,7 @@ pub fn with_test(
         .and_then(|p| bloatlab_result::read(&p.file).ok());
     let summary = result
         .as_ref()
-        .and_then(|r| r.summary.clone())
+        .map(bloatlab_analyze::summary_of)
         .unwrap_or_default();
     if json {
         let out = serde_json::json!({

@@ -237,7 +237,7 @@ pub fn demo(topo: Topology, how: Apply, o: &ExperimentOptions) -> Result<Demo, S
     let mut runs = vec![d.before.clone()];
     for f in &located.phase_files {
         let r = bloatlab_result::read(f).map_err(|e| e.to_string())?;
-        runs.push(inputs::summary(&r));
+        runs.push(bloatlab_analyze::summary_of(&r));
     }
     let on_host = located.verdict.hop == Some(0);
     d.located = Some(located);

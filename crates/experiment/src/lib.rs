@@ -302,10 +302,7 @@ fn write_report(
 /// is an error naming the run by `tag`.
 fn summary_of(outcome: Outcome, tag: &str) -> Result<Summary, String> {
     match outcome.ended {
-        Ended::Complete | Ended::Interrupted => Ok(match outcome.result.summary {
-            Some(s) => s,
-            None => bloatlab_analyze::summarize(&outcome.result),
-        }),
+        Ended::Complete | Ended::Interrupted => Ok(bloatlab_analyze::summary_of(&outcome.result)),
         Ended::ServerLost(why) | Ended::Failed(why) => Err(format!("the {tag} test failed: {why}")),
     }
 }

@@ -12,7 +12,7 @@
 //! step, the estimate and the shaper's rate (Mbit/s), as `tc -s qdisc` would have shown them.
 
 use bloatlab_lab_model::cake::{Cake, CakeParams};
-use bloatlab_lab_model::{DirStats, Packet, Qdisc};
+use bloatlab_lab_model::{DirCounters, Packet, Qdisc};
 use std::process::ExitCode;
 
 /// One captured frame: its capture time (ns since the epoch) and original length (bytes).
@@ -110,7 +110,7 @@ fn main() -> ExitCode {
         let first = frames.first().ok_or("no packets")?.at_ns;
         let params = CakeParams::parse(words).map_err(|e| e.to_string())?;
         let mut cake = Cake::new(params, 1500, 1);
-        let mut stats = DirStats::default();
+        let mut stats = DirCounters::default();
         println!("t_s capture_clock_s arrived_mbit estimate_mbit shaper_mbit");
         // The model's clock starts where the capture does, plus a margin: the kernel's
         // estimate only moves the shaper once the clock is past 250 ms.

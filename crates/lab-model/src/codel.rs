@@ -3,7 +3,7 @@
 
 use crate::packet::Packet;
 use crate::qdisc::{Limit, Qdisc};
-use crate::stats::DirStats;
+use crate::stats::DirCounters;
 use crate::MS;
 use std::collections::VecDeque;
 
@@ -88,7 +88,7 @@ impl CodelState {
         others: usize,
         now: u64,
         params: &CodelParams,
-        stats: &mut DirStats,
+        stats: &mut DirCounters,
     ) -> Option<Packet> {
         let pop = |q: &mut VecDeque<Packet>, b: &mut usize| {
             let p = q.pop_front()?;
@@ -196,7 +196,7 @@ impl Codel {
 }
 
 impl Qdisc for Codel {
-    fn enqueue(&mut self, mut pkt: Packet, now: u64, stats: &mut DirStats) {
+    fn enqueue(&mut self, mut pkt: Packet, now: u64, stats: &mut DirCounters) {
         if self
             .limit
             .exceeded(self.queue.len() + 1, self.bytes + pkt.frame_len)
@@ -209,7 +209,7 @@ impl Qdisc for Codel {
         self.queue.push_back(pkt);
     }
 
-    fn dequeue(&mut self, now: u64, stats: &mut DirStats) -> Option<Packet> {
+    fn dequeue(&mut self, now: u64, stats: &mut DirCounters) -> Option<Packet> {
         self.state.dequeue(
             &mut self.queue,
             &mut self.bytes,
@@ -272,7 +272,7 @@ mod tests {
         use std::cmp::Reverse;
         use std::collections::BinaryHeap;
         let tx = 1_200_000u64; // 1500 B at 10 Mbit/s
-        let mut st = DirStats::default();
+        let mut st = DirCounters::default();
         let mut cwnd = vec![60.0f64; flows];
         let mut in_flight = vec![0usize; flows];
         let mut last_cut = vec![0u64; flows];
@@ -373,7 +373,7 @@ mod tests {
             ..Default::default()
         };
         let mut q = Codel::new(Limit::packets(100_000), params);
-        let mut st = DirStats::default();
+        let mut st = DirCounters::default();
         for i in 0..2000 {
             q.enqueue(udp4(1500, 1, 2, 2), i * MS, &mut st);
         }
@@ -388,7 +388,7 @@ mod tests {
     #[test]
     fn a_short_queue_is_left_alone() {
         let mut q = Codel::new(Limit::packets(1000), CodelParams::default());
-        let mut st = DirStats::default();
+        let mut st = DirCounters::default();
         // One packet at a time, each waiting 50 ms: the backlog never exceeds one MTU.
         for i in 0..100u64 {
             q.enqueue(udp4(1500, 1, 2, 0), i * 100 * MS, &mut st);

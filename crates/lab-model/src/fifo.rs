@@ -3,7 +3,7 @@
 
 use crate::packet::Packet;
 use crate::qdisc::{Limit, Qdisc};
-use crate::stats::DirStats;
+use crate::stats::DirCounters;
 use std::collections::VecDeque;
 
 pub struct Fifo {
@@ -25,7 +25,7 @@ impl Fifo {
 }
 
 impl Qdisc for Fifo {
-    fn enqueue(&mut self, mut pkt: Packet, now: u64, stats: &mut DirStats) {
+    fn enqueue(&mut self, mut pkt: Packet, now: u64, stats: &mut DirCounters) {
         if !self.head_drop
             && self
                 .limit
@@ -47,7 +47,7 @@ impl Qdisc for Fifo {
         }
     }
 
-    fn dequeue(&mut self, _now: u64, _stats: &mut DirStats) -> Option<Packet> {
+    fn dequeue(&mut self, _now: u64, _stats: &mut DirCounters) -> Option<Packet> {
         let p = self.queue.pop_front()?;
         self.bytes -= p.frame_len;
         Some(p)
@@ -76,7 +76,7 @@ mod tests {
     use crate::packet::udp4;
 
     fn seqs(q: &mut Fifo) -> Vec<u16> {
-        let mut st = DirStats::default();
+        let mut st = DirCounters::default();
         std::iter::from_fn(|| q.dequeue(0, &mut st))
             .map(|p| u16::from_be_bytes([p.data[20], p.data[21]]))
             .collect()
@@ -86,7 +86,7 @@ mod tests {
     fn tail_drop_keeps_the_oldest_and_head_drop_the_newest() {
         for (head, want) in [(false, vec![0, 1, 2]), (true, vec![2, 3, 4])] {
             let mut q = Fifo::new(Limit::packets(3), head);
-            let mut st = DirStats::default();
+            let mut st = DirCounters::default();
             for i in 0..5 {
                 q.enqueue(udp4(100, i, 9, 0), i as u64, &mut st);
             }
@@ -104,7 +104,7 @@ mod tests {
             },
             false,
         );
-        let mut st = DirStats::default();
+        let mut st = DirCounters::default();
         for i in 0..3 {
             q.enqueue(udp4(1500, i, 9, 0), 0, &mut st);
         }

@@ -4,7 +4,7 @@
 use crate::codel::{CodelParams, CodelState};
 use crate::packet::Packet;
 use crate::qdisc::Qdisc;
-use crate::stats::DirStats;
+use crate::stats::DirCounters;
 use std::collections::VecDeque;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -84,7 +84,7 @@ impl FqCodel {
 
     /// Linux's fat-flow drop: from the head of the flow with the largest backlog, until half of
     /// it is gone or `drop_batch` packets; CoDel of that flow is told to signal harder.
-    fn drop_from_fattest(&mut self, stats: &mut DirStats) {
+    fn drop_from_fattest(&mut self, stats: &mut DirCounters) {
         let Some((idx, _)) = self.flows.iter().enumerate().max_by_key(|(_, f)| f.bytes) else {
             return;
         };
@@ -107,7 +107,7 @@ impl FqCodel {
 }
 
 impl Qdisc for FqCodel {
-    fn enqueue(&mut self, mut pkt: Packet, now: u64, stats: &mut DirStats) {
+    fn enqueue(&mut self, mut pkt: Packet, now: u64, stats: &mut DirCounters) {
         let idx = (pkt.flow_hash(self.params.seed) % self.flows.len() as u64) as usize;
         pkt.enqueued_ns = now;
         let len = pkt.frame_len;
@@ -126,7 +126,7 @@ impl Qdisc for FqCodel {
         }
     }
 
-    fn dequeue(&mut self, now: u64, stats: &mut DirStats) -> Option<Packet> {
+    fn dequeue(&mut self, now: u64, stats: &mut DirCounters) -> Option<Packet> {
         loop {
             let (idx, from_new) = match self.new_flows.front() {
                 Some(&i) => (i, true),
@@ -206,7 +206,7 @@ mod tests {
     #[test]
     fn a_sparse_flow_skips_the_bulk_queue() {
         let mut q = FqCodel::new(FqCodelParams::default());
-        let mut st = DirStats::default();
+        let mut st = DirCounters::default();
         let tx = 1_200_000u64; // 1500 B at 10 Mbit/s
         let mut t = 0u64;
         let mut next_bulk = 0u64;
@@ -266,7 +266,7 @@ mod tests {
             },
             ..Default::default()
         });
-        let mut st = DirStats::default();
+        let mut st = DirCounters::default();
         let tx = 12 * MS; // 1500 B at 1 Mbit/s
         let (mut t, mut next_thin) = (0u64, 0u64);
         let (mut thin_sent, mut thin_got) = (0, 0);
@@ -315,7 +315,7 @@ mod tests {
             ..Default::default()
         };
         let mut q = FqCodel::new(params);
-        let mut st = DirStats::default();
+        let mut st = DirCounters::default();
         for _ in 0..100 {
             q.enqueue(udp4(1500, 1, 80, 0), 0, &mut st);
         }

@@ -22,6 +22,6 @@ pub use config::{DirConfig, QdiscConfig};
 pub use link::LinkDirection;
 pub use packet::Packet;
 pub use qdisc::Qdisc;
-pub use stats::DirStats;
+pub use stats::DirCounters;
 
 pub const MS: u64 = 1_000_000;

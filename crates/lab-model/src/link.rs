@@ -7,7 +7,7 @@ use crate::dql::Dql;
 use crate::packet::Packet;
 use crate::qdisc::Qdisc;
 use crate::rate::Serializer;
-use crate::stats::DirStats;
+use crate::stats::DirCounters;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::cmp::Reverse;
@@ -40,7 +40,7 @@ pub struct LinkDirection {
     cfg: DirConfig,
     qdisc: Box<dyn Qdisc>,
     serializer: Serializer,
-    pub stats: DirStats,
+    pub stats: DirCounters,
     /// When the packet being serialised has left: the next may start then.
     busy_until: u64,
     /// Departure times and frame bytes of the packets in the transmit ring, oldest first;
@@ -66,7 +66,7 @@ impl LinkDirection {
             serializer: Serializer::new(cfg.rate.clone(), now),
             rng: SmallRng::seed_from_u64(cfg.seed),
             cfg,
-            stats: DirStats::default(),
+            stats: DirCounters::default(),
             busy_until: 0,
             ring: VecDeque::new(),
             last_arrival: 0,

@@ -1,13 +1,13 @@
 //! The interface every queue discipline implements. Time is passed in, never read.
 
 use crate::packet::Packet;
-use crate::stats::DirStats;
+use crate::stats::DirCounters;
 
 pub trait Qdisc: Send {
     /// Takes a packet arriving at `now`. May drop it or others; drops are counted in `stats`.
-    fn enqueue(&mut self, pkt: Packet, now: u64, stats: &mut DirStats);
+    fn enqueue(&mut self, pkt: Packet, now: u64, stats: &mut DirCounters);
     /// The next packet to send at `now`, after any AQM drops or marks.
-    fn dequeue(&mut self, now: u64, stats: &mut DirStats) -> Option<Packet>;
+    fn dequeue(&mut self, now: u64, stats: &mut DirCounters) -> Option<Packet>;
     fn packets(&self) -> usize;
     fn bytes(&self) -> usize;
     fn name(&self) -> &'static str;
@@ -18,7 +18,7 @@ pub trait Qdisc: Send {
     }
     /// Every queued packet in arrival order, leaving the qdisc empty (to move them to another).
     fn drain(&mut self) -> Vec<Packet> {
-        let mut scratch = DirStats::default();
+        let mut scratch = DirCounters::default();
         // At each packet's own arrival time: sojourn 0, so no AQM acts on the move.
         std::iter::from_fn(|| self.dequeue(0, &mut scratch)).collect()
     }

@@ -1,14 +1,13 @@
-//! Per-direction counters: what came in, what went out, and why the rest did not.
+//! Per-direction counters as the model keeps them live: what came in, what went out, and why
+//! the rest did not. A result file keeps them as `bloatlab_result::lab::DirStats`.
 
 use hdrhistogram::Histogram;
-use serde::{Deserialize, Serialize};
 
 pub use bloatlab_result::lab::Drops;
 
 /// Sojourn times in the queue, in microseconds, with two significant digits (an HDR histogram:
-/// any recorded value is within 1% of its bucket's, from 1 us up to an hour).
-/// Serialised as the non-empty buckets, `{"us": [[value, count], ...]}`, so any JSON reader can
-/// rebuild the distribution.
+/// any recorded value is within 1% of its bucket's, from 1 us up to an hour). A result file
+/// keeps its non-empty buckets (`to_sojourn`), from which any reader rebuilds the distribution.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SojournHistogram {
     hist: Histogram<u64>,
@@ -56,30 +55,8 @@ impl SojournHistogram {
     }
 }
 
-#[derive(Serialize, Deserialize)]
-struct SojournBuckets {
-    us: Vec<(u64, u64)>,
-}
-
-impl Serialize for SojournHistogram {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        SojournBuckets { us: self.buckets() }.serialize(s)
-    }
-}
-
-impl<'de> Deserialize<'de> for SojournHistogram {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let b = SojournBuckets::deserialize(d)?;
-        let mut h = SojournHistogram::default();
-        for (us, n) in b.us {
-            h.hist.saturating_record_n(us, n);
-        }
-        Ok(h)
-    }
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct DirStats {
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DirCounters {
     pub rx_packets: u64,
     pub rx_bytes: u64,
     pub tx_packets: u64,
@@ -96,7 +73,6 @@ pub struct DirStats {
     pub max_ring_packets: usize,
     pub ring_sojourn: SojournHistogram,
     /// With `bql`: the byte limit learnt now.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
     pub bql_limit_bytes: Option<u64>,
 }
 
@@ -127,17 +103,16 @@ mod tests {
     }
 
     #[test]
-    fn sojourn_histogram_survives_json() {
+    fn a_result_files_buckets_give_the_live_histograms_quantiles() {
         let mut h = SojournHistogram::default();
         for ns in [500, 1_500, 3_000_000, 3_000_000, 250_000_000] {
             h.record(ns);
         }
-        let json = serde_json::to_value(&h).unwrap();
-        assert_eq!(json["us"].as_array().unwrap().len(), 4, "{json}");
-        let back: SojournHistogram = serde_json::from_value(json).unwrap();
-        assert_eq!(back.count(), 5);
+        let kept = h.to_sojourn();
+        assert_eq!(kept.us.len(), 4, "{kept:?}");
+        assert_eq!(kept.us.iter().map(|b| b.1).sum::<u64>(), 5);
         for q in [0.1, 0.5, 0.7, 1.0] {
-            assert_eq!(back.quantile_us(q), h.quantile_us(q), "q {q}");
+            assert_eq!(kept.quantile_us(q), h.quantile_us(q), "q {q}");
         }
     }
 }

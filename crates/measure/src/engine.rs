@@ -6,7 +6,7 @@
 //! virtual time.
 
 use bloatlab_analyze::rpm;
-use bloatlab_result::RpmRun;
+use bloatlab_result::{RpmRun, Series};
 
 /// How a periodic deadline moves on when it fires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -223,6 +223,75 @@ impl Schedule {
     }
 }
 
+/// One foreign probe (a new connection): when it was sent (s from the test's start) and its TCP
+/// handshake, TLS handshake (where there is one) and request times (ms); `None` for a part that
+/// failed or timed out.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ForeignProbe {
+    pub sent: f64,
+    pub tcp: Option<f64>,
+    pub tls: Option<f64>,
+    pub request: Option<f64>,
+}
+
+/// RPM's probes as they answered, whatever carried them: what the ramp's responsiveness and the
+/// result file's series are made of.
+#[derive(Clone, Debug, Default)]
+pub struct RpmProbes {
+    /// Over TLS the handshake is a foreign term of its own.
+    pub tls: bool,
+    /// Whether the transport has self probes (HTTP/1.1 has none: the foreign term alone).
+    pub self_probes: bool,
+    pub foreign: Vec<ForeignProbe>,
+    /// Self probes (a request on a load connection): sent (s), time (ms) or `None` (lost).
+    pub loaded: Vec<(f64, Option<f64>)>,
+}
+
+impl RpmProbes {
+    /// The draft's responsiveness of the probes sent since `since` (s) that have answered.
+    pub fn responsiveness(&self, since: f64) -> Option<f64> {
+        let recent: Vec<&ForeignProbe> = self.foreign.iter().filter(|f| f.sent >= since).collect();
+        let pick = |part: fn(&ForeignProbe) -> Option<f64>| -> Vec<f64> {
+            recent.iter().filter_map(|f| part(f)).collect()
+        };
+        let (tcp, tls, request) = (pick(|f| f.tcp), pick(|f| f.tls), pick(|f| f.request));
+        let loaded: Vec<f64> = self
+            .loaded
+            .iter()
+            .filter(|l| l.0 >= since)
+            .filter_map(|l| l.1)
+            .collect();
+        let terms: Vec<&[f64]> = if self.tls {
+            vec![&tcp, &tls, &request]
+        } else {
+            vec![&tcp, &request]
+        };
+        rpm::rpm(&terms, self.self_probes.then_some(loaded.as_slice())).map(|x| x.0)
+    }
+
+    /// The series the summary reads, in the order the probes were sent: "rpm foreign-connect",
+    /// "rpm foreign-tls" (over TLS), "rpm foreign-request" and "rpm loaded" (with self probes).
+    pub fn series(&self) -> Vec<Series> {
+        let latency = Series::latency;
+        let mut foreign = self.foreign.clone();
+        foreign.sort_by(|a, b| a.sent.total_cmp(&b.sent));
+        let part = |f: fn(&ForeignProbe) -> Option<f64>| -> Vec<(f64, Option<f64>)> {
+            foreign.iter().map(|p| (p.sent, f(p))).collect()
+        };
+        let mut out = vec![latency("rpm foreign-connect", part(|p| p.tcp))];
+        if self.tls {
+            out.push(latency("rpm foreign-tls", part(|p| p.tls)));
+        }
+        out.push(latency("rpm foreign-request", part(|p| p.request)));
+        if self.self_probes {
+            let mut loaded = self.loaded.clone();
+            loaded.sort_by(|a, b| a.0.total_cmp(&b.0));
+            out.push(latency("rpm loaded", loaded));
+        }
+        out
+    }
+}
+
 /// The responsiveness draft's load ramp over one stage (-09 section 5.4): one load connection
 /// per direction at first and one more at the end of every interval, up to MNP; each interval
 /// ends with the goodput it moved and the responsiveness of the last MAD intervals' probes,
@@ -234,6 +303,8 @@ pub struct RpmRamp {
     start: f64,
     interval: f64,
     next: f64,
+    /// When the last interval ended and the goodput bytes per direction it ended with.
+    last: (f64, [Option<u64>; 2]),
     connections: u32,
     saturation: rpm::Saturation,
     saturated: bool,
@@ -249,6 +320,7 @@ impl RpmRamp {
             start,
             interval,
             next: start + interval,
+            last: (start, [None, None]),
             connections: 1,
             saturation: rpm::Saturation::new(interval),
             saturated: false,
@@ -274,19 +346,26 @@ impl RpmRamp {
         (t - self.interval * rpm::MAD as f64).max(self.start)
     }
 
-    /// Ends the interval due at `t` with its goodput per direction (Mbit/s; `None` for a
-    /// direction without load), the responsiveness of the probes since `window_start(t)`, and
-    /// the load connections per direction that ran in it. True when the stage has its answer;
-    /// otherwise the next interval runs with one more connection per direction.
+    /// Ends the interval due at `t` with the goodput bytes each direction has moved in the stage
+    /// so far (`None` for a direction without load), the probes answered so far, and the load
+    /// connections per direction that ran in it: the interval's goodput and the responsiveness
+    /// of the last MAD intervals' probes go to the draft's saturation test. True when the stage
+    /// has its answer; otherwise the next interval runs with one more connection per direction.
     pub fn end_interval(
         &mut self,
         t: f64,
-        down: Option<f64>,
-        up: Option<f64>,
-        responsiveness: Option<f64>,
+        bytes: [Option<u64>; 2],
+        probes: &RpmProbes,
         connections: Option<u32>,
     ) -> bool {
         self.next += self.interval;
+        let (since, before) = self.last;
+        let secs = (t - since).max(1e-3);
+        let [down, up] = [0, 1].map(|d| {
+            bytes[d].map(|b| b.saturating_sub(before[d].unwrap_or(0)) as f64 * 8.0 / 1e6 / secs)
+        });
+        self.last = (t, bytes);
+        let responsiveness = probes.responsiveness(self.window_start(t));
         self.saturated = self
             .saturation
             .interval(t, down, up, responsiveness, connections);
@@ -418,29 +497,57 @@ mod tests {
         assert_eq!(s.advance(50.0, true), Period::Done);
     }
 
+    /// Probes sent every 0.1 s from `from` to `to`, each part taking `ms`.
+    fn probes(from: f64, to: f64, ms: f64) -> RpmProbes {
+        let mut p = RpmProbes {
+            self_probes: true,
+            ..RpmProbes::default()
+        };
+        for k in 0..((to - from) * 10.0).round() as u32 {
+            let t = from + f64::from(k) * 0.1;
+            p.foreign.push(ForeignProbe {
+                sent: t,
+                tcp: Some(ms),
+                tls: None,
+                request: Some(ms),
+            });
+            p.loaded.push((t, Some(ms)));
+        }
+        p
+    }
+
     #[test]
     fn the_ramp_adds_a_connection_each_interval_until_the_answer_and_never_past_mnp() {
         let mut r = RpmRamp::new(2.0, 1.0);
         assert_eq!((r.connections(), r.next()), (1, 3.0));
         assert!(!r.is_due(2.99) && r.is_due(3.0));
-        // Goodput that keeps growing never saturates: one more connection per interval.
+        // Goodput that keeps growing (10 Mbit/s more each interval) never saturates: one more
+        // connection per interval.
+        let p = probes(2.0, 30.0, 100.0);
+        let mut bytes = 0u64;
         for i in 1..=20u32 {
             let t = 2.0 + f64::from(i);
             assert!(r.is_due(t));
             assert_eq!(r.window_start(t), (t - 4.0).max(2.0));
-            let g = Some(f64::from(i) * 10.0);
-            assert!(!r.end_interval(t, g, g, Some(100.0), Some(r.connections())));
+            bytes += u64::from(i) * 10_000_000 / 8;
+            let b = Some(bytes);
+            assert!(!r.end_interval(t, [b, b], &p, Some(r.connections())));
             assert_eq!(r.connections(), (i + 1).min(16));
         }
-        assert_eq!(r.run().intervals.len(), 20);
-        assert_eq!(r.run().intervals[15].load_connections, Some(16));
-        // Steady goodput, then steady responsiveness: the answer; no more load, no more
-        // intervals.
+        let run = r.run();
+        assert_eq!(run.intervals.len(), 20);
+        assert_eq!(run.intervals[15].load_connections, Some(16));
+        // Each interval's goodput from its bytes; 100 ms probes are 600 RPM.
+        assert!((run.intervals[2].down_mbps.unwrap() - 30.0).abs() < 1e-9);
+        assert!((run.intervals[2].responsiveness.unwrap() - 600.0).abs() < 1e-6);
+        // Steady goodput (20 down, 5 up), then steady responsiveness: the answer; no more load,
+        // no more intervals.
         let mut r = RpmRamp::new(0.0, 1.0);
         let mut t = 0.0;
         let answered = loop {
             t += 1.0;
-            if r.end_interval(t, Some(20.0), Some(5.0), Some(300.0), Some(r.connections())) {
+            let b = [Some((t * 20e6 / 8.0) as u64), Some((t * 5e6 / 8.0) as u64)];
+            if r.end_interval(t, b, &probes(0.0, t, 50.0), Some(r.connections())) {
                 break t;
             }
             assert!(t < 20.0, "never saturated");
@@ -450,5 +557,30 @@ mod tests {
         assert_eq!(answered, 10.0);
         assert_eq!(r.connections(), 10);
         assert!(!r.is_due(100.0));
+    }
+
+    #[test]
+    fn responsiveness_takes_the_window_and_its_series_keep_every_probe() {
+        let mut p = probes(0.0, 2.0, 200.0);
+        p.foreign.extend(probes(2.0, 4.0, 50.0).foreign);
+        p.loaded.extend(probes(2.0, 4.0, 50.0).loaded);
+        // A lost self probe is no time at all.
+        p.loaded.push((3.05, None));
+        assert!((p.responsiveness(2.0).unwrap() - 1200.0).abs() < 1e-6);
+        // From the start: between the slow probes' 300 RPM and the fast ones' 1200.
+        let all = p.responsiveness(0.0).unwrap();
+        assert!(all > 300.0 && all < 1200.0, "{all}");
+        let names: Vec<String> = p.series().into_iter().map(|s| s.name).collect();
+        assert_eq!(
+            names,
+            ["rpm foreign-connect", "rpm foreign-request", "rpm loaded"]
+        );
+        let loaded = &p.series()[2].samples;
+        assert_eq!(loaded.len(), 41);
+        assert!(loaded.windows(2).all(|w| w[0].0 <= w[1].0));
+        // Over TLS its handshake is a series and a term of its own.
+        p.tls = true;
+        assert_eq!(p.series().len(), 4);
+        assert_eq!(p.responsiveness(2.0), None, "no TLS times: no foreign term");
     }
 }

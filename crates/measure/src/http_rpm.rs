@@ -1,20 +1,20 @@
 //! `bloatlab test rpm https://HOST/.well-known/nq`: responsiveness against any server of the
 //! draft's endpoints (Apple's, Cloudflare's, an nginx set-up, `bloatlab server --https`). The
-//! engine is the one the bloatlab protocol uses (`analyze::rpm`: intervals of ID seconds, one
-//! more load connection per direction each, goodput and then responsiveness saturation, trimmed
-//! means); only the transport differs: HTTP/2 over TLS (or cleartext HTTP/2 for `http://`),
-//! downloads of `large_download_url` and uploads to `upload_url` on connections of their own,
-//! foreign probes on new connections with TCP, TLS and HTTP times kept apart, self probes (a GET
-//! of `small_download_url`) on the load connections. With `--http1.1` each connection carries
-//! one request at a time, so a load connection has no room for a self probe: the RPM is then
-//! the foreign term alone (the summary's `rpm.loaded` is null). The result file is the same
-//! format; its `params.transport` says which transport ran.
+//! engine is the one the bloatlab protocol uses (`engine::RpmRamp`: intervals of ID seconds, one
+//! more load connection per direction each, goodput and then responsiveness saturation;
+//! `engine::RpmProbes`: the probes' times, trimmed means and series); only the transport
+//! differs: HTTP/2 over TLS (or cleartext HTTP/2 for `http://`), downloads of
+//! `large_download_url` and uploads to `upload_url` on connections of their own, foreign probes
+//! on new connections with TCP, TLS and HTTP times kept apart, self probes (a GET of
+//! `small_download_url`) on the load connections. With `--http1.1` each connection carries one
+//! request at a time, so a load connection has no room for a self probe: the RPM is then the
+//! foreign term alone (the summary's `rpm.loaded` is null). The result file is the same format;
+//! its `params.transport` says which transport ran.
 
-use crate::engine::{Drain, Pace, Period, RpmRamp, Schedule, Timer};
+use crate::engine::{Drain, ForeignProbe, Pace, Period, RpmProbes, RpmRamp, Schedule, Timer};
 use crate::plan::Params;
 use crate::run::{Ended, Outcome, RunOptions};
 use crate::MeasureError;
-use bloatlab_analyze::rpm;
 use bloatlab_netio::sendbuf::{self, BudgetedTls, SendBudget, UnsentLimited};
 use bloatlab_result::{self as result, Host, Metadata, Phase, ResultFile, Series, SeriesKind};
 use hyper::body::Incoming;
@@ -325,16 +325,6 @@ struct FlowOpened {
     cc: Option<String>,
 }
 
-/// A foreign probe: its send time (s), then TCP, TLS and HTTP times (ms), each if it completed.
-type Foreign = (f64, Option<f64>, Option<f64>, Option<f64>);
-
-/// What the probes measured, each with its send time (s): foreign and self.
-#[derive(Default)]
-struct Probes {
-    foreign: Vec<Foreign>,
-    loaded: Vec<(f64, Option<f64>)>,
-}
-
 struct Urls {
     small: Target,
     large: Target,
@@ -505,11 +495,8 @@ struct StageRun {
 struct State {
     t0: Instant,
     flows: Vec<Flow>,
-    probes: Arc<Mutex<Probes>>,
+    probes: Arc<Mutex<RpmProbes>>,
     stages: Vec<StageRun>,
-    tls: bool,
-    /// HTTP/2: self probes on the load connections; HTTP/1.1 has none.
-    self_probes: bool,
 }
 
 impl State {
@@ -517,36 +504,19 @@ impl State {
         self.t0.elapsed().as_secs_f64()
     }
 
-    /// The responsiveness of the probes sent since `since` (s).
-    fn responsiveness(&self, since: f64) -> Option<f64> {
-        let p = self.probes.lock().unwrap();
-        let recent: Vec<_> = p.foreign.iter().filter(|f| f.0 >= since).collect();
-        let pick =
-            |i: usize| -> Vec<f64> { recent.iter().filter_map(|f| [f.1, f.2, f.3][i]).collect() };
-        let (tcp, tls, req) = (pick(0), pick(1), pick(2));
-        let loaded: Vec<f64> = p
-            .loaded
-            .iter()
-            .filter(|l| l.0 >= since)
-            .filter_map(|l| l.1)
-            .collect();
-        let terms: Vec<&[f64]> = if self.tls {
-            vec![tcp.as_slice(), tls.as_slice(), req.as_slice()]
-        } else {
-            vec![tcp.as_slice(), req.as_slice()]
-        };
-        rpm::rpm(&terms, self.self_probes.then_some(loaded.as_slice())).map(|x| x.0)
-    }
-
-    fn mbps_since(&self, down: bool, from_bytes: &[u64]) -> f64 {
-        self.flows
-            .iter()
-            .zip(from_bytes)
-            .filter(|(f, _)| f.down == down)
-            .map(|(f, b)| f.bytes.load(Ordering::Relaxed) - b)
-            .sum::<u64>() as f64
-            * 8.0
-            / 1e6
+    /// The goodput bytes of the stage under way's load connections so far, per direction
+    /// (down, up), for the directions it loads.
+    fn stage_bytes(&self, stage: Stage) -> [Option<u64>; 2] {
+        let current = self.stages.len().checked_sub(1);
+        [true, false].map(|down| {
+            stage.loads(down).then(|| {
+                self.flows
+                    .iter()
+                    .filter(|f| f.down == down && Some(f.stage) == current)
+                    .map(|f| f.bytes.load(Ordering::Relaxed))
+                    .sum()
+            })
+        })
     }
 
     /// The stage under way, if the load has begun and not all stages ended.
@@ -603,10 +573,12 @@ async fn run_async(
     let mut st = State {
         t0: Instant::now(),
         flows: Vec::new(),
-        probes: Arc::default(),
+        probes: Arc::new(Mutex::new(RpmProbes {
+            tls: urls.small.tls,
+            self_probes: !h1,
+            ..RpmProbes::default()
+        })),
         stages: Vec::new(),
-        tls: urls.small.tls,
-        self_probes: !h1,
     };
     // The load of the stage under way: its connections (for self probes), its stop flag, its
     // tasks (aborted when the stage ends, so the next stage's direction runs alone).
@@ -626,7 +598,6 @@ async fn run_async(
     let mut sample = Timer::new(params.step, params.step, Pace::Grid);
     let mut snapshot = Timer::new(2.0, 2.0, Pace::Grid);
     let mut status = Timer::new(0.0, 0.25, Pace::Grid);
-    let mut interval_bytes: Vec<u64> = Vec::new();
     let mut progress = crate::display::Progress::new(opts.progress);
     let mut status_bytes = (0u64, 0u64);
     let ended = loop {
@@ -692,19 +663,13 @@ async fn run_async(
                 .collect::<Vec<_>>();
             let cur = st.stages.last().expect("a stage under way");
             let per_dir = cur.flows / directions.len();
-            let interval_ended = cur.ramp.is_due(t);
-            if interval_ended {
-                let rate = |down: bool| {
-                    stage
-                        .loads(down)
-                        .then(|| st.mbps_since(down, &interval_bytes) / id)
-                };
-                let (down, up) = (rate(true), rate(false));
-                let resp = st.responsiveness(cur.ramp.window_start(t));
+            if cur.ramp.is_due(t) {
+                let bytes = st.stage_bytes(stage);
+                let probes = st.probes.lock().unwrap();
                 let cur = st.stages.last_mut().expect("a stage under way");
                 if cur
                     .ramp
-                    .end_interval(t, down, up, resp, Some(per_dir as u32))
+                    .end_interval(t, bytes, &probes, Some(per_dir as u32))
                 {
                     cur.end = Some(t);
                     schedule.end_stage(t);
@@ -713,8 +678,7 @@ async fn run_async(
             // The ramp says how many load connections each direction has by now.
             let cur = st.stages.last_mut().expect("a stage under way");
             let wanted = cur.ramp.connections() as usize;
-            let opens = cur.end.is_none() && per_dir < wanted;
-            if opens {
+            if cur.end.is_none() && per_dir < wanted {
                 cur.flows += directions.len() * (wanted - per_dir);
                 for n in per_dir + 1..=wanted {
                     for &down in &directions {
@@ -740,13 +704,6 @@ async fn run_async(
                         st.flows.push(f);
                     }
                 }
-            }
-            if interval_ended || opens {
-                interval_bytes = st
-                    .flows
-                    .iter()
-                    .map(|f| f.bytes.load(Ordering::Relaxed))
-                    .collect();
             }
         }
         if sample.fire(t) {
@@ -776,7 +733,7 @@ async fn run_async(
                     .iter()
                     .rev()
                     .find_map(|l| l.1)
-                    .or_else(|| p.foreign.iter().rev().find_map(|f| f.1))
+                    .or_else(|| p.foreign.iter().rev().find_map(|f| f.tcp))
             };
             // While a stage waits for its last probes, its load still shows.
             let shown = st.stages.last().filter(|_| t >= idle).map(|s| s.stage);
@@ -842,7 +799,7 @@ fn spawn_foreign(
     tasks: &mut tokio::task::JoinSet<()>,
     urls: Arc<Urls>,
     connector: Connector,
-    probes: Arc<Mutex<Probes>>,
+    probes: Arc<Mutex<RpmProbes>>,
     t: f64,
 ) {
     tasks.spawn(async move {
@@ -855,7 +812,12 @@ fn spawn_foreign(
         .ok()
         .flatten();
         let (tcp, tls_ms, req) = rec.map_or((None, None, None), |(a, b, c)| (Some(a), b, c));
-        probes.lock().unwrap().foreign.push((t, tcp, tls_ms, req));
+        probes.lock().unwrap().foreign.push(ForeignProbe {
+            sent: t,
+            tcp,
+            tls: tls_ms,
+            request: req,
+        });
     });
 }
 
@@ -863,7 +825,7 @@ fn spawn_self(
     tasks: &mut tokio::task::JoinSet<()>,
     sender: SendRequest<ReqBody>,
     urls: Arc<Urls>,
-    probes: Arc<Mutex<Probes>>,
+    probes: Arc<Mutex<RpmProbes>>,
     t: f64,
 ) {
     tasks.spawn(async move {
@@ -1041,38 +1003,8 @@ fn build(meta: &Metadata, st: &State, idle: f64, t: f64, finished: bool) -> Resu
             }
         });
     }
-    let p = st.probes.lock().unwrap();
-    let latency = |name: &str, samples: Vec<(f64, Option<f64>)>| Series {
-        name: name.into(),
-        kind: SeriesKind::Latency,
-        direction: None,
-        dscp: Some(0),
-        unit: "ms".into(),
-        samples,
-    };
-    let mut foreign = p.foreign.clone();
-    foreign.sort_by(|a, b| a.0.total_cmp(&b.0));
-    r.series.push(latency(
-        "rpm foreign-connect",
-        foreign.iter().map(|f| (f.0, f.1)).collect(),
-    ));
-    if st.tls {
-        r.series.push(latency(
-            "rpm foreign-tls",
-            foreign.iter().map(|f| (f.0, f.2)).collect(),
-        ));
-    }
-    r.series.push(latency(
-        "rpm foreign-request",
-        foreign.iter().map(|f| (f.0, f.3)).collect(),
-    ));
-    // No series at all without self probes: the summary then takes the foreign term alone.
-    if st.self_probes {
-        let mut loaded = p.loaded.clone();
-        loaded.sort_by(|a, b| a.0.total_cmp(&b.0));
-        r.series.push(latency("rpm loaded", loaded));
-    }
-    drop(p);
+    // No "rpm loaded" series without self probes: the summary then takes the foreign term alone.
+    r.series.extend(st.probes.lock().unwrap().series());
     r.summary = Some(bloatlab_analyze::summarize(&r));
     r
 }

@@ -190,6 +190,19 @@ impl BulkLoad {
         (!flows.is_empty()).then(|| flows.iter().map(|f| f.recent_mbps(t, secs)).sum())
     }
 
+    /// The goodput bytes one direction's flows have moved so far, if it has flows.
+    pub fn bytes(&self, dir: Direction) -> Option<u64> {
+        let mut flows = self
+            .flows
+            .iter()
+            .filter(|f| f.flow.spec.direction == dir)
+            .peekable();
+        flows
+            .peek()
+            .is_some()
+            .then(|| flows.map(FlowConn::bytes).sum())
+    }
+
     /// A running flow for a probe on a loaded connection, chosen round-robin by `n`.
     pub fn running(&self, n: u64) -> Option<&FlowConn> {
         let live: Vec<&FlowConn> = self.flows.iter().filter(|f| !f.failed).collect();

@@ -2,6 +2,7 @@
 
 use crate::connprobe::ConnRec;
 use crate::control::Report;
+use crate::engine::{ForeignProbe, RpmProbes};
 use crate::flow::{FlowConn, PingLog};
 use crate::load::Failure;
 use crate::probe::{Log as ProbeLog, ProbeStream, Rec};
@@ -215,62 +216,69 @@ fn probe_streams(
 /// TCP connect times (RPM: the foreign probes' connect and request times) and RPM's probes
 /// on the load connections.
 fn connect_and_rpm_series(result: &mut ResultFile, live: &Live) {
-    if let Some(conn) = live.connect {
-        let mk = |name: &str, pick: fn(&ConnRec) -> Option<f64>| Series {
-            name: name.into(),
-            kind: SeriesKind::Latency,
-            direction: None,
-            dscp: Some(0),
-            unit: "ms".into(),
-            samples: {
-                // Logged as they complete; kept in the order they were sent.
-                let mut v: Vec<(f64, Option<f64>)> =
-                    conn.iter().map(|r| (secs(live.t0, r.0), pick(r))).collect();
-                v.sort_by(|a, b| a.0.total_cmp(&b.0));
-                v
-            },
-        };
-        if live.rpm {
-            result.series.push(mk("rpm foreign-connect", |r| r.1));
-            result.series.push(mk("rpm foreign-request", |r| r.2));
-        } else {
-            result.series.push(mk("tcp-connect", |r| r.1));
-        }
-    }
     if live.rpm {
-        let mut samples: Vec<(f64, Option<f64>)> = live
-            .pings
-            .done
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(t, ms)| (secs(live.t0, *t), Some(*ms)))
-            .collect();
-        samples.sort_by(|a, b| a.0.total_cmp(&b.0));
         // At the end, a ping still without its pong is a timeout when the load ran on for its
         // whole deadline; one sent within its deadline of the load's stop (an interrupted
         // test) was cut off by closing the flow, and is left out.
-        let stopped = live.load_stopped.or(live.settle_start);
-        if let (true, Some(stopped)) = (live.finished, stopped) {
-            let stopped = stopped.min(secs(live.t0, live.now));
-            let cutoff = stopped - PingLog::DEADLINE_NS as f64 / 1e9;
-            samples.extend(
-                live.pings
-                    .unanswered()
-                    .into_iter()
-                    .map(|t| (secs(live.t0, t), None))
-                    .filter(|s| s.0 < cutoff),
-            );
-            samples.sort_by(|a, b| a.0.total_cmp(&b.0));
-        }
-        result.series.push(Series {
-            name: "rpm loaded".into(),
-            kind: SeriesKind::Latency,
-            direction: None,
-            dscp: Some(0),
-            unit: "ms".into(),
-            samples,
-        });
+        let lost_before = live
+            .load_stopped
+            .or(live.settle_start)
+            .filter(|_| live.finished)
+            .map(|stopped| {
+                stopped.min(secs(live.t0, live.now)) - PingLog::DEADLINE_NS as f64 / 1e9
+            });
+        let connect = live.connect.unwrap_or_default();
+        let probes = rpm_probes(live.t0, connect, live.pings, lost_before);
+        result.series.extend(probes.series());
+        return;
+    }
+    if let Some(conn) = live.connect {
+        // Logged as they complete; kept in the order they were sent.
+        let mut samples: Vec<(f64, Option<f64>)> =
+            conn.iter().map(|r| (secs(live.t0, r.0), r.1)).collect();
+        samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+        result.series.push(Series::latency("tcp-connect", samples));
+    }
+}
+
+/// RPM's probes over the bloatlab protocol as the engine takes them (seconds from the test's
+/// start): new-connection probes (a handshake, then a request; no TLS) and pings on the load
+/// connections; the pings still unanswered that were sent before `lost_before` count as lost.
+pub(crate) fn rpm_probes(
+    t0: u64,
+    connect: &[ConnRec],
+    pings: &PingLog,
+    lost_before: Option<f64>,
+) -> RpmProbes {
+    let mut loaded: Vec<(f64, Option<f64>)> = pings
+        .done
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(t, ms)| (secs(t0, *t), Some(*ms)))
+        .collect();
+    if let Some(cutoff) = lost_before {
+        loaded.extend(
+            pings
+                .unanswered()
+                .into_iter()
+                .map(|t| (secs(t0, t), None))
+                .filter(|s| s.0 < cutoff),
+        );
+    }
+    RpmProbes {
+        tls: false,
+        self_probes: true,
+        foreign: connect
+            .iter()
+            .map(|&(sent, tcp, request)| ForeignProbe {
+                sent: secs(t0, sent),
+                tcp,
+                tls: None,
+                request,
+            })
+            .collect(),
+        loaded,
     }
 }
 

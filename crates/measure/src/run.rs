@@ -12,7 +12,6 @@ use crate::probe::ProbeStream;
 use crate::record::{self, Live};
 use crate::udp_load::UdpLoad;
 use crate::{target, MeasureError};
-use bloatlab_analyze::rpm;
 use bloatlab_netio as netio;
 use bloatlab_proto::{Direction, TestRequest};
 use bloatlab_result::{self as result, Host, Metadata, Phase, ResultFile};
@@ -342,35 +341,20 @@ impl Test<'_> {
         if !r.is_due(t) || t >= self.schedule.load_end() {
             return;
         }
-        let id = self.params.rpm_interval;
-        let down = self.load.recent_mbps(Direction::Down, t, id);
-        let up = self.load.recent_mbps(Direction::Up, t, id);
-        let since = self.t0 + (r.window_start(t) * 1e9) as u64;
-        let (mut connect, mut request) = (Vec::new(), Vec::new());
-        if let Some(c) = &self.conn {
-            for &(_, tcp, req) in c.log.lock().unwrap().iter().filter(|r| r.0 >= since) {
-                if let (Some(tcp), Some(req)) = (tcp, req) {
-                    connect.push(tcp);
-                    request.push(req);
-                }
-            }
-        }
-        let loaded: Vec<f64> = self
-            .pings
-            .done
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|p| p.0 >= since)
-            .map(|p| p.1)
-            .collect();
-        let responsiveness =
-            rpm::rpm(&[connect.as_slice(), request.as_slice()], Some(&loaded)).map(|x| x.0);
-        let directions = down.is_some() as usize + up.is_some() as usize;
+        let bytes = [Direction::Down, Direction::Up].map(|d| self.load.bytes(d));
+        let connect = self.conn.as_ref().map(|c| c.log.lock().unwrap());
+        let probes = record::rpm_probes(
+            self.t0,
+            connect.as_deref().map_or(&[], Vec::as_slice),
+            &self.pings,
+            None,
+        );
+        drop(connect);
+        let directions = bytes.iter().flatten().count();
         let open = self.load.flows.iter().filter(|f| !f.failed).count();
         let per_dir = (directions > 0).then(|| (open / directions) as u32);
         let r = self.rpm.as_mut().expect("an RPM test");
-        if r.end_interval(t, down, up, responsiveness, per_dir) {
+        if r.end_interval(t, bytes, &probes, per_dir) {
             self.schedule.end_stage(t);
         }
     }

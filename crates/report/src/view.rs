@@ -218,7 +218,7 @@ impl RunView {
                     points: bin(&s.samples, width),
                 })
                 .collect(),
-            summary: r.summary.clone().unwrap_or_default(),
+            summary: bloatlab_analyze::summary_of(r),
             metadata: serde_json::to_value(&r.metadata).unwrap_or_default(),
             partial: r.partial,
         }

@@ -275,6 +275,20 @@ pub struct Series {
     pub samples: Vec<(f64, Option<f64>)>,
 }
 
+impl Series {
+    /// Round trips in ms of unmarked (DSCP 0) packets, in neither direction.
+    pub fn latency(name: &str, samples: Vec<(f64, Option<f64>)>) -> Series {
+        Series {
+            name: name.into(),
+            kind: SeriesKind::Latency,
+            direction: None,
+            dscp: Some(0),
+            unit: "ms".into(),
+            samples,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Event {
     pub t: f64,

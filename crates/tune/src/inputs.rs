@@ -5,6 +5,7 @@ use crate::advise::{self, Advice, RouterQdisc, Target};
 use crate::config::{self, Shaping};
 use crate::link::LinkType;
 use crate::writeback::Feed;
+use bloatlab_analyze::summary_of;
 use bloatlab_result::{ResultFile, Summary};
 use std::path::PathBuf;
 
@@ -17,7 +18,7 @@ pub fn read_runs(files: &[PathBuf]) -> Result<(Vec<Summary>, bool), String> {
             continue;
         }
         let r = bloatlab_result::read(f).map_err(|e| e.to_string())?;
-        runs.push(summary(&r));
+        runs.push(summary_of(&r));
     }
     if runs.is_empty() {
         return Err("no result file among the inputs (a locate file alone has no rates)".into());
@@ -42,20 +43,13 @@ pub fn writeback_of(results: &[(PathBuf, ResultFile)]) -> Option<&ResultFile> {
         .find(|r| r.metadata.test == "writeback")
 }
 
-/// A result's summary: the one in the file, else computed now (a killed run has none).
-pub fn summary(r: &ResultFile) -> Summary {
-    r.summary
-        .clone()
-        .unwrap_or_else(|| bloatlab_analyze::summarize(r))
-}
-
 /// The rate that feeds a disk: `rate` when given, else the best goodput of the network results
 /// (a writeback result among them is skipped).
 pub fn feed_from(rate: Option<u64>, results: &[(PathBuf, ResultFile)]) -> Option<Feed> {
     let best = results
         .iter()
         .filter(|(_, r)| r.metadata.test != "writeback")
-        .map(|(f, r)| (f, summary(r)))
+        .map(|(f, r)| (f, summary_of(r)))
         .flat_map(|(f, s)| {
             [s.throughput_mbps.down, s.throughput_mbps.up]
                 .into_iter()

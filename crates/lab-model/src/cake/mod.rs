@@ -9,7 +9,7 @@ pub mod params;
 
 use crate::packet::Packet;
 use crate::qdisc::Qdisc;
-use crate::stats::DirStats;
+use crate::stats::DirCounters;
 use cobalt::{CobaltParams, CobaltVars, Signal};
 use params::{buffer_limit, duration_ns, tune_tin, TinTuning};
 pub use params::{AckFilter, CakeParams, FlowMode, Framing, TinMode};
@@ -417,7 +417,7 @@ impl Cake {
     }
 
     /// `cake_drop`: the head packet of the longest queue, when memory runs out.
-    fn drop_from_longest(&mut self, now: i64, stats: &mut DirStats) {
+    fn drop_from_longest(&mut self, now: i64, stats: &mut DirCounters) {
         // Only flows on the new and old lists hold packets (decaying ones are empty), so the
         // search visits the active flows, not all 1024 queues of every tin, on each drop.
         let longest = self.tins.iter().enumerate().flat_map(|(t, b)| {
@@ -613,7 +613,7 @@ impl Cake {
 
 impl Qdisc for Cake {
     /// `cake_enqueue`.
-    fn enqueue(&mut self, mut pkt: Packet, now_ns: u64, stats: &mut DirStats) {
+    fn enqueue(&mut self, mut pkt: Packet, now_ns: u64, stats: &mut DirCounters) {
         let now = now_ns as i64;
         let dscp = pkt.dscp();
         if self.p.wash && dscp != 0 {
@@ -709,7 +709,7 @@ impl Qdisc for Cake {
     }
 
     /// `cake_dequeue`.
-    fn dequeue(&mut self, now_ns: u64, stats: &mut DirStats) -> Option<Packet> {
+    fn dequeue(&mut self, now_ns: u64, stats: &mut DirCounters) -> Option<Packet> {
         let now = now_ns as i64;
         let mode = self.p.flow_mode;
         // Decaying flows get one look per dequeue call (not per pass) so their state can rest.

@@ -23,7 +23,7 @@ struct Source {
 /// Feeds the sources into CAKE (on an unlimited link: its shaper decides) until `until`;
 /// returns (delivery time, packet) for every packet delivered.
 fn run(cake: &mut Cake, sources: &mut [Source], until: u64) -> Vec<(u64, Packet)> {
-    let mut st = DirStats::default();
+    let mut st = DirCounters::default();
     let mut out = Vec::new();
     let mut t = 0;
     while t < until {
@@ -200,7 +200,7 @@ fn blue_tames_an_unresponsive_flood() {
 fn ack_filter_thins_a_queue_of_acks() {
     use super::ack_filter::tcp4;
     let mut c = cake("bandwidth 1mbit besteffort ack-filter");
-    let mut st = DirStats::default();
+    let mut st = DirCounters::default();
     for i in 0..100u32 {
         c.enqueue(
             tcp4(1000, 1000 + i * 1448, 0x0010_0000, &[], 0),
@@ -228,7 +228,7 @@ fn ack_filter_thins_a_queue_of_acks() {
 #[test]
 fn autorate_ingress_follows_a_rate_step_at_the_kernels_pace() {
     let mut c = cake("autorate-ingress bandwidth 40mbit besteffort ingress");
-    let mut st = DirStats::default();
+    let mut st = DirCounters::default();
     // The lab's clock is the host's monotonic time, never near zero.
     let start = 100_000 * MS;
     let step = start + 3000 * MS;
@@ -271,7 +271,7 @@ fn autorate_ingress_follows_a_rate_step_at_the_kernels_pace() {
 #[test]
 fn autorate_ingress_follows_the_peaks_of_irregular_aggregates() {
     let mut c = cake("autorate-ingress bandwidth 40mbit besteffort ingress");
-    let mut st = DirStats::default();
+    let mut st = DirCounters::default();
     let start = 100_000 * MS;
     let mut t = start;
     let mut late = 0;

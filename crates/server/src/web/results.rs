@@ -225,14 +225,7 @@ pub fn result_file(u: Upload, client: IpAddr, server: Host, start_time: String) 
         udp: None,
     };
     let mut r = ResultFile::new(metadata);
-    let latency = |name: &str, samples| Series {
-        name: name.into(),
-        kind: SeriesKind::Latency,
-        direction: None,
-        dscp: Some(0),
-        unit: "ms".into(),
-        samples,
-    };
+    let latency = Series::latency;
     let goodput = |name: &str, dir: &str, samples| Series {
         name: name.into(),
         kind: SeriesKind::Throughput,
