@@ -140,6 +140,23 @@ impl Saturation {
     }
 }
 
+/// The curve of a run: responsiveness by load connections per direction, as the load grew (the
+/// last interval that ran at each count). RPM falls as connections are added to a full line;
+/// clients that ramp at other speeds (`mach` adds one every second interval) compare here, at
+/// equal counts, not by their headlines.
+pub fn by_connections(run: &RpmRun) -> Vec<(u32, f64)> {
+    let mut out: Vec<(u32, f64)> = Vec::new();
+    for i in &run.intervals {
+        if let (Some(n), Some(r)) = (i.load_connections, i.responsiveness) {
+            match out.last_mut() {
+                Some(last) if last.0 == n => last.1 = r,
+                _ => out.push((n, r)),
+            }
+        }
+    }
+    out
+}
+
 /// The confidence of a run that ended after its recorded intervals.
 pub fn confidence(run: &RpmRun) -> Confidence {
     if run.intervals.len() < run.mad as usize {
@@ -275,5 +292,30 @@ mod tests {
             Some((6000.0, 6000.0, None))
         );
         assert_eq!(rpm(&[&[10.0][..], &[10.0][..]], Some(&[])), None);
+    }
+
+    #[test]
+    fn the_curve_keeps_the_last_interval_at_each_connection_count() {
+        let iv = |n: Option<u32>, r: Option<f64>| RpmInterval {
+            load_connections: n,
+            responsiveness: r,
+            ..RpmInterval::default()
+        };
+        let run = RpmRun {
+            intervals: vec![
+                iv(Some(1), None),
+                iv(Some(2), Some(2000.0)),
+                iv(Some(3), Some(1800.0)),
+                // A connection that failed: the count stays, the later interval speaks for it.
+                iv(Some(3), Some(1500.0)),
+                iv(None, Some(900.0)),
+                iv(Some(5), Some(1000.0)),
+            ],
+            ..RpmRun::default()
+        };
+        assert_eq!(
+            by_connections(&run),
+            [(2, 2000.0), (3, 1500.0), (5, 1000.0)]
+        );
     }
 }

@@ -206,9 +206,13 @@ pub fn summarize(result: &ResultFile) -> Summary {
         (Some(i), Some(l)) => Some(l.p50 - i.p50),
         _ => None,
     };
+    s.loss = loss(&result.metadata.streams);
+    s.loss.idle_percent = probe_loss_in(result, idle);
+    s.loss.load_percent = probe_loss_in(result, phase_window(result, "load"));
     if let Some(added) = s.added_latency_ms_by_class.be.or(pooled) {
         s.added_latency_ms = Some(added);
-        s.grade = Some(grade::grade(added).to_string());
+        let (letter, cap) = grade::capped(added, s.loss.load_percent);
+        (s.grade, s.grade_loss_cap) = (Some(letter), cap);
     }
 
     if let (Some(base), Some(w)) = (idle, main) {
@@ -224,10 +228,6 @@ pub fn summarize(result: &ResultFile) -> Summary {
             .map(Into::into);
         }
     }
-
-    s.loss = loss(&result.metadata.streams);
-    s.loss.idle_percent = probe_loss_in(result, idle);
-    s.loss.load_percent = probe_loss_in(result, phase_window(result, "load"));
 
     // Jitter and VoIP quality come from the call stream when there is one, else the first probe
     // stream.
@@ -471,13 +471,15 @@ fn by_phase(result: &ResultFile, idle: Option<Window>, s: &mut Summary) {
     if down.is_none() && up.is_none() && both.is_none() {
         // A CLI test has one load phase; name it by the way its load goes.
         let a = s.added_latency_ms;
+        let g = &mut s.grade_by_direction;
         match s.test.as_str() {
             "tcp-down" => {
-                (s.phase_added_latency_ms.download, s.grade_by_direction.down) =
-                    (a, s.grade.clone())
+                s.phase_added_latency_ms.download = a;
+                (g.down, g.down_loss_cap) = (s.grade.clone(), s.grade_loss_cap.clone());
             }
             "tcp-up" => {
-                (s.phase_added_latency_ms.upload, s.grade_by_direction.up) = (a, s.grade.clone())
+                s.phase_added_latency_ms.upload = a;
+                (g.up, g.up_loss_cap) = (s.grade.clone(), s.grade_loss_cap.clone());
             }
             "tcp-bidir" | "rrul" | "rrul-be" => s.phase_added_latency_ms.both = a,
             _ => {}
@@ -491,10 +493,17 @@ fn by_phase(result: &ResultFile, idle: Option<Window>, s: &mut Summary) {
         upload: added(up),
         both: added(both),
     };
-    let letter = |a: Option<f64>| a.map(|a| grade::grade(a).to_string());
+    // Each direction capped by the loss of its own phase's probes.
+    let graded = |a: Option<f64>, phase: &str| {
+        a.map(|a| grade::capped(a, probe_loss_in(result, phase_window(result, phase))))
+    };
+    let down_grade = graded(s.phase_added_latency_ms.download, "download");
+    let up_grade = graded(s.phase_added_latency_ms.upload, "upload");
     s.grade_by_direction = GradeByDirection {
-        down: letter(s.phase_added_latency_ms.download),
-        up: letter(s.phase_added_latency_ms.upload),
+        down: down_grade.as_ref().map(|g| g.0.clone()),
+        up: up_grade.as_ref().map(|g| g.0.clone()),
+        down_loss_cap: down_grade.as_ref().and_then(|g| g.1.clone()),
+        up_loss_cap: up_grade.as_ref().and_then(|g| g.1.clone()),
     };
     s.throughput_mbps = throughput(result, |dir| if dir == "up" { up } else { down });
     s.saturated = Some(Saturated {
@@ -508,9 +517,18 @@ fn by_phase(result: &ResultFile, idle: Option<Window>, s: &mut Summary) {
     .into_iter()
     .flatten()
     .reduce(f64::max);
-    if worse.is_some() {
+    // The worse direction sets the headline: the larger added latency, and the worse grade
+    // with the cap that made it so.
+    let worst_grade = [down_grade, up_grade].into_iter().flatten().reduce(|a, b| {
+        if grade::worse(&a.0, &b.0) == b.0 {
+            b
+        } else {
+            a
+        }
+    });
+    if let (Some(_), Some((letter, cap))) = (worse, worst_grade) {
         s.added_latency_ms = worse;
-        s.grade = letter(worse);
+        (s.grade, s.grade_loss_cap) = (Some(letter), cap);
     }
 }
 
@@ -946,6 +964,80 @@ mod tests {
             (nq.dl_throughput, nq.ul_throughput),
             (Some(50_000_000), Some(10_000_000))
         );
+    }
+
+    /// A 10-packet FIFO at 6 Mbit/s under an upload: +16 ms, but 23% of the probes lost under
+    /// load (issue #38). The latency alone grades A; the loss caps it at D, and says so.
+    #[test]
+    fn loss_under_load_caps_the_grade_of_a_short_fifo() {
+        let mut r = bloated();
+        r.metadata.test = "tcp-up".into();
+        r.series.retain(|x| x.kind != SeriesKind::Latency);
+        let rtt = (0..1500)
+            .map(|i| {
+                let t = f64::from(i) * 0.01;
+                // Idle: 20 ms, nothing lost; loaded: 36 ms, 23 of every 100 lost.
+                let lost = t >= 5.0 && i % 100 < 23;
+                (t, (!lost).then_some(if t < 5.0 { 20.0 } else { 36.0 }))
+            })
+            .collect();
+        r.series
+            .push(series("rtt udp-be", SeriesKind::Latency, None, rtt));
+        let s = summarize(&r);
+        assert_eq!(s.added_latency_ms, Some(16.0));
+        assert_eq!(s.loss.load_percent, Some(23.0));
+        let cap = LossCap {
+            loss_percent: 23.0,
+            latency_grade: "A".into(),
+            at_most: "D".into(),
+        };
+        assert_eq!(s.grade.as_deref(), Some("D"));
+        assert_eq!(s.grade_loss_cap.as_ref(), Some(&cap));
+        // The one-way test's direction carries the same grade and cap.
+        assert_eq!(s.grade_by_direction.up.as_deref(), Some("D"));
+        assert_eq!(s.grade_by_direction.up_loss_cap, Some(cap));
+    }
+
+    /// The browser's phases: the download adds 100 ms (C), the upload 10 ms with 16% of its
+    /// probes lost (A by latency, D by its loss). Each direction is graded on its own phase;
+    /// the headline takes the worse grade, D with its cap, and the larger added latency.
+    #[test]
+    fn each_phase_is_capped_by_its_own_loss_and_the_worse_grade_leads() {
+        let phases = [
+            ("idle", 0.0, 5.0, 20.0, 0),
+            ("download", 5.0, 15.0, 120.0, 0),
+            ("upload", 15.0, 25.0, 30.0, 16),
+        ];
+        let mut r = ResultFile::new(meta(
+            phases
+                .iter()
+                .map(|p| Phase {
+                    name: p.0.into(),
+                    start: p.1,
+                    end: p.2,
+                })
+                .collect(),
+            vec![],
+        ));
+        r.metadata.test = "browser".into();
+        let rtt = (0..2500)
+            .map(|i| {
+                let t = f64::from(i) * 0.01;
+                let p = phases.iter().find(|p| t >= p.1 && t < p.2).unwrap();
+                (t, (i % 100 >= p.4).then_some(p.3))
+            })
+            .collect();
+        r.series
+            .push(series("rtt ws", SeriesKind::Latency, None, rtt));
+        let s = summarize(&r);
+        let g = &s.grade_by_direction;
+        assert_eq!((g.down.as_deref(), g.up.as_deref()), (Some("C"), Some("D")));
+        assert_eq!(g.down_loss_cap, None);
+        let cap = g.up_loss_cap.clone().expect("the upload's loss capped it");
+        assert_eq!((cap.latency_grade.as_str(), cap.loss_percent), ("A", 16.0));
+        assert_eq!(s.grade.as_deref(), Some("D"));
+        assert_eq!(s.grade_loss_cap, Some(cap));
+        assert_eq!(s.added_latency_ms, Some(100.0));
     }
 
     /// What CAKE's diffserv3 does on the cable line (kernel, #16): best effort +4 ms, EF +9,

@@ -7,17 +7,20 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// Two runs measured once for all tests here: an rrul and a ping.
-fn results() -> &'static (PathBuf, PathBuf) {
-    static R: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+/// Runs measured once for all tests here: an rrul, a ping and an rpm (whose ramp gives the
+/// report its RPM curve).
+fn results() -> &'static (PathBuf, PathBuf, PathBuf) {
+    static R: OnceLock<(PathBuf, PathBuf, PathBuf)> = OnceLock::new();
     R.get_or_init(|| {
         let _g = serial();
         let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q"]);
         let rrul = tmp_path("rrul.json.gz");
         let ping = tmp_path("ping.json");
+        let rpm = tmp_path("rpm.json");
         for (args, out) in [
             (vec!["rrul", "-l", "3", "--idle", "1"], &rrul),
             (vec!["ping", "-l", "2", "--idle", "0"], &ping),
+            (vec!["rpm", "-l", "4", "--idle", "1"], &rpm),
         ] {
             let mut all = vec!["test", args[0], &srv.addr];
             all.extend_from_slice(&args[1..]);
@@ -25,7 +28,7 @@ fn results() -> &'static (PathBuf, PathBuf) {
             let o = run(&[], &all);
             assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         }
-        (rrul, ping)
+        (rrul, ping, rpm)
     })
 }
 
@@ -47,12 +50,13 @@ fn have(tool: &str) -> bool {
 
 #[test]
 fn html_report_renders_every_chart_in_headless_chromium() {
-    let (rrul, ping) = results();
+    let (rrul, ping, rpm) = results();
     let html = tmp_path("report.html");
     ok(&[
         "report",
         rrul.to_str().unwrap(),
         ping.to_str().unwrap(),
+        rpm.to_str().unwrap(),
         "-o",
         html.to_str().unwrap(),
     ]);
@@ -90,9 +94,14 @@ fn html_report_renders_every_chart_in_headless_chromium() {
             .take(500)
             .collect::<String>()
     );
-    // The CDF, then per run throughput + latency + boxes (rrul) and latency + boxes (ping).
+    // The CDF, then per run throughput + latency + boxes (rrul), latency + boxes (ping), and
+    // throughput + latency + boxes + the RPM curve (rpm).
     let rendered = dom.matches("data-rendered=\"1\"").count();
-    assert_eq!(rendered, 6, "charts rendered");
+    assert_eq!(rendered, 10, "charts rendered");
+    assert!(
+        dom.contains("RPM as the ramp added load connections"),
+        "the RPM curve is drawn"
+    );
     for part in dom.split("data-points=\"").skip(1) {
         let n: usize = part.split('"').next().unwrap().parse().unwrap();
         assert!(n > 0, "a chart without data points");
@@ -231,7 +240,7 @@ fn view(p: &Path) -> bloatlab_report::RunView {
 
 #[test]
 fn plots_are_non_empty_images_carrying_the_data() {
-    let (rrul, ping) = results();
+    let (rrul, ping, _) = results();
     for kind in ["timeseries", "cdf", "box"] {
         for ext in ["png", "svg"] {
             let out = tmp_path(&format!("plot-{kind}.{ext}"));
@@ -292,7 +301,7 @@ fn plots_are_non_empty_images_carrying_the_data() {
 
 #[test]
 fn flent_reads_our_export_and_agrees_on_the_numbers() {
-    let (rrul, _) = results();
+    let (rrul, _, _) = results();
     let out = tmp_path("rrul.flent.gz");
     ok(&[
         "export",

@@ -184,6 +184,21 @@ pub struct FlowReport {
     pub bytes: u64,
     /// Congestion control in effect on the server's socket.
     pub cc: Option<String>,
+    /// Downloads: what the client acknowledged, as the server's socket saw it (absent from
+    /// older servers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acked: Option<AckedBytes>,
+}
+
+/// A download's bytes the client acknowledged (TCP_INFO `bytes_acked` plus what it holds
+/// beyond a hole, selectively acknowledged), per bucket of `bucket_us` from `first_ns` (the
+/// server's monotonic clock, as probe replies carry it). This is the rate the line delivered:
+/// the receiver's reads jump when a lost segment fills a hole and releases what waited behind.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AckedBytes {
+    pub bucket_us: u32,
+    pub first_ns: u64,
+    pub buckets: Vec<u32>,
 }
 
 /// What the server saw of one UDP load stream.

@@ -30,17 +30,24 @@ fn summary_row(label: &str, s: &Summary, rpm_column: bool) -> String {
     } else {
         "–".into()
     };
+    // A grade lowered by loss under load says so under the letter.
+    let mut grade = esc(s.grade.as_deref().unwrap_or("–"));
+    if let Some(c) = &s.grade_loss_cap {
+        grade += &format!(
+            "<div class=cap>{} by latency; {:.1}% lost under load</div>",
+            esc(&c.latency_grade),
+            c.loss_percent
+        );
+    }
     let rpm = if rpm_column {
         format!("<td>{}</td>", esc(&rpm_cell(s)))
     } else {
         String::new()
     };
     format!(
-        "<tr><td>{}</td><td \
-            class=grade>{}</td>{rpm}<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} \
-            / {} / {}</td><td>{}</td><td>{}</td><td>{loss}</td></tr>",
+        "<tr><td>{}</td><td class=grade>{grade}</td>{rpm}<td>{}</td><td>{}</td><td>{}</td>\
+            <td>{}</td><td>{}</td><td>{} / {} / {}</td><td>{}</td><td>{}</td><td>{loss}</td></tr>",
         esc(label),
-        esc(s.grade.as_deref().unwrap_or("–")),
         p(s.latency_ms.idle, |x| x.p50),
         p(s.latency_ms.loaded, |x| x.p50),
         p(s.latency_ms.loaded, |x| x.p90),
@@ -84,7 +91,7 @@ h1 {{ font-size: 1.5em; }} h2 {{ font-size: 1.2em; margin-top: 2em; }}
 table {{ border-collapse: collapse; }} td, th {{ padding: .3em .7em; border-bottom: 1px solid #ddd;
   text-align: right; }}
 td:first-child, th:first-child {{ text-align: left; }} .grade {{ font-weight: bold;
-  text-align: center; }}
+  text-align: center; }} .cap {{ font-weight: normal; font-size: .75em; color: #b00; }}
 .chart {{ width: 100%; height: 340px; }} pre {{ font-size: .8em; white-space: pre-wrap;
   overflow-wrap: anywhere; background: #f6f6f6; padding: .5em; }}
 #errors {{ color: #b00; white-space: pre-wrap; }}
@@ -245,6 +252,25 @@ function burstChart(el, lines) {{
   }});
   markPoints(el, points);
 }}
+function curveChart(el, lines) {{
+  var chart = newChart(el);
+  var points = 0;
+  chart.setOption({{
+    animation: false,
+    title: {{ text: 'RPM as the ramp added load connections (compare clients at equal counts)',
+      left: 'center', bottom: 0, textStyle: {{ fontSize: 12, fontWeight: 'normal' }} }},
+    tooltip: {{ trigger: 'axis', valueFormatter: function (v) {{
+      return v == null ? '–' : v.toFixed(0) + ' RPM'; }} }},
+    legend: {{ top: 0 }},
+    grid: {{ left: 60, right: 30, top: 40, bottom: 50 }},
+    xAxis: {{ type: 'value', name: 'connections per direction', nameLocation: 'middle',
+      nameGap: 25, minInterval: 1 }},
+    yAxis: {{ type: 'value', name: 'RPM' }},
+    series: lines.map(function (l) {{ points += l.points.length; return {{ name: l.name,
+      type: 'line', data: l.points }}; }})
+  }});
+  markPoints(el, points);
+}}
 function boxChart(el, run) {{
   var chart = newChart(el);
   chart.setOption({{
@@ -284,14 +310,15 @@ function boxChart(el, run) {{
     h.textContent = run.label + ' (' + run.test + (run.partial ? ', partial' : '') + ')';
     host.appendChild(h);
     [['throughput', 'Mbit/s'], ['memory', 'MB'], ['latency', 'ms'], ['boxes', null], ['burst',
-      null]].forEach(function (k) {{
+      null], ['rpm_curve', null]].forEach(function (k) {{
       if (!run[k[0]].length) {{ return; }}
       var el = document.createElement('div');
       el.className = 'chart';
       el.id = k[0] + '-' + i;
       host.appendChild(el);
       if (k[1]) {{ timeChart(el, run, run[k[0]], k[1]); }} else if (k[0] === 'burst') {{
-        burstChart(el, run.burst); }} else {{ boxChart(el, run); }}
+        burstChart(el, run.burst); }} else if (k[0] === 'rpm_curve') {{
+        curveChart(el, run.rpm_curve); }} else {{ boxChart(el, run); }}
     }});
   }});
   window.addEventListener('resize', function () {{
@@ -401,6 +428,15 @@ mod tests {
             "the bundled ECharts would end its <script> early"
         );
         assert_eq!(script_safe(r#"{"a":"</script>"}"#), r#"{"a":"<\/script>"}"#);
+    }
+
+    #[test]
+    fn a_grade_lowered_by_loss_says_why_under_the_letter() {
+        let row = summary_row("r", &crate::fixtures::capped_by_loss(), false);
+        assert!(
+            row.contains("<td class=grade>D<div class=cap>A by latency; 23.0% lost under load"),
+            "{row}"
+        );
     }
 
     #[test]

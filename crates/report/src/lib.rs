@@ -46,3 +46,25 @@ pub fn write_html(paths: &[PathBuf], out: &Path) -> Result<(), String> {
     };
     std::fs::write(out, page).map_err(|e| format!("{}: {e}", out.display()))
 }
+
+/// What the report's tests share.
+#[cfg(test)]
+mod fixtures {
+    use bloatlab_result::{LossCap, Summary};
+
+    /// The short FIFO of issue #38: +16 ms (A by latency), 23% of the probes lost under load,
+    /// graded D.
+    pub fn capped_by_loss() -> Summary {
+        Summary {
+            test: "tcp-up".into(),
+            added_latency_ms: Some(16.0),
+            grade: Some("D".into()),
+            grade_loss_cap: Some(LossCap {
+                loss_percent: 23.0,
+                latency_grade: "A".into(),
+                at_most: "D".into(),
+            }),
+            ..Default::default()
+        }
+    }
+}

@@ -4,7 +4,7 @@ use bloatlab_result::Summary;
 
 type Row = (&'static str, fn(&Summary) -> Option<f64>, usize);
 
-const ROWS: [Row; 11] = [
+const ROWS: [Row; 12] = [
     (
         "idle latency p50, ms",
         |s| s.latency_ms.idle.map(|p| p.p50),
@@ -27,6 +27,7 @@ const ROWS: [Row; 11] = [
     ("download, Mbit/s", |s| s.throughput_mbps.down, 1),
     ("upload, Mbit/s", |s| s.throughput_mbps.up, 1),
     ("probe loss, %", |s| Some(s.loss.percent), 1),
+    ("  under load, %", |s| s.loss.load_percent, 1),
     (
         "TCP retransmits (up)",
         |s| s.tcp_retransmits.map(|v| v as f64),
@@ -59,7 +60,20 @@ pub fn table(runs: &[(&str, &Summary)]) -> String {
     for (_, s) in runs {
         out += &format!("{:>width$}", s.grade.as_deref().unwrap_or("-"));
     }
-    out + "\n"
+    out += "\n";
+    // Where loss under load capped a grade, what the latency alone gave.
+    if runs.iter().any(|(_, s)| s.grade_loss_cap.is_some()) {
+        out += &format!("{:<26}", "  by latency alone");
+        for (_, s) in runs {
+            let alone = match &s.grade_loss_cap {
+                Some(c) => c.latency_grade.as_str(),
+                None => s.grade.as_deref().unwrap_or("-"),
+            };
+            out += &format!("{alone:>width$}");
+        }
+        out += "\n";
+    }
+    out
 }
 
 #[cfg(test)]
@@ -83,5 +97,22 @@ mod tests {
         assert_eq!(row("added latency").as_deref(), Some("12.3"));
         assert_eq!(row("  voice"), None, "no run had EF probes");
         assert!(t.lines().nth(1).unwrap().contains("CAKE 95%"));
+        assert_eq!(row("  by latency"), None, "no grade was capped");
+    }
+
+    #[test]
+    fn a_grade_capped_by_loss_shows_what_the_latency_alone_gave() {
+        let short = crate::fixtures::capped_by_loss();
+        let shaped = Summary {
+            grade: Some("A".into()),
+            ..Default::default()
+        };
+        let t = table(&[("short FIFO", &short), ("shaped", &shaped)]);
+        let cells = |name: &str| -> Vec<String> {
+            let l = t.lines().find(|l| l.starts_with(name)).unwrap();
+            l[26..].split_whitespace().map(String::from).collect()
+        };
+        assert_eq!(cells("grade"), ["D", "A"]);
+        assert_eq!(cells("  by latency alone"), ["A", "A"]);
     }
 }

@@ -455,6 +455,23 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
                 );
             }
         }
+        // The draft's curve: RPM as each connection per direction was added.
+        let runs = match &meta.rpm_by_direction {
+            Some(d) => vec![("download", &d.down), ("upload", &d.up)],
+            None => meta.rpm.iter().map(|r| ("both ways", r)).collect(),
+        };
+        for (name, run) in runs {
+            let curve = bloatlab_analyze::rpm::by_connections(run);
+            if curve.len() > 1 {
+                let points: Vec<String> =
+                    curve.iter().map(|(n, r)| format!("{n}: {r:.0}")).collect();
+                let _ = writeln!(
+                    out,
+                    "  RPM by load connections per direction, {name}: {}",
+                    points.join(", ")
+                );
+            }
+        }
     }
     if let (Some(a), Some(g)) = (s.added_latency_ms, &s.grade) {
         let c = &s.added_latency_ms_by_class;
@@ -476,8 +493,20 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
             "Added latency under load {}  grade {g}{by_class}",
             ms(a)
         );
+        if let Some(c) = &s.grade_loss_cap {
+            let _ = writeln!(out, "  {}", loss_cap_text(c));
+        }
     }
     out
+}
+
+/// Why a grade is lower than its latency's: the loss under load that capped it.
+pub fn loss_cap_text(c: &bloatlab_result::LossCap) -> String {
+    format!(
+        "{:.1}% of the probes were lost under load: at most {} (the latency alone gives {}); a \
+            queue too short to delay drops instead, and calls and games feel the loss",
+        c.loss_percent, c.at_most, c.latency_grade
+    )
 }
 
 /// A writeback test's summary: when the kernel began writing, what writes and the fsync cost,
@@ -710,6 +739,54 @@ mod tests {
 mod summary_tests {
     use super::*;
     use bloatlab_result::{FlowInfo, Host};
+
+    #[test]
+    fn an_rpm_run_prints_its_curve_by_load_connections() {
+        let s = Summary {
+            test: "rpm".into(),
+            rpm: Some(bloatlab_result::Rpm {
+                rpm: 463.0,
+                band: "poor".into(),
+                load_connections: 24,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let interval = |n: u32, r: f64| bloatlab_result::RpmInterval {
+            load_connections: Some(n),
+            responsiveness: Some(r),
+            ..Default::default()
+        };
+        let meta = Metadata {
+            rpm: Some(bloatlab_result::RpmRun {
+                intervals: vec![
+                    interval(2, 1548.0),
+                    interval(3, 1596.0),
+                    interval(12, 463.0),
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let text = summary_text(&s, &meta);
+        assert!(
+            text.contains(
+                "RPM by load connections per direction, both ways: 2: 1548, 3: 1596, 12: 463"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_grade_lowered_by_loss_under_load_is_explained_beneath_it() {
+        let s = crate::fixtures::capped_by_loss();
+        let text = summary_text(&s, &Metadata::default());
+        let grade = text.find("grade D").expect(&text);
+        let why = text
+            .find("23.0% of the probes were lost under load: at most D (the latency alone gives A)")
+            .expect(&text);
+        assert!(why > grade, "{text}");
+    }
 
     #[test]
     fn the_congestion_control_named_is_what_the_sockets_read_before_the_sysctl() {

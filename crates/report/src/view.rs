@@ -44,6 +44,9 @@ pub struct RunView {
     /// Writeback tests: the page cache's dirty and writeback megabytes and the test's own
     /// progress over time.
     pub memory: Vec<Line>,
+    /// RPM tests: responsiveness (y) by load connections per direction (x) as the ramp added
+    /// them, per direction run.
+    pub rpm_curve: Vec<Line>,
     pub summary: Summary,
     pub metadata: serde_json::Value,
     pub partial: bool,
@@ -209,6 +212,7 @@ impl RunView {
             cdf,
             boxes,
             burst: burst_lines(r),
+            rpm_curve: rpm_curve(r),
             memory: r
                 .series
                 .iter()
@@ -223,6 +227,28 @@ impl RunView {
             partial: r.partial,
         }
     }
+}
+
+fn rpm_curve(r: &ResultFile) -> Vec<Line> {
+    let runs = match &r.metadata.rpm_by_direction {
+        Some(d) => vec![("download", &d.down), ("upload", &d.up)],
+        None => r
+            .metadata
+            .rpm
+            .iter()
+            .map(|run| ("both ways", run))
+            .collect(),
+    };
+    runs.into_iter()
+        .map(|(name, run)| Line {
+            name: name.into(),
+            points: bloatlab_analyze::rpm::by_connections(run)
+                .into_iter()
+                .map(|(n, rpm)| (f64::from(n), Some(rpm)))
+                .collect(),
+        })
+        .filter(|l| l.points.len() > 1)
+        .collect()
 }
 
 /// Seconds of a UDP load's profile shown at bucket resolution, from one second into the load

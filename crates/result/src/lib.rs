@@ -247,8 +247,12 @@ pub struct StreamCounts {
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum SeriesKind {
-    /// Mbit/s of goodput per step, timestamped at the end of the step.
+    /// Mbit/s of goodput per step, timestamped at the end of the step (a download's as the
+    /// client acknowledged it, where the server reported that).
     Throughput,
+    /// Mbit/s the receiver read per step, beside a download's acknowledged `Throughput`: the
+    /// same bytes, bunched where a filled hole released what waited behind it.
+    Received,
     /// Round-trip time in ms, timestamped at send; `null` for a probe that never came back.
     Latency,
     /// One-way delay in ms (clock-offset corrected), timestamped at send; `null` when lost.

@@ -260,11 +260,27 @@ pub struct ByPhase {
     pub both: Option<f64>,
 }
 
-/// One letter grade per direction of load.
+/// One letter grade per direction of load, and the loss cap that lowered each, if one did.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct GradeByDirection {
     pub down: Option<String>,
     pub up: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub down_loss_cap: Option<LossCap>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_loss_cap: Option<LossCap>,
+}
+
+/// Loss under load that lowered a grade: a path that drops a probe in twenty keeps its delay
+/// low by losing what a call or a game needs (thresholds in the README).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LossCap {
+    /// Probes lost under load, percent.
+    pub loss_percent: f64,
+    /// The grade the added latency alone gives.
+    pub latency_grade: String,
+    /// The best grade that loss allows.
+    pub at_most: String,
 }
 
 /// Whether each direction's load filled the path: its goodput had stopped growing (the second
@@ -324,8 +340,12 @@ pub struct Summary {
     /// Which direction's queue adds the delay: "up", "down", "both" or "none" (rule in the README).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bloat_direction: Option<String>,
-    /// A+ .. F for the added latency (thresholds in the README).
+    /// A+ .. F for the added latency, at most what the loss under load allows (thresholds in
+    /// the README).
     pub grade: Option<String>,
+    /// Set when loss under load lowered `grade`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grade_loss_cap: Option<LossCap>,
     pub loss: Loss,
     pub jitter_ms: Jitter,
     pub voip: Option<Voip>,

@@ -3,17 +3,20 @@
 //! test's `--max-rate`; pongs that a client does not read are dropped, never queued without
 //! bound.
 
+use crate::acked;
 use crate::lines::{send, Reader};
-use crate::session::Session;
+use crate::session::{FlowCounters, Session};
 use bloatlab_netio as netio;
 use bloatlab_proto::{frame, Direction, RefuseReason, ServerMsg};
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::mpsc;
-use tokio::time::{sleep, timeout_at, Instant};
+use tokio::time::{sleep, timeout_at, Instant, MissedTickBehavior};
 
 /// Pongs waiting for a download's writer: a client pings every 100 ms at most; one that sends
 /// them faster than it reads the replies loses the excess (counted), not the server's memory.
@@ -61,7 +64,7 @@ pub(crate) async fn run(
         }
     }
     let cc = netio::cc(sock);
-    let counter = match session.claim_flow(flow_id, cc.clone()) {
+    let counters = match session.claim_flow(flow_id, cc.clone()) {
         Ok(c) => c,
         Err(why) => {
             let _ = send(
@@ -81,8 +84,8 @@ pub(crate) async fn run(
     let deadline = Instant::from_std(session.deadline);
     let work = async {
         match spec.direction {
-            Direction::Down => download(r, w, &session, &counter).await,
-            Direction::Up => upload(r, w, &session, &counter).await,
+            Direction::Down => download(r, w, &session, &counters).await,
+            Direction::Up => upload(r, w, &session, &counters.bytes).await,
         }
     };
     tokio::select! {
@@ -91,8 +94,34 @@ pub(crate) async fn run(
     }
 }
 
-/// Download: frames out, pongs between them; the client's pings come in on the reader.
-async fn download(mut r: Reader, mut w: OwnedWriteHalf, session: &Session, counter: &AtomicU64) {
+/// Download: frames out, pongs between them; the client's pings come in on the reader; what
+/// the client acknowledged read from the socket every 10 ms.
+async fn download(
+    mut r: Reader,
+    mut w: OwnedWriteHalf,
+    session: &Session,
+    counters: &FlowCounters,
+) {
+    let counter = &counters.bytes;
+    let fd = w.as_ref().as_raw_fd();
+    let sampler = async {
+        let Some(log) = &counters.acked else {
+            return std::future::pending().await;
+        };
+        let mut tick = tokio::time::interval(Duration::from_nanos(acked::BUCKET_NS));
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            // The socket lives as long as this future (both end with the select below).
+            let Ok(i) = netio::tcp_info(&fd) else {
+                return std::future::pending().await;
+            };
+            let acked = i.bytes_acked + i.sacked_bytes;
+            log.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .record(netio::mono_ns(), acked);
+        }
+    };
     let (pong_tx, mut pong_rx) = mpsc::channel::<u64>(PONG_QUEUE);
     let reader = async {
         let mut decoder = frame::Decoder::new();
@@ -161,6 +190,7 @@ async fn download(mut r: Reader, mut w: OwnedWriteHalf, session: &Session, count
     tokio::select! {
         _ = reader => {}
         _ = writer => {}
+        _ = sampler => {}
     }
     let _ = w.shutdown().await;
 }

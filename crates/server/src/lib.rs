@@ -10,6 +10,7 @@
 //! client actually does (connections per flow, probe rates, bytes per second), not to what it
 //! declared; nothing queues without bound; a refusal names the limit.
 
+mod acked;
 mod conn;
 mod data;
 #[cfg(feature = "clap")]

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
+use crate::acked::{self, AckedLog};
 use crate::limits::Bucket;
 
 #[derive(Debug)]
@@ -27,6 +28,15 @@ pub struct FlowState {
     claimed: bool,
     pub bytes: Arc<AtomicU64>,
     pub cc: Option<String>,
+    /// Downloads: what the client acknowledged, on a grid.
+    pub acked: Option<Arc<Mutex<AckedLog>>>,
+}
+
+/// A claimed flow's counters: bytes moved, and for a download its acknowledged bytes.
+#[derive(Debug)]
+pub struct FlowCounters {
+    pub bytes: Arc<AtomicU64>,
+    pub acked: Option<Arc<Mutex<AckedLog>>>,
 }
 
 pub struct Session {
@@ -90,10 +100,22 @@ impl Session {
         } else {
             bloatlab_netio::udp::udp_rcvbuf_errors()
         };
+        // A download's acknowledged bytes, one bucket per 10 ms of the test at most.
+        let buckets = (load_span.as_nanos() / u128::from(acked::BUCKET_NS)) as usize + 1;
         let flows = request
             .flows
             .iter()
-            .map(|f| (f.id, FlowState::default()))
+            .map(|f| {
+                let acked = (f.direction == bloatlab_proto::Direction::Down)
+                    .then(|| Arc::new(Mutex::new(AckedLog::new(buckets))));
+                (
+                    f.id,
+                    FlowState {
+                        acked,
+                        ..FlowState::default()
+                    },
+                )
+            })
             .collect();
         let conn_probes = request
             .connection_probes
@@ -133,7 +155,7 @@ impl Session {
     }
 
     /// Claims flow `id`'s data connection: each flow gets one, once. Returns its byte counter.
-    pub fn claim_flow(&self, id: u16, cc: Option<String>) -> Result<Arc<AtomicU64>, String> {
+    pub fn claim_flow(&self, id: u16, cc: Option<String>) -> Result<FlowCounters, String> {
         let mut flows = self.flows.lock().unwrap_or_else(|e| e.into_inner());
         let Some(f) = flows.get_mut(&id) else {
             return Err(format!("no flow {id} in this test"));
@@ -145,7 +167,10 @@ impl Session {
         }
         f.claimed = true;
         f.cc = cc;
-        Ok(f.bytes.clone())
+        Ok(FlowCounters {
+            bytes: f.bytes.clone(),
+            acked: f.acked.clone(),
+        })
     }
 
     /// Whether a new-connection probe may be answered now.
@@ -197,6 +222,10 @@ impl Session {
                 id: *id,
                 bytes: f.bytes.load(Ordering::Relaxed),
                 cc: f.cc.clone(),
+                acked: f
+                    .acked
+                    .as_ref()
+                    .and_then(|a| a.lock().unwrap_or_else(|e| e.into_inner()).report()),
             })
             .collect();
         let socket_drops = self

@@ -57,6 +57,9 @@ pub struct DirAdvice {
     /// The same at the 90th percentile, where one-way delays measured it, ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bloat_p90_ms: Option<f64>,
+    /// Probes lost under load in a run that loaded this direction alone (worst run), percent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_under_load_percent: Option<f64>,
     /// The smallest buffer that delay implies at the measured rate (from the 90th percentile
     /// where known: a queue still filling, or cubic's saw-tooth, sits below it at the median):
     /// bytes and full packets.
@@ -167,8 +170,19 @@ struct Bloat {
     p90: Option<f64>,
 }
 
-/// One direction's advice from the goodputs and added delays the runs measured in it.
-fn direction(name: &str, goodputs: &[f64], bloat: Option<Bloat>, t: &Target) -> DirAdvice {
+/// Loss under load from which a direction that adds little delay has too short a buffer: the
+/// loss that caps a grade at B (`bloatlab_analyze::grade::LOSS_CAPS`).
+pub const SHORT_BUFFER_LOSS_PERCENT: f64 = 2.0;
+
+/// One direction's advice from the goodputs, added delays and loss under load the runs
+/// measured in it.
+fn direction(
+    name: &str,
+    goodputs: &[f64],
+    bloat: Option<Bloat>,
+    loss: Option<f64>,
+    t: &Target,
+) -> DirAdvice {
     let lowest = goodputs.iter().copied().fold(f64::INFINITY, f64::min);
     // Whole kbit/s, down; the epsilon keeps 3.5 x 0.95 = 3324.9999... at 3325.
     let rate_kbit = (lowest * SHARE * 1000.0 + 1e-6).floor() as u64;
@@ -219,6 +233,15 @@ fn direction(name: &str, goodputs: &[f64], bloat: Option<Bloat>, t: &Target) -> 
                 kB ({p} full packets) in front of the bottleneck.",
                 b / 1000
             );
+        } else if let Some(loss) = loss.filter(|l| *l >= SHORT_BUFFER_LOSS_PERCENT) {
+            reason += &format!(
+                " Only +{ms:.0} ms was measured under load, but {loss:.1}% of the probes were \
+                lost there: the buffer in front of this bottleneck is too short rather than too \
+                long. It keeps the delay low by dropping, which calls and games feel and which \
+                costs TCP its rate where the bandwidth-delay product is large; shaped, the queue \
+                forms in your shaper instead, which drops by its own rule and not at a few \
+                packets."
+            );
         } else {
             reason += &format!(
                 " Only +{ms:.0} ms was measured under load: this direction is not \
@@ -249,6 +272,7 @@ fn direction(name: &str, goodputs: &[f64], bloat: Option<Bloat>, t: &Target) -> 
         measured_mbps: goodputs.to_vec(),
         bloat_ms,
         bloat_p90_ms: bloat.and_then(|b| b.p90),
+        loss_under_load_percent: loss,
         buffer_bytes,
         buffer_packets,
         expected_added_ms: (expected * 10.0).round() / 10.0,
@@ -308,7 +332,23 @@ pub fn advise(runs: &[Summary], t: &Target) -> Advice {
             ));
         }
         let g: Vec<f64> = with.iter().filter_map(|s| goodput(s, down)).collect();
-        Some(direction(name, &g, bloat(&with, down), t))
+        // Loss under load belongs to this direction only where it was loaded alone (one-way
+        // tests, or a browser test's phase, whose cap records it).
+        let loss = with
+            .iter()
+            .filter_map(|s| {
+                let cap = if down {
+                    &s.grade_by_direction.down_loss_cap
+                } else {
+                    &s.grade_by_direction.up_loss_cap
+                };
+                match cap {
+                    Some(c) => Some(c.loss_percent),
+                    None => s.loss.load_percent.filter(|_| s.test == only),
+                }
+            })
+            .reduce(f64::max);
+        Some(direction(name, &g, bloat(&with, down), loss, t))
     };
     let down = dir(true, "download");
     let mut up = dir(false, "upload");
@@ -536,6 +576,33 @@ mod tests {
                 .any(|n| n.starts_with("Only runs loading both directions measured the download")),
             "{:?}",
             a.notes
+        );
+    }
+
+    /// The 10-packet FIFO at 6 Mbit/s of issue #38: an upload alone adds 16 ms but loses 23% of
+    /// the probes. That is a finding: the buffer is too short, and shaping is the cure.
+    #[test]
+    fn a_direction_that_drops_instead_of_delaying_has_too_short_a_buffer() {
+        let mut up = run(None, Some(5.8), 16.0);
+        up.test = "tcp-up".into();
+        up.loss.load_percent = Some(23.0);
+        let a = advise(&[up.clone()], &CABLE);
+        let u = a.up.unwrap();
+        assert_eq!(u.loss_under_load_percent, Some(23.0));
+        assert!(
+            u.reason.contains("23.0% of the probes were lost there")
+                && u.reason.contains("too short rather than too long"),
+            "{}",
+            u.reason
+        );
+        assert!(!u.reason.contains("not bloated"), "{}", u.reason);
+        // Under the threshold it is what it was: not bloated.
+        up.loss.load_percent = Some(1.0);
+        let u = advise(&[up], &CABLE).up.unwrap();
+        assert!(
+            u.reason.contains("this direction is not bloated"),
+            "{}",
+            u.reason
         );
     }
 

@@ -250,6 +250,9 @@
       const rate = s.throughput_mbps[dir];
       const grew = added[phase] < 1 ? 'it stayed within 1 ms of that' : 'it grew by ' + fmt(added[phase]) + ' ms';
       para('While ' + word + ' at ' + fmt(rate) + ' Mbit/s ' + grew + ' (grade ' + g + '): ' + effect(g) + '.');
+      // The server caps a grade by the loss under load (analyze::grade): say so when it did.
+      const cap = s.grade_by_direction[dir + '_loss_cap'];
+      if (cap) para(fmt(cap.loss_percent) + '% of the probes were lost while ' + word + ': the delay alone would grade ' + cap.latency_grade + ', but a line that drops this much is at most ' + cap.at_most + '.');
       if (s.saturated && s.saturated[dir] === false) para('The ' + phase + ' was still speeding up when its phase ended, so it may not have filled your connection: the real delay can be worse.');
     }
     const loaded = state.phases.filter((p) => p.name !== 'idle');
