@@ -151,7 +151,20 @@ pub fn attach_counters(
     at_start: Option<LabStats>,
 ) -> Result<(), String> {
     let at_end = counters(socket).map_err(|e| format!("lab counters unavailable: {e}"))?;
-    result.metadata.lab = Some(LabCounters { at_start, at_end });
+    let lab = LabCounters { at_start, at_end };
+    // A lab that could not forward what the test sent emulated a slower link: the file says so.
+    let end = result
+        .metadata
+        .phases
+        .iter()
+        .map(|p| p.end)
+        .fold(0.0, f64::max);
+    for why in lab.fell_behind() {
+        result
+            .events
+            .push(bloatlab_result::Event { t: end, what: why });
+    }
+    result.metadata.lab = Some(lab);
     bloatlab_result::write_atomic(path, result)
         .map_err(|e| format!("could not add the lab counters to {}: {e}", path.display()))
 }

@@ -75,6 +75,9 @@ fn direction(name: &str, dir: &str, d: &DirStats) -> String {
     if let Some(c) = &d.cake {
         out += &cake(c, dr.ack_filter);
     }
+    if let Some(why) = d.fell_behind() {
+        out += &format!("  WARNING: {why}\n");
+    }
     out
 }
 

@@ -96,6 +96,32 @@ pub struct DirStats {
     pub tun: TunStats,
 }
 
+/// A wait in the TUN device before the model read the packet beyond this means the forwarder
+/// fell behind: keeping up its p99 is 38-80 us; a link it cannot keep up with reads ~3 ms
+/// (BENCHMARKS.md, 2026-11-23).
+pub const TUN_WAIT_BEHIND_US: u64 = 1_000;
+
+/// Why packets the hosts sent never reached the link model, or reached it late.
+fn behind_words(dropped: u64, wait_p99_us: Option<u64>) -> String {
+    let wait = wait_p99_us.map_or(String::new(), |w| {
+        format!(", waited up to {:.1} ms (p99) there", w as f64 / 1e3)
+    });
+    format!(
+        "the lab fell behind: {dropped} packets dropped in the TUN device before the model{wait}; \
+        the hosts sent more packets per second than the lab forwards, so this link carried less \
+        than it emulates (fewer or smaller packets, or a lower rate, stay within the lab)"
+    )
+}
+
+impl DirStats {
+    /// Since the lab started: whether packets the sending host wrote were dropped, or held over
+    /// `TUN_WAIT_BEHIND_US`, before the model read them.
+    pub fn fell_behind(&self) -> Option<String> {
+        let (dropped, wait) = (self.tun.dropped.unwrap_or(0), self.tun.wait_us.p99);
+        (dropped > 0 || wait > TUN_WAIT_BEHIND_US).then(|| behind_words(dropped, Some(wait)))
+    }
+}
+
 /// The TUN device a direction's packets wait in before the model reads them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -172,6 +198,31 @@ pub struct LabCounters {
     pub at_end: LabStats,
 }
 
+impl LabCounters {
+    /// Each link direction whose TUN device dropped packets during the test (between the two
+    /// readings), as "link direction: why".
+    pub fn fell_behind(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (name, link) in &self.at_end.links {
+            let before = self.at_start.as_ref().and_then(|s| s.links.get(name));
+            for (dir, d, d0) in [
+                ("up", &link.up, before.map(|b| &b.up)),
+                ("down", &link.down, before.map(|b| &b.down)),
+            ] {
+                let start = d0.and_then(|d| d.tun.dropped).unwrap_or(0);
+                let dropped = d.tun.dropped.unwrap_or(0).saturating_sub(start);
+                if dropped > 0 {
+                    out.push(format!(
+                        "link {name} {dir}: {}",
+                        behind_words(dropped, None)
+                    ));
+                }
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,5 +238,49 @@ mod tests {
         assert_eq!(s.quantile_us(0.99), Some(300));
         assert_eq!(s.quantile_us(0.0), Some(100));
         assert_eq!(Sojourn::default().quantile_us(0.5), None);
+    }
+
+    #[test]
+    fn a_lab_that_dropped_or_held_packets_before_its_model_says_it_fell_behind() {
+        let dir = |dropped: u64, wait_p99: u64| DirStats {
+            tun: TunStats {
+                dropped: Some(dropped),
+                wait_us: P99Max {
+                    p99: wait_p99,
+                    max: wait_p99,
+                },
+                ..TunStats::default()
+            },
+            ..DirStats::default()
+        };
+        assert_eq!(dir(0, 80).fell_behind(), None, "keeping up: 38-80 us");
+        let held = dir(0, 3_100).fell_behind().unwrap();
+        assert!(held.contains("waited up to 3.1 ms"), "{held}");
+        assert!(dir(64, 80)
+            .fell_behind()
+            .unwrap()
+            .contains("64 packets dropped"));
+        // A test sees the drops between its two readings only.
+        let stats = |up: u64| LabStats {
+            links: [(
+                "wan".to_string(),
+                LinkStats {
+                    up: dir(up, 80),
+                    down: dir(5, 80),
+                },
+            )]
+            .into(),
+            ..LabStats::default()
+        };
+        let c = LabCounters {
+            at_start: Some(stats(100)),
+            at_end: stats(160),
+        };
+        let behind = c.fell_behind();
+        assert_eq!(behind.len(), 1, "{behind:?}");
+        assert!(
+            behind[0].starts_with("link wan up: the lab fell behind: 60 packets dropped"),
+            "{behind:?}"
+        );
     }
 }
