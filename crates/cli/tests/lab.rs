@@ -861,14 +861,20 @@ fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting
         "the line as is added only {} ms",
         class(0, "be")
     );
+    // FQ-CoDel hashes flows into 1024 queues (RFC 8290): with 8 bulk flows each way a probe
+    // flow shares a queue with one of them about once in 60 runs, and then waits in that flow's
+    // CoDel queue (CI, 2026-11-27: best effort +44 ms, EF and CS1 +7.8). FQ-CoDel treats every
+    // probe flow alike, so the middle one of the three stands for them; CAKE's set-associative
+    // hash keeps them apart.
+    let fq_probes = {
+        let mut v = [class(1, "be"), class(1, "ef"), class(1, "bk")];
+        v.sort_by(f64::total_cmp);
+        v
+    };
     for i in [1, 2] {
         // Measured 9.8 (fq_codel) and 11.7 ms (CAKE) with 10 s loads.
-        assert!(
-            class(i, "be") < 20.0,
-            "{}: best effort +{} ms",
-            names[i],
-            class(i, "be")
-        );
+        let added = if i == 1 { fq_probes[1] } else { class(i, "be") };
+        assert!(added < 20.0, "{}: best effort +{added} ms", names[i]);
         assert!(
             f(&runs[i]["summary"], "throughput_mbps.down") > 45.0,
             "{}: {}",
@@ -877,10 +883,8 @@ fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting
         );
     }
     assert!(
-        (class(1, "bk") - class(1, "be")).abs() < 5.0,
-        "fq_codel has no classes: {} vs {}",
-        class(1, "bk"),
-        class(1, "be")
+        fq_probes[1] - fq_probes[0] < 5.0 || fq_probes[2] - fq_probes[1] < 5.0,
+        "fq_codel has no classes: its probe flows {fq_probes:?} ms"
     );
     // Measured +75 ms for CS1 against +11.7 for best effort.
     assert!(
