@@ -192,6 +192,16 @@ impl Schedule {
         self.advance(t, answered)
     }
 
+    /// Whether at `t` the stage under way has ended and its load waits for its probes' answers:
+    /// only then does `advance` need to know whether they are in (a driver skips the looking).
+    pub fn awaits_answers(&self, t: f64) -> bool {
+        let Some(i) = self.stages.len().checked_sub(1) else {
+            return false;
+        };
+        let s = &self.stages[i];
+        !self.done && s.stopped.is_none() && (s.end.is_some() || t >= s.start + self.lengths[i])
+    }
+
     /// The stage under way ends at `t` (an RPM stage saturated, or the test was cut short).
     pub fn end_stage(&mut self, t: f64) {
         if let Some(s) = self.stages.last_mut().filter(|s| s.end.is_none()) {
@@ -443,14 +453,17 @@ mod tests {
         let mut s = Schedule::new(2.0, vec![20.0], drain);
         assert_eq!(s.advance(3.0, false), Period::Loading(0));
         assert_eq!(s.end(), 24.0);
+        assert!(!s.awaits_answers(8.0));
         s.end_stage(8.5);
         assert_eq!(s.load_end(), 8.5);
+        assert!(s.awaits_answers(8.6));
         // Probes still out: the load runs on for them.
         assert_eq!(s.advance(9.0, false), Period::Answering(0));
         assert_eq!(s.advance(10.2, false), Period::Answering(0));
         // The last answer came at 10.3 s: the load stops, the queues drain.
         assert_eq!(s.advance(10.3, true), Period::Settling(0));
         assert_eq!(s.stages()[0].stopped, Some(10.3));
+        assert!(!s.awaits_answers(10.4));
         assert!((s.end() - 12.3).abs() < 1e-9);
         assert_eq!(s.advance(12.2, true), Period::Settling(0));
         assert_eq!(s.advance(12.3, true), Period::Done);

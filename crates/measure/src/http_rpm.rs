@@ -609,7 +609,7 @@ async fn run_async(
         // on, without new probes, until the probes sent under it are answered (through a deep
         // buffer a foreign probe's three round trips outlast the last intervals) or time out:
         // none of them finishes against another stage's load. Then the next stage begins.
-        let answered = {
+        let answered = schedule.awaits_answers(t) && {
             let p = st.probes.lock().unwrap();
             p.foreign.len() + p.loaded.len() >= spawned
         };

@@ -372,7 +372,8 @@ impl Test<'_> {
         let mut ping_id = 0u64;
         loop {
             let t = self.elapsed();
-            let phase = self.schedule.advance(t, self.answered());
+            let answered = self.schedule.awaits_answers(t) && self.answered();
+            let phase = self.schedule.advance(t, answered);
             if phase == Period::Done {
                 return Ended::Complete;
             }
