@@ -215,20 +215,30 @@ fn wait_result(dir: &Path, limit: Duration) -> Option<PathBuf> {
     None
 }
 
-/// The page's result through FIFOs of `limit` packets at `down` Mbit/s / `up_kbit` kbit/s,
-/// with load phases of `load_s`.
+/// How the page is asked to probe.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Probes {
+    /// Its default: WebRTC where it opens.
+    Default,
+    /// `?probes=websocket`: the fallback.
+    WebSocket,
+}
+
+/// The page's result through FIFOs of `limit` packets (down, up) at `down` Mbit/s / `up_kbit`
+/// kbit/s, with load phases of `load_s`.
 fn run_page(
     lab: &LabUp,
-    limit: u32,
-    down: u32,
-    up_kbit: u32,
+    (limit, down, up_kbit): ((u32, u32), u32, u32),
     load_s: u32,
+    probes: Probes,
     bin: &str,
 ) -> serde_json::Value {
-    lab.set("l", &[&format!("limit={limit}")]);
+    lab.set("l", &[&format!("limit={}", limit.0), "--dir", "down"]);
+    lab.set("l", &[&format!("limit={}", limit.1), "--dir", "up"]);
+    let limit = format!("{}/{}", limit.0, limit.1);
     lab.set("l", &[&format!("rate={down}mbit"), "--dir", "down"]);
     lab.set("l", &[&format!("rate={up_kbit}kbit"), "--dir", "up"]);
-    let dir = TempDir::new(&format!("browser-{limit}"));
+    let dir = TempDir::new(&format!("browser-{}", limit.replace('/', "-")));
     let kept = dir.0.join("results");
     let kept_s = kept.to_str().unwrap().to_string();
     let p = lab.exec("s");
@@ -245,22 +255,31 @@ fn run_page(
             &kept_s,
         ],
     );
-    let url = format!("http://{SERVER}:8080/?autostart=1&idle={IDLE_S}&length={load_s}");
+    let mut url = format!("http://{SERVER}:8080/?autostart=1&idle={IDLE_S}&length={load_s}");
+    if probes == Probes::WebSocket {
+        url += "&probes=websocket";
+    }
     let mut browser = Browser::open(lab, bin, &dir.0.join("profile"), &url);
     let file = wait_result(
         &kept,
         Duration::from_secs((IDLE_S + 3 * load_s + 60) as u64),
     );
     let file = file.unwrap_or_else(|| {
-        panic!("the page stored no result through a {limit}-packet FIFO within its time")
+        panic!("the page stored no result through {limit}-packet FIFOs within its time")
     });
     let r = bloatlab_result::read(&file).unwrap();
     assert_eq!(r.metadata.test, "web");
+    // The page says what carried its probes; WebRTC opens in Chromium wherever it is asked.
+    let want = match probes {
+        Probes::Default => "webrtc",
+        Probes::WebSocket => "websocket",
+    };
+    assert_eq!(r.metadata.params["probe_transport"], want);
     shows_the_result(&mut browser, &r);
     drop(browser);
     let page = serde_json::to_value(r.summary.unwrap()).unwrap();
     eprintln!(
-        "{limit}-packet FIFO: page grades down {} up {} overall {}, added download {} upload {} \
+        "{limit}-packet FIFOs: page grades down {} up {} overall {}, added download {} upload {} \
             both {} ms, goodput {} / {} Mbit/s, saturated {}",
         page["grade_by_direction"]["down"],
         page["grade_by_direction"]["up"],
@@ -275,17 +294,19 @@ fn run_page(
     page
 }
 
-/// The CLI's added latency for `test` (tcp-down or tcp-up) through the lab's line as it is set,
-/// with the page's phase length and idle time.
-fn cli_added(lab: &LabUp, test: &str, load_s: u32) -> f64 {
+/// The CLI's summary of `test` (tcp-down or tcp-up) through the lab's line as it is set, with
+/// the page's phase length and idle time.
+fn cli_summary(lab: &LabUp, test: &str, load_s: u32) -> serde_json::Value {
     let (len, idle) = (load_s.to_string(), IDLE_S.to_string());
     let _srv = lab.server("s");
-    let added = f(
-        &lab.test("c", &[test, SERVER, "-l", &len, "--idle", &idle]),
-        "added_latency_ms",
+    let s = lab.test("c", &[test, SERVER, "-l", &len, "--idle", &idle]);
+    eprintln!(
+        "CLI {test}: +{:.1} ms, grade {}, loss under load {}%",
+        f(&s, "added_latency_ms"),
+        s["grade"],
+        s["loss"]["load_percent"]
     );
-    eprintln!("CLI {test}: {added:.1} ms");
-    added
+    s
 }
 
 /// The page, once done, tells the user the grades the server gave each direction and how many
@@ -333,8 +354,10 @@ fn shows_the_result(browser: &mut Browser, r: &bloatlab_result::ResultFile) {
         .map(|l| l.split('\t').next().unwrap())
         .collect();
     assert_eq!(rows, ["idle", "download", "upload", "both"], "{table}");
-    let under_load = |name: &str| {
-        let series = r.series.iter().find(|s| s.name == name).unwrap();
+    let under_load_where = |name: &str, pick: fn(&Option<f64>) -> bool| {
+        let Some(series) = r.series.iter().find(|s| s.name == name) else {
+            return 0;
+        };
         let loaded = r.metadata.phases.iter().filter(|p| p.name != "idle");
         loaded
             .map(|p| {
@@ -342,10 +365,21 @@ fn shows_the_result(browser: &mut Browser, r: &bloatlab_result::ResultFile) {
                     .samples
                     .iter()
                     .filter(|s| s.0 >= p.start + (0.2 * (p.end - p.start)).min(2.0) && s.0 <= p.end)
+                    .filter(|s| pick(&s.1))
                     .count()
             })
             .sum::<usize>()
     };
+    let under_load = |name: &str| under_load_where(name, |_| true);
+    if r.metadata.params["probe_transport"] == "webrtc" {
+        let said = format!(
+            "{} of {} probes under load",
+            under_load_where("rtt webrtc", Option::is_none),
+            under_load("rtt webrtc")
+        );
+        assert!(words.contains(&said), "wanted {said:?}: {words}");
+        return;
+    }
     let recovered = under_load("recovered ws");
     let said = format!(
         "{recovered} of {} probes under load",
@@ -368,8 +402,20 @@ fn fifo_ms(packets: u32, mbps: f64) -> f64 {
     f64::from(packets) * 1500.0 * 8.0 / (mbps * 1e3)
 }
 
+/// Letters apart on A+ .. F (A+ and A count as one letter).
+fn letters_apart(a: &serde_json::Value, b: &serde_json::Value) -> usize {
+    let rank = |g: &serde_json::Value| {
+        let g = g.as_str().unwrap_or("-");
+        ["A", "B", "C", "D", "F"]
+            .iter()
+            .position(|l| g.starts_with(l))
+            .unwrap_or_else(|| panic!("no grade: {g}"))
+    };
+    rank(a).abs_diff(rank(b))
+}
+
 #[test]
-fn a_browser_grades_a_deep_fifo_down_and_a_short_one_up_as_the_cli_does() {
+fn a_browser_grades_deep_short_and_lossy_fifos_as_the_cli_does() {
     let _g = serial();
     let Some(bin) = chromium() else {
         return missing("the browser test runs in Chromium (apt install chromium)");
@@ -379,22 +425,26 @@ fn a_browser_grades_a_deep_fifo_down_and_a_short_one_up_as_the_cli_does() {
     };
     // Deep: 100 packets at 5 / 2.5 Mbit/s hold 240 / 480 ms, few enough packets for cubic's
     // windows to fill much of them within 10 s phases (deeper ones in packets, e.g. 500 at
-    // 20 Mbit/s, stay far from full that long, for the CLI as for the page). Short: 20 packets at
-    // 20 / 10 Mbit/s hold
-    // 12 / 24 ms, and enough packets that a WebSocket probe is rarely the one dropped.
-    let deep = run_page(&lab, 100, 5, 2500, 10, bin);
-    let short = run_page(&lab, 20, 20, 10_000, 8, bin);
-    let (short_down, short_up) = (cli_added(&lab, "tcp-down", 8), cli_added(&lab, "tcp-up", 8));
-    let grade = |s: &serde_json::Value| s["grade"].as_str().unwrap_or("-").to_string();
+    // 20 Mbit/s, stay far from full that long, for the CLI as for the page).
+    let deep = run_page(&lab, ((100, 100), 5, 2500), 10, Probes::Default, bin);
     assert!(
-        ["D", "F"].contains(&grade(&deep).as_str()),
+        ["D", "F"].contains(&deep["grade"].as_str().unwrap_or("-")),
         "a 100-packet FIFO at 5/2.5 Mbit/s graded {}",
-        grade(&deep)
+        deep["grade"]
     );
+    // Short: 20 packets at 20 / 10 Mbit/s hold 12 / 24 ms, where the page's senders and the
+    // CLI's fill them alike.
+    let short = run_page(&lab, ((20, 20), 20, 10_000), 8, Probes::Default, bin);
+    // Lossy (issue #38): 10 packets at 6 Mbit/s up (20 ms). Over WebSockets the page read the
+    // probes this FIFO drops as delay (+87 ms, grade C, where the CLI saw +16 ms and 23% loss).
+    let lossy = run_page(&lab, ((20, 10), 20, 6000), 6, Probes::Default, bin);
+    // The fallback where WebRTC is not wanted, on the short FIFOs (the CLI runs on them last).
+    let fallback = run_page(&lab, ((20, 20), 20, 10_000), 4, Probes::WebSocket, bin);
+    // Over WebSockets a dropped probe is resent and left out: the delay alone grades.
     assert!(
-        ["A+", "A"].contains(&grade(&short).as_str()),
-        "a 20-packet FIFO at 20/10 Mbit/s graded {}",
-        grade(&short)
+        ["A+", "A"].contains(&fallback["grade"].as_str().unwrap_or("-")),
+        "a 20-packet FIFO at 20/10 Mbit/s graded {} over WebSockets",
+        fallback["grade"]
     );
     // The page's load reaches the bottleneck: it fills the line as TCP can.
     assert!(
@@ -403,41 +453,66 @@ fn a_browser_grades_a_deep_fifo_down_and_a_short_one_up_as_the_cli_does() {
         short["throughput_mbps"]
     );
     // No more delay than the FIFOs hold (p50s: a TCP probe's retransmissions are in the tail).
-    for (s, limit, down, up) in [(&deep, 100, 5.0, 2.5), (&short, 20, 20.0, 10.0)] {
+    for (s, ((limit_down, limit_up), down, up)) in [
+        (&deep, ((100, 100), 5.0, 2.5)),
+        (&short, ((20, 20), 20.0, 10.0)),
+        (&lossy, ((20, 10), 20.0, 6.0)),
+        (&fallback, ((20, 20), 20.0, 10.0)),
+    ] {
         let (d, u) = (
             f(s, "phase_added_latency_ms.download"),
             f(s, "phase_added_latency_ms.upload"),
         );
         assert!(
-            d > 0.4 * fifo_ms(limit, down) && d <= 1.1 * fifo_ms(limit, down) + 5.0,
+            d > 0.4 * fifo_ms(limit_down, down) && d <= 1.1 * fifo_ms(limit_down, down) + 5.0,
             "download phase {d:.1} ms, FIFO {} ms",
-            fifo_ms(limit, down)
+            fifo_ms(limit_down, down)
         );
         assert!(
-            u > 0.3 * fifo_ms(limit, up) && u <= 1.1 * fifo_ms(limit, up) + 5.0,
+            u > 0.3 * fifo_ms(limit_up, up) && u <= 1.1 * fifo_ms(limit_up, up) + 5.0,
             "upload phase {u:.1} ms, FIFO {} ms",
-            fifo_ms(limit, up)
+            fifo_ms(limit_up, up)
         );
     }
+    // The probes the lossy FIFO drops are loss on the page, and cap its upload's grade.
+    assert!(
+        lossy["grade_by_direction"]["up_loss_cap"].is_object(),
+        "no loss cap on the page's upload through 10 packets at 6 Mbit/s: {}",
+        lossy["grade_by_direction"]
+    );
     // Where the queue is full (the short FIFOs), the page and the CLI measure the same queue:
-    // within 15%, or 5 ms. Through the deep FIFOs neither fills them in 10 s and how far each
-    // gets is the senders' (the browser's uploads: 380-404 ms against the CLI's 166; downloads
-    // 135-167 against 125-131, BENCHMARKS.md): there the test asks only the grade and physics.
-    for (what, page, cli) in [
-        (
-            "download",
-            f(&short, "phase_added_latency_ms.download"),
-            short_down,
-        ),
-        (
-            "upload",
-            f(&short, "phase_added_latency_ms.upload"),
-            short_up,
-        ),
-    ] {
+    // the same added latency within 20% (or 5 ms) and the same grade for it within one letter,
+    // each direction. Both count the probes the FIFO drops, but 2% and 5% of loss are two caps
+    // apart (analyze::grade) and 2 to 4 probes in 100 as often one way as the other (binomial
+    // noise on ~130 probes a phase), so the capped grades may be two letters apart. Through
+    // the deep FIFOs neither fills them in 10 s and how far each gets is the senders' (the
+    // browser's uploads: 380-424 ms against the CLI's 166; downloads 135-215 against 125-131,
+    // BENCHMARKS.md): there the test asks only the grade and physics. Through the lossy one
+    // the page's uploads keep it fuller than the CLI's (+16..17 against +13..19 ms) and a
+    // fuller drop-tail FIFO drops more of the probes (BENCHMARKS.md).
+    for (test, dir, phase) in [("tcp-down", "down", "download"), ("tcp-up", "up", "upload")] {
+        let cli = cli_summary(&lab, test, 8);
+        let page = f(&short, &format!("phase_added_latency_ms.{phase}"));
+        let added = f(&cli, "added_latency_ms");
         assert!(
-            agrees(page, cli, 0.15, 5.0),
-            "{what}: page {page:.1} ms, CLI {cli:.1} ms"
+            agrees(page, added, 0.2, 5.0),
+            "{phase}: page {page:.1} ms, CLI {added:.1} ms"
+        );
+        // The grade the added latency alone gives: the cap's `latency_grade` where one applied.
+        let by_latency = |grade: &serde_json::Value, cap: &serde_json::Value| {
+            cap.get("latency_grade").unwrap_or(grade).clone()
+        };
+        let page_grade = &short["grade_by_direction"][dir];
+        let page_latency = by_latency(
+            page_grade,
+            &short["grade_by_direction"][format!("{dir}_loss_cap")],
+        );
+        let cli_latency = by_latency(&cli["grade"], &cli["grade_loss_cap"]);
+        assert!(
+            letters_apart(&page_latency, &cli_latency) <= 1
+                && letters_apart(page_grade, &cli["grade"]) <= 2,
+            "{phase}: page graded {page_grade} ({page_latency} by latency), CLI {} ({cli_latency})",
+            cli["grade"]
         );
     }
 }

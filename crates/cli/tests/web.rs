@@ -80,7 +80,10 @@ fn start(tag: &str, extra: &[&str]) -> Option<Web> {
         } else if let Some(f) = line.split("certificate SHA-256 ").nth(1) {
             fingerprint = f.to_string();
         } else if let Some(p) = line.split("latency probes on port ").nth(1) {
-            ws = p.trim_end_matches(')').parse().ok();
+            ws = p
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|d| d.parse().ok());
         }
         if !https.is_empty() && !http.is_empty() && (ws.is_some() || !want_ws) {
             break;
@@ -1256,15 +1259,11 @@ fn the_browser_tests_probes_and_result_uploads_are_bounded() {
     assert!(closed_within(s, Duration::from_secs(3)) < Duration::from_secs(3));
     // Result uploads: too big (counted as it arrives), malformed, or with a script tag.
     let post = |body: &std::path::Path| {
-        text(&curl(&[
-            "--data-binary",
-            &format!("@{}", body.display()),
-            "-H",
-            "Content-Type: application/json",
-            "-w",
-            "\n%{http_code}",
+        post_file(
             &format!("http://{}/web/result", w.http),
-        ]))
+            body,
+            "application/json",
+        )
     };
     let big = dir.0.join("big.json");
     std::fs::write(&big, vec![b' '; 5 << 20]).unwrap();
@@ -1289,8 +1288,69 @@ fn the_browser_tests_probes_and_result_uploads_are_bounded() {
     assert_eq!(stored.len(), 1, "only the valid upload is kept");
     let file = bloatlab_result::read(&stored[0].path()).unwrap();
     assert!(!serde_json::to_string(&file).unwrap().contains('<'));
+    // WebRTC offers: refused unless a data channel's, answered ICE-lite on the probe port's
+    // number over UDP; sessions hold the address's slots until they idle out (5 s).
+    assert_eq!(cfg["rtc"], true);
+    let offer = |body: &[u8]| {
+        let f = dir.0.join("offer.sdp");
+        std::fs::write(&f, body).unwrap();
+        let reply = post_file(&format!("http://{}/rtc", w.http), &f, "application/sdp");
+        let (body, code) = reply.rsplit_once('\n').unwrap();
+        (code.to_string(), body.to_string())
+    };
+    let sdp = chromium_offer();
+    let media = sdp.replace(
+        "m=application 9 UDP/DTLS/SCTP webrtc-datachannel",
+        "m=video 9 UDP/TLS/RTP/SAVPF 96",
+    );
+    assert_eq!(offer(b"<script>").0, "400");
+    assert_eq!(offer(media.as_bytes()).0, "400");
+    assert_eq!(offer(&vec![b'a'; 20_000]).0, "413");
+    let get = text(&curl(&[
+        "-w",
+        "\n%{http_code}",
+        &format!("http://{}/rtc", w.http),
+    ]));
+    assert!(get.ends_with("\n405"), "{get}");
+    let (code, answer) = offer(sdp.as_bytes());
+    assert_eq!(code, "200", "{answer}");
+    assert!(
+        answer.contains("a=ice-lite") && answer.contains(&format!("127.0.0.1 {port} typ host")),
+        "{answer}"
+    );
+    // Offers never followed up: the address's 64 slots fill, then 429, until they idle out.
+    let t = Instant::now();
+    let codes: Vec<String> = (0..70).map(|_| offer(sdp.as_bytes()).0).collect();
+    assert!(
+        codes.iter().filter(|c| *c == "200").count() <= 63 && codes.last().unwrap() == "429",
+        "{codes:?}"
+    );
+    std::thread::sleep(Duration::from_secs(7).saturating_sub(t.elapsed()));
+    assert_eq!(
+        offer(sdp.as_bytes()).0,
+        "200",
+        "sessions gave their slots back"
+    );
     let after = rss_kb(w.child.id());
     assert!(after < before + 64 * 1024, "RSS {before} kB -> {after} kB");
+}
+
+/// curl's POST of a file's bytes: the answer's body, a newline and its status code.
+fn post_file(url: &str, body: &std::path::Path, content_type: &str) -> String {
+    text(&curl(&[
+        "--data-binary",
+        &format!("@{}", body.display()),
+        "-H",
+        &format!("Content-Type: {content_type}"),
+        "-w",
+        "\n%{http_code}",
+        url,
+    ]))
+}
+
+/// A data-channel offer as Chromium makes it (no candidates: the server is ICE-lite).
+fn chromium_offer() -> String {
+    include_str!("../../server/src/web/chromium-offer.sdp").to_string()
 }
 
 /// nginx as a third-party responsiveness server, as the issue sets it up: its own TLS and

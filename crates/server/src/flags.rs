@@ -80,9 +80,10 @@ pub struct ServerArgs {
     /// The same endpoints over plain HTTP (for LANs and clients without TLS).
     #[arg(long, value_name = "PORT", value_parser = parse_listen)]
     pub http: Option<SocketAddr>,
-    /// The browser test's latency probe port (WebSocket; TLS too when --https has a
-    /// certificate). Any browser then runs the test at http(s)://THIS-HOST:PORT/ (with
-    /// ?autostart=1 it starts at once; ?length=S&idle=S shorten it).
+    /// The browser test's latency probe port: WebRTC over UDP (lost probes count as lost), and
+    /// WebSockets over TCP as the fallback (TLS too when --https has a certificate). Any
+    /// browser then runs the test at http(s)://THIS-HOST:PORT/ (with ?autostart=1 it starts at
+    /// once; ?length=S&idle=S shorten it; ?probes=websocket skips WebRTC).
     #[arg(long, value_name = "PORT", value_parser = parse_listen)]
     pub ws: Option<SocketAddr>,
     /// Keep every browser test's result file here (the newest --keep-max; `bloatlab report`

@@ -216,22 +216,37 @@ impl Server {
         let https = config.web.https.map(listen_tcp).transpose()?;
         let addr_of =
             |l: &Option<std::net::TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
-        let ws = config.web.ws.map(listen_tcp).transpose()?;
+        // The probe port: WebSockets over TCP, WebRTC's data channel over UDP on the same number.
+        let (ws, rtc_udp) = match config.web.ws.map(listen_probes).transpose()? {
+            Some((tcp, udp)) => (Some(tcp), Some(udp)),
+            None => (None, None),
+        };
         let (http_addr, https_addr, ws_addr) = (addr_of(&http), addr_of(&https), addr_of(&ws));
-        let web = match (&http, &https) {
-            (None, None) => None,
-            _ => Some(Arc::new(
-                web::Web::new(config.web.clone(), ws_addr.map(|a| a.port()))
-                    .map_err(ServerError::Runtime)?,
-            )),
+        let connections = Slots::new(
+            "connections",
+            config.max_connections,
+            config.max_connections_per_ip,
+        );
+        let (web, rtc_socket) = match (&http, &https) {
+            (None, None) => (None, None),
+            _ => {
+                let (face, socket) = match rtc_udp {
+                    Some(udp) => {
+                        let (face, socket) =
+                            web::rtc::Face::new(udp, connections.clone(), config.web.max_conn_time)
+                                .map_err(ServerError::Runtime)?;
+                        (Some(face), Some(socket))
+                    }
+                    None => (None, None),
+                };
+                let web = web::Web::new(config.web.clone(), ws_addr.map(|a| a.port()), face)
+                    .map_err(ServerError::Runtime)?;
+                (Some(Arc::new(web)), socket)
+            }
         };
         let (stop_tx, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
-            connections: Slots::new(
-                "connections",
-                config.max_connections,
-                config.max_connections_per_ip,
-            ),
+            connections,
             tests: Slots::new("tests", config.max_tests, config.max_tests_per_ip),
             refusing: Slots::new("refusals", MAX_REFUSING, MAX_REFUSING / 8),
             config,
@@ -283,6 +298,9 @@ impl Server {
                                 web.clone(),
                             )));
                         }
+                        if let Some(socket) = rtc_socket {
+                            tasks.push(tokio::spawn(web::rtc::serve(socket, web.clone())));
+                        }
                     }
                     if let Some(tls) = tls {
                         tasks.push(tokio::spawn(reload_on_hangup(tls)));
@@ -322,7 +340,7 @@ impl Server {
             Some(ws) => {
                 out += &format!(
                     "bloatlab server: browser test at the same addresses' / (latency probes on \
-                    port {})\n",
+                    port {}: WebRTC over UDP, WebSockets over TCP)\n",
                     ws.port()
                 )
             }
@@ -388,6 +406,20 @@ fn listen_tcp(addr: SocketAddr) -> Result<std::net::TcpListener, ServerError> {
             _ => Err(e),
         })
         .map_err(|source| ServerError::Bind { addr, source })
+}
+
+/// The browser's probe port: a TCP listener and a UDP socket on one port number, non-blocking.
+fn listen_probes(
+    addr: SocketAddr,
+) -> Result<(std::net::TcpListener, std::net::UdpSocket), ServerError> {
+    let (tcp, udp) = bind(addr)?;
+    let nonblocking = |s: &socket2::Socket| {
+        s.set_nonblocking(true)
+            .map_err(|source| ServerError::Bind { addr, source })
+    };
+    nonblocking(&tcp)?;
+    nonblocking(&udp)?;
+    Ok((tcp.into(), udp.into()))
 }
 
 /// Binds dual-stack when given `[::]`, falling back to IPv4 where IPv6 is disabled.

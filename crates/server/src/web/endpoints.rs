@@ -14,6 +14,8 @@ pub enum Route {
     ProbeWorker,
     PageConfig,
     PageResult,
+    /// The page's WebRTC offer for its probes.
+    RtcOffer,
     NotFound,
     MethodNotAllowed,
 }
@@ -30,8 +32,9 @@ pub fn route(method: &str, path: &str) -> Route {
         "/probe-worker.js" if read => Route::ProbeWorker,
         "/web/config" if read => Route::PageConfig,
         "/web/result" if method == "POST" => Route::PageResult,
+        "/rtc" if method == "POST" => Route::RtcOffer,
         "/.well-known/nq" | "/config" | "/small" | "/large" | "/slurp" | "/" | "/index.html"
-        | "/page.js" | "/probe-worker.js" | "/web/config" | "/web/result" => {
+        | "/page.js" | "/probe-worker.js" | "/web/config" | "/web/result" | "/rtc" => {
             Route::MethodNotAllowed
         }
         _ => Route::NotFound,
@@ -77,10 +80,12 @@ pub fn config_json(scheme: &str, authority: &str, test_endpoint: Option<&str>) -
 }
 
 /// What the page needs to run: the probe port, the phase lengths (the CLI's: 5 s idle, 30 s per
-/// load phase; the page's URL may shorten them), streams per direction, sampling and probing.
-pub fn page_config_json(ws_port: Option<u16>, idle: f64, length: f64) -> String {
+/// load phase; the page's URL may shorten them), streams per direction, sampling and probing,
+/// and whether the probes may run over WebRTC (`rtc`).
+pub fn page_config_json(ws_port: Option<u16>, rtc: bool, idle: f64, length: f64) -> String {
     serde_json::json!({
         "ws_port": ws_port,
+        "rtc": rtc,
         "idle": idle,
         "length": length,
         "streams": 4,
@@ -107,6 +112,8 @@ mod tests {
         assert_eq!(route("GET", "/"), Route::Page);
         assert_eq!(route("GET", "/web/config"), Route::PageConfig);
         assert_eq!(route("POST", "/web/result"), Route::PageResult);
+        assert_eq!(route("POST", "/rtc"), Route::RtcOffer);
+        assert_eq!(route("GET", "/rtc"), Route::MethodNotAllowed);
         assert_eq!(route("GET", "/web/result"), Route::MethodNotAllowed);
         assert_eq!(route("GET", "/page.js/../../x"), Route::NotFound);
     }

@@ -21,6 +21,7 @@ mod budget;
 pub mod endpoints;
 mod idle;
 pub mod results;
+pub mod rtc;
 pub mod tls;
 mod views;
 pub mod ws;
@@ -114,11 +115,17 @@ pub(crate) struct Web {
     load_views: views::LoadViews,
     /// The probe port as bound (the page is told it).
     ws_port: Option<u16>,
+    /// WebRTC probes on the probe port's number over UDP, where it could be bound.
+    rtc: Option<rtc::Face>,
     keeper: Option<results::Keeper>,
 }
 
 impl Web {
-    pub(crate) fn new(cfg: WebConfig, ws_port: Option<u16>) -> std::io::Result<Web> {
+    pub(crate) fn new(
+        cfg: WebConfig,
+        ws_port: Option<u16>,
+        rtc: Option<rtc::Face>,
+    ) -> std::io::Result<Web> {
         let mut chunk = vec![0u8; CHUNK];
         getrandom::fill(&mut chunk)
             .map_err(|_| std::io::Error::other("no randomness for /large"))?;
@@ -133,6 +140,7 @@ impl Web {
             chunk: Bytes::from(chunk),
             load_views: Default::default(),
             ws_port,
+            rtc,
             keeper,
         })
     }
@@ -191,6 +199,8 @@ struct Conn {
     ip: IpAddr,
     scheme: &'static str,
     local: String,
+    /// The address the connection came in on: WebRTC's candidate.
+    local_ip: Option<IpAddr>,
     refuse: Option<String>,
     /// A second handle on the socket, for TCP_NOTSENT_LOWAT while `/large` sends.
     socket: Option<Arc<OwnedFd>>,
@@ -221,6 +231,7 @@ async fn serve_conn(
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or_default(),
+        local_ip: stream.local_addr().ok().map(|a| a.ip().to_canonical()),
         refuse,
         socket: stream.as_fd().try_clone_to_owned().ok().map(Arc::new),
         send_budget: SendBudget::default(),
@@ -511,11 +522,13 @@ async fn route(req: Request<Incoming>, conn: &Arc<Conn>) -> Response<Reply> {
             "application/json",
             endpoints::page_config_json(
                 conn.web.ws_port,
+                conn.web.rtc.is_some(),
                 conn.web.cfg.page_idle,
                 conn.web.cfg.page_length,
             ),
         ),
         Route::PageResult => return page_result(req, conn).await,
+        Route::RtcOffer => return rtc_offer(req, conn).await,
         Route::MethodNotAllowed => reply(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain; charset=utf-8",
@@ -612,8 +625,56 @@ async fn slurp(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
 
 /// `/web/result`: the browser test's measurements, summarized into a result file (kept with
 /// `--keep-web-results`) and sent back whole. The body is counted as it arrives.
-async fn page_result(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
+/// A request's body, counted as it arrives: at most `max` bytes of `what`.
+async fn read_body(
+    req: Request<Incoming>,
+    max: usize,
+    what: &str,
+) -> Result<Vec<u8>, Response<Reply>> {
     use http_body_util::BodyExt;
+    let text = "text/plain; charset=utf-8";
+    let mut body = req.into_body();
+    let mut raw = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return Err(reply(StatusCode::BAD_REQUEST, text, "upload broken off\n"));
+        };
+        if let Some(d) = frame.data_ref() {
+            if raw.len() + d.len() > max {
+                let why = format!("{what} is at most {} kB\n", max >> 10);
+                return Err(reply(StatusCode::PAYLOAD_TOO_LARGE, text, why));
+            }
+            raw.extend_from_slice(d);
+        }
+    }
+    Ok(raw)
+}
+
+/// Answers a WebRTC offer (`rtc`): the SDP answer, or why not.
+async fn rtc_offer(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
+    let text = "text/plain; charset=utf-8";
+    let (Some(face), Some(local)) = (&conn.web.rtc, conn.local_ip) else {
+        return reply(
+            StatusCode::NOT_FOUND,
+            text,
+            "this server has no WebRTC probes\n",
+        );
+    };
+    let raw = match read_body(req, rtc::MAX_OFFER, "an offer").await {
+        Ok(raw) => raw,
+        Err(r) => return r,
+    };
+    let Ok(offer) = std::str::from_utf8(&raw) else {
+        return reply(StatusCode::BAD_REQUEST, text, "an offer is SDP text\n");
+    };
+    match face.offer(offer, local, conn.ip) {
+        Ok(answer) => reply(StatusCode::OK, "application/sdp", answer),
+        Err(rtc::Refused::Offer(why)) => reply(StatusCode::BAD_REQUEST, text, format!("{why}\n")),
+        Err(rtc::Refused::Busy(why)) => too_many(&why, Duration::from_secs(5)),
+    }
+}
+
+async fn page_result(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
     let bad = |why: String| {
         reply(
             StatusCode::BAD_REQUEST,
@@ -621,23 +682,10 @@ async fn page_result(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
             format!("{why}\n"),
         )
     };
-    let mut body = req.into_body();
-    let mut raw = Vec::new();
-    while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else {
-            return bad("upload broken off".into());
-        };
-        if let Some(d) = frame.data_ref() {
-            if raw.len() + d.len() > results::MAX_UPLOAD {
-                return reply(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "text/plain; charset=utf-8",
-                    format!("a result is at most {} MiB\n", results::MAX_UPLOAD >> 20),
-                );
-            }
-            raw.extend_from_slice(d);
-        }
-    }
+    let raw = match read_body(req, results::MAX_UPLOAD, "a result").await {
+        Ok(raw) => raw,
+        Err(r) => return r,
+    };
     let upload: results::Upload = match serde_json::from_slice(&raw) {
         Ok(u) => u,
         // serde's message names the field and position, never echoes the input.

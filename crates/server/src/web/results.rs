@@ -58,6 +58,20 @@ pub struct Upload {
     /// The page's `navigator.userAgent`.
     #[serde(default)]
     pub browser: String,
+    /// What carried the probes; pages before WebRTC sent no such field.
+    #[serde(default)]
+    pub probe_transport: ProbeTransport,
+}
+
+/// What carried the page's probes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProbeTransport {
+    /// A data channel, unordered, no retransmissions: a dropped probe is lost.
+    Webrtc,
+    /// TCP: a dropped probe is resent (see `split_recovered`).
+    #[default]
+    Websocket,
 }
 
 #[derive(Debug, Deserialize)]
@@ -166,9 +180,17 @@ pub fn split_recovered(rtt: Samples) -> (Samples, Samples) {
 
 /// The result file of a validated upload from `client`, summarized.
 pub fn result_file(u: Upload, client: IpAddr, server: Host, start_time: String) -> ResultFile {
+    let probes = match u.probe_transport {
+        ProbeTransport::Webrtc => "WebRTC data channel, unordered, no retransmissions",
+        ProbeTransport::Websocket => "WebSocket, timed in a Worker",
+    };
     let params = serde_json::json!({
         "test": "web", "streams": u.streams, "step": u.step, "probe_interval": u.probe_interval,
-        "probes": "WebSocket, timed in a Worker",
+        "probes": probes,
+        "probe_transport": match u.probe_transport {
+            ProbeTransport::Webrtc => "webrtc",
+            ProbeTransport::Websocket => "websocket",
+        },
     });
     let phases: Vec<Phase> = u
         .phases
@@ -235,17 +257,24 @@ pub fn result_file(u: Upload, client: IpAddr, server: Host, start_time: String) 
         samples,
     };
     // "rtt " series are the probes the summary grades; those TCP recovered and the server's
-    // views are named apart.
-    let (measured, recovered) = split_recovered(u.rtt);
-    r.series = vec![
-        latency("rtt ws", measured),
-        latency("recovered ws", recovered),
-        latency("kernel-rtt ws", u.kernel_rtt),
+    // views are named apart. A WebRTC probe is never resent: unanswered, it is lost.
+    r.series = match u.probe_transport {
+        ProbeTransport::Webrtc => vec![latency("rtt webrtc", u.rtt)],
+        ProbeTransport::Websocket => {
+            let (measured, recovered) = split_recovered(u.rtt);
+            vec![
+                latency("rtt ws", measured),
+                latency("recovered ws", recovered),
+                latency("kernel-rtt ws", u.kernel_rtt),
+            ]
+        }
+    };
+    r.series.extend([
         latency("kernel-rtt large", u.down_rtt),
         latency("kernel-rtt slurp", u.up_rtt),
         goodput("http down", "down", u.down),
         goodput("http up", "up", u.up),
-    ];
+    ]);
     r.partial = false;
     r.summary = Some(bloatlab_analyze::summarize::summarize(&r));
     r
@@ -356,6 +385,7 @@ mod tests {
             down,
             up,
             browser: "Mozilla/5.0 <script>alert(1)</script> Chrome/120".into(),
+            probe_transport: ProbeTransport::Websocket,
         }
     }
 
@@ -491,6 +521,54 @@ mod tests {
             upload.len() >= 120 && upload.iter().all(|s| s.1 == Some(530.0)),
             "{upload:?}"
         );
+    }
+
+    #[test]
+    fn webrtc_probes_the_line_dropped_are_loss_and_cap_the_grade() {
+        let mut u = upload();
+        u.probe_transport = ProbeTransport::Webrtc;
+        // A quarter of the upload phase's probes never came back (a 10-packet FIFO); the rest
+        // saw +10 ms. Over WebRTC nothing is resent, so they are loss, not a slow answer.
+        for (i, s) in u.rtt.iter_mut().enumerate() {
+            if (15.0..25.0).contains(&s.0) && i % 4 == 0 {
+                s.1 = None;
+            }
+        }
+        let r = result_file(
+            u,
+            "192.0.2.7".parse().unwrap(),
+            Host::default(),
+            String::new(),
+        );
+        assert_eq!(r.metadata.params["probe_transport"], "webrtc");
+        let names: Vec<&str> = r.series.iter().map(|s| s.name.as_str()).collect();
+        assert!(names.contains(&"rtt webrtc") && !names.iter().any(|n| n.ends_with(" ws")));
+        let s = r.summary.as_ref().unwrap();
+        assert_eq!(s.phase_added_latency_ms.upload, Some(10.0));
+        // 25% lost under the upload's load: at most D (analyze::grade's loss caps).
+        let cap = s
+            .grade_by_direction
+            .up_loss_cap
+            .as_ref()
+            .expect("a loss cap");
+        assert_eq!(
+            (cap.latency_grade.as_str(), cap.at_most.as_str()),
+            ("A", "D")
+        );
+        assert_eq!(s.grade_by_direction.up.as_deref(), Some("D"));
+    }
+
+    #[test]
+    fn a_page_without_a_transport_field_probed_over_websockets() {
+        let raw = serde_json::json!({
+            "version": 1, "step": 0.1, "probe_interval": 0.05, "streams": 4, "phases": [],
+            "rtt": [], "kernel_rtt": [], "down_rtt": [], "up_rtt": [], "down": [], "up": [],
+        });
+        let u: Upload = serde_json::from_value(raw.clone()).unwrap();
+        assert_eq!(u.probe_transport, ProbeTransport::Websocket);
+        let mut bad = raw;
+        bad["probe_transport"] = "carrier-pigeon".into();
+        assert!(serde_json::from_value::<Upload>(bad).is_err());
     }
 
     #[test]

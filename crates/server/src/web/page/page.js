@@ -1,6 +1,6 @@
 // bloatlab's browser test: idle, download, upload and both ways at once, latency probed all the
-// while on a WebSocket of its own (probe-worker.js). The server turns what was measured into a
-// result file of the CLI's format and grades it by the CLI's rules; this page only draws.
+// while on a WebRTC data channel (where that cannot open, on WebSockets: probe-worker.js). The
+// server turns what was measured into a result file of the CLI's format and grades it by the CLI's rules; this page only draws.
 // Everything shown from the network goes through textContent, never HTML.
 'use strict';
 (() => {
@@ -14,7 +14,7 @@
   // browser counts an upload when its socket takes it, ahead of the line).
   const bytes = { down: 0 };
   const serverUp = { latest: null, sampled: null };
-  let t0 = 0, total = 0, worker = null;
+  let t0 = 0, total = 0;
   const since = () => (performance.timeOrigin + performance.now() - t0) / 1000;
 
   function say(text) { $('status').textContent = text; }
@@ -129,11 +129,65 @@
     line(state.rtt, yMs, '#e8e86a', true);
   }
 
-  function probesDone() {
-    return new Promise((resolve) => {
-      worker.onmessage = (e) => { if (e.data.type === 'done') resolve(e.data.lost); else onProbe(e.data); };
-      worker.postMessage({ type: 'stop' });
-    });
+  // Probers: start() begins probing every `interval` ms, stop() resolves to the send times of
+  // the probes never answered. WebRTC first: a data channel unordered and never resent, so a
+  // probe the line drops is lost, as the command line's UDP probe is (a WebSocket is TCP: its
+  // lost probe is resent and reads as delay). Chromium has no WebRTC in Workers, so these are
+  // timed on the page's thread, which does little else. Null where it cannot open in 5 s.
+  async function rtcProber() {
+    if (typeof RTCPeerConnection !== 'function') return null;
+    const pc = new RTCPeerConnection(); // no ICE servers: the server is ICE-lite with one address
+    const dc = pc.createDataChannel('probes', { ordered: false, maxRetransmits: 0 });
+    try {
+      await pc.setLocalDescription(await pc.createOffer());
+      const r = await fetch('/rtc', { method: 'POST', headers: { 'Content-Type': 'application/sdp' }, body: pc.localDescription.sdp, cache: 'no-store' });
+      if (!r.ok) throw new Error('offer refused');
+      await pc.setRemoteDescription({ type: 'answer', sdp: await r.text() });
+      await new Promise((resolve, reject) => { dc.onopen = resolve; setTimeout(() => reject(new Error('no data channel')), 5000); });
+    } catch (_) { pc.close(); return null; }
+    const sent = new Map(); // seq -> sent at
+    let seq = 0, timer = null, t0 = 0;
+    const now = () => performance.timeOrigin + performance.now();
+    dc.onmessage = (ev) => {
+      const at = now();
+      let r;
+      try { r = JSON.parse(ev.data); } catch (_) { return; }
+      const p = sent.get(r.seq);
+      if (p === undefined) return;
+      sent.delete(r.seq);
+      onProbe({ type: 'probe', t: (p - t0) / 1000, rtt: at - p, kernel: r.rtt_ms, down: r.down_rtt_ms, up: r.up_rtt_ms, upBytes: r.up_bytes });
+    };
+    return {
+      transport: 'webrtc',
+      start(interval, start) {
+        t0 = start;
+        timer = setInterval(() => { if (dc.readyState !== 'open') return; const s = seq++; sent.set(s, now()); dc.send(String(s)); }, interval);
+      },
+      stop() {
+        clearInterval(timer);
+        // A probe still unanswered a second after the test is a lost one.
+        return new Promise((resolve) => setTimeout(() => {
+          const lost = [...sent.values()].map((at) => (at - t0) / 1000);
+          pc.close();
+          resolve(lost);
+        }, 1000));
+      },
+    };
+  }
+  // The fallback: WebSockets over TCP, in a Worker (probe-worker.js).
+  function wsProber(url) {
+    const w = new Worker('/probe-worker.js');
+    w.onmessage = (e) => onProbe(e.data);
+    return {
+      transport: 'websocket',
+      start(interval, t0) { w.postMessage({ type: 'start', url, interval, t0 }); },
+      stop() {
+        return new Promise((resolve) => {
+          w.onmessage = (e) => { if (e.data.type === 'done') { w.terminate(); resolve(e.data.lost); } else onProbe(e.data); };
+          w.postMessage({ type: 'stop' });
+        });
+      },
+    };
   }
   function onProbe(m) {
     if (m.type === 'probe') {
@@ -151,7 +205,7 @@
     $('start').disabled = true;
     $('result').hidden = true;
     serverUp.latest = serverUp.sampled = null;
-    Object.assign(state, { status: 'running', rtt: [], kernel: [], downRtt: [], upRtt: [], down: [], up: [], result: null, error: null, refused: null });
+    Object.assign(state, { status: 'running', transport: null, rtt: [], kernel: [], downRtt: [], upRtt: [], down: [], up: [], result: null, error: null, refused: null });
     let cfg;
     try { cfg = await (await fetch('/web/config', { cache: 'no-store' })).json(); } catch (e) { return fail('no test configuration from the server'); }
     if (!cfg.ws_port) return fail('this server has no probe port (start it with --ws PORT)');
@@ -165,11 +219,16 @@
       at += d;
     }
     total = at;
+    // ?probes=websocket skips WebRTC (to compare the two, or where it is blocked).
+    say('Opening the latency probes...');
+    let prober = cfg.rtc && q.get('probes') !== 'websocket' ? await rtcProber() : null;
+    if (prober === null) {
+      const host = location.hostname.includes(':') && !location.hostname.startsWith('[') ? '[' + location.hostname + ']' : location.hostname;
+      prober = wsProber((location.protocol === 'https:' ? 'wss://' : 'ws://') + host + ':' + cfg.ws_port + '/ws');
+    }
+    state.transport = prober.transport;
     t0 = performance.timeOrigin + performance.now();
-    worker = new Worker('/probe-worker.js');
-    worker.onmessage = (e) => onProbe(e.data);
-    const host = location.hostname.includes(':') && !location.hostname.startsWith('[') ? '[' + location.hostname + ']' : location.hostname;
-    worker.postMessage({ type: 'start', url: (location.protocol === 'https:' ? 'wss://' : 'ws://') + host + ':' + cfg.ws_port + '/ws', interval, t0 });
+    prober.start(interval, t0);
     lastSample = 0;
     bytes.down = 0;
     const sampler = setInterval(sample, step * 1000);
@@ -191,12 +250,11 @@
       clearInterval(painter);
     }
     say('Finishing...');
-    for (const t of await probesDone()) state.rtt.push([t, null]);
-    worker.terminate();
+    for (const t of await prober.stop()) state.rtt.push([t, null]);
     draw();
     const byTime = (a, b) => a[0] - b[0];
     const upload = {
-      version: 1, step, probe_interval: interval / 1000, streams,
+      version: 1, step, probe_interval: interval / 1000, streams, probe_transport: state.transport,
       phases: state.phases,
       rtt: state.rtt.sort(byTime), kernel_rtt: state.kernel.sort(byTime), down_rtt: state.downRtt.sort(byTime), up_rtt: state.upRtt.sort(byTime),
       down: state.down, up: state.up, browser: navigator.userAgent,
@@ -258,6 +316,14 @@
     const loaded = state.phases.filter((p) => p.name !== 'idle');
     const countIn = (name) => { const x = result.series.find((v) => v.name === name); return x ? loaded.reduce((n, p) => n + inPhase(x.samples, p).length, 0) : 0; };
     const recovered = countIn('recovered ws'), probes = recovered + countIn('rtt ws');
+    const rtc = result.series.find((v) => v.name === 'rtt webrtc');
+    if (rtc) {
+      const under = loaded.flatMap((p) => inPhase(rtc.samples, p));
+      const lost = under.filter((v) => v === null).length;
+      para('Latency was probed over WebRTC, where a probe the line drops stays lost: ' + lost + ' of ' + under.length + ' probes under load (' + fmt(under.length ? 100 * lost / under.length : 0, 0) + '%) were lost, and count as loss, not delay.');
+    } else if (state.transport === 'websocket') {
+      para('Latency was probed over WebSockets (not WebRTC): a probe the line drops is resent by TCP.');
+    }
     if (recovered > 0 && probes > 0) {
       para(recovered + ' of ' + probes + ' probes under load (' + fmt(100 * recovered / probes, 0) + '%) were lost on the line and resent by TCP, or waited behind one that was: like the command line\'s lost probes, they are left out of the delays above (loss is not a queue).');
     }
