@@ -4,6 +4,7 @@ use bloatlab_measure::display::ProgressMode;
 use bloatlab_measure::flags::{test_spec, TestArgs};
 use bloatlab_measure::{Ended, RunOptions, TestKind};
 use bloatlab_report::text::{events_text, summary_text};
+mod fix_cmd;
 mod lab_cmd;
 mod locate_cmd;
 mod report_cmd;
@@ -46,6 +47,13 @@ enum Command {
     /// A configuration to paste, commented: tc (CAKE, HTB + fq_codel, HTB classes), OpenWrt
     /// sqm, FireQOS, nftables DSCP rules, writeback sysctls, OpenWrt Wi-Fi settings.
     Config(tune_cmd::ConfigArgs),
+    /// The whole loop on a Linux router (or a host wired to the modem), as root: rrul through
+    /// the line as it is, each direction loaded alone for its rate and the place of its queue,
+    /// the advice, the best shaper this kernel has applied on DEV (upload) and ifb4DEV
+    /// (download), rrul again; kept only if latency under load fell and goodput held, rolled
+    /// back otherwise (and on any failure or Ctrl-C). One before/after HTML report, and the
+    /// command that undoes a kept change. `bloatlab fix server.example --dev eth1`.
+    Fix(fix_cmd::FixArgs),
     /// Apply a shaper to an interface (all or nothing, recorded), roll it back, or show it.
     #[command(subcommand)]
     Tune(tune_cmd::TuneCommand),
@@ -116,6 +124,7 @@ fn main() -> ExitCode {
         Command::Advise(a) => tune_cmd::advise_cmd(a),
         Command::Config(a) => tune_cmd::config_cmd(a),
         Command::Tune(c) => tune_cmd::tune_cmd(c),
+        Command::Fix(a) => fix_cmd::run(a, stop_flag()),
         Command::Lab(c) => lab_cmd::run(c, stop_flag),
         Command::Compare {
             targets,

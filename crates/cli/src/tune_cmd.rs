@@ -125,7 +125,9 @@ pub fn advise_cmd(a: AdviseArgs) -> ExitCode {
         );
     } else {
         print!("{}", advice.text());
-        println!("\nnext: {}", advise::next_command(&target, &a.files));
+        if advice.refused.is_empty() {
+            println!("\nnext: {}", advise::next_command(&target, &a.files));
+        }
     }
     ExitCode::SUCCESS
 }
@@ -140,6 +142,14 @@ pub fn config_cmd(a: ConfigArgs) -> ExitCode {
             Err(e) => return fail(e),
         };
         let adv = inputs::advise_cake(&runs, a.link);
+        // A refused direction is an error unless its rate was given by hand.
+        let given = |r: &advise::Refusal| match r.direction.as_str() {
+            "download" => down.is_some(),
+            _ => up.is_some(),
+        };
+        if let Some(r) = adv.refused.iter().find(|r| !given(r)) {
+            return fail(r.reason.clone());
+        }
         down = down.or(adv.down.as_ref().map(|d| d.rate_kbit));
         up = up.or(adv.up.as_ref().map(|d| d.rate_kbit));
         ack_filter |= adv.upload_ack_filter();
@@ -307,7 +317,10 @@ pub fn tune_cmd(c: TuneCommand) -> ExitCode {
                         Err(e) => return fail(e),
                     };
                     let has = bloatlab_tune::apply::kernel_has;
-                    let (script, said) = inputs::kernel_script(&runs, &dev, link, has);
+                    let (script, said) = match inputs::kernel_script(&runs, &dev, link, has) {
+                        Ok(x) => x,
+                        Err(e) => return fail(format!("nothing applied: {e}")),
+                    };
                     if let Some(said) = said {
                         eprintln!("{said}");
                     }

@@ -477,3 +477,115 @@ fn voip_under_load_is_worse_through_deep_fifos_than_through_short_ones() {
         short["voip"]
     );
 }
+
+/// `tc -j qdisc show` of every device in a namespace.
+fn qdiscs(ns: &str) -> String {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "tc", "-j", "qdisc", "show"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The line: 35 / 7 Mbit/s behind 600-packet FIFOs, where rrul's download starves
+/// behind the upload's queue. `bloatlab fix` on the client's interface towards the line keeps
+/// a change that cuts rrul's added latency 10x or more with 80% of the line's download, and
+/// `tune rollback` restores the qdiscs exactly. Bad input is refused before any load.
+#[test]
+fn fix_on_a_kernel_bottleneck_keeps_a_tenfold_cut_and_rollback_restores_tc() {
+    let _g = serial();
+    let t = match Topo::up("fix", 600, "35mbit", "7mbit") {
+        Ok(t) => t,
+        Err(why) => return missing(&why),
+    };
+    let _srv = t.server();
+    let dir = tmp_path("fix");
+    let dir_s = dir.to_str().unwrap();
+    let fix = |extra: &[&str]| {
+        let mut args = vec!["fix", SRV_ADDR, "--netns", &t.cli, "-q", "--out-dir", dir_s];
+        args.extend_from_slice(extra);
+        run(&[], &args)
+    };
+    // Refused before anything is measured: no such device, one someone configured, not root.
+    let start = std::time::Instant::now();
+    let o = fix(&["--dev", "nosuch0"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no interface nosuch0"));
+    sh_ok(&[
+        "ip", "netns", "exec", &t.cli, "tc", "qdisc", "add", "dev", "c0", "root", "pfifo",
+    ]);
+    let o = fix(&["--dev", "c0"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already has a qdisc configuration"));
+    sh_ok(&[
+        "ip", "netns", "exec", &t.cli, "tc", "qdisc", "del", "dev", "c0", "root",
+    ]);
+    let mut nobody = vec![
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ];
+    nobody.extend(["--inh-caps=-all"]);
+    let o = run(&nobody, &["fix", SRV_ADDR, "--dev", "c0", "-q"]);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("run it as root"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(start.elapsed().as_secs() < 5, "refusals measure nothing");
+    let before = qdiscs(&t.cli);
+    let o = fix(&["--dev", "c0", "-l", "10", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
+    let rates = |w: &str| {
+        let t = &v[w]["throughput_mbps"];
+        format!("{} / {} Mbit/s", t["down"], t["up"])
+    };
+    eprintln!(
+        "fix: kept {} ({}); before {}, after {}",
+        v["kept"],
+        v["reason"],
+        rates("before"),
+        rates("after")
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(v["kept"], true);
+    let (b, a) = (
+        f(&v, "before.added_latency_ms"),
+        f(&v, "after.added_latency_ms"),
+    );
+    assert!(a * 10.0 <= b, "+{b} ms before, +{a} ms after");
+    // The line's download: 35 Mbit/s of 1514-byte frames carry 1448-byte payloads.
+    let line_down = 35.0 * 1448.0 / 1514.0;
+    assert!(
+        f(&v, "after.throughput_mbps.down") >= 0.8 * line_down,
+        "{} of {line_down:.1}",
+        v["after"]["throughput_mbps"]
+    );
+    // Both directions' rates came from runs that loaded each alone.
+    assert!(v["advice"]["refused"].as_array().unwrap().is_empty());
+    assert_eq!(
+        v["undo"],
+        format!("bloatlab tune rollback --dev c0 --netns {}", t.cli)
+    );
+    let report = v["report"].as_str().unwrap();
+    assert!(std::fs::read_to_string(report)
+        .unwrap()
+        .contains("Verdict: kept"));
+    let o = run(&[], &["tune", "rollback", "--dev", "c0", "--netns", &t.cli]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(qdiscs(&t.cli), before, "rollback restores every qdisc");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn sh_ok(args: &[&str]) {
+    let o = std::process::Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

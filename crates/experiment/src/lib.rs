@@ -4,6 +4,7 @@
 //! inside its server namespace (`bloatlab_lab::ns::in_netns`): library calls, no processes.
 
 pub mod demo;
+pub mod fix;
 pub mod placement;
 pub mod targets;
 pub mod verify;

@@ -77,7 +77,17 @@ pub struct DirAdvice {
 pub struct Advice {
     pub down: Option<DirAdvice>,
     pub up: Option<DirAdvice>,
+    /// Directions measured only where the other direction's queue starved them: no rate.
+    pub refused: Vec<Refusal>,
     pub notes: Vec<String>,
+}
+
+/// A direction the runs cannot give a rate for, and what to run instead.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Refusal {
+    /// `download` or `upload`.
+    pub direction: String,
+    pub reason: String,
 }
 
 impl Advice {
@@ -86,9 +96,18 @@ impl Advice {
         self.up.as_ref().is_some_and(|u| u.ack_filter)
     }
 
-    /// Each direction's reason, then the notes: what `bloatlab advise` prints.
+    /// Why a shaper cannot be built from this advice: a direction it refused.
+    pub fn refusal(&self) -> Option<String> {
+        let r: Vec<&str> = self.refused.iter().map(|r| r.reason.as_str()).collect();
+        (!r.is_empty()).then(|| r.join("\n"))
+    }
+
+    /// Refusals, each direction's reason, then the notes: what `bloatlab advise` prints.
     pub fn text(&self) -> String {
         let mut o = String::new();
+        for r in &self.refused {
+            o += &format!("{}\n\n", r.reason);
+        }
         for d in [&self.down, &self.up].into_iter().flatten() {
             o += &format!("{}\n\n", d.reason);
         }
@@ -301,8 +320,55 @@ fn bloat(runs: &[&Summary], down: bool) -> Option<Bloat> {
         .reduce(|a, b| if b.p50 > a.p50 { b } else { a })
 }
 
+/// Why a run that loaded both directions did not measure this direction's line, if it shows
+/// so: the other direction's queue held this one's ACKs, so its goodput is what they allowed.
+/// With one-way delays: the other direction's queue added at least `BLOAT_MS` while this
+/// one's stayed under it (a direction that fills its own line builds its own queue, or its
+/// AQM's, and a download whose ACKs wait seconds cannot fill it). With round trips only: the
+/// loaded round trip grew by `BLOAT_MS` or more and the download moved less than the upload
+/// (access lines are faster down than up).
+pub fn starved(s: &Summary, down: bool) -> Option<String> {
+    let (mine, other) = if down {
+        (&s.added_owd_ms.down, &s.added_owd_ms.up)
+    } else {
+        (&s.added_owd_ms.up, &s.added_owd_ms.down)
+    };
+    let (name, other_name) = if down {
+        ("download", "upload")
+    } else {
+        ("upload", "download")
+    };
+    let goodput = if down {
+        s.throughput_mbps.down
+    } else {
+        s.throughput_mbps.up
+    }?;
+    match (mine, other) {
+        (Some(mine), Some(other)) => (other.p50 >= BLOAT_MS && mine.p50 < BLOAT_MS).then(|| {
+            format!(
+                "its own queue added only +{:.0} ms while the {other_name}'s added +{:.0} ms, \
+                    and its ACKs waited there: its {goodput:.1} Mbit/s is what they allowed, \
+                    not the {name}'s rate",
+                mine.p50, other.p50
+            )
+        }),
+        _ => {
+            let added = s.added_latency_ms?;
+            let up = s.throughput_mbps.up?;
+            (down && added >= BLOAT_MS && goodput < up).then(|| {
+                format!(
+                    "the loaded round trip grew by +{added:.0} ms and the download moved less \
+                        than the upload ({goodput:.1} against {up:.1} Mbit/s): its ACKs waited \
+                        behind the upload's queue, so that is not the download's rate"
+                )
+            })
+        }
+    }
+}
+
 pub fn advise(runs: &[Summary], t: &Target) -> Advice {
     let mut notes = Vec::new();
+    let mut refused = Vec::new();
     let goodput = |s: &Summary, down: bool| {
         if down {
             s.throughput_mbps.down
@@ -317,7 +383,29 @@ pub fn advise(runs: &[Summary], t: &Target) -> Advice {
         // A run loading both directions shares each with the other's ACKs: its goodput
         // understates the line, so runs loading this direction alone decide when there are any.
         let alone: Vec<&Summary> = all.iter().copied().filter(|s| s.test == only).collect();
-        let with = if alone.is_empty() { all } else { alone };
+        let with = if alone.is_empty() {
+            // Never a rate from a run whose other direction starved this one.
+            let fed: Vec<&Summary> = all
+                .iter()
+                .copied()
+                .filter(|s| starved(s, down).is_none())
+                .collect();
+            if let (true, Some(why)) = (fed.is_empty(), all.first().and_then(|s| starved(s, down)))
+            {
+                refused.push(Refusal {
+                    direction: name.into(),
+                    reason: format!(
+                        "{name}: not advised. In the run that loaded both directions {why}. \
+                            Measure it alone: `bloatlab fix HOST --dev DEV` does, or `bloatlab \
+                            test {only} HOST -o FILE` and advise from that file too."
+                    ),
+                });
+                return None;
+            }
+            fed
+        } else {
+            alone
+        };
         if with.is_empty() {
             notes.push(format!(
                 "No run measured the {name}: run {only} or rrul to advise it."
@@ -401,7 +489,12 @@ pub fn advise(runs: &[Summary], t: &Target) -> Advice {
                 .into(),
         );
     }
-    Advice { down, up, notes }
+    Advice {
+        down,
+        up,
+        refused,
+        notes,
+    }
 }
 
 #[cfg(test)]
@@ -581,6 +674,58 @@ mod tests {
 
     /// The 10-packet FIFO at 6 Mbit/s of issue #38: an upload alone adds 16 ms but loses 23% of
     /// the probes. That is a finding: the buffer is too short, and shaping is the cure.
+    fn owd(p50: f64) -> Option<Percentiles> {
+        Some(Percentiles {
+            p50,
+            p90: p50 * 1.2,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_download_starved_by_the_uploads_queue_gets_no_rate() {
+        // The issue's rrul on a 35/7 Mbit/s line with 600-packet FIFOs: the upload's FIFO held
+        // the download's ACKs, so the download moved 6.4 Mbit/s with its own queue empty.
+        let mut rrul = run(Some(6.4), Some(6.9), 650.0);
+        rrul.added_owd_ms.down = owd(0.4);
+        rrul.added_owd_ms.up = owd(640.0);
+        let a = advise(std::slice::from_ref(&rrul), &CABLE);
+        assert_eq!(a.down, None, "no rate from a starved download");
+        let r = &a.refused[0];
+        assert_eq!(r.direction, "download");
+        assert!(
+            r.reason.contains("+0 ms while the upload's added +640 ms")
+                && r.reason.contains("bloatlab fix")
+                && r.reason.contains("test tcp-down"),
+            "{}",
+            r.reason
+        );
+        assert!(
+            a.text().starts_with("download: not advised."),
+            "{}",
+            a.text()
+        );
+        assert!(a.refusal().is_some());
+        // The upload filled its own queue: its rate stands.
+        assert_eq!(a.up.as_ref().map(|u| u.rate_kbit), Some(6555));
+        // Without one-way delays: a bloated round trip and less down than up says the same.
+        rrul.added_owd_ms = Default::default();
+        let a = advise(std::slice::from_ref(&rrul), &CABLE);
+        assert!(a.down.is_none() && a.refused[0].reason.contains("6.4 against 6.9"));
+        // A download measured alone decides, whatever the rrul said.
+        let mut alone = run(Some(33.0), None, 400.0);
+        alone.test = "tcp-down".into();
+        let a = advise(&[rrul.clone(), alone], &CABLE);
+        assert_eq!(
+            (a.down.map(|d| d.rate_kbit), a.refused.len()),
+            (Some(31350), 0)
+        );
+        // Both queues full: each direction filled its own line, nothing refused.
+        rrul.added_owd_ms.down = owd(300.0);
+        rrul.added_owd_ms.up = owd(600.0);
+        assert!(advise(&[rrul], &CABLE).refused.is_empty());
+    }
+
     #[test]
     fn a_direction_that_drops_instead_of_delaying_has_too_short_a_buffer() {
         let mut up = run(None, Some(5.8), 16.0);

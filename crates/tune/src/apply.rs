@@ -177,9 +177,10 @@ fn fault_point(step: &str) {
     }
 }
 
-/// Applies `script` (a `bloatlab config` tc script) to the interface: all of it, or none.
-pub fn apply(i: &Iface, script: &str) -> Result<Vec<String>, String> {
-    let steps: Steps = batch::steps(script)?;
+/// Whether `apply` would take the interface: it exists, bloatlab has not shaped it already,
+/// and it is in the kernel's default state (an apply a kill left half-done is undone first;
+/// what that said is returned).
+pub fn check(i: &Iface) -> Result<Vec<String>, String> {
     if !i.exists(&i.dev) {
         return Err(format!(
             "no interface {}{}",
@@ -189,7 +190,7 @@ pub fn apply(i: &Iface, script: &str) -> Result<Vec<String>, String> {
                 .map_or(String::new(), |n| format!(" in namespace {n}"))
         ));
     }
-    let mut said: Vec<String> = recover(i)?.into_iter().collect();
+    let said: Vec<String> = recover(i)?.into_iter().collect();
     let path = i.state_file();
     if read_record(&path).is_some_and(|r| r.status == "applied") {
         return Err(format!(
@@ -214,6 +215,15 @@ pub fn apply(i: &Iface, script: &str) -> Result<Vec<String>, String> {
                 .unwrap_or_default()
         ));
     }
+    Ok(said)
+}
+
+/// Applies `script` (a `bloatlab config` tc script) to the interface: all of it, or none.
+pub fn apply(i: &Iface, script: &str) -> Result<Vec<String>, String> {
+    let steps: Steps = batch::steps(script)?;
+    let mut said = check(i)?;
+    let path = i.state_file();
+    let before = i.snapshot()?;
     let mut rec = Record {
         dev: i.dev.clone(),
         netns: i.netns.clone(),

@@ -82,14 +82,20 @@ pub fn shaping(advice: &Advice, dev: &str, link: LinkType) -> Shaping {
 }
 
 /// From measured runs to the tc script for `dev`: CAKE's rates from the advice, as the best
-/// qdisc `has` says the kernel runs; and what was given up, when anything was.
+/// qdisc `has` says the kernel runs; and what was given up, when anything was. An error where
+/// the advice refused a direction (`advise::starved`): half a shaper built on a starved rate
+/// is worse than none.
 pub fn kernel_script(
     runs: &[Summary],
     dev: &str,
     link: LinkType,
     has: impl Fn(&str) -> bool,
-) -> (String, Option<String>) {
-    config::for_kernel(&shaping(&advise_cake(runs, link), dev, link), has)
+) -> Result<(String, Option<String>), String> {
+    let advice = advise_cake(runs, link);
+    if let Some(why) = advice.refusal() {
+        return Err(why);
+    }
+    Ok(config::for_kernel(&shaping(&advice, dev, link), has))
 }
 
 /// The advice for CAKE on `link` from measured runs, the queue not on this host: the rates
