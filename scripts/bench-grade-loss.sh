@@ -24,14 +24,12 @@ while [ $# -gt 0 ]; do
     *) echo "bench-grade-loss: unknown option $1" >&2; exit 2 ;;
   esac
 done
-[ "$(id -u)" = 0 ] || { echo "bench-grade-loss: needs root (network namespaces)" >&2; exit 1; }
-[ -x "$BIN" ] || { echo "bench-grade-loss: build first (cargo build --release)" >&2; exit 1; }
-command -v jq >/dev/null || { echo "bench-grade-loss: jq not found" >&2; exit 1; }
 
 P=bgl
 CLI=${P}cli RTR=${P}rtr SRV=${P}srv SRV_ADDR=10.99.3.1
 allowed=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
 . "$(dirname "$0")/topo3-lib.sh"
+topo3_require bench-grade-loss
 tmp=$(mktemp -d)
 cleanup() {
   topo3_remove

@@ -4,6 +4,13 @@
 # (the host's tcp_allowed_congestion_control, restored by the caller's cleanup).
 in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 
+# What a bench needs before it builds anything: root, the release build ($BIN), jq.
+topo3_require() { # NAME
+  [ "$(id -u)" = 0 ] || { echo "$1: needs root (network namespaces)" >&2; exit 1; }
+  [ -x "$BIN" ] || { echo "$1: build first (cargo build --release)" >&2; exit 1; }
+  command -v jq >/dev/null || { echo "$1: jq not found" >&2; exit 1; }
+}
+
 # End whatever runs in the namespaces, then delete them.
 topo3_remove() {
   for n in $CLI $RTR $SRV; do

@@ -534,7 +534,7 @@ fn fix_on_a_kernel_bottleneck_keeps_a_tenfold_cut_and_rollback_restores_tc() {
     );
     assert!(start.elapsed().as_secs() < 5, "refusals measure nothing");
     let before = qdiscs(&t.cli);
-    let o = fix(&["--dev", "c0", "-l", "10", "--json"]);
+    let o = fix(&["--dev", "c0", "-l", "6", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
     let rates = |w: &str| {
