@@ -511,14 +511,16 @@ fn fix_on_a_kernel_bottleneck_keeps_a_tenfold_cut_and_rollback_restores_tc() {
     let o = fix(&["--dev", "nosuch0"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no interface nosuch0"));
-    sh_ok(&[
+    sh(&[
         "ip", "netns", "exec", &t.cli, "tc", "qdisc", "add", "dev", "c0", "root", "pfifo",
-    ]);
+    ])
+    .unwrap();
     let o = fix(&["--dev", "c0"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("already has a qdisc configuration"));
-    sh_ok(&[
+    sh(&[
         "ip", "netns", "exec", &t.cli, "tc", "qdisc", "del", "dev", "c0", "root",
-    ]);
+    ])
+    .unwrap();
     let mut nobody = vec![
         "setpriv",
         "--reuid=65534",
@@ -576,16 +578,4 @@ fn fix_on_a_kernel_bottleneck_keeps_a_tenfold_cut_and_rollback_restores_tc() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(qdiscs(&t.cli), before, "rollback restores every qdisc");
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn sh_ok(args: &[&str]) {
-    let o = std::process::Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
 }

@@ -213,7 +213,7 @@ pub fn f(v: &serde_json::Value, path: &str) -> f64 {
         .unwrap_or_else(|| panic!("{path} is not a number in {v}"))
 }
 
-fn sh(args: &[&str]) -> Result<(), String> {
+pub fn sh(args: &[&str]) -> Result<(), String> {
     let out = Command::new(args[0])
         .args(&args[1..])
         .output()

@@ -188,6 +188,11 @@ pub(crate) struct Session {
 }
 
 impl Session {
+    /// When this session next needs `tick`: str0m's timer, its idle limit or its deadline.
+    fn next_due(&self) -> Instant {
+        self.wake.min(self.last_probe + IDLE).min(self.deadline)
+    }
+
     /// Ends a session past its limits, gives str0m the time it asked for; false once over.
     fn tick(&mut self, now: Instant, socket: &UdpSocket, web: &Web) -> bool {
         if now >= self.deadline || now >= self.last_probe + IDLE {
@@ -298,10 +303,12 @@ pub(crate) async fn serve(socket: Socket, web: Arc<Web>) {
     let mut buf = vec![0u8; MAX_DATAGRAM];
     loop {
         let now = Instant::now();
-        sessions.retain_mut(|s| s.tick(now, &udp, &web));
+        // Only sessions whose timer or limit is due: a datagram wakes this loop, and polling
+        // every session for each one would cost sessions x datagrams.
+        sessions.retain_mut(|s| now < s.next_due() || s.tick(now, &udp, &web));
         let wake = sessions
             .iter()
-            .map(|s| s.wake.min(s.last_probe + IDLE).min(s.deadline))
+            .map(Session::next_due)
             .min()
             .unwrap_or(now + IDLE);
         tokio::select! {
