@@ -7,6 +7,7 @@ use bloatlab_report::text::{events_text, summary_text};
 mod fix_cmd;
 mod lab_cmd;
 mod locate_cmd;
+mod monitor_cmd;
 mod report_cmd;
 mod tune_cmd;
 
@@ -54,6 +55,15 @@ enum Command {
     /// back otherwise (and on any failure or Ctrl-C). One before/after HTML report, and the
     /// command that undoes a kept change. `bloatlab fix server.example --dev eth1`.
     Fix(fix_cmd::FixArgs),
+    /// Watch a line around the clock: light UDP probes to a bloatlab server all the time, each
+    /// tagged idle, light or busy by the interface's load as it left (the latency the household
+    /// feels while it uses the line); a scheduled test every --every within a --budget; the
+    /// history in SQLite (`bloatlab history`); Prometheus metrics with --metrics. SIGTERM ends
+    /// it cleanly. `bloatlab monitor server.example --iface wan --metrics [::]:9464`.
+    Monitor(monitor_cmd::MonitorArgs),
+    /// What the monitor recorded: scheduled tests and grades, silences, the worst hours, idle
+    /// against busy latency per hour.
+    History(monitor_cmd::HistoryArgs),
     /// Apply a shaper to an interface (all or nothing, recorded), roll it back, or show it.
     #[command(subcommand)]
     Tune(tune_cmd::TuneCommand),
@@ -125,6 +135,8 @@ fn main() -> ExitCode {
         Command::Config(a) => tune_cmd::config_cmd(a),
         Command::Tune(c) => tune_cmd::tune_cmd(c),
         Command::Fix(a) => fix_cmd::run(a, stop_flag()),
+        Command::Monitor(a) => monitor_cmd::monitor(a, stop_flag()),
+        Command::History(a) => monitor_cmd::history(a),
         Command::Lab(c) => lab_cmd::run(c, stop_flag),
         Command::Compare {
             targets,

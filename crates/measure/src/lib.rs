@@ -21,6 +21,7 @@ mod record;
 mod run;
 pub mod target;
 mod udp_load;
+pub mod watch;
 pub mod writeback;
 
 pub use plan::{Params, TestKind, UdpParams, MAX_FLOWS};

@@ -52,7 +52,7 @@ const HIDDEN: &str = "not disclosed by the server";
 /// How often a snapshot of the result file is written during a test.
 const SNAPSHOT_EVERY: f64 = 2.0;
 
-fn resolve(host_port: &str) -> Result<Vec<SocketAddr>, MeasureError> {
+pub(crate) fn resolve(host_port: &str) -> Result<Vec<SocketAddr>, MeasureError> {
     let (host, port) =
         target::split_host_port(host_port, bloatlab_proto::DEFAULT_PORT).map_err(|why| {
             MeasureError::Resolve {

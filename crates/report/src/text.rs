@@ -655,6 +655,99 @@ fn udp_text(
     out
 }
 
+/// `bloatlab history`: the scheduled tests, the worst hours, and idle against busy latency per
+/// hour (the scheduled tests' own minutes left out).
+pub fn history_text(h: &bloatlab_result::history::History) -> String {
+    use bloatlab_result::history::LoadBand;
+    let when = |t: i64| {
+        let st = std::time::UNIX_EPOCH + std::time::Duration::from_secs(t.max(0) as u64);
+        let s = humantime::format_rfc3339_seconds(st).to_string();
+        s[..16].replace('T', " ")
+    };
+    let opt_ms = |v: Option<f64>| v.map_or("-".to_string(), ms);
+    let mut out = String::new();
+    let _ = writeln!(out, "Scheduled tests ({}):", h.tests.len());
+    for t in &h.tests {
+        match &t.skipped {
+            Some(why) => {
+                let _ = writeln!(out, "  {}  {}  skipped: {why}", when(t.started), t.test);
+            }
+            None => {
+                let mbps = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+                let _ = writeln!(
+                    out,
+                    "  {}  {} {:>4.0} s  grade {:<2}  added {:>9}  {:>7} / {:<7} Mbit/s",
+                    when(t.started),
+                    t.test,
+                    t.length_s,
+                    t.grade.as_deref().unwrap_or("-"),
+                    opt_ms(t.added_ms),
+                    mbps(t.down_mbps),
+                    mbps(t.up_mbps),
+                );
+            }
+        }
+    }
+    if !h.gaps.is_empty() {
+        let _ = writeln!(out, "Target silent:");
+        for g in &h.gaps {
+            let end = g.ended.map_or("now".to_string(), when);
+            let _ = writeln!(out, "  {} .. {}  {}", when(g.started), end, g.why);
+        }
+    }
+    if !h.worst_hours.is_empty() {
+        let _ = writeln!(
+            out,
+            "Worst hours (round trip p90 while the line was in use):"
+        );
+        for w in &h.worst_hours {
+            let q = w.rtt_ms.unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {}  {:<5}  p50 {:>9}  p90 {:>9}  loss {:.1}%",
+                when(w.hour),
+                w.load.name(),
+                ms(q.p50),
+                ms(q.p90),
+                w.lost as f64 * 100.0 / w.sent.max(1) as f64
+            );
+        }
+    }
+    let _ = writeln!(out, "Round trip p50 / p90 per hour, by the line's load:");
+    let _ = writeln!(
+        out,
+        "  {:<16}  {:>21}  {:>21}  {:>21}",
+        "hour", "idle", "light", "busy"
+    );
+    let mut hours: Vec<i64> = h.hours.iter().map(|r| r.hour).collect();
+    hours.dedup();
+    for hour in hours {
+        let cell = |band: LoadBand| {
+            h.hours
+                .iter()
+                .find(|r| r.hour == hour && r.load == band)
+                .and_then(|r| r.rtt_ms)
+                .map_or("-".to_string(), |q| {
+                    format!("{} / {}", ms(q.p50), ms(q.p90))
+                })
+        };
+        let unknown = cell(LoadBand::Unknown);
+        let _ = write!(
+            out,
+            "  {:<16}  {:>21}  {:>21}  {:>21}",
+            when(hour),
+            cell(LoadBand::Idle),
+            cell(LoadBand::Light),
+            cell(LoadBand::Busy)
+        );
+        if unknown != "-" {
+            let _ = write!(out, "  (untagged {unknown})");
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// The run's events (failed flows, refused DSCP marks, interruptions), one line each, so that
 /// nothing that makes the numbers less than they seem goes unsaid.
 pub fn events_text(events: &[Event]) -> String {

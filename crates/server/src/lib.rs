@@ -18,6 +18,7 @@ pub mod flags;
 mod handshake;
 mod limits;
 mod lines;
+pub mod metrics;
 pub mod session;
 mod udp;
 mod udpload;

@@ -84,6 +84,35 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
     Ok(bps.round() as u64)
 }
 
+/// A size in bytes, e.g. `5GB`, `500MB`, `1.5GiB`, `0` (SI units are powers of 1000, as disks
+/// and data plans count them). A `/day` after it is allowed and ignored (`--budget 5GB/day`).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let body = t.strip_suffix("/day").unwrap_or(t);
+    let (num, suffix) = number_and_suffix(body, "size", "5GB")?;
+    let mult = match suffix.as_str() {
+        "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "" if num.parse::<f64>() == Ok(0.0) => 0.0,
+        "" => return Err(format!("size `{t}`: write it with a unit, e.g. 5GB, 500MB")),
+        x => {
+            return Err(format!(
+                "size `{t}`: unknown unit `{x}`; want B, kB, MB, GB, TB, KiB, MiB or GiB"
+            ))
+        }
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("size `{t}`: `{num}` is not a number"))?;
+    Ok((v * mult).round() as u64)
+}
+
 /// A duration, e.g. `250ms`, `1.5s`, `100us`, `0`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
@@ -132,6 +161,13 @@ mod tests {
 
     #[test]
     fn rates_read_as_tc_reads_its_bit_units() {
+        assert_eq!(parse_bytes("5GB/day"), Ok(5_000_000_000));
+        assert_eq!(parse_bytes("1.5GiB"), Ok(1_610_612_736));
+        assert_eq!(parse_bytes("0"), Ok(0));
+        assert!(parse_bytes("5").unwrap_err().contains("with a unit"));
+        assert!(parse_bytes("5 parsecs")
+            .unwrap_err()
+            .contains("unknown unit"));
         assert_eq!(parse_rate("57mbit"), Ok(57_000_000));
         assert_eq!(parse_rate("57Mbit"), Ok(57_000_000));
         assert_eq!(parse_rate("57000kbit"), Ok(57_000_000));

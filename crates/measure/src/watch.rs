@@ -1,0 +1,189 @@
+//! Light probing without end (`bloatlab monitor`): one UDP probe stream to a bloatlab server,
+//! renewed as a series of `ping` sessions the server's test-length limit allows, each probe
+//! settled once it is answered or its answer is overdue.
+
+use crate::control::Control;
+use crate::plan::Stream;
+use crate::probe::ProbeStream;
+use crate::MeasureError;
+use bloatlab_analyze::clock::{self, Echo};
+use bloatlab_netio as netio;
+use bloatlab_proto::{StreamSpec, TestRequest};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One session's length: under the server's default limit of 180 s, with room for its grace.
+const SESSION: Duration = Duration::from_secs(120);
+/// A probe not answered this long after it left is lost (answers 1-3 s late are what a bloated
+/// line gives, so this is longer).
+pub const LOSS_AFTER: Duration = Duration::from_secs(4);
+
+/// One settled probe; times are this host's monotonic clock.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sample {
+    pub sent_ns: u64,
+    /// `None`: lost.
+    pub rtt_ms: Option<f64>,
+    /// One-way delays with the clock offset of the session's fastest echoes so far.
+    pub owd_up_ms: Option<f64>,
+    pub owd_down_ms: Option<f64>,
+}
+
+pub struct Watch {
+    addrs: Vec<std::net::SocketAddr>,
+    interval_us: u32,
+    size: u16,
+    key: Option<Arc<[u8]>>,
+    session: Option<Session>,
+}
+
+struct Session {
+    control: Control,
+    probes: ProbeStream,
+    opened_ns: u64,
+    /// Probes before this index are settled.
+    settled: usize,
+    echoes: Vec<Echo>,
+}
+
+impl Watch {
+    /// `rate` probes per second to `host` (HOST[:PORT] of a bloatlab server).
+    pub fn new(host: &str, rate: f64, key: Option<Vec<u8>>) -> Result<Watch, MeasureError> {
+        let size = if key.is_some() {
+            64.max(bloatlab_proto::probe::MIN_SIGNED_LEN as u16)
+        } else {
+            64
+        };
+        Ok(Watch {
+            addrs: crate::run::resolve(host)?,
+            interval_us: (1e6 / rate.clamp(0.1, 1000.0)) as u32,
+            size,
+            key: key.map(Arc::from),
+            session: None,
+        })
+    }
+
+    /// Whether a session is open (the server answered its handshake).
+    pub fn connected(&self) -> bool {
+        self.session.is_some()
+    }
+
+    /// Opens a session when none is open, renews one at its end, and returns the probes
+    /// settled since the last call. An error means no session could be opened (the caller
+    /// backs off); probes of a session the server dropped are settled as lost.
+    pub fn poll(&mut self) -> Result<Vec<Sample>, MeasureError> {
+        let now = netio::mono_ns();
+        let mut out = Vec::new();
+        if let Some(s) = &mut self.session {
+            let ending = now.saturating_sub(s.opened_ns) >= SESSION.as_nanos() as u64;
+            let gone = s.control.server_gone();
+            if ending || gone {
+                s.probes.stop_sending();
+            }
+            s.settle(now, gone, &mut out);
+            let done = (ending && s.probes.outstanding() == 0) || gone || {
+                let last = s.probes.log.lock().unwrap().recs.last().map(|r| r.t1);
+                ending && last.is_some_and(|t| now - t > LOSS_AFTER.as_nanos() as u64)
+            };
+            if done {
+                let mut s = self.session.take().expect("just seen");
+                s.settle(u64::MAX, true, &mut out);
+                s.probes.stop();
+                if !gone {
+                    let _ = s.control.finish(Duration::from_millis(500));
+                }
+            }
+        }
+        if self.session.is_none() && out.is_empty() {
+            self.session = Some(self.open()?);
+        }
+        Ok(out)
+    }
+
+    fn open(&self) -> Result<Session, MeasureError> {
+        let spec = StreamSpec {
+            id: 0,
+            interval_us: self.interval_us,
+            size: self.size,
+            dscp: 0,
+        };
+        let request = TestRequest {
+            test: "ping".into(),
+            duration_ms: SESSION.as_millis() as u64,
+            flows: Vec::new(),
+            streams: vec![spec.clone()],
+            connection_probes: false,
+            udp_loads: Vec::new(),
+            auth: None,
+        };
+        let control = Control::open(&self.addrs, request, self.key.as_deref())?;
+        let stream = Stream {
+            name: "udp watch".into(),
+            spec,
+        };
+        let probes = ProbeStream::start(control.addr, control.token, stream, self.key.clone())?;
+        Ok(Session {
+            control,
+            probes,
+            opened_ns: netio::mono_ns(),
+            settled: 0,
+            echoes: Vec::new(),
+        })
+    }
+}
+
+impl Session {
+    /// Settles, in order, every probe answered or overdue at `now` (all of them when `all`).
+    fn settle(&mut self, now: u64, all: bool, out: &mut Vec<Sample>) {
+        let log = self.probes.log.lock().unwrap();
+        let first = self.settled;
+        let mut end = first;
+        for r in &log.recs[first..] {
+            let overdue = now.saturating_sub(r.t1) > LOSS_AFTER.as_nanos() as u64;
+            if r.reply.is_none() && !overdue && !all {
+                break;
+            }
+            end += 1;
+        }
+        let settled: Vec<_> = log.recs[first..end].to_vec();
+        drop(log);
+        self.settled = end;
+        for r in &settled {
+            if let Some((t2, t3, t4)) = r.reply {
+                self.echoes.push(Echo {
+                    t1: r.t1,
+                    t2,
+                    t3,
+                    t4,
+                });
+            }
+        }
+        let offset = clock::estimate(&self.echoes).map(|c| c.offset_ms);
+        out.extend(settled.iter().map(|r| {
+            let Some((t2, t3, t4)) = r.reply else {
+                return Sample {
+                    sent_ns: r.t1,
+                    rtt_ms: None,
+                    owd_up_ms: None,
+                    owd_down_ms: None,
+                };
+            };
+            let e = Echo {
+                t1: r.t1,
+                t2,
+                t3,
+                t4,
+            };
+            let (up, down) = (
+                (t2 as f64 - r.t1 as f64) / 1e6,
+                (t4 as f64 - t3 as f64) / 1e6,
+            );
+            Sample {
+                sent_ns: r.t1,
+                rtt_ms: Some(e.rtt_ns() as f64 / 1e6),
+                owd_up_ms: offset.map(|o| (up - o).max(0.0)),
+                owd_down_ms: offset.map(|o| (down + o).max(0.0)),
+            }
+        }));
+    }
+}
