@@ -16,30 +16,117 @@ fn guest_ready() -> bool {
     }
 }
 
+/// The guest's CAKE as tc reads it back, and as `bloatlab monitor` keeps it: per tin, the
+/// history's packets and drops are what the kernel counted meanwhile, and /metrics carries every
+/// CAKE series the shipped dashboard asks for.
 #[test]
-fn guest_adds_cake_and_tc_reads_it_back() {
+fn guest_adds_cake_tc_reads_it_back_and_the_monitor_keeps_its_statistics() {
     let _s = serial();
     if !guest_ready() {
         return;
     }
     let dir = TempDir::new("cake");
-    let out = guest_run(
-        "tc qdisc add dev lo root cake bandwidth 20mbit diffserv3 nat && tc -j qdisc show dev lo",
-        &dir.0,
-        120,
+    let o = dir.0.display();
+    // The history lives in the guest's /tmp (SQLite's WAL wants shared memory, which the
+    // shared output directory's file system may not give).
+    let job = format!(
+        "ip link set lo up; tc qdisc add dev lo root cake bandwidth 20mbit diffserv3 nat && \
+         tc -j qdisc show dev lo > {o}/tc.json && \
+         {{ {BIN} server --listen 127.0.0.1:9461 -q 2>/dev/null & }}; sleep 1; \
+         tc -s -j qdisc show dev lo > {o}/before.json; \
+         {BIN} monitor 127.0.0.1:9461 --iface lo --every 1h --test 'rrul --idle 1' -l 3 \
+             --metrics 127.0.0.1:9464 --db /tmp/h.db --out-dir /tmp/res 2> {o}/mon.log & m=$!; \
+         i=0; until grep -q 'rrul 3 s: grade' {o}/mon.log || [ $i -ge 80 ]; do \
+             sleep 0.5; i=$((i+1)); done; sleep 6; \
+         curl -s 127.0.0.1:9464/metrics > {o}/metrics.txt; \
+         kill -TERM $m; wait $m; echo monitor-exit=$? >> {o}/mon.log; \
+         tc -s -j qdisc show dev lo > {o}/after.json; \
+         {BIN} history --db /tmp/h.db --json > {o}/history.json"
     );
+    let out = guest_run(&job, &dir.0, 180);
     assert!(
         out.status.success(),
         "guest job failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("tc -j output");
+    let read = |f: &str| std::fs::read_to_string(dir.0.join(f)).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&read("tc.json")).expect("tc -j output");
     let q = &v[0];
     assert_eq!(q["kind"], "cake");
     // tc reports cake's bandwidth in bytes per second: 20 Mbit/s = 2 500 000 B/s.
     assert_eq!(q["options"]["bandwidth"], 2_500_000);
     assert_eq!(q["options"]["diffserv"], "diffserv3");
     assert_eq!(q["options"]["nat"], true);
+
+    let log = read("mon.log");
+    assert!(log.contains("monitor-exit=0"), "{log}");
+    assert!(
+        log.contains("lo: CAKE's statistics go into the history"),
+        "{log}"
+    );
+    // Per tin, what the kernel counted between the two readings around the monitor's life.
+    let tins = |f: &str| -> Vec<(u64, u64)> {
+        let v: serde_json::Value = serde_json::from_str(&read(f)).unwrap();
+        v[0]["tins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                (
+                    t["sent_packets"].as_u64().unwrap(),
+                    t["drops"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let (before, after) = (tins("before.json"), tins("after.json"));
+    let h: serde_json::Value = serde_json::from_str(&read("history.json")).unwrap();
+    let rows = h["shaper"].as_array().unwrap();
+    for (i, name) in ["Bulk", "Best Effort", "Voice"].iter().enumerate() {
+        let mine = rows
+            .iter()
+            .filter(|r| r["tin"] == *name && r["iface"] == "lo");
+        let (p, d) = mine.fold((0, 0), |(p, d), r| {
+            (
+                p + r["packets"].as_u64().unwrap(),
+                d + r["drops"].as_u64().unwrap(),
+            )
+        });
+        let (kp, kd) = (after[i].0 - before[i].0, after[i].1 - before[i].1);
+        eprintln!("{name}: history {p} packets {d} drops; kernel {kp} packets {kd} drops");
+        // The monitor's own first handshake may pass before its first reading.
+        assert!(
+            p <= kp && p + 30 >= kp,
+            "{name}: {p} packets kept, {kp} counted"
+        );
+        assert_eq!(d, kd, "{name}: drops");
+    }
+    let be: u64 = rows
+        .iter()
+        .filter(|r| r["tin"] == "Best Effort")
+        .map(|r| r["packets"].as_u64().unwrap())
+        .sum();
+    assert!(
+        be > 1000,
+        "rrul's best-effort flows crossed CAKE: {be} packets"
+    );
+    // Every CAKE series the dashboard asks for is scraped.
+    let metrics = read("metrics.txt");
+    let dash = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/grafana/bloatlab.json"),
+    )
+    .unwrap();
+    let names: std::collections::BTreeSet<&str> = dash
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("bloatlab_cake_"))
+        .collect();
+    assert!(names.len() >= 4, "{names:?}");
+    for n in names {
+        assert!(
+            metrics.contains(&format!("{n}{{target=\"127.0.0.1:9461\",iface=\"lo\"")),
+            "{n} missing from the monitor's metrics:\n{metrics}"
+        );
+    }
 }
 
 #[test]

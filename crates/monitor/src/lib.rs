@@ -8,6 +8,7 @@
 //! the shell that owns the clock, the sockets, the files and the threads.
 
 pub mod budget;
+pub mod cake;
 pub mod load;
 pub mod metrics;
 pub mod minute;

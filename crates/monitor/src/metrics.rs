@@ -2,7 +2,7 @@
 //! label on every series when given).
 
 use bloatlab_measure::watch::Sample;
-use bloatlab_result::history::{grade_number, LoadBand, TestRow};
+use bloatlab_result::history::{grade_number, LoadBand, ShaperRow, TestRow};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -27,6 +27,9 @@ pub struct Metrics {
     tests: Family<Labels, Counter>,
     skipped: Family<Labels, Counter>,
     up: Family<Labels, FGauge>,
+    cake_rate: Family<Labels, FGauge>,
+    cake_counters: [Family<Labels, Counter>; 4],
+    cake_gauges: [Family<Labels, FGauge>; 4],
 }
 
 /// Round trips from 0.5 ms to 16 s, doubling (smokeping_prober's are 50 µs to 26 s).
@@ -53,6 +56,9 @@ impl Metrics {
             tests: Family::default(),
             skipped: Family::default(),
             up: Family::default(),
+            cake_rate: Family::default(),
+            cake_counters: Default::default(),
+            cake_gauges: Default::default(),
         };
         registry.register_with_unit(
             "probe_rtt",
@@ -95,7 +101,84 @@ impl Metrics {
             "1 while the target answers the light probes' handshake, else 0",
             m.up.clone(),
         );
+        registry.register(
+            "cake_rate_bits_per_second",
+            "The CAKE shaper's rate on the watched interface (ifb4IFACE: its download)",
+            m.cake_rate.clone(),
+        );
+        for (name, help, f) in [
+            ("cake_tin_sent_packets", "Packets CAKE sent, per tin", 0),
+            ("cake_tin_drops", "Packets CAKE dropped, per tin", 1),
+            (
+                "cake_tin_ecn_marks",
+                "Packets CAKE marked CE instead of dropping",
+                2,
+            ),
+            ("cake_tin_ack_drops", "ACKs CAKE's ACK filter dropped", 3),
+        ] {
+            registry.register(name, help, m.cake_counters[f].clone());
+        }
+        for (name, help, f, unit) in [
+            (
+                "cake_tin_peak_delay",
+                "CAKE's peak delay (tc pk_delay)",
+                0,
+                Unit::Seconds,
+            ),
+            (
+                "cake_tin_avg_delay",
+                "CAKE's average delay (tc av_delay)",
+                1,
+                Unit::Seconds,
+            ),
+            (
+                "cake_tin_base_delay",
+                "CAKE's sparse delay (tc sp_delay)",
+                2,
+                Unit::Seconds,
+            ),
+            (
+                "cake_tin_backlog",
+                "Bytes queued in the tin",
+                3,
+                Unit::Bytes,
+            ),
+        ] {
+            registry.register_with_unit(name, help, unit, m.cake_gauges[f].clone());
+        }
+        // Counters exist from the start at 0, so rates and ratios over them have a series
+        // before the first probe is lost or test skipped.
+        let l = m.labels(&[]);
+        for f in [&m.sent, &m.lost, &m.tests, &m.skipped] {
+            let _ = f.get_or_create(&l);
+        }
         Metrics { registry, ..m }
+    }
+
+    /// CAKE's growth since its last reading (counters) and its state now (gauges).
+    pub fn shaper(&self, rows: &[ShaperRow]) {
+        for r in rows {
+            let iface = [("iface", r.iface.as_str())];
+            self.cake_rate
+                .get_or_create(&self.labels(&iface))
+                .set(r.rate_bps as f64);
+            let l = self.labels(&[("iface", r.iface.as_str()), ("tin", r.tin.as_str())]);
+            for (f, v) in self
+                .cake_counters
+                .iter()
+                .zip([r.packets, r.drops, r.marks, r.ack_drops])
+            {
+                f.get_or_create(&l).inc_by(v);
+            }
+            for (f, v) in self.cake_gauges.iter().zip([
+                r.pk_delay_us as f64 / 1e6,
+                r.av_delay_us as f64 / 1e6,
+                r.sp_delay_us as f64 / 1e6,
+                r.backlog_bytes as f64,
+            ]) {
+                f.get_or_create(&l).set(v);
+            }
+        }
     }
 
     fn labels(&self, more: &[(&'static str, &str)]) -> Labels {
@@ -186,6 +269,14 @@ mod tests {
             skipped: Some("budget".into()),
             ..TestRow::default()
         });
+        m.shaper(&[ShaperRow {
+            iface: "wan".into(),
+            tin: "Best Effort".into(),
+            rate_bps: 50_000_000,
+            drops: 7,
+            av_delay_us: 3620,
+            ..ShaperRow::default()
+        }]);
         let text = m.render();
         let (site, target) = (r#"site="home""#, r#"target="srv:4040""#);
         let l = format!("{site},{target}");
@@ -205,6 +296,11 @@ mod tests {
             format!("bloatlab_tests_total{{{l}}} 1"),
             format!("bloatlab_tests_skipped_total{{{l}}} 1"),
             format!("bloatlab_target_up{{{l}}} 1.0"),
+            format!(r#"bloatlab_cake_rate_bits_per_second{{{l},iface="wan"}} 50000000.0"#),
+            format!(r#"bloatlab_cake_tin_drops_total{{{l},iface="wan",tin="Best Effort"}} 7"#),
+            format!(
+                r#"bloatlab_cake_tin_avg_delay_seconds{{{l},iface="wan",tin="Best Effort"}} 0.0036"#
+            ),
             "# EOF".to_string(),
         ] {
             assert!(text.contains(&line), "missing {line:?} in\n{text}");

@@ -4,6 +4,7 @@
 //! (a gap in the history, retries backing off to a minute), a full disk, a test that failed.
 
 use crate::budget::{self, Decision};
+use crate::cake;
 use crate::load::{read_counters, Bands, LoadMeter};
 use crate::metrics::Metrics;
 use crate::minute::{Minutes, Tag};
@@ -11,7 +12,8 @@ use bloatlab_measure::display::ProgressMode;
 use bloatlab_measure::http_rpm::HttpOptions;
 use bloatlab_measure::watch::Watch;
 use bloatlab_measure::{Ended, Params, RunOptions};
-use bloatlab_result::history::{Gap, LoadBand, TestRow};
+use bloatlab_result::history::{Gap, LoadBand, ShaperRow, TestRow};
+use bloatlab_result::lab::CakeStats;
 use bloatlab_server::metrics::{MetricsFace, MetricsLimits};
 use bloatlab_store::{Store, StoreError, Written};
 use std::net::SocketAddr;
@@ -79,6 +81,118 @@ fn unix_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// CAKE on the watched interface and on its ingress twin (`ifb4IFACE`, as sqm-scripts and
+/// `bloatlab fix` name it), read every `SHAPER_EVERY` with `tc -s -j`: each reading's growth
+/// goes to the metrics at once and into the minute's rows.
+struct Shapers {
+    devs: Vec<String>,
+    last: std::collections::HashMap<String, CakeStats>,
+    /// What was last said of each device: "cake", "none", so each change is said once.
+    said: std::collections::HashMap<String, &'static str>,
+    /// The minute so far, per (device, tin).
+    minute: std::collections::BTreeMap<(String, String), ShaperRow>,
+}
+
+const SHAPER_EVERY: Duration = Duration::from_secs(5);
+
+impl Shapers {
+    fn new(iface: Option<&str>) -> Shapers {
+        let devs = iface
+            .map(|i| {
+                let ifb = format!("ifb4{i}");
+                let mut d = vec![i.to_string()];
+                if std::path::Path::new("/sys/class/net").join(&ifb).exists() {
+                    d.push(ifb);
+                }
+                d
+            })
+            .unwrap_or_default();
+        Shapers {
+            devs,
+            last: Default::default(),
+            said: Default::default(),
+            minute: Default::default(),
+        }
+    }
+
+    fn read(dev: &str) -> Result<Option<CakeStats>, String> {
+        let out = std::process::Command::new("tc")
+            .args(["-s", "-j", "qdisc", "show", "dev", dev])
+            .output()
+            .map_err(|e| format!("tc: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr)
+                .trim()
+                .chars()
+                .take(200)
+                .collect());
+        }
+        Ok(cake::parse_tc_json(&String::from_utf8_lossy(&out.stdout))?
+            .into_iter()
+            .next())
+    }
+
+    /// Reads every device: the growth since the last reading (for the metrics), added to the
+    /// minute's rows; each device's change of state said once.
+    fn poll(&mut self, say: &Say) -> Vec<ShaperRow> {
+        let mut grown = Vec::new();
+        for dev in &self.devs {
+            let now = Shapers::read(dev).ok().flatten();
+            let state = if now.is_some() { "cake" } else { "none" };
+            let before = self.said.insert(dev.clone(), state);
+            match (before, state) {
+                (None, "cake") | (Some("none"), "cake") => say(&format!(
+                    "{dev}: CAKE's statistics go into the history each minute"
+                )),
+                (Some("cake"), "none") => say(&format!("{dev}: its CAKE is gone")),
+                _ => {}
+            }
+            let Some(now) = now else {
+                self.last.remove(dev);
+                continue;
+            };
+            if let Some(before) = self.last.get(dev) {
+                match cake::minute_rows(0, dev, before, &now) {
+                    Some(r) => grown.extend(r),
+                    None => say(&format!(
+                        "{dev}: its CAKE was replaced; its counters start over"
+                    )),
+                }
+            }
+            self.last.insert(dev.clone(), now);
+        }
+        for g in &grown {
+            let m = self
+                .minute
+                .entry((g.iface.clone(), g.tin.clone()))
+                .or_insert_with(|| ShaperRow {
+                    iface: g.iface.clone(),
+                    tin: g.tin.clone(),
+                    ..ShaperRow::default()
+                });
+            m.rate_bps = g.rate_bps;
+            m.packets += g.packets;
+            m.bytes += g.bytes;
+            m.drops += g.drops;
+            m.marks += g.marks;
+            m.ack_drops += g.ack_drops;
+            m.backlog_bytes = m.backlog_bytes.max(g.backlog_bytes);
+            m.pk_delay_us = m.pk_delay_us.max(g.pk_delay_us);
+            m.av_delay_us = m.av_delay_us.max(g.av_delay_us);
+            m.sp_delay_us = m.sp_delay_us.max(g.sp_delay_us);
+        }
+        grown
+    }
+
+    /// The rows of the minute so far, labelled `minute`, and a fresh one begun.
+    fn take_minute(&mut self, minute: i64) -> Vec<ShaperRow> {
+        std::mem::take(&mut self.minute)
+            .into_values()
+            .map(|r| ShaperRow { minute, ..r })
+            .collect()
+    }
+}
+
 /// A running scheduled test: its row once it has ended.
 struct Running {
     started_ns: u64,
@@ -131,6 +245,9 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
     let mut gap_open = false;
     let mut said_full = false;
     let mut last_retain = 0.0;
+    let mut shapers = Shapers::new(cfg.iface.as_deref());
+    let mut shaper_minute = (unix_now() as i64).div_euclid(60) * 60;
+    let mut next_shaper_ns = 0;
     // Test windows (monotonic ns): probes sent inside one are the test's, not the household's.
     let mut test_windows: Vec<(u64, u64)> = Vec::new();
 
@@ -284,12 +401,29 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
                 if let Some(length) = length {
                     if gap_open {
                         let row = skip(format!("{} does not answer", cfg.target));
+                        say(&describe(&row));
                         metrics.test(&row);
                         store_written(store.add_test(&row), &say);
                     } else {
+                        say(&format!("{} {length} s: starting", cfg.test.test.name()));
                         running = Some(start_test(&cfg, length, now));
                     }
                 }
+            }
+        }
+
+        // CAKE every few seconds for the metrics; its rows once a minute.
+        if now_ns >= next_shaper_ns {
+            next_shaper_ns = now_ns + SHAPER_EVERY.as_nanos() as u64;
+            let grown = shapers.poll(&say);
+            metrics.shaper(&grown);
+        }
+        let minute = (now as i64).div_euclid(60) * 60;
+        if shaper_minute != minute {
+            let rows = shapers.take_minute(shaper_minute);
+            shaper_minute = minute;
+            if !rows.is_empty() {
+                store_written(store.add_shaper(&rows), &say);
             }
         }
 
@@ -314,8 +448,15 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
                 // The test saw the same flag: it ends and writes its partial file.
                 if let Ok(row) = r.done.recv_timeout(Duration::from_secs(15)) {
                     say(&describe(&row));
+                    metrics.test(&row);
                     store_written(store.add_test(&row), &say);
                 }
+            }
+            // CAKE's counters up to now: the minute in hand is not lost either.
+            metrics.shaper(&shapers.poll(&say));
+            let rows = shapers.take_minute(shaper_minute);
+            if !rows.is_empty() {
+                store_written(store.add_shaper(&rows), &say);
             }
             if gap_open {
                 store_written(

@@ -745,6 +745,22 @@ pub fn history_text(h: &bloatlab_result::history::History) -> String {
         }
         out.push('\n');
     }
+    if !h.shaper.is_empty() {
+        let _ = writeln!(out, "CAKE per hour (peak delay as tc last showed it):");
+        for r in &h.shaper {
+            let _ = writeln!(
+                out,
+                "  {}  {:<8} {:<11}  {:>9} pkts  {:>6} drops  {:>6} marks  peak {}",
+                when(r.minute),
+                r.iface,
+                r.tin,
+                r.packets,
+                r.drops,
+                r.marks,
+                ms(r.pk_delay_us as f64 / 1e3)
+            );
+        }
+    }
     out
 }
 

@@ -113,6 +113,30 @@ pub struct Gap {
     pub why: String,
 }
 
+/// One minute (or, in `History`, one hour) of a CAKE tin on the watched interface or its
+/// ingress twin (`ifb4IFACE`): the counters' growth over it, the delays as tc last showed them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ShaperRow {
+    pub minute: i64,
+    pub iface: String,
+    /// As `tc -s qdisc show` names it: "Bulk", "Best Effort", "Video", "Voice", "Tin 0" ...
+    pub tin: String,
+    /// The shaper's rate then, bits per second (0: unlimited).
+    pub rate_bps: u64,
+    pub packets: u64,
+    pub bytes: u64,
+    pub drops: u64,
+    /// ECN CE marks (CAKE marked instead of dropping).
+    pub marks: u64,
+    pub ack_drops: u64,
+    pub backlog_bytes: u64,
+    /// tc's pk_delay, av_delay and sp_delay (CAKE's own decaying estimates), µs; an hour
+    /// keeps the largest of each.
+    pub pk_delay_us: u64,
+    pub av_delay_us: u64,
+    pub sp_delay_us: u64,
+}
+
 /// One hour of probes in one load band (minutes merged, scheduled tests' minutes left out).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct HourRow {
@@ -137,6 +161,9 @@ pub struct History {
     pub gaps: Vec<Gap>,
     /// Hours whose busy (else light) p90 round trip was worst, worst first, at most 5.
     pub worst_hours: Vec<HourRow>,
+    /// CAKE per hour, interface and tin (`minute` is the hour's start).
+    #[serde(default)]
+    pub shaper: Vec<ShaperRow>,
 }
 
 /// Prometheus' and the history's number for a grade: A+ = 6 down to F = 0.

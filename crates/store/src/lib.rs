@@ -1,8 +1,10 @@
 //! The monitor's history in one SQLite file (WAL, one writer): probes per minute and load band,
-//! scheduled tests, the target's silences. A file that is not ours or is damaged is refused and
-//! never written; a full disk costs the oldest minutes, not the newest.
+//! scheduled tests, the target's silences, CAKE's statistics. A file that is not ours or is
+//! damaged is refused and never written; a full disk costs the oldest minutes, not the newest.
 
-use bloatlab_result::history::{Gap, History, HourRow, LoadBand, MinuteRow, Quantiles, TestRow};
+use bloatlab_result::history::{
+    Gap, History, HourRow, LoadBand, MinuteRow, Quantiles, ShaperRow, TestRow,
+};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,7 +17,7 @@ pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 
 /// Schema steps, oldest first; a file at version N runs steps N.. in one transaction.
 const MIGRATIONS: &[&str] = &[
-    // 1: probes per minute, scheduled tests, silences.
+    // 1: probes per minute, scheduled tests, silences (the first release's schema).
     "CREATE TABLE minutes (
         minute INTEGER NOT NULL, target TEXT NOT NULL, load TEXT NOT NULL,
         testing INTEGER NOT NULL, sent INTEGER NOT NULL, lost INTEGER NOT NULL,
@@ -31,6 +33,14 @@ const MIGRATIONS: &[&str] = &[
      CREATE TABLE gaps (
         started INTEGER NOT NULL, ended INTEGER, target TEXT NOT NULL, why TEXT NOT NULL);
      CREATE INDEX gaps_started ON gaps (started);",
+    // 2: CAKE's statistics per minute and tin.
+    "CREATE TABLE shaper (
+        minute INTEGER NOT NULL, iface TEXT NOT NULL, tin TEXT NOT NULL,
+        rate_bps INTEGER NOT NULL, packets INTEGER NOT NULL, bytes INTEGER NOT NULL,
+        drops INTEGER NOT NULL, marks INTEGER NOT NULL, ack_drops INTEGER NOT NULL,
+        backlog_bytes INTEGER NOT NULL, pk_delay_us INTEGER NOT NULL,
+        av_delay_us INTEGER NOT NULL, sp_delay_us INTEGER NOT NULL,
+        PRIMARY KEY (minute, iface, tin)) WITHOUT ROWID;",
 ];
 
 /// Freed when the disk fills, so that the oldest rows can be deleted (which itself writes) and
@@ -265,6 +275,69 @@ impl Store {
         })
     }
 
+    pub fn add_shaper(&mut self, rows: &[ShaperRow]) -> Result<Written, StoreError> {
+        self.write(|tx| {
+            let mut st = tx.prepare_cached(
+                "INSERT OR REPLACE INTO shaper VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)",
+            )?;
+            for r in rows {
+                let n = |v: u64| v.min(i64::MAX as u64) as i64;
+                st.execute(params![
+                    r.minute,
+                    r.iface,
+                    r.tin,
+                    n(r.rate_bps),
+                    n(r.packets),
+                    n(r.bytes),
+                    n(r.drops),
+                    n(r.marks),
+                    n(r.ack_drops),
+                    n(r.backlog_bytes),
+                    n(r.pk_delay_us),
+                    n(r.av_delay_us),
+                    n(r.sp_delay_us),
+                ])?;
+            }
+            Ok(())
+        })
+    }
+
+    /// CAKE per hour, interface and tin: counters summed, delays and backlog their largest.
+    pub fn shaper_hours(&self, since: i64, until: i64) -> Result<Vec<ShaperRow>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT minute - minute % 3600 AS hour, iface, tin, max(rate_bps), sum(packets), \
+                 sum(bytes), sum(drops), sum(marks), sum(ack_drops), max(backlog_bytes), \
+                 max(pk_delay_us), max(av_delay_us), max(sp_delay_us) FROM shaper \
+                 WHERE minute >= ?1 AND minute < ?2 GROUP BY hour, iface, tin \
+                 ORDER BY hour, iface, tin",
+            )
+            .map_err(|e| sqlite(&self.path, e))?;
+        let rows = st
+            .query_map([since, until], |r| {
+                let n = |i: usize| r.get::<_, i64>(i).map(|v| v.max(0) as u64);
+                Ok(ShaperRow {
+                    minute: r.get(0)?,
+                    iface: r.get(1)?,
+                    tin: r.get(2)?,
+                    rate_bps: n(3)?,
+                    packets: n(4)?,
+                    bytes: n(5)?,
+                    drops: n(6)?,
+                    marks: n(7)?,
+                    ack_drops: n(8)?,
+                    backlog_bytes: n(9)?,
+                    pk_delay_us: n(10)?,
+                    av_delay_us: n(11)?,
+                    sp_delay_us: n(12)?,
+                })
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| sqlite(&self.path, e))?;
+        Ok(rows)
+    }
+
     pub fn add_test(&mut self, t: &TestRow) -> Result<Written, StoreError> {
         self.write(|tx| {
             tx.execute(
@@ -375,11 +448,16 @@ impl Store {
     fn make_room(&mut self) -> usize {
         let delete = |conn: &Connection| -> rusqlite::Result<usize> {
             let rows: i64 = conn.query_row("SELECT count(*) FROM minutes", [], |r| r.get(0))?;
-            conn.execute(
-                "DELETE FROM minutes WHERE minute <= (SELECT minute FROM minutes \
-                 ORDER BY minute LIMIT 1 OFFSET ?1)",
-                [(rows / 10).max(1) - 1],
-            )
+            let cut: Option<i64> = conn
+                .query_row(
+                    "SELECT minute FROM minutes ORDER BY minute LIMIT 1 OFFSET ?1",
+                    [(rows / 10).max(1) - 1],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let Some(cut) = cut else { return Ok(0) };
+            conn.execute("DELETE FROM shaper WHERE minute <= ?1", [cut])?;
+            conn.execute("DELETE FROM minutes WHERE minute <= ?1", [cut])
         };
         let deleted = match delete(&self.conn) {
             Err(e) if e.sqlite_error_code() == Some(ErrorCode::DiskFull) => {
@@ -552,6 +630,7 @@ impl Store {
             hours,
             gaps: self.gaps(since, until)?,
             worst_hours: worst,
+            shaper: self.shaper_hours(since, until)?,
         })
     }
 }

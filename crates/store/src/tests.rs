@@ -183,6 +183,46 @@ fn a_newer_schema_is_refused_and_an_older_one_migrated() {
 }
 
 #[test]
+fn shaper_minutes_sum_into_hours_per_interface_and_tin() {
+    let d = TempDir::new("shaper");
+    let mut s = Store::open(&d.0.join("h.db")).unwrap();
+    let row = |minute: i64, tin: &str, drops: u64, pk: u64| ShaperRow {
+        minute,
+        iface: "wan".into(),
+        tin: tin.into(),
+        rate_bps: 50_000_000,
+        packets: 1000,
+        bytes: 1_500_000,
+        drops,
+        marks: 1,
+        pk_delay_us: pk,
+        ..ShaperRow::default()
+    };
+    s.add_shaper(&[
+        row(3600, "Best Effort", 3, 9000),
+        row(3660, "Best Effort", 4, 12000),
+        row(3660, "Voice", 0, 800),
+        row(7200, "Best Effort", 1, 500),
+    ])
+    .unwrap();
+    let h = s.shaper_hours(0, 10_000).unwrap();
+    assert_eq!(h.len(), 3);
+    assert_eq!(
+        (
+            h[0].minute,
+            h[0].tin.as_str(),
+            h[0].packets,
+            h[0].drops,
+            h[0].marks
+        ),
+        (3600, "Best Effort", 2000, 7, 2)
+    );
+    assert_eq!(h[0].pk_delay_us, 12000);
+    assert_eq!((h[1].tin.as_str(), h[2].minute), ("Voice", 7200));
+    assert_eq!(s.history(0, 10_000).unwrap().shaper, h);
+}
+
+#[test]
 fn retention_deletes_by_age_per_table() {
     let d = TempDir::new("retain");
     let mut s = Store::open(&d.0.join("h.db")).unwrap();
