@@ -95,11 +95,18 @@ enum Command {
     /// One self-contained HTML report of one or more result files: time series, latency CDFs
     /// overlaid (before/after), box plots, summary and metadata; zoom and hover, opens offline.
     /// Given one locate file (bloatlab locate): round trip per hop, idle and under each load.
+    /// With --db: the monitor's history (grades, latency per hour by load, goodput, CAKE).
     Report {
-        #[arg(required = true)]
+        #[arg(required_unless_present = "db")]
         results: Vec<PathBuf>,
         #[arg(short, long, default_value = "report.html")]
         output: PathBuf,
+        /// A monitor's history instead of result files.
+        #[arg(long, conflicts_with = "results")]
+        db: Option<PathBuf>,
+        /// With --db: how far back (e.g. 24h, 7d).
+        #[arg(long, default_value = "7d", requires = "db", value_parser = monitor_cmd::duration)]
+        since: std::time::Duration,
     },
     /// A static PNG or SVG plot of one or more result files.
     Plot {
@@ -146,7 +153,15 @@ fn main() -> ExitCode {
             json,
             quiet,
         } => compare(targets, &test, length, out_dir, json, quiet),
-        Command::Report { results, output } => report_cmd::report(&results, &output),
+        Command::Report {
+            db: Some(db),
+            since,
+            output,
+            ..
+        } => monitor_cmd::history_report(&db, since, &output),
+        Command::Report {
+            results, output, ..
+        } => report_cmd::report(&results, &output),
         Command::Plot {
             results,
             kind,

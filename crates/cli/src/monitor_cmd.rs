@@ -3,16 +3,17 @@
 use crate::{fail, load_key, show, usage};
 use bloatlab_measure::flags::test_spec;
 use bloatlab_monitor::MonitorConfig;
+use bloatlab_result::history::History;
 use bloatlab_store::{Store, StoreError};
 use clap::Args;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-fn duration(s: &str) -> Result<Duration, String> {
+pub fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("`{s}`: {e} (e.g. 30m, 1h, 90d)"))
 }
 
@@ -125,12 +126,37 @@ pub struct HistoryArgs {
     pub json: bool,
 }
 
-pub fn history(a: HistoryArgs) -> ExitCode {
+fn read_history(db: &Path, since: Duration) -> Result<History, String> {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    let h = Store::open_read(&a.db)
-        .and_then(|s| s.history(now - a.since.as_secs() as i64, now + 60))
-        .map_err(|e: StoreError| e.to_string());
-    show(h, a.json, bloatlab_report::text::history_text)
+    Store::open_read(db)
+        .and_then(|s| s.history(now - since.as_secs() as i64, now + 60))
+        .map_err(|e: StoreError| e.to_string())
+}
+
+pub fn history(a: HistoryArgs) -> ExitCode {
+    show(
+        read_history(&a.db, a.since),
+        a.json,
+        bloatlab_report::text::history_text,
+    )
+}
+
+/// `bloatlab report --db`: the history as an HTML page.
+pub fn history_report(db: &Path, since: Duration, out: &Path) -> ExitCode {
+    let page = match read_history(db, since) {
+        Ok(h) => bloatlab_report::html::render_history(&h),
+        Err(e) => return fail(e),
+    };
+    match std::fs::write(out, page) {
+        Ok(()) => {
+            eprintln!(
+                "history report written to {} (opens offline in any browser)",
+                out.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(format!("{}: {e}", out.display())),
+    }
 }

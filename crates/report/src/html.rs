@@ -417,6 +417,177 @@ var H = {data};
     )
 }
 
+/// The monitor's history as a page: the scheduled tests' grades and goodput over time, the
+/// light probes' round trip per hour by the line's load, CAKE per hour, and the tables behind
+/// them. Times are UTC.
+pub fn render_history(h: &bloatlab_result::history::History) -> String {
+    let data = script_safe(&serde_json::to_string(h).expect("plain data"));
+    let when = |t: i64| {
+        let st = std::time::UNIX_EPOCH + std::time::Duration::from_secs(t.max(0) as u64);
+        humantime::format_rfc3339_seconds(st).to_string()[..16].replace('T', " ")
+    };
+    let tests: String = h
+        .tests
+        .iter()
+        .rev()
+        .map(|t| {
+            let what = match &t.skipped {
+                Some(why) => format!("<td colspan=5>skipped: {}</td>", esc(why)),
+                None => format!(
+                    "<td class=grade>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
+                    esc(t.grade.as_deref().unwrap_or("–")),
+                    num(t.added_ms),
+                    num(t.down_mbps),
+                    num(t.up_mbps),
+                    esc(t.ended.as_deref().unwrap_or("–"))
+                ),
+            };
+            format!(
+                "<tr><td>{}</td><td>{} {:.0} s</td>{what}</tr>",
+                when(t.started),
+                esc(&t.test),
+                t.length_s
+            )
+        })
+        .collect();
+    let worst: String = h
+        .worst_hours
+        .iter()
+        .map(|w| {
+            let q = w.rtt_ms.unwrap_or_default();
+            format!(
+                "<tr><td>{}</td><td>{}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td></tr>",
+                when(w.hour),
+                w.load.name(),
+                q.p50,
+                q.p90,
+                w.lost as f64 * 100.0 / w.sent.max(1) as f64
+            )
+        })
+        .collect();
+    let gaps: String = h
+        .gaps
+        .iter()
+        .map(|g| {
+            format!(
+                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+                when(g.started),
+                g.ended.map_or("now".into(), when),
+                esc(&g.why)
+            )
+        })
+        .collect();
+    let shaper = if h.shaper.is_empty() {
+        "<p>No CAKE on the watched interface in this window.</p>".to_string()
+    } else {
+        "<div class=\"chart\" id=\"shaper\"></div>".to_string()
+    };
+    format!(
+        r#"{head}<body>
+<h1>Line history, {since} to {until} UTC</h1>
+<div id="errors"></div>
+<p>{ntests} scheduled tests, {nhours} hours of light probes, {ngaps} silences of the target.
+Load bands: how busy the watched interface was as each probe left (busy: half the capacity the
+last test measured in either direction; idle: under a twentieth in both); the scheduled tests'
+own minutes are left out.</p>
+<h2>Grade of each scheduled test</h2>
+<div class="chart" id="grades"></div>
+<h2>Round trip per hour by the line's load (p50 solid, p90 dashed)</h2>
+<div class="chart" id="hours"></div>
+<h2>Goodput of each scheduled test</h2>
+<div class="chart" id="goodput"></div>
+<h2>CAKE per hour: drops and ECN marks per tin</h2>
+{shaper}
+<h2>Worst hours</h2>
+<table><tr><th>hour</th><th>load</th><th>p50 ms</th><th>p90 ms</th><th>loss %</th></tr>
+{worst}</table>
+<h2>Scheduled tests</h2>
+<table><tr><th>started</th><th>test</th><th>grade</th><th>added ms</th><th>down Mbit/s</th>
+  <th>up Mbit/s</th><th>ended</th></tr>
+{tests}</table>
+<h2>Silences of the target</h2>
+<table><tr><th>from</th><th>to</th><th>why</th></tr>
+{gaps}</table>
+<script>
+var H = {data};
+var GRADES = ['F', 'D', 'C', 'B', 'A', 'A+'];
+function chart(id, option, points) {{
+  var el = document.getElementById(id);
+  if (!el) {{ return; }}
+  var c = echarts.init(el, null, {{ renderer: 'svg' }});
+  c.on('finished', function () {{ el.setAttribute('data-rendered', '1'); }});
+  option.animation = false;
+  option.tooltip = option.tooltip || {{ trigger: 'axis' }};
+  option.legend = {{ top: 0 }};
+  option.grid = {{ left: 60, right: 30, top: 40, bottom: 40 }};
+  option.xAxis = {{ type: 'time' }};
+  c.setOption(option);
+  el.setAttribute('data-points', points);
+  window.addEventListener('resize', function () {{ c.resize(); }});
+}}
+var ran = H.tests.filter(function (t) {{ return !t.skipped; }});
+var graded = ran.filter(function (t) {{ return t.grade; }});
+chart('grades', {{
+  tooltip: {{ trigger: 'item', formatter: function (p) {{
+    var t = p.data[2]; return t.test + ': ' + t.grade + ', added ' +
+      (t.added_ms == null ? '–' : t.added_ms.toFixed(1) + ' ms'); }} }},
+  yAxis: {{ type: 'value', min: 0, max: 5, interval: 1,
+    axisLabel: {{ formatter: function (v) {{ return GRADES[v] || ''; }} }} }},
+  series: [{{ name: 'grade', type: 'line', step: 'end', symbolSize: 9,
+    data: graded.map(function (t) {{
+      return [t.started * 1000, Math.max(0, GRADES.indexOf(t.grade)), t]; }}) }},
+    {{ name: 'skipped', type: 'scatter', symbol: 'triangle', data: H.tests.filter(function (t) {{
+      return t.skipped; }}).map(function (t) {{ return [t.started * 1000, 0, t]; }}) }}]
+}}, graded.length);
+var bands = ['idle', 'light', 'busy', 'unknown'], hourSeries = [], hourPoints = 0;
+bands.forEach(function (b) {{
+  var rows = H.hours.filter(function (r) {{ return r.load == b && r.rtt_ms; }});
+  if (!rows.length) {{ return; }}
+  hourPoints += rows.length;
+  hourSeries.push({{ name: b + ' p50', type: 'line', data: rows.map(function (r) {{
+    return [r.hour * 1000, r.rtt_ms.p50]; }}) }});
+  hourSeries.push({{ name: b + ' p90', type: 'line', lineStyle: {{ type: 'dashed' }},
+    data: rows.map(function (r) {{ return [r.hour * 1000, r.rtt_ms.p90]; }}) }});
+}});
+chart('hours', {{ yAxis: {{ type: 'value', name: 'RTT ms' }}, series: hourSeries }}, hourPoints);
+chart('goodput', {{ yAxis: {{ type: 'value', name: 'Mbit/s' }}, series: [
+  {{ name: 'download', type: 'line', data: ran.filter(function (t) {{
+    return t.down_mbps != null; }}).map(function (t) {{ return [t.started * 1000, t.down_mbps]; }}) }},
+  {{ name: 'upload', type: 'line', data: ran.filter(function (t) {{
+    return t.up_mbps != null; }}).map(function (t) {{ return [t.started * 1000, t.up_mbps]; }}) }}]
+}}, ran.filter(function (t) {{ return t.down_mbps != null || t.up_mbps != null; }}).length);
+if (H.shaper.length) {{
+  var keys = [];
+  H.shaper.forEach(function (r) {{ var k = r.iface + ' ' + r.tin;
+    if (keys.indexOf(k) < 0) {{ keys.push(k); }} }});
+  var sh = [];
+  keys.forEach(function (k) {{
+    var rows = H.shaper.filter(function (r) {{ return r.iface + ' ' + r.tin == k; }});
+    sh.push({{ name: k + ' drops', type: 'bar', data: rows.map(function (r) {{
+      return [r.minute * 1000, r.drops]; }}) }});
+    sh.push({{ name: k + ' marks', type: 'bar', data: rows.map(function (r) {{
+      return [r.minute * 1000, r.marks]; }}) }});
+  }});
+  chart('shaper', {{ yAxis: {{ type: 'value', name: 'packets' }}, series: sh }},
+    H.shaper.length);
+}}
+</script>
+</body></html>
+"#,
+        head = head("bloatlab history"),
+        since = when(h.since),
+        until = when(h.until),
+        ntests = h.tests.len(),
+        nhours = h
+            .hours
+            .iter()
+            .map(|r| r.hour)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        ngaps = h.gaps.len(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -658,7 +658,7 @@ fn udp_text(
 /// `bloatlab history`: the scheduled tests, the worst hours, and idle against busy latency per
 /// hour (the scheduled tests' own minutes left out).
 pub fn history_text(h: &bloatlab_result::history::History) -> String {
-    use bloatlab_result::history::LoadBand;
+    use bloatlab_result::history::{HourRow, LoadBand};
     let when = |t: i64| {
         let st = std::time::UNIX_EPOCH + std::time::Duration::from_secs(t.max(0) as u64);
         let s = humantime::format_rfc3339_seconds(st).to_string();
@@ -666,8 +666,51 @@ pub fn history_text(h: &bloatlab_result::history::History) -> String {
     };
     let opt_ms = |v: Option<f64>| v.map_or("-".to_string(), ms);
     let mut out = String::new();
-    let _ = writeln!(out, "Scheduled tests ({}):", h.tests.len());
+    // Per UTC day: how many ran and were skipped, the grades, the largest added latency.
+    let mut days: std::collections::BTreeMap<i64, Vec<&bloatlab_result::history::TestRow>> =
+        Default::default();
     for t in &h.tests {
+        days.entry(t.started.div_euclid(86_400))
+            .or_default()
+            .push(t);
+    }
+    if days.len() > 1 {
+        let _ = writeln!(out, "Grades per day:");
+        for (day, tests) in &days {
+            let run: Vec<_> = tests.iter().filter(|t| t.skipped.is_none()).collect();
+            let grades: String = ["A+", "A", "B", "C", "D", "F"]
+                .iter()
+                .filter_map(|g| {
+                    let n = run.iter().filter(|t| t.grade.as_deref() == Some(g)).count();
+                    (n > 0).then(|| format!(" {g}×{n}"))
+                })
+                .collect();
+            let worst = run
+                .iter()
+                .filter_map(|t| t.added_ms)
+                .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+            let _ = writeln!(
+                out,
+                "  {}  {:>3} run, {} skipped:{grades}; worst added {}",
+                &when(day * 86_400)[..10],
+                run.len(),
+                tests.len() - run.len(),
+                opt_ms(worst)
+            );
+        }
+    }
+    const LAST: usize = 24;
+    let shown = &h.tests[h.tests.len().saturating_sub(LAST)..];
+    if shown.len() < h.tests.len() {
+        let _ = writeln!(
+            out,
+            "The last {LAST} of {} scheduled tests (all: --json or report --db):",
+            h.tests.len()
+        );
+    } else {
+        let _ = writeln!(out, "Scheduled tests ({}):", h.tests.len());
+    }
+    for t in shown {
         match &t.skipped {
             Some(why) => {
                 let _ = writeln!(out, "  {}  {}  skipped: {why}", when(t.started), t.test);
@@ -713,19 +756,29 @@ pub fn history_text(h: &bloatlab_result::history::History) -> String {
             );
         }
     }
-    let _ = writeln!(out, "Round trip p50 / p90 per hour, by the line's load:");
+    // One day or less: each hour; more: each hour of the day over all of them.
+    let (rows, what, label): (&[HourRow], &str, Box<dyn Fn(i64) -> String>) =
+        if h.until - h.since <= 86_400 + 3600 {
+            (&h.hours, "per hour", Box::new(|t| when(t)))
+        } else {
+            (
+                &h.hours_of_day,
+                "per hour of the day (UTC), over the whole window",
+                Box::new(|t| format!("{t:02}:00-{:02}:00", t + 1)),
+            )
+        };
+    let _ = writeln!(out, "Round trip p50 / p90 {what}, by the line's load:");
     let _ = writeln!(
         out,
         "  {:<16}  {:>21}  {:>21}  {:>21}",
         "hour", "idle", "light", "busy"
     );
-    let mut hours: Vec<i64> = h.hours.iter().map(|r| r.hour).collect();
-    hours.dedup();
-    for hour in hours {
+    let mut keys: Vec<i64> = rows.iter().map(|r| r.hour).collect();
+    keys.dedup();
+    for key in keys {
         let cell = |band: LoadBand| {
-            h.hours
-                .iter()
-                .find(|r| r.hour == hour && r.load == band)
+            rows.iter()
+                .find(|r| r.hour == key && r.load == band)
                 .and_then(|r| r.rtt_ms)
                 .map_or("-".to_string(), |q| {
                     format!("{} / {}", ms(q.p50), ms(q.p90))
@@ -735,7 +788,7 @@ pub fn history_text(h: &bloatlab_result::history::History) -> String {
         let _ = write!(
             out,
             "  {:<16}  {:>21}  {:>21}  {:>21}",
-            when(hour),
+            label(key),
             cell(LoadBand::Idle),
             cell(LoadBand::Light),
             cell(LoadBand::Busy)
@@ -745,19 +798,38 @@ pub fn history_text(h: &bloatlab_result::history::History) -> String {
         }
         out.push('\n');
     }
-    if !h.shaper.is_empty() {
-        let _ = writeln!(out, "CAKE per hour (peak delay as tc last showed it):");
-        for r in &h.shaper {
-            let _ = writeln!(
-                out,
-                "  {}  {:<8} {:<11}  {:>9} pkts  {:>6} drops  {:>6} marks  peak {}",
-                when(r.minute),
-                r.iface,
-                r.tin,
+    // CAKE over the whole window, per interface and tin.
+    let mut tins: Vec<(String, String, u64, u64, u64, u64)> = Vec::new();
+    for r in &h.shaper {
+        match tins.iter_mut().find(|t| t.0 == r.iface && t.1 == r.tin) {
+            Some(t) => {
+                t.2 += r.packets;
+                t.3 += r.drops;
+                t.4 += r.marks;
+                t.5 = t.5.max(r.pk_delay_us);
+            }
+            None => tins.push((
+                r.iface.clone(),
+                r.tin.clone(),
                 r.packets,
                 r.drops,
                 r.marks,
-                ms(r.pk_delay_us as f64 / 1e3)
+                r.pk_delay_us,
+            )),
+        }
+    }
+    if !tins.is_empty() {
+        let _ = writeln!(
+            out,
+            "CAKE over the window (peak delay: the largest tc showed):"
+        );
+        for (iface, tin, packets, drops, marks, peak) in tins {
+            let _ = writeln!(
+                out,
+                "  {iface:<8} {tin:<11}  {packets:>10} pkts  {drops:>7} drops ({:.2}%)  \
+                 {marks:>7} marks  peak {}",
+                drops as f64 * 100.0 / (packets + drops).max(1) as f64,
+                ms(peak as f64 / 1e3)
             );
         }
     }

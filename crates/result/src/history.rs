@@ -161,6 +161,9 @@ pub struct History {
     pub gaps: Vec<Gap>,
     /// Hours whose busy (else light) p90 round trip was worst, worst first, at most 5.
     pub worst_hours: Vec<HourRow>,
+    /// The same per hour of the UTC day (`hour` 0..23), over all the window's days.
+    #[serde(default)]
+    pub hours_of_day: Vec<HourRow>,
     /// CAKE per hour, interface and tin (`minute` is the hour's start).
     #[serde(default)]
     pub shaper: Vec<ShaperRow>,

@@ -607,7 +607,8 @@ impl Store {
 impl Store {
     /// `bloatlab history`: the tests, hours, gaps and worst hours of a window.
     pub fn history(&self, since: i64, until: i64) -> Result<History, StoreError> {
-        let hours = hours(&self.minutes(since, until)?);
+        let minutes = self.minutes(since, until)?;
+        let hours = hours(&minutes);
         let mut worst: Vec<HourRow> = hours
             .iter()
             .filter(|h| h.rtt_ms.is_some() && h.load != LoadBand::Idle)
@@ -630,6 +631,7 @@ impl Store {
             hours,
             gaps: self.gaps(since, until)?,
             worst_hours: worst,
+            hours_of_day: hours_of_day(&minutes),
             shaper: self.shaper_hours(since, until)?,
         })
     }
@@ -637,11 +639,21 @@ impl Store {
 
 /// Minutes merged per hour and load band, the scheduled tests' own minutes left out.
 pub fn hours(minutes: &[MinuteRow]) -> Vec<HourRow> {
-    // (sent, lost, round trips in µs -> count) per (hour, band)
+    merge_by(minutes, |minute| minute - minute.rem_euclid(3600))
+}
+
+/// Minutes merged per hour of the (UTC) day, 0..23, over every day of the window: when in the
+/// day the line bloats.
+pub fn hours_of_day(minutes: &[MinuteRow]) -> Vec<HourRow> {
+    merge_by(minutes, |minute| minute.rem_euclid(86_400) / 3600)
+}
+
+fn merge_by(minutes: &[MinuteRow], key: impl Fn(i64) -> i64) -> Vec<HourRow> {
+    // (sent, lost, round trips in µs -> count) per (key, band)
     type Hour = (u64, u64, BTreeMap<u64, u64>);
     let mut by: BTreeMap<(i64, LoadBand), Hour> = BTreeMap::new();
     for m in minutes.iter().filter(|m| !m.testing) {
-        let e = by.entry((m.minute - m.minute.rem_euclid(3600), m.load));
+        let e = by.entry((key(m.minute), m.load));
         let (sent, lost, hist) = e.or_default();
         *sent += u64::from(m.sent);
         *lost += u64::from(m.lost);

@@ -266,6 +266,17 @@ fn hours_merge_histograms_not_percentiles_and_leave_out_test_minutes() {
     let q = h[0].rtt_ms.unwrap();
     assert_eq!((q.p50, q.p90, q.max), (10.0, 10.0, 100.0));
     assert_eq!(q.p99, 100.0);
+    // A day later at the same hour: the hour of the day merges both days.
+    let next_day: Vec<MinuteRow> = rows
+        .iter()
+        .map(|r| MinuteRow {
+            minute: r.minute + 86_400,
+            ..r.clone()
+        })
+        .collect();
+    let both: Vec<MinuteRow> = rows.into_iter().chain(next_day).collect();
+    let d = hours_of_day(&both);
+    assert_eq!((d.len(), d[0].hour, d[0].sent), (1, 1, 2 * (60 * 6 + 5)));
 }
 
 /// A tmpfs of a few hundred kB, unmounted on drop (also when the test fails).
