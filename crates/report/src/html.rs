@@ -552,9 +552,11 @@ bands.forEach(function (b) {{
 chart('hours', {{ yAxis: {{ type: 'value', name: 'RTT ms' }}, series: hourSeries }}, hourPoints);
 chart('goodput', {{ yAxis: {{ type: 'value', name: 'Mbit/s' }}, series: [
   {{ name: 'download', type: 'line', data: ran.filter(function (t) {{
-    return t.down_mbps != null; }}).map(function (t) {{ return [t.started * 1000, t.down_mbps]; }}) }},
+    return t.down_mbps != null; }}).map(function (t) {{
+      return [t.started * 1000, t.down_mbps]; }}) }},
   {{ name: 'upload', type: 'line', data: ran.filter(function (t) {{
-    return t.up_mbps != null; }}).map(function (t) {{ return [t.started * 1000, t.up_mbps]; }}) }}]
+    return t.up_mbps != null; }}).map(function (t) {{
+      return [t.started * 1000, t.up_mbps]; }}) }}]
 }}, ran.filter(function (t) {{ return t.down_mbps != null || t.up_mbps != null; }}).length);
 if (H.shaper.length) {{
   var keys = [];

@@ -757,16 +757,22 @@ pub fn history_text(h: &bloatlab_result::history::History) -> String {
         }
     }
     // One day or less: each hour; more: each hour of the day over all of them.
-    let (rows, what, label): (&[HourRow], &str, Box<dyn Fn(i64) -> String>) =
-        if h.until - h.since <= 86_400 + 3600 {
-            (&h.hours, "per hour", Box::new(|t| when(t)))
+    let of_day = h.until - h.since > 86_400 + 3600;
+    let (rows, what): (&[HourRow], &str) = if of_day {
+        (
+            &h.hours_of_day,
+            "per hour of the day (UTC), over the whole window",
+        )
+    } else {
+        (&h.hours, "per hour")
+    };
+    let label = |t: i64| {
+        if of_day {
+            format!("{t:02}:00-{:02}:00", t + 1)
         } else {
-            (
-                &h.hours_of_day,
-                "per hour of the day (UTC), over the whole window",
-                Box::new(|t| format!("{t:02}:00-{:02}:00", t + 1)),
-            )
-        };
+            when(t)
+        }
+    };
     let _ = writeln!(out, "Round trip p50 / p90 {what}, by the line's load:");
     let _ = writeln!(
         out,
