@@ -8,6 +8,9 @@ use std::collections::VecDeque;
 /// Rates over the last this many ns are kept (probes settle up to 4 s after they left).
 const KEEP_NS: u64 = 30_000_000_000;
 
+/// How far from a counter interval a probe may have left and still take its rate.
+const NEAR_NS: u64 = 2_000_000_000;
+
 /// Rates per interval between two counter readings, bits per second.
 #[derive(Default)]
 pub struct LoadMeter {
@@ -37,17 +40,20 @@ impl LoadMeter {
         }
     }
 
-    /// (rx, tx) bit/s over the interval that holds `t_ns`, or the nearest one.
+    /// (rx, tx) bit/s over the interval that holds `t_ns`, or the nearest one within
+    /// `NEAR_NS` (none nearer: the counters could not be read then, the load is unknown).
     pub fn rate_at(&self, t_ns: u64) -> Option<(f64, f64)> {
+        let distance = |r: &(u64, u64, f64, f64)| {
+            if t_ns < r.0 {
+                r.0 - t_ns
+            } else {
+                t_ns.saturating_sub(r.1)
+            }
+        };
         self.rates
             .iter()
-            .min_by_key(|r| {
-                if t_ns < r.0 {
-                    r.0 - t_ns
-                } else {
-                    t_ns.saturating_sub(r.1)
-                }
-            })
+            .min_by_key(|r| distance(r))
+            .filter(|r| distance(r) <= NEAR_NS)
             .map(|r| (r.2, r.3))
     }
 }
@@ -101,8 +107,9 @@ mod tests {
         m.add(2 * S / 5, 250_000, 25_000); // then nothing
         assert_eq!(m.rate_at(S / 10), Some((10e6, 1e6)));
         assert_eq!(m.rate_at(3 * S / 10), Some((0.0, 0.0)));
-        // Past the last reading: the nearest interval.
+        // Past the last reading: the nearest interval, up to 2 s away.
         assert_eq!(m.rate_at(S), Some((0.0, 0.0)));
+        assert_eq!(m.rate_at(3 * S), None);
         m.add(3 * S / 5, 10, 10); // counters went back: no interval from it
         assert_eq!(m.rate_at(S), Some((0.0, 0.0)));
         m.add(4 * S / 5, 10 + 25_000, 10);

@@ -82,8 +82,8 @@ fn unix_now() -> f64 {
 }
 
 /// CAKE on the watched interface and on its ingress twin (`ifb4IFACE`, as sqm-scripts and
-/// `bloatlab fix` name it), read every `SHAPER_EVERY` with `tc -s -j`: each reading's growth
-/// goes to the metrics at once and into the minute's rows.
+/// `bloatlab fix` name it), read every `SHAPER_EVERY` with `tc -s -j` (once a minute while
+/// there is none): each reading's growth goes to the metrics at once and into the minute's rows.
 struct Shapers {
     devs: Vec<String>,
     last: std::collections::HashMap<String, CakeStats>,
@@ -244,6 +244,7 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
     let mut backoff = Duration::from_secs(2);
     let mut gap_open = false;
     let mut said_full = false;
+    let mut last_store_error = String::new();
     let mut last_retain = 0.0;
     let mut shapers = Shapers::new(cfg.iface.as_deref());
     let mut shaper_minute = (unix_now() as i64).div_euclid(60) * 60;
@@ -267,8 +268,15 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
                 w.made_room
             ));
         }
-        Ok(_) => {}
-        Err(e) => say(&format!("history: {e}")),
+        Ok(_) => last_store_error.clear(),
+        // Said when it first happens or changes, not at every write.
+        Err(e) => {
+            let e = e.to_string();
+            if e != last_store_error {
+                say(&format!("history: {e}"));
+                last_store_error = e;
+            }
+        }
     };
 
     loop {
@@ -414,9 +422,16 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
 
         // CAKE every few seconds for the metrics; its rows once a minute.
         if now_ns >= next_shaper_ns {
-            next_shaper_ns = now_ns + SHAPER_EVERY.as_nanos() as u64;
             let grown = shapers.poll(&say);
             metrics.shaper(&grown);
+            // Without a CAKE, a look a minute is enough to notice one appear (a tc process
+            // every 5 s on a small router is not free).
+            let every = if shapers.last.is_empty() {
+                Duration::from_secs(60)
+            } else {
+                SHAPER_EVERY
+            };
+            next_shaper_ns = now_ns + every.as_nanos() as u64;
         }
         let minute = (now as i64).div_euclid(60) * 60;
         if shaper_minute != minute {
