@@ -1,0 +1,427 @@
+//! The autorate controller: one-way delays and the line's load in, a shaper rate per direction
+//! out, on the clock the caller gives (ns). No I/O, no clock of its own; quinn's congestion
+//! controllers are the model.
+//!
+//! Two laws share the state and the inputs:
+//! - [`Law::CakeAutorate`]: cake-autorate's published law and defaults (v3.x `defaults.sh`,
+//!   `cake-autorate.sh`), re-implemented here as the baseline: an asymmetric EWMA baseline per
+//!   direction, bufferbloat when 3 of the last 6 samples exceed 30 ms plus one packet's
+//!   serialisation, a cut of x0.99 down to x0.75 scaled by the window's mean delay (at most one
+//!   per 300 ms), an increase of up to x1.04 per sample under high load without bloat, a decay
+//!   towards the base rate once a second otherwise.
+//! - [`Law::Bloatlab`]: the same, and where the line says more: when the line delivers clearly
+//!   less than the shaper's rate while delay rises (its capacity fell), the cut goes straight to
+//!   90% of what it delivered; when it delivers the shaper's rate and delay rises anyway (a queue
+//!   elsewhere, a burst), the cut stops at 90% of the highest rate that carried high load
+//!   without bloat in the last 10 minutes (a memory of safe rates).
+//!
+//! Both tell a stall ("no probes came back": the rate holds at the last one without bloat, and
+//! after `stall_to_min` at MIN) from bloat ("delay rose"): only delayed samples cut.
+
+use std::collections::VecDeque;
+
+const MS: u64 = 1_000_000;
+const S: u64 = 1_000_000_000;
+
+/// A direction's bounds, bits per second.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bounds {
+    pub min: f64,
+    pub base: f64,
+    pub max: f64,
+}
+
+impl Bounds {
+    /// MIN <= BASE <= MAX, all above zero: otherwise why not, in one line.
+    pub fn new(min: f64, base: f64, max: f64) -> Result<Bounds, String> {
+        if !(min > 0.0 && min <= base && base <= max && max.is_finite()) {
+            return Err(format!(
+                "rates must be 0 < MIN <= BASE <= MAX, got {min:.0}:{base:.0}:{max:.0} bit/s"
+            ));
+        }
+        Ok(Bounds { min, base, max })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Law {
+    CakeAutorate,
+    Bloatlab,
+}
+
+/// cake-autorate's defaults, and ours.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub law: Law,
+    pub down: Bounds,
+    pub up: Bounds,
+    /// A sample is delayed above this (plus one packet's serialisation at the shaper's rate), ms.
+    pub delay_thr_ms: f64,
+    /// The cut reaches its deepest at this mean delay over the window, ms.
+    pub delay_max_ms: f64,
+    /// Bufferbloat: at least `detect` of the last `window` samples delayed.
+    pub window: usize,
+    pub detect: usize,
+    pub alpha_baseline_increase: f64,
+    pub alpha_baseline_decrease: f64,
+    /// High load: the line carries at least this share of the shaper's rate.
+    pub high_load: f64,
+    /// Least time between two cuts, and between a cut and an increase, ns.
+    pub bloat_refractory_ns: u64,
+    /// Between two decay steps towards the base rate, ns.
+    pub decay_every_ns: u64,
+    /// No sample for this long: stalled (the rate holds), ns.
+    pub stall_after_ns: u64,
+    /// Stalled this long: MIN (`None`: hold until samples come back), ns.
+    pub stall_to_min_ns: Option<u64>,
+    /// Safe rates are remembered this long, ns.
+    pub safe_memory_ns: u64,
+    /// The wire size of a full packet, bytes (its serialisation adds to the threshold).
+    pub packet_bytes: f64,
+}
+
+impl Config {
+    /// cake-autorate's defaults for its law. Ours acts from 10 ms (sqm-autorate's 15 ms, 5 ms
+    /// suggested for fibre): its one-way delays come from bloatlab's own UDP probes, which no
+    /// router deprioritises as it may ICMP, so a small threshold is not noise.
+    pub fn new(law: Law, down: Bounds, up: Bounds) -> Config {
+        let (delay_thr_ms, delay_max_ms) = match law {
+            Law::CakeAutorate => (30.0, 60.0),
+            Law::Bloatlab => (10.0, 30.0),
+        };
+        Config {
+            law,
+            down,
+            up,
+            delay_thr_ms,
+            delay_max_ms,
+            window: 6,
+            detect: 3,
+            alpha_baseline_increase: 0.001,
+            alpha_baseline_decrease: 0.9,
+            high_load: 0.75,
+            bloat_refractory_ns: 300 * MS,
+            decay_every_ns: S,
+            stall_after_ns: S,
+            stall_to_min_ns: None,
+            safe_memory_ns: 600 * S,
+            packet_bytes: 1514.0,
+        }
+    }
+}
+
+/// One probe's one-way delays, ms (`None` where that direction's delay is unknown: a lost
+/// reply still says the request arrived).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sample {
+    pub down_ms: Option<f64>,
+    pub up_ms: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Down,
+    Up,
+}
+
+/// What the controller did, for the shell to apply and say.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// Set this direction's shaper to this rate, bits per second.
+    Rate {
+        dir: Direction,
+        bps: u64,
+        why: Why,
+    },
+    /// No samples for a while: rates held (said once until samples return).
+    Stalled,
+    /// Stalled past `stall_to_min`: both at MIN.
+    StalledToMin,
+    Recovered,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    Bloat,
+    /// A cut to 90% of what the line delivered (its capacity fell).
+    Delivered,
+    /// A cut that stopped at the memory of safe rates.
+    SafeFloor,
+    Increase,
+    Decay,
+    Stall,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Load {
+    Idle,
+    Low,
+    High,
+}
+
+/// Load below this is idle, bits per second (cake-autorate's `connection_active_thr_kbps`).
+const ACTIVE_BPS: f64 = 2_000_000.0;
+
+struct Dir {
+    which: Direction,
+    bounds: Bounds,
+    rate: f64,
+    baseline: Option<f64>,
+    /// (delayed, delta ms) of the last samples.
+    window: VecDeque<(bool, f64)>,
+    last_cut: Option<u64>,
+    last_decay: u64,
+    /// The line's rate in this direction now, bits per second.
+    delivered: f64,
+    /// The last rate with no bloat: what a stall holds.
+    last_safe: f64,
+    /// (time, rate the line delivered) at high load without bloat, at most one a second.
+    safe: VecDeque<(u64, f64)>,
+}
+
+impl Dir {
+    fn new(which: Direction, bounds: Bounds) -> Dir {
+        Dir {
+            which,
+            bounds,
+            rate: bounds.base,
+            baseline: None,
+            window: VecDeque::new(),
+            last_cut: None,
+            last_decay: 0,
+            delivered: 0.0,
+            last_safe: bounds.base,
+            safe: VecDeque::new(),
+        }
+    }
+
+    fn load(&self, cfg: &Config) -> Load {
+        if self.delivered >= cfg.high_load * self.rate {
+            Load::High
+        } else if self.delivered >= ACTIVE_BPS {
+            Load::Low
+        } else {
+            Load::Idle
+        }
+    }
+
+    fn set(&mut self, rate: f64, why: Why, out: &mut Vec<Event>) {
+        let r = rate.clamp(self.bounds.min, self.bounds.max);
+        if (r - self.rate).abs() >= 1.0 {
+            self.rate = r;
+            out.push(Event::Rate {
+                dir: self.which,
+                bps: r.round() as u64,
+                why,
+            });
+        }
+    }
+
+    fn sample(&mut self, now: u64, owd_ms: f64, cfg: &Config, out: &mut Vec<Event>) {
+        // The baseline follows a falling delay at once and a rising one very slowly.
+        let base = match self.baseline {
+            None => owd_ms,
+            Some(b) if owd_ms > b => b + cfg.alpha_baseline_increase * (owd_ms - b),
+            Some(b) => b + cfg.alpha_baseline_decrease * (owd_ms - b),
+        };
+        self.baseline = Some(base);
+        let delta = owd_ms - base;
+        let thr = cfg.delay_thr_ms + cfg.packet_bytes * 8.0 / self.rate * 1e3;
+        self.window.push_back((delta > thr, delta));
+        while self.window.len() > cfg.window {
+            self.window.pop_front();
+        }
+        let delayed = self.window.iter().filter(|w| w.0).count();
+        let avg = self.window.iter().map(|w| w.1).sum::<f64>() / self.window.len() as f64;
+        let bloat = delayed >= cfg.detect;
+        let refractory = self
+            .last_cut
+            .is_some_and(|t| now.saturating_sub(t) < cfg.bloat_refractory_ns);
+        let load = self.load(cfg);
+        if bloat {
+            if refractory {
+                return;
+            }
+            let f = ((avg - thr) / (cfg.delay_max_ms - thr)).clamp(0.0, 1.0);
+            let cut = self.rate * (0.99 - f * 0.24);
+            let (rate, why) = match cfg.law {
+                Law::CakeAutorate => (cut, Why::Bloat),
+                Law::Bloatlab => self.bounded_cut(now, cut, cfg),
+            };
+            self.last_cut = Some(now);
+            self.set(rate, why, out);
+            return;
+        }
+        self.last_safe = self.rate;
+        if load == Load::High {
+            // At most one remembered rate a second.
+            if self.safe.back().is_none_or(|s| now - s.0 >= S) {
+                self.safe.push_back((now, self.delivered));
+            }
+            if !refractory {
+                // Full steps while the delay is at most 10 ms (cake-autorate's), ours a third of
+                // its threshold.
+                let span = match cfg.law {
+                    Law::CakeAutorate => thr - 10.0,
+                    Law::Bloatlab => thr * 2.0 / 3.0,
+                };
+                let f = ((thr - avg) / span).clamp(0.0, 1.0);
+                // Ours climbs fast up to what the line has carried without bloat, then probes
+                // above it gently (x1.005 a sample: 10% a second at 20 probes a second).
+                let step = match (cfg.law, self.ceiling(now, cfg)) {
+                    (Law::Bloatlab, Some(c)) if self.rate >= c => 0.005,
+                    _ => 0.04,
+                };
+                self.set(self.rate * (1.0 + step * f), Why::Increase, out);
+            }
+        }
+        while self
+            .safe
+            .front()
+            .is_some_and(|s| now.saturating_sub(s.0) > cfg.safe_memory_ns)
+        {
+            self.safe.pop_front();
+        }
+    }
+
+    /// The highest rate the line delivered at high load without bloat in the safe memory.
+    fn ceiling(&self, now: u64, cfg: &Config) -> Option<f64> {
+        self.safe
+            .iter()
+            .filter(|s| now.saturating_sub(s.0) <= cfg.safe_memory_ns)
+            .map(|s| s.1)
+            .reduce(f64::max)
+    }
+
+    /// Our law's cut: to 90% of what the line delivers when that is less than cake-autorate's
+    /// cut; and, unless the line delivers clearly less than the shaper's rate (its capacity
+    /// fell), not below 90% of its ceiling (a delay that cutting does not cure: a queue
+    /// elsewhere, a burst).
+    fn bounded_cut(&self, now: u64, cut: f64, cfg: &Config) -> (f64, Why) {
+        let delivered = self.delivered;
+        let (mut rate, mut why) = (cut, Why::Bloat);
+        if delivered >= ACTIVE_BPS && 0.9 * delivered < cut {
+            (rate, why) = (0.9 * delivered, Why::Delivered);
+        }
+        let capacity_fell = delivered >= ACTIVE_BPS && delivered < 0.8 * self.rate;
+        if let Some(c) = self.ceiling(now, cfg).filter(|_| !capacity_fell) {
+            let floor = (0.9 * c).min(self.rate);
+            if rate < floor {
+                (rate, why) = (floor, Why::SafeFloor);
+            }
+        }
+        (rate, why)
+    }
+
+    /// Once a second without high load: a step towards the base rate.
+    fn decay(&mut self, now: u64, cfg: &Config, out: &mut Vec<Event>) {
+        if now.saturating_sub(self.last_decay) < cfg.decay_every_ns {
+            return;
+        }
+        self.last_decay = now;
+        if self.load(cfg) == Load::High {
+            return;
+        }
+        let b = self.bounds.base;
+        if self.rate > b {
+            self.set((self.rate * 0.99).max(b), Why::Decay, out);
+        } else if self.rate < b {
+            self.set((self.rate * 1.01).min(b), Why::Decay, out);
+        }
+    }
+}
+
+pub struct Controller {
+    cfg: Config,
+    down: Dir,
+    up: Dir,
+    last_sample: Option<u64>,
+    stalled_since: Option<u64>,
+    at_min: bool,
+}
+
+impl Controller {
+    /// Starts both directions at their base rate (the shell sets them first).
+    pub fn new(cfg: Config) -> Controller {
+        Controller {
+            down: Dir::new(Direction::Down, cfg.down),
+            up: Dir::new(Direction::Up, cfg.up),
+            cfg,
+            last_sample: None,
+            stalled_since: None,
+            at_min: false,
+        }
+    }
+
+    pub fn rate(&self, dir: Direction) -> f64 {
+        match dir {
+            Direction::Down => self.down.rate,
+            Direction::Up => self.up.rate,
+        }
+    }
+
+    /// Each direction's baseline one-way delay, ms.
+    pub fn baseline(&self, dir: Direction) -> Option<f64> {
+        match dir {
+            Direction::Down => self.down.baseline,
+            Direction::Up => self.up.baseline,
+        }
+    }
+
+    /// The line's rate now per direction (the interface's counters), bits per second.
+    pub fn on_load(&mut self, down_bps: f64, up_bps: f64) {
+        self.down.delivered = down_bps;
+        self.up.delivered = up_bps;
+    }
+
+    /// One probe's one-way delays at `now`.
+    pub fn on_sample(&mut self, now: u64, s: Sample) -> Vec<Event> {
+        let mut out = Vec::new();
+        self.last_sample = Some(now);
+        if self.stalled_since.take().is_some() {
+            self.at_min = false;
+            out.push(Event::Recovered);
+        }
+        if let Some(ms) = s.down_ms {
+            self.down.sample(now, ms, &self.cfg, &mut out);
+        }
+        if let Some(ms) = s.up_ms {
+            self.up.sample(now, ms, &self.cfg, &mut out);
+        }
+        out
+    }
+
+    /// Time passing: decay towards base, stall detection. Call it every 50-200 ms.
+    pub fn on_tick(&mut self, now: u64) -> Vec<Event> {
+        let mut out = Vec::new();
+        let silent = self.last_sample.map_or(0, |t| now.saturating_sub(t));
+        if self.last_sample.is_some() && silent >= self.cfg.stall_after_ns {
+            if self.stalled_since.is_none() {
+                self.stalled_since = Some(now);
+                out.push(Event::Stalled);
+                for d in [&mut self.down, &mut self.up] {
+                    let safe = d.last_safe;
+                    d.set(safe, Why::Stall, &mut out);
+                }
+            }
+            let since = self.stalled_since.expect("just set");
+            if let Some(limit) = self.cfg.stall_to_min_ns {
+                if !self.at_min && now.saturating_sub(since) >= limit {
+                    self.at_min = true;
+                    out.push(Event::StalledToMin);
+                    for d in [&mut self.down, &mut self.up] {
+                        let min = d.bounds.min;
+                        d.set(min, Why::Stall, &mut out);
+                    }
+                }
+            }
+            return out;
+        }
+        self.down.decay(now, &self.cfg, &mut out);
+        self.up.decay(now, &self.cfg, &mut out);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;
