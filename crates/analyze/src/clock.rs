@@ -5,7 +5,7 @@ use bloatlab_result::ClockOffset;
 
 /// One echoed probe: client send, server receive, server send, client receive (ns, each side's
 /// own monotonic clock).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Echo {
     pub t1: u64,
     pub t2: u64,

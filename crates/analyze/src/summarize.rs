@@ -120,7 +120,8 @@ pub fn summary_of(result: &ResultFile) -> Summary {
     result.summary.clone().unwrap_or_else(|| summarize(result))
 }
 
-pub fn summarize(result: &ResultFile) -> Summary {
+/// The idle window and the load window after its ramp-up, as the summary takes them.
+fn windows(result: &ResultFile) -> (Option<Window>, Option<Window>) {
     let idle = phase_window(result, "idle");
     let load = phase_window(result, "load").map(|w| {
         let began = flows_started(result, w);
@@ -129,6 +130,26 @@ pub fn summarize(result: &ResultFile) -> Summary {
             end: w.end,
         }
     });
+    (idle, load)
+}
+
+/// Round trips of one probe class ("be", "ef", "bk"), ms: (idle, under load), each window as
+/// the summary takes it; for figures the summary has no room for (a p95).
+pub fn class_rtts(result: &ResultFile, class: &str) -> (Vec<f64>, Vec<f64>) {
+    let (idle, load) = windows(result);
+    let of = |w: Option<Window>| -> Vec<f64> {
+        w.map_or_else(Vec::new, |w| {
+            named(result, "rtt ")
+                .filter(|x| probe_class(x.dscp.unwrap_or(0)) == class)
+                .flat_map(|x| values(x, w))
+                .collect()
+        })
+    };
+    (of(idle), of(load))
+}
+
+pub fn summarize(result: &ResultFile) -> Summary {
+    let (idle, load) = windows(result);
     // Where the test's own figures (jitter, loss, VoIP) come from: under load if there was load.
     let main = load.or(idle);
 

@@ -20,6 +20,10 @@
 
 use std::collections::VecDeque;
 
+pub mod oneway;
+pub mod run;
+pub mod shaper;
+
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
 
@@ -147,6 +151,8 @@ pub enum Why {
     Delivered,
     /// A cut that stopped at the memory of safe rates.
     SafeFloor,
+    /// Below that floor for a moment, to tell a queue elsewhere from a capacity that fell.
+    FloorTest,
     Increase,
     Decay,
     Stall,
@@ -177,6 +183,16 @@ struct Dir {
     last_safe: f64,
     /// (time, rate the line delivered) at high load without bloat, at most one a second.
     safe: VecDeque<(u64, f64)>,
+    /// (time, delay over the baseline ms) of the last second's samples.
+    recent: VecDeque<(u64, f64)>,
+    /// Since when the memory of safe rates has held a delay that does not go away.
+    floor_since: Option<u64>,
+    /// A cut below that floor under way: (since, the floor).
+    floor_test: Option<(u64, f64)>,
+    /// A floor the last test upheld (a queue elsewhere) is not tested again before this.
+    floor_trusted_until: u64,
+    /// Since when the rate has been above the ceiling without bloat.
+    above_since: Option<u64>,
 }
 
 impl Dir {
@@ -192,7 +208,73 @@ impl Dir {
             delivered: 0.0,
             last_safe: bounds.base,
             safe: VecDeque::new(),
+            recent: VecDeque::new(),
+            floor_since: None,
+            floor_test: None,
+            floor_trusted_until: 0,
+            above_since: None,
         }
+    }
+
+    /// The least delay over the baseline of the 200 ms that ended `ago_ms` before `now`.
+    fn least(&self, now: u64, ago_ms: u64) -> Option<f64> {
+        let (from, to) = (
+            now.saturating_sub((ago_ms + 200) * MS),
+            now.saturating_sub(ago_ms * MS),
+        );
+        self.recent
+            .iter()
+            .filter(|r| r.0 > from && r.0 <= to)
+            .map(|r| r.1)
+            .reduce(f64::min)
+    }
+
+    /// The memory of safe rates held the rate for a second while the delay stayed: either the
+    /// queue is elsewhere (cutting cannot cure it) or the line's capacity fell to about the
+    /// floor (a standing queue that a cut below it drains). The test: 15% below the floor for
+    /// 600 ms. If the delay falls under the threshold `thr`, the memory is out of date and
+    /// forgotten; if not (some of it may be ours, the rest is not), the floor holds and is not
+    /// tested again for 30 s (a queue elsewhere costs 0.3% of the rate).
+    fn test_the_floor(&mut self, now: u64, rate: f64, why: Why, thr: f64) -> (f64, Why) {
+        if let Some((t0, floor)) = self.floor_test {
+            if now.saturating_sub(t0) < 600 * MS {
+                return (self.rate, Why::FloorTest);
+            }
+            self.floor_test = None;
+            self.floor_since = None;
+            if self.least(now, 0).is_some_and(|l| l < thr) {
+                self.safe.clear();
+                return (rate.min(0.85 * floor), Why::Bloat);
+            }
+            self.floor_trusted_until = now + 30 * S;
+            return (floor, Why::SafeFloor);
+        }
+        if why != Why::SafeFloor {
+            self.floor_since = None;
+            return (rate, why);
+        }
+        let since = *self.floor_since.get_or_insert(now);
+        if now < self.floor_trusted_until || now - since < S {
+            return (rate, why);
+        }
+        self.floor_test = Some((now, rate));
+        (0.85 * rate, Why::FloorTest)
+    }
+
+    /// The queue grows: the least delay of 200 ms rose by over 5 ms in each half of the last
+    /// second, by about as much in each (one late probe is not a trend, and a step, such as a
+    /// queue elsewhere appearing, rises in one half). Then its growth, seconds per second.
+    fn growth(&self, now: u64) -> Option<f64> {
+        let (a, b, c) = (
+            self.least(now, 800)?,
+            self.least(now, 400)?,
+            self.least(now, 0)?,
+        );
+        // Steadily: a queue that grows because the line slowed grows at about the same pace
+        // in both halves; a step (a queue appearing elsewhere) on top of a small rise does not.
+        let (first, second) = (b - a, c - b);
+        let steady = first > 5.0 && second > 5.0 && first.max(second) <= 2.5 * first.min(second);
+        steady.then(|| (c - a) / 800.0)
     }
 
     fn load(&self, cfg: &Config) -> Load {
@@ -226,6 +308,14 @@ impl Dir {
         };
         self.baseline = Some(base);
         let delta = owd_ms - base;
+        self.recent.push_back((now, delta));
+        while self
+            .recent
+            .front()
+            .is_some_and(|r| now.saturating_sub(r.0) > S)
+        {
+            self.recent.pop_front();
+        }
         let thr = cfg.delay_thr_ms + cfg.packet_bytes * 8.0 / self.rate * 1e3;
         self.window.push_back((delta > thr, delta));
         while self.window.len() > cfg.window {
@@ -239,6 +329,7 @@ impl Dir {
             .is_some_and(|t| now.saturating_sub(t) < cfg.bloat_refractory_ns);
         let load = self.load(cfg);
         if bloat {
+            self.above_since = None;
             if refractory {
                 return;
             }
@@ -246,13 +337,21 @@ impl Dir {
             let cut = self.rate * (0.99 - f * 0.24);
             let (rate, why) = match cfg.law {
                 Law::CakeAutorate => (cut, Why::Bloat),
-                Law::Bloatlab => self.bounded_cut(now, cut, cfg),
+                Law::Bloatlab => {
+                    let (rate, why) = self.bounded_cut(now, cut, cfg);
+                    self.test_the_floor(now, rate, why, thr)
+                }
             };
             self.last_cut = Some(now);
             self.set(rate, why, out);
             return;
         }
         self.last_safe = self.rate;
+        if self.floor_test.take().is_some() {
+            // The delay went away below the floor: the line's capacity fell.
+            self.safe.clear();
+            self.floor_since = None;
+        }
         if load == Load::High {
             // At most one remembered rate a second.
             if self.safe.back().is_none_or(|s| now - s.0 >= S) {
@@ -267,9 +366,19 @@ impl Dir {
                 };
                 let f = ((thr - avg) / span).clamp(0.0, 1.0);
                 // Ours climbs fast up to what the line has carried without bloat, then probes
-                // above it gently (x1.005 a sample: 10% a second at 20 probes a second).
+                // above it gently (x1.005 a sample: 10% a second at 20 probes a second), twice
+                // as fast for each 2 s the line carried all of it without bloat, up to x1.02 (a
+                // capacity that grew is found in seconds; a probe above one that did not costs
+                // a short queue now and then, not every few seconds).
+                if self.delivered < 0.95 * self.rate {
+                    self.above_since = None;
+                }
                 let step = match (cfg.law, self.ceiling(now, cfg)) {
-                    (Law::Bloatlab, Some(c)) if self.rate >= c => 0.005,
+                    (Law::Bloatlab, Some(c)) if self.rate >= c => {
+                        let since = *self.above_since.get_or_insert(now);
+                        let doublings = (now - since) / (2 * S);
+                        0.005 * (1u64 << doublings.min(2)) as f64
+                    }
                     _ => 0.04,
                 };
                 self.set(self.rate * (1.0 + step * f), Why::Increase, out);
@@ -293,17 +402,33 @@ impl Dir {
             .reduce(f64::max)
     }
 
-    /// Our law's cut: to 90% of what the line delivers when that is less than cake-autorate's
-    /// cut; and, unless the line delivers clearly less than the shaper's rate (its capacity
-    /// fell), not below 90% of its ceiling (a delay that cutting does not cure: a queue
-    /// elsewhere, a burst).
-    fn bounded_cut(&self, now: u64, cut: f64, cfg: &Config) -> (f64, Why) {
+    /// Our law's cut: to 90% of what the line carries when that is less than cake-autorate's
+    /// cut; and, unless its capacity fell (it delivers clearly less than the shaper's rate, or
+    /// the queue keeps growing), not below 90% of its ceiling (a delay that cutting does not
+    /// cure: a queue elsewhere, a burst).
+    fn bounded_cut(&mut self, now: u64, cut: f64, cfg: &Config) -> (f64, Why) {
         let delivered = self.delivered;
+        let growth = self.growth(now);
+        // The upload's shaper is before the bottleneck: what it sends arrives there, and a
+        // queue growing g seconds a second says the bottleneck carries 1/(1+g) of it. The
+        // download's (ingress) is after it, and sees the bottleneck's own rate.
+        let capacity = match (self.which, growth) {
+            (Direction::Up, Some(g)) => delivered / (1.0 + g),
+            _ => delivered,
+        };
         let (mut rate, mut why) = (cut, Why::Bloat);
-        if delivered >= ACTIVE_BPS && 0.9 * delivered < cut {
-            (rate, why) = (0.9 * delivered, Why::Delivered);
+        if delivered >= ACTIVE_BPS && 0.9 * capacity < cut {
+            (rate, why) = (0.9 * capacity, Why::Delivered);
         }
-        let capacity_fell = delivered >= ACTIVE_BPS && delivered < 0.8 * self.rate;
+        // A queue that keeps growing is this line's, whatever it carried before.
+        let capacity_fell =
+            delivered >= ACTIVE_BPS && (delivered < 0.8 * self.rate || growth.is_some());
+        if capacity_fell {
+            // What the line carried before is no guide now: the climb back is fast only up to
+            // what it carries now, gentle above.
+            self.safe.clear();
+            self.safe.push_back((now, capacity));
+        }
         if let Some(c) = self.ceiling(now, cfg).filter(|_| !capacity_fell) {
             let floor = (0.9 * c).min(self.rate);
             if rate < floor {

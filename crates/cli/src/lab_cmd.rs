@@ -114,7 +114,11 @@ pub enum LabCommand {
         /// Preset name or TOML topology file (hosts `client` and `server`).
         topology: String,
         /// Comma-separated fixes: fifo (the line as is), htb-fq_codel, cake, cake+ack-filter
-        /// (CAKE filtering the upload's redundant ACKs).
+        /// (CAKE filtering the upload's redundant ACKs); on a line that moves (presets lte,
+        /// starlink, cable-evening): cake-max (CAKE at 95% of the line's busiest second),
+        /// autorate (CAKE moved by `bloatlab autorate` on the router, MIN:BASE:MAX a fifth of,
+        /// 95% of the mean and 95% of the busiest second), cake-autorate (the same with
+        /// cake-autorate's law and defaults, re-implemented by our controller).
         #[arg(long, default_value = "fifo,htb-fq_codel,cake")]
         fix: String,
         /// The test each run makes, with its options: rrul, tcp-bidir, rpm, "voip --under-load".

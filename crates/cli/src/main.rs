@@ -4,6 +4,7 @@ use bloatlab_measure::display::ProgressMode;
 use bloatlab_measure::flags::{test_spec, TestArgs};
 use bloatlab_measure::{Ended, RunOptions, TestKind};
 use bloatlab_report::text::{events_text, summary_text};
+mod autorate_cmd;
 mod fix_cmd;
 mod lab_cmd;
 mod locate_cmd;
@@ -61,6 +62,13 @@ enum Command {
     /// history in SQLite (`bloatlab history`); Prometheus metrics with --metrics. SIGTERM ends
     /// it cleanly. `bloatlab monitor server.example --iface wan --metrics [::]:9464`.
     Monitor(monitor_cmd::MonitorArgs),
+    /// Keep the shaper right on a line whose rate moves (LTE, Starlink, Wi-Fi backhaul, cable
+    /// at 21:00): bloatlab's UDP probes to a server give one-way delay each way, the WAN's
+    /// counters the load; CAKE's bandwidth or an HTB class's rate follows, within
+    /// MIN:BASE:MAX, over netlink. Holds its rates when the server goes silent, stops when
+    /// the shaper is removed under it, SIGTERM leaves --on-exit. `bloatlab autorate
+    /// server.example --dev wan --down 10mbit:50mbit:90mbit --up 2mbit:10mbit:20mbit`.
+    Autorate(Box<autorate_cmd::AutorateArgs>),
     /// What the monitor recorded: scheduled tests and grades, silences, the worst hours, idle
     /// against busy latency per hour.
     History(monitor_cmd::HistoryArgs),
@@ -144,6 +152,7 @@ fn main() -> ExitCode {
         Command::Fix(a) => fix_cmd::run(a, stop_flag()),
         Command::Monitor(a) => monitor_cmd::monitor(a, stop_flag()),
         Command::History(a) => monitor_cmd::history(a),
+        Command::Autorate(a) => autorate_cmd::autorate(*a, stop_flag()),
         Command::Lab(c) => lab_cmd::run(c, stop_flag),
         Command::Compare {
             targets,

@@ -18,9 +18,10 @@ fn guest_ready() -> bool {
 
 /// The guest's CAKE as tc reads it back, and as `bloatlab monitor` keeps it: per tin, the
 /// history's packets and drops are what the kernel counted meanwhile, and /metrics carries every
-/// CAKE series the shipped dashboard asks for.
+/// CAKE series the shipped dashboard asks for. Then `bloatlab autorate` changes its bandwidth
+/// over netlink and leaves it alone once it is replaced.
 #[test]
-fn guest_adds_cake_tc_reads_it_back_and_the_monitor_keeps_its_statistics() {
+fn guest_adds_cake_tc_reads_it_back_the_monitor_keeps_its_statistics_autorate_moves_it() {
     let _s = serial();
     if !guest_ready() {
         return;
@@ -41,7 +42,11 @@ fn guest_adds_cake_tc_reads_it_back_and_the_monitor_keeps_its_statistics() {
          curl -s 127.0.0.1:9464/metrics > {o}/metrics.txt; \
          kill -TERM $m; wait $m; echo monitor-exit=$? >> {o}/mon.log; \
          tc -s -j qdisc show dev lo > {o}/after.json; \
-         {BIN} history --db /tmp/h.db --json > {o}/history.json"
+         {BIN} history --db /tmp/h.db --json > {o}/history.json; \
+         {BIN} autorate 127.0.0.1:9461 --dev lo --down 5mbit:10mbit:30mbit \
+             --up 5mbit:12mbit:30mbit --duration 9s 2> {o}/ar.log & a=$!; sleep 2; \
+         tc -j qdisc show dev lo > {o}/ar.json; tc qdisc replace dev lo root pfifo; \
+         wait $a; echo autorate-exit=$? >> {o}/ar.log"
     );
     let out = guest_run(&job, &dir.0, 180);
     assert!(
@@ -57,6 +62,21 @@ fn guest_adds_cake_tc_reads_it_back_and_the_monitor_keeps_its_statistics() {
     assert_eq!(q["options"]["bandwidth"], 2_500_000);
     assert_eq!(q["options"]["diffserv"], "diffserv3");
     assert_eq!(q["options"]["nat"], true);
+
+    // autorate set CAKE's bandwidth over netlink (12 Mbit/s = 1 500 000 B/s, the upload's
+    // BASE on lo), the rest of its options as they were; replaced by pfifo, it was left alone.
+    let ar: serde_json::Value = serde_json::from_str(&read("ar.json")).expect("tc -j output");
+    assert_eq!(ar[0]["kind"], "cake");
+    assert_eq!(ar[0]["options"]["bandwidth"], 1_500_000);
+    assert_eq!(ar[0]["options"]["diffserv"], "diffserv3");
+    assert_eq!(ar[0]["options"]["nat"], true);
+    let arlog = read("ar.log");
+    assert!(arlog.contains("CAKE on lo (up)"), "{arlog}");
+    assert!(
+        arlog.contains("CAKE on lo (up) was removed or replaced"),
+        "{arlog}"
+    );
+    assert!(arlog.contains("autorate-exit=0"), "{arlog}");
 
     let log = read("mon.log");
     assert!(log.contains("monitor-exit=0"), "{log}");

@@ -44,6 +44,13 @@ pub struct Run {
     pub fix: Fix,
     pub summary: Summary,
     pub file: PathBuf,
+    /// Best-effort probes' round trip under load, p95, minus its idle median, ms.
+    pub added_p95_ms: Option<f64>,
+    /// With autorate: its log and how many changes it made.
+    pub autorate: Option<(PathBuf, u64)>,
+    /// The slowest link's mean rate over the load phase (down, up), bits per second: what the
+    /// run could deliver at most (each run meets the line's trace or schedule from its start).
+    pub capacity_bps: (f64, f64),
 }
 
 pub struct Comparison {
@@ -62,7 +69,29 @@ impl Comparison {
             .iter()
             .map(|r| (r.fix.label(), &r.summary))
             .collect();
-        bloatlab_report::table::table(&cols)
+        let mut out = bloatlab_report::table::table(&cols);
+        for r in &self.runs {
+            let (cd, cu) = r.capacity_bps;
+            let t = &r.summary.throughput_mbps;
+            let share = |mbps: Option<f64>, cap: f64| {
+                mbps.filter(|_| cap > 0.0)
+                    .map_or("-".into(), |m| format!("{:.0}%", m * 1e6 / cap * 100.0))
+            };
+            out += &format!(
+                "{:<26} added p95 {:>7} ms; delivered {} down, {} up of the line's \
+                 {:.1} / {:.1} Mbit/s{}\n",
+                r.fix.label(),
+                r.added_p95_ms.map_or("-".into(), |v| format!("{v:.1}")),
+                share(t.down, cd),
+                share(t.up, cu),
+                cd / 1e6,
+                cu / 1e6,
+                r.autorate
+                    .as_ref()
+                    .map_or(String::new(), |(_, n)| format!("; {n} rate changes"))
+            );
+        }
+        out
     }
 
     /// `{"runs": [{"fix", "file", "summary"}, ...]}`.
@@ -75,6 +104,10 @@ impl Comparison {
                     "fix": r.fix.name(),
                     "file": r.file,
                     "summary": r.summary,
+                    "added_p95_ms": r.added_p95_ms,
+                    "autorate_log": r.autorate.as_ref().map(|a| &a.0),
+                    "rate_changes": r.autorate.as_ref().map(|a| a.1),
+                    "capacity_bps": { "down": r.capacity_bps.0, "up": r.capacity_bps.1 },
                 })
             })
             .collect();
@@ -108,6 +141,22 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
         .map(|f| place(&topo, *f).map(|s| (*f, s)))
         .collect::<Result<Vec<_>, _>>()?;
     let topo_name = topo.name.clone();
+    let line = placement::slowest(&topo)?;
+    // The load phase after 5 s idle, as `run_test` makes it.
+    let (from, to) = (5_000_000_000, ((5.0 + o.length) * 1e9) as u64);
+    let rate = |r: &bloatlab_lab_model::rate::Rate| r.mean_between(from, to).unwrap_or(0) as f64;
+    let capacity_bps = (rate(&line.down.rate), rate(&line.up.rate));
+    let (router, line_name) = (line.a.clone(), line.name.clone());
+    let moving = if fixes.iter().any(|f| f.autorate_law().is_some()) {
+        let (front, up_dir) = placement::front(&topo)?;
+        Some((
+            front.name.clone(),
+            up_dir,
+            placement::autorate_bounds(&topo)?,
+        ))
+    } else {
+        None
+    };
     let session = Session::up(topo, o)?;
     let stamp = stamp();
     let mut runs = Vec::new();
@@ -125,7 +174,7 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
             for s in settings {
                 session.lab.shared.set(&s.link, s.dir, &s.kv)?;
             }
-            Ok(())
+            session.lab.shared.restart_rates(&line_name)
         })();
         if let Err(e) = applied {
             failure = Some(e);
@@ -143,13 +192,38 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
             fix.label(),
             o.length
         ));
-        match session.run_test(o, &file) {
-            Ok(summary) => runs.push(Run {
-                fix: *fix,
-                summary,
-                file,
-            }),
-            Err(e) => {
+        let mover = match (fix.autorate_law(), &moving) {
+            (Some(law), Some((link, up_dir, (down, up)))) => {
+                let log = o.out_dir.join(format!(
+                    "bloatlab-{topo_name}-{}-{stamp}.autorate.jsonl",
+                    fix.name()
+                ));
+                let shaper = bloatlab_autorate::shaper::Lab {
+                    socket: session.info.socket.clone(),
+                    lab: session.info.name.clone(),
+                    link: link.clone(),
+                    up_dir,
+                };
+                let cfg = bloatlab_autorate::Config::new(law, *down, *up);
+                Some(session.start_autorate(&router, shaper, cfg, log, o.quiet))
+            }
+            _ => None,
+        };
+        let outcome = session.run_test(o, &file);
+        let moved = mover.map(AutorateRun::finish).transpose();
+        match (outcome, moved) {
+            (Ok(summary), Ok(autorate)) => {
+                let added_p95_ms = added_p95(&file);
+                runs.push(Run {
+                    fix: *fix,
+                    summary,
+                    file,
+                    added_p95_ms,
+                    autorate,
+                    capacity_bps,
+                })
+            }
+            (Err(e), _) | (_, Err(e)) => {
                 failure = Some(e);
                 break;
             }
@@ -233,6 +307,84 @@ impl Session {
     fn namespace(&self, host: &str) -> &str {
         &self.info.hosts[host].namespace
     }
+
+    /// autorate on lab host `host` (the router), probing this session's server and moving
+    /// the emulated CAKE, until the returned run is finished.
+    fn start_autorate(
+        &self,
+        host: &str,
+        mut shaper: bloatlab_autorate::shaper::Lab,
+        controller: bloatlab_autorate::Config,
+        log: PathBuf,
+        quiet: bool,
+    ) -> AutorateRun {
+        let stop = Arc::new(AtomicBool::new(false));
+        let cfg = bloatlab_autorate::run::AutorateConfig {
+            target: self.target.clone(),
+            probe_rate: 20.0,
+            key: None,
+            controller,
+            on_exit: bloatlab_autorate::run::OnExit::Last,
+            log: Some(log.clone()),
+            metrics: None,
+            stop: stop.clone(),
+        };
+        let ns = self.namespace(host).to_string();
+        let say: bloatlab_autorate::run::Say = Arc::new(move |m: &str| {
+            if !quiet {
+                eprintln!("autorate: {m}");
+            }
+        });
+        let thread = std::thread::spawn(move || {
+            in_netns(&ns, || {
+                bloatlab_autorate::run::run(cfg, &mut shaper, say).map_err(|e| e.to_string())
+            })?
+        });
+        AutorateRun {
+            stop,
+            thread: Some(thread),
+            log,
+        }
+    }
+}
+
+/// autorate beside a run; stopped (and waited for) when finished or dropped.
+struct AutorateRun {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<bloatlab_autorate::run::Summary, String>>>,
+    log: PathBuf,
+}
+
+impl AutorateRun {
+    /// Its log and the number of rate changes.
+    fn finish(mut self) -> Result<(PathBuf, u64), String> {
+        self.stop.store(true, Ordering::Relaxed);
+        let t = self.thread.take().expect("finished once");
+        let s = t.join().map_err(|_| "autorate panicked".to_string())??;
+        Ok((self.log.clone(), s.changes))
+    }
+}
+
+impl Drop for AutorateRun {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The best-effort probes' p95 round trip under load minus their idle median, ms.
+fn added_p95(file: &Path) -> Option<f64> {
+    let r = bloatlab_result::read(file).ok()?;
+    let (mut idle, mut loaded) = bloatlab_analyze::summarize::class_rtts(&r, "be");
+    idle.sort_by(f64::total_cmp);
+    loaded.sort_by(f64::total_cmp);
+    if idle.is_empty() || loaded.is_empty() {
+        return None;
+    }
+    let q = bloatlab_analyze::stats::quantile_sorted;
+    Some(q(&loaded, 0.95) - q(&idle, 0.5))
 }
 
 impl Drop for Session {

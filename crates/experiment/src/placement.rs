@@ -20,6 +20,13 @@ pub enum Fix {
     Cake,
     /// The same with `ack-filter` on the upload, as tc-cake(8) suggests for asymmetric links.
     CakeAckFilter,
+    /// CAKE at 95% of the line's highest rate (a line that moves: set for its good times).
+    CakeMax,
+    /// CAKE from 95% of the line's mean rate, moved by `bloatlab autorate` (ours) running on
+    /// the router through the whole run.
+    Autorate,
+    /// The same with cake-autorate's law and defaults, as our controller re-implements them.
+    CakeAutorateLaw,
 }
 
 impl Fix {
@@ -29,8 +36,12 @@ impl Fix {
             "htb-fq_codel" | "fq_codel" | "htb+fq_codel" => Ok(Fix::HtbFqCodel),
             "cake" => Ok(Fix::Cake),
             "cake+ack-filter" | "cake-ack-filter" => Ok(Fix::CakeAckFilter),
+            "cake-max" => Ok(Fix::CakeMax),
+            "autorate" => Ok(Fix::Autorate),
+            "cake-autorate" | "cake-autorate-law" => Ok(Fix::CakeAutorateLaw),
             other => Err(format!(
-                "fix `{other}`: want fifo, htb-fq_codel, cake or cake+ack-filter"
+                "fix `{other}`: want fifo, htb-fq_codel, cake, cake+ack-filter, cake-max, \
+                 autorate or cake-autorate"
             )),
         }
     }
@@ -41,6 +52,9 @@ impl Fix {
             Fix::HtbFqCodel => "htb-fq_codel",
             Fix::Cake => "cake",
             Fix::CakeAckFilter => "cake+ack-filter",
+            Fix::CakeMax => "cake-max",
+            Fix::Autorate => "autorate",
+            Fix::CakeAutorateLaw => "cake-autorate",
         }
     }
 
@@ -51,6 +65,18 @@ impl Fix {
             Fix::HtbFqCodel => "HTB+fq_codel 95%",
             Fix::Cake => "CAKE 95%",
             Fix::CakeAckFilter => "CAKE+ACK filter 95%",
+            Fix::CakeMax => "CAKE at MAX",
+            Fix::Autorate => "CAKE + autorate",
+            Fix::CakeAutorateLaw => "cake-autorate law (re-impl.)",
+        }
+    }
+
+    /// The controller's law when autorate moves the shaper.
+    pub fn autorate_law(self) -> Option<bloatlab_autorate::Law> {
+        match self {
+            Fix::Autorate => Some(bloatlab_autorate::Law::Bloatlab),
+            Fix::CakeAutorateLaw => Some(bloatlab_autorate::Law::CakeAutorate),
+            _ => None,
         }
     }
 }
@@ -111,8 +137,12 @@ pub fn slowest(topo: &Topology) -> Result<&LinkSpec, String> {
 pub fn place(topo: &Topology, fix: Fix) -> Result<Vec<Setting>, String> {
     let spec = slowest(topo)?;
     let kbit = |r: &Rate| {
-        r.mean_bps()
-            .map(|bps| (bps as f64 * SHAPER_SHARE / 1000.0).round() as u64)
+        let bps = if fix == Fix::CakeMax {
+            r.max_bps()
+        } else {
+            r.mean_bps()
+        };
+        bps.map(|bps| (bps as f64 * SHAPER_SHARE / 1000.0).round() as u64)
     };
     place_at(
         topo,
@@ -132,29 +162,7 @@ pub fn place_at(topo: &Topology, fix: Fix, shaper: Shaper) -> Result<Vec<Setting
     if fix == Fix::Fifo {
         return Ok(Vec::new());
     }
-    // The router: the slowest link's end nearer the user (`a`). The shaper sits on the other
-    // link that ends there, whichever way round that link was written.
-    let router = &spec.a;
-    let (front, toward_router) = topo
-        .links
-        .iter()
-        .filter(|l| l.name != spec.name)
-        .find_map(|l| {
-            if &l.b == router {
-                Some((l, "up"))
-            } else if &l.a == router {
-                Some((l, "down"))
-            } else {
-                None
-            }
-        })
-        .ok_or_else(|| {
-            format!(
-                "the slowest link `{}` starts at `{router}`, which has no other \
-            link: add a router hop in front of it to hold the shaper",
-                spec.name
-            )
-        })?;
+    let (front, toward_router) = front(topo)?;
     let away_from_router = if toward_router == "up" { "down" } else { "up" };
     let mut out = Vec::new();
     for (dir, kbit, ingress, line) in [
@@ -177,7 +185,7 @@ pub fn place_at(topo: &Topology, fix: Fix, shaper: Shaper) -> Result<Vec<Setting
                 }
                 kv
             }
-            Fix::Cake | Fix::CakeAckFilter => {
+            _ => {
                 let mut words = format!("cake bandwidth {kbit}kbit");
                 match (line.overhead, line.atm) {
                     // A cable line: the keyword a cable user sets (18 bytes, mpu 64).
@@ -192,7 +200,6 @@ pub fn place_at(topo: &Topology, fix: Fix, shaper: Shaper) -> Result<Vec<Setting
                 }
                 vec![("qdisc", words)]
             }
-            Fix::Fifo => unreachable!(),
         };
         out.push(Setting {
             link: front.name.clone(),
@@ -201,6 +208,51 @@ pub fn place_at(topo: &Topology, fix: Fix, shaper: Shaper) -> Result<Vec<Setting
         });
     }
     Ok(out)
+}
+
+/// The link the shaper sits on, in front of the slowest one at its router (the slowest link's
+/// end nearer the user, `a`), and that link's direction toward the router (the upload's).
+pub fn front(topo: &Topology) -> Result<(&LinkSpec, &'static str), String> {
+    let spec = slowest(topo)?;
+    let router = &spec.a;
+    topo.links
+        .iter()
+        .filter(|l| l.name != spec.name)
+        .find_map(|l| {
+            if &l.b == router {
+                Some((l, "up"))
+            } else if &l.a == router {
+                Some((l, "down"))
+            } else {
+                None
+            }
+        })
+        .ok_or_else(|| {
+            format!(
+                "the slowest link `{}` starts at `{router}`, which has no other \
+            link: add a router hop in front of it to hold the shaper",
+                spec.name
+            )
+        })
+}
+
+/// autorate's MIN:BASE:MAX for each way (down, up) of the slowest link: BASE the fixed
+/// shaper's 95% of the mean rate, MAX 95% of its busiest second, MIN a fifth of BASE.
+pub fn autorate_bounds(
+    topo: &Topology,
+) -> Result<(bloatlab_autorate::Bounds, bloatlab_autorate::Bounds), String> {
+    let spec = slowest(topo)?;
+    let bounds = |r: &Rate, way: &str| {
+        let (Some(mean), Some(max)) = (r.mean_bps(), r.max_bps()) else {
+            return Err(format!("the slowest link's {way} has no rate to move"));
+        };
+        let base = mean as f64 * SHAPER_SHARE;
+        bloatlab_autorate::Bounds::new(base / 5.0, base, max as f64 * SHAPER_SHARE)
+    };
+    Ok((
+        bounds(&spec.down.rate, "down")?,
+        bounds(&spec.up.rate, "up")?,
+    ))
 }
 
 #[cfg(test)]

@@ -229,6 +229,18 @@ impl DirConfig {
                     }
                 }
             }
+            // `tc qdisc change ... cake bandwidth X`: CAKE's shaper rate alone, its queues and
+            // their state kept (what autorate changes, many times a second).
+            "bandwidth" => match &mut self.qdisc.kind {
+                QdiscKind::Cake(p) => {
+                    p.bandwidth_bps = if v == "unlimited" { 0 } else { parse_rate(v)? }
+                }
+                _ => {
+                    return Err(ConfigError::Value(format!(
+                        "bandwidth {v}: only a cake qdisc has one (set qdisc=\"cake ...\" first)"
+                    )))
+                }
+            },
             "limit" => self.qdisc.limit = Some(parse_limit(v)?),
             "target" => self.qdisc.target_ns = parse_time_ns(v)?,
             "interval" => self.qdisc.interval_ns = parse_time_ns(v)?,
@@ -340,7 +352,14 @@ impl DirConfig {
                     self.rate.mean_bps().unwrap_or(0) as f64 / 1e6
                 )
             }
-            Rate::Schedule(s) => format!("schedule of {} rates", s.len()),
+            Rate::Schedule { steps, period_ns } => match period_ns {
+                Some(p) => format!(
+                    "schedule of {} rates repeating every {} s",
+                    steps.len(),
+                    p / 1_000_000_000
+                ),
+                None => format!("schedule of {} rates", steps.len()),
+            },
         };
         let mut out = format!("{rate}, delay {} ms", self.delay_ns as f64 / 1e6);
         if self.jitter_ns > 0 {

@@ -81,12 +81,24 @@ impl LinkDirection {
         &self.cfg
     }
 
+    /// A trace or schedule starts again from its beginning at `now` (so that each run of a
+    /// comparison meets the same line).
+    pub fn restart_rate(&mut self, now: u64) {
+        self.pump(now);
+        self.serializer = Serializer::new(self.cfg.rate.clone(), now);
+    }
+
     /// Applies a new configuration at `now`. Queued packets move to a new qdisc when the
     /// discipline changed; packets already on the wire keep their times.
     pub fn reconfigure(&mut self, cfg: DirConfig, now: u64) {
         self.pump(now);
         let framing = (cfg.overhead, cfg.atm) != (self.cfg.overhead, self.cfg.atm);
-        if cfg.qdisc != self.cfg.qdisc
+        let in_place = cfg.qdisc != self.cfg.qdisc
+            && cfg.rate == self.cfg.rate
+            && cfg.mtu == self.cfg.mtu
+            && !framing
+            && self.qdisc.change_in_place(&cfg.qdisc);
+        if (cfg.qdisc != self.cfg.qdisc && !in_place)
             || cfg.rate != self.cfg.rate
             || cfg.mtu != self.cfg.mtu
             || framing
@@ -598,6 +610,41 @@ mod tests {
         let mut d = dir(&[("mtu", "1400")]);
         d.arrive(udp4(1500, 1, 2, 0), 0);
         assert_eq!(d.stats.drops.mtu, 1);
+    }
+
+    #[test]
+    fn a_new_cake_bandwidth_applies_in_place_as_tc_change_does() {
+        let mut d = dir(&[("rate", "100mbit"), ("qdisc", "cake bandwidth 1mbit")]);
+        for _ in 0..10 {
+            d.arrive(udp4(1500, 1, 2, 0), 0);
+        }
+        // Packets leave at 1 Mbit/s (12 ms each) for 20 ms, then autorate moves the shaper to
+        // 100 Mbit/s.
+        let before = (0..20 * MS)
+            .step_by(MS as usize)
+            .filter_map(|t| d.poll(t))
+            .count();
+        assert!((1..=2).contains(&before), "{before}");
+        let mut c = d.config().clone();
+        c.set("bandwidth", "100mbit", &noop).unwrap();
+        d.reconfigure(c, 20 * MS);
+        assert_eq!(d.cake_stats().unwrap().rate_bps, 100_000_000);
+        let mut out = Vec::new();
+        drain(&mut d, &mut out);
+        // The same qdisc, its counters and COBALT's state kept: all ten count (a new one would
+        // have counted only those moved into it), and COBALT drops one that waited 24 ms.
+        let tins = d.cake_stats().unwrap().tins;
+        let sent: u64 = tins.iter().map(|t| t.packets).sum();
+        let dropped: u64 = tins.iter().map(|t| t.drops).sum();
+        assert_eq!(sent, 10);
+        assert_eq!(out.len() as u64 + dropped, 10 - before as u64);
+        // The packet whose time was set at the old rate leaves at 24 ms (as the kernel's
+        // time_next_packet), the rest 0.12 ms apart at the new one.
+        let last = out.last().unwrap().0;
+        assert!((24 * MS..26 * MS).contains(&last), "{last}");
+        // Only CAKE has a bandwidth to change.
+        let mut fifo = dir(&[]).config().clone();
+        assert!(fifo.set("bandwidth", "1mbit", &noop).is_err());
     }
 
     #[test]

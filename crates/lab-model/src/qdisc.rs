@@ -22,6 +22,11 @@ pub trait Qdisc: Send {
         // At each packet's own arrival time: sojourn 0, so no AQM acts on the move.
         std::iter::from_fn(|| self.dequeue(0, &mut scratch)).collect()
     }
+    /// Takes a new shaper rate in place, state kept, when that is all `to` changes (as
+    /// `cake_change` with only a bandwidth); false: the caller builds a new qdisc.
+    fn change_in_place(&mut self, _to: &crate::config::QdiscConfig) -> bool {
+        false
+    }
     /// CAKE's per-tin statistics.
     fn cake_stats(&self) -> Option<bloatlab_result::lab::CakeStats> {
         None

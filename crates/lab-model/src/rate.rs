@@ -2,6 +2,8 @@
 
 use crate::values::{parse_rate, ConfigError};
 use crate::MS;
+#[cfg(test)]
+const S: u64 = 1_000_000_000;
 
 /// A mahimahi delivery opportunity carries this many bytes (its `PACKET_SIZE`: a 1500-byte
 /// packet plus the 4 bytes of its TUN framing).
@@ -18,8 +20,12 @@ pub enum Rate {
         opportunities_ms: Vec<u64>,
         period_ms: u64,
     },
-    /// `SECONDS RATE` per line: from that time on, that rate; the last one holds.
-    Schedule(Vec<(u64, u64)>),
+    /// `SECONDS RATE` per line: from that time on, that rate; the last one holds, or with a
+    /// `repeat SECONDS` line the whole schedule starts again after that long.
+    Schedule {
+        steps: Vec<(u64, u64)>,
+        period_ns: Option<u64>,
+    },
 }
 
 impl Rate {
@@ -57,6 +63,7 @@ impl Rate {
 
     pub fn parse_schedule(text: &str) -> Result<Rate, ConfigError> {
         let mut steps = Vec::new();
+        let mut period_ns = None;
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -69,6 +76,14 @@ impl Rate {
                 ))
             };
             let (t, r) = line.split_once(char::is_whitespace).ok_or_else(bad)?;
+            if t == "repeat" {
+                let secs: f64 = r.trim().parse().map_err(|_| bad())?;
+                if !(secs > 0.0 && secs.is_finite()) {
+                    return Err(bad());
+                }
+                period_ns = Some((secs * 1e9) as u64);
+                continue;
+            }
             let secs: f64 = t.trim().parse().map_err(|_| bad())?;
             if !(secs >= 0.0 && secs.is_finite()) {
                 return Err(bad());
@@ -79,7 +94,76 @@ impl Rate {
             return Err(ConfigError::Value("empty rate schedule".into()));
         }
         steps.sort_by_key(|s| s.0);
-        Ok(Rate::Schedule(steps))
+        if period_ns.is_some_and(|p| steps.last().is_some_and(|s| s.0 >= p)) {
+            return Err(ConfigError::Value(
+                "schedule: `repeat` must come after the last step's time".into(),
+            ));
+        }
+        Ok(Rate::Schedule { steps, period_ns })
+    }
+
+    /// The rate at `since_ns` into a schedule.
+    fn scheduled(steps: &[(u64, u64)], period_ns: Option<u64>, since_ns: u64) -> u64 {
+        let t = period_ns.map_or(since_ns, |p| since_ns % p);
+        steps
+            .iter()
+            .take_while(|s| s.0 <= t)
+            .last()
+            .map_or(steps[0].1, |s| s.1)
+    }
+
+    /// The mean rate from `from_ns` to `to_ns` after the trace or schedule began (what a
+    /// test in that window could carry at most); None when unlimited.
+    pub fn mean_between(&self, from_ns: u64, to_ns: u64) -> Option<u64> {
+        let span = to_ns.saturating_sub(from_ns).max(1);
+        match self {
+            Rate::Unlimited => None,
+            Rate::BitsPerSecond(b) => Some(*b),
+            Rate::Schedule { steps, period_ns } => {
+                // 1 ms steps: schedules change on whole milliseconds at most.
+                let n = (span / MS).max(1);
+                let sum: u128 = (0..n)
+                    .map(|i| Rate::scheduled(steps, *period_ns, from_ns + i * MS) as u128)
+                    .sum();
+                Some((sum / n as u128) as u64)
+            }
+            Rate::Trace {
+                opportunities_ms,
+                period_ms,
+            } => {
+                let (from_ms, to_ms) = (from_ns / MS, to_ns / MS);
+                let count = |until_ms: u64| -> u64 {
+                    let n = opportunities_ms.len() as u64;
+                    let laps = until_ms / period_ms;
+                    let rest = until_ms % period_ms;
+                    laps * n + opportunities_ms.iter().filter(|&&t| t <= rest).count() as u64
+                };
+                let ops = count(to_ms) - count(from_ms);
+                Some(ops * TRACE_OPPORTUNITY_BYTES as u64 * 8 * 1_000_000_000 / span)
+            }
+        }
+    }
+
+    /// The highest rate over any whole second: a trace's busiest second, a schedule's highest
+    /// step (what autorate's MAX may reach); None when unlimited.
+    pub fn max_bps(&self) -> Option<u64> {
+        match self {
+            Rate::Unlimited => None,
+            Rate::BitsPerSecond(b) => Some(*b),
+            Rate::Trace {
+                opportunities_ms, ..
+            } => {
+                let mut per_second = std::collections::BTreeMap::new();
+                for t in opportunities_ms {
+                    *per_second.entry(t.saturating_sub(1) / 1000).or_insert(0u64) += 1;
+                }
+                per_second
+                    .values()
+                    .max()
+                    .map(|n| n * TRACE_OPPORTUNITY_BYTES as u64 * 8)
+            }
+            Rate::Schedule { steps, .. } => steps.iter().map(|s| s.1).max(),
+        }
     }
 
     /// Mean rate in bit/s (for time-based buffer limits); None when unlimited.
@@ -94,7 +178,20 @@ impl Rate {
                 opportunities_ms.len() as u64 * TRACE_OPPORTUNITY_BYTES as u64 * 8 * 1000
                     / period_ms,
             ),
-            Rate::Schedule(steps) => {
+            // A repeating schedule: each step weighted by how long it holds.
+            Rate::Schedule {
+                steps,
+                period_ns: Some(p),
+            } => {
+                let ends = steps.iter().skip(1).map(|s| s.0).chain([*p]);
+                let bits: f64 = steps
+                    .iter()
+                    .zip(ends)
+                    .map(|(s, end)| s.1 as f64 * (end - s.0) as f64)
+                    .sum();
+                Some((bits / (*p - steps[0].0.min(*p)) as f64) as u64)
+            }
+            Rate::Schedule { steps, .. } => {
                 Some(steps.iter().map(|s| s.1).sum::<u64>() / steps.len() as u64)
             }
         }
@@ -141,15 +238,11 @@ impl Serializer {
         match &self.rate {
             Rate::Unlimited => start_ns,
             Rate::BitsPerSecond(bps) => at_rate(*bps),
-            Rate::Schedule(steps) => {
-                let since = start_ns.saturating_sub(self.origin_ns);
-                let bps = steps
-                    .iter()
-                    .take_while(|s| s.0 <= since)
-                    .last()
-                    .map_or(steps[0].1, |s| s.1);
-                at_rate(bps)
-            }
+            Rate::Schedule { steps, period_ns } => at_rate(Rate::scheduled(
+                steps,
+                *period_ns,
+                start_ns.saturating_sub(self.origin_ns),
+            )),
             Rate::Trace { .. } => {
                 // Opportunities before the start are lost (mahimahi: unused ones do not carry).
                 while self.op_time(self.op_index) < start_ns {
@@ -209,5 +302,23 @@ mod tests {
         assert_eq!(s.departure(0, 1250), 1_000_000);
         assert_eq!(s.departure(3_000_000_000, 1250), 3_010_000_000);
         assert!(Rate::parse_schedule("x y").is_err());
+        assert!(Rate::parse_schedule("0 10mbit\n5 1mbit\nrepeat 5").is_err());
+    }
+
+    #[test]
+    fn a_repeating_schedule_starts_again_and_its_mean_weighs_each_step_by_its_time() {
+        // 10 Mbit/s for 1 s, 1 Mbit/s for 3 s, again and again.
+        let r = Rate::parse_schedule("0 10mbit\n1 1mbit\nrepeat 4\n").unwrap();
+        assert_eq!(r.mean_bps(), Some(3_250_000));
+        assert_eq!(r.max_bps(), Some(10_000_000));
+        assert_eq!(r.mean_between(0, 2 * S), Some(5_500_000));
+        assert_eq!(r.mean_between(4 * S, 8 * S), Some(3_250_000));
+        let lte = Rate::parse_trace("1\n2\n3\n4\n").unwrap();
+        assert_eq!(lte.mean_between(0, 8 * MS), Some(12_032_000));
+        let mut s = Serializer::new(r, 0);
+        // 1250 bytes: 1 ms at 10 Mbit/s, 10 ms at 1 Mbit/s.
+        for (start, took) in [(0, MS), (2 * S, 10 * MS), (4 * S, MS), (9 * S, 10 * MS)] {
+            assert_eq!(s.departure(start, 1250), start + took, "at {start}");
+        }
     }
 }

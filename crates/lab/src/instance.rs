@@ -425,6 +425,20 @@ impl Shared {
         Ok(format!("{link} {dir}: {}", out.join(" | ")))
     }
 
+    /// Starts both directions' trace or schedule of `link` again from their beginning.
+    pub fn restart_rates(&self, link: &str) -> Result<(), String> {
+        let i = self
+            .topo
+            .link(link)
+            .ok_or_else(|| format!("no link `{link}`"))?;
+        for d in [&self.links[i].up, &self.links[i].down] {
+            d.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .restart_rate(mono_ns());
+        }
+        Ok(())
+    }
+
     /// Puts both directions of a link back as the topology defined them.
     pub fn restore(&self, link: &str) -> Result<(), String> {
         let i = self

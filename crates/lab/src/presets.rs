@@ -137,6 +137,46 @@ down = { rate = "trace:builtin:wifi" }
 "#,
     ),
     (
+        "starlink",
+        r#"
+name = "starlink"
+description = """Starlink-like: capacity re-drawn every 15 s as the dish changes \
+satellite (40..150 Mbit/s down, 5..15 up, repeating every 2 min), 30 ms base RTT (fixed: the \
+lab does not move delay yet), 1000-packet buffers"""
+[[link]]
+name = "lan"
+a = "client"
+b = "router"
+[[link]]
+name = "sky"
+a = "router"
+b = "server"
+both = { delay = "15ms", limit = 1000 }
+up = { rate = "schedule:builtin:starlink-up" }
+down = { rate = "schedule:builtin:starlink-down" }
+"#,
+    ),
+    (
+        "cable-evening",
+        r#"
+name = "cable-evening"
+description = """DOCSIS cable 60/4 Mbit/s whose segment fills at 21:00: a minute at full \
+rate, then half (30/2) for 10 minutes, then full again (repeating every 12 min); 15 ms base \
+RTT, 1000-packet modem FIFO"""
+[[link]]
+name = "lan"
+a = "client"
+b = "router"
+[[link]]
+name = "wan"
+a = "router"
+b = "server"
+both = { delay = "7.5ms", limit = 1000, overhead = 18 }
+up = { rate = "schedule:builtin:cable-evening-up" }
+down = { rate = "schedule:builtin:cable-evening-down" }
+"#,
+    ),
+    (
         "home",
         r#"
 name = "home"
@@ -227,11 +267,34 @@ pub fn wifi_trace() -> String {
     out
 }
 
+/// A repeating schedule of these Mbit/s, 15 s each (Starlink reallocates every 15 s).
+fn every_15s(mbps: &[u64]) -> String {
+    let mut out: String = mbps
+        .iter()
+        .enumerate()
+        .map(|(i, m)| format!("{} {m}mbit\n", i * 15))
+        .collect();
+    out += &format!("repeat {}\n", mbps.len() * 15);
+    out
+}
+
+/// A minute at `mbps`, ten at half, repeating every 12 minutes.
+fn halving(mbps: u64) -> String {
+    format!(
+        "0 {mbps}mbit\n60 {}kbit\n660 {mbps}mbit\nrepeat 720\n",
+        mbps * 500
+    )
+}
+
 /// File reader for topology settings: `builtin:` names, else the file system.
 pub fn read_file(path: &str) -> Result<String, String> {
     match path {
         "builtin:lte" => Ok(lte_trace()),
         "builtin:wifi" => Ok(wifi_trace()),
+        "builtin:starlink-down" => Ok(every_15s(&[100, 60, 150, 80, 40, 120, 90, 70])),
+        "builtin:starlink-up" => Ok(every_15s(&[12, 8, 15, 10, 5, 14, 9, 7])),
+        "builtin:cable-evening-down" => Ok(halving(60)),
+        "builtin:cable-evening-up" => Ok(halving(4)),
         p => std::fs::read_to_string(p).map_err(|e| format!("{p}: {e}")),
     }
 }
@@ -240,6 +303,29 @@ pub fn read_file(path: &str) -> Result<String, String> {
 mod tests {
     use super::*;
     use crate::Topology;
+
+    #[test]
+    fn moving_lines_have_the_mean_and_the_peak_their_descriptions_give() {
+        let line = |preset: &str, link: &str| {
+            let t = Topology::from_toml(get(preset).unwrap(), &read_file).unwrap();
+            let l = t.links.iter().find(|l| l.name == link).unwrap().clone();
+            (
+                l.down.rate.mean_bps(),
+                l.down.rate.max_bps(),
+                l.up.rate.max_bps(),
+            )
+        };
+        // (100 + 60 + 150 + 80 + 40 + 120 + 90 + 70) / 8 Mbit/s, 15 s each.
+        assert_eq!(
+            line("starlink", "sky"),
+            (Some(88_750_000), Some(150_000_000), Some(15_000_000))
+        );
+        // 60 for 1 minute, 30 for 10, 60 for 1: 35 Mbit/s over the 12.
+        assert_eq!(
+            line("cable-evening", "wan"),
+            (Some(35_000_000), Some(60_000_000), Some(4_000_000))
+        );
+    }
 
     #[test]
     fn every_preset_parses() {

@@ -27,6 +27,8 @@ pub struct Sample {
     /// One-way delays with the clock offset of the session's fastest echoes so far.
     pub owd_up_ms: Option<f64>,
     pub owd_down_ms: Option<f64>,
+    /// The four timestamps (each side's own clock), for a caller that keeps its own offset.
+    pub echo: Option<Echo>,
 }
 
 pub struct Watch {
@@ -35,6 +37,7 @@ pub struct Watch {
     size: u16,
     key: Option<Arc<[u8]>>,
     session: Option<Session>,
+    prompt: bool,
 }
 
 struct Session {
@@ -43,6 +46,8 @@ struct Session {
     opened_ns: u64,
     /// Probes before this index are settled.
     settled: usize,
+    /// Probes at or after `settled` already settled out of order (prompt mode).
+    early: std::collections::HashSet<usize>,
     echoes: Vec<Echo>,
 }
 
@@ -60,7 +65,16 @@ impl Watch {
             size,
             key: key.map(Arc::from),
             session: None,
+            prompt: false,
         })
+    }
+
+    /// Settles each answered probe at once, before earlier ones still waiting for theirs (a
+    /// controller wants every delay now; in order, one lost probe holds the rest back for
+    /// [`LOSS_AFTER`]). The samples' one-way delays are then left to the caller (`echo`).
+    pub fn prompt(mut self) -> Watch {
+        self.prompt = true;
+        self
     }
 
     /// Whether a session is open (the server answered its handshake).
@@ -80,14 +94,14 @@ impl Watch {
             if ending || gone {
                 s.probes.stop_sending();
             }
-            s.settle(now, gone, &mut out);
+            s.settle(now, gone, self.prompt, &mut out);
             let done = (ending && s.probes.outstanding() == 0) || gone || {
                 let last = s.probes.log.lock().unwrap().recs.last().map(|r| r.t1);
                 ending && last.is_some_and(|t| now - t > LOSS_AFTER.as_nanos() as u64)
             };
             if done {
                 let mut s = self.session.take().expect("just seen");
-                s.settle(u64::MAX, true, &mut out);
+                s.settle(u64::MAX, true, false, &mut out);
                 s.probes.stop();
                 if !gone {
                     let _ = s.control.finish(Duration::from_millis(500));
@@ -127,38 +141,58 @@ impl Watch {
             probes,
             opened_ns: netio::mono_ns(),
             settled: 0,
+            early: Default::default(),
             echoes: Vec::new(),
         })
     }
 }
 
 impl Session {
-    /// Settles, in order, every probe answered or overdue at `now` (all of them when `all`).
-    fn settle(&mut self, now: u64, all: bool, out: &mut Vec<Sample>) {
+    /// Settles, in order, every probe answered or overdue at `now` (all of them when `all`);
+    /// when `prompt`, answered ones also past an earlier probe still waiting.
+    fn settle(&mut self, now: u64, all: bool, prompt: bool, out: &mut Vec<Sample>) {
         let log = self.probes.log.lock().unwrap();
-        let first = self.settled;
-        let mut end = first;
-        for r in &log.recs[first..] {
+        let mut settled = Vec::new();
+        let mut in_order = true;
+        for (i, r) in log.recs.iter().enumerate().skip(self.settled) {
             let overdue = now.saturating_sub(r.t1) > LOSS_AFTER.as_nanos() as u64;
-            if r.reply.is_none() && !overdue && !all {
+            let done = r.reply.is_some() || overdue || all;
+            if !done && !prompt {
                 break;
             }
-            end += 1;
-        }
-        let settled: Vec<_> = log.recs[first..end].to_vec();
-        drop(log);
-        self.settled = end;
-        for r in &settled {
-            if let Some((t2, t3, t4)) = r.reply {
-                self.echoes.push(Echo {
-                    t1: r.t1,
-                    t2,
-                    t3,
-                    t4,
-                });
+            in_order &= done;
+            let early = self.early.contains(&i);
+            if done && !early {
+                settled.push(*r);
+            }
+            if in_order {
+                self.settled = i + 1;
+                if early {
+                    self.early.remove(&i);
+                }
+            } else if done && !early {
+                self.early.insert(i);
             }
         }
-        let offset = clock::estimate(&self.echoes).map(|c| c.offset_ms);
+        drop(log);
+        // The session's offset from its fastest echoes, for the one-way delays in order; a
+        // prompt caller keeps its own from the echoes (and sorting every echo so far at each
+        // poll would cost it more than the rest of its loop).
+        let offset = if prompt {
+            None
+        } else {
+            for r in &settled {
+                if let Some((t2, t3, t4)) = r.reply {
+                    self.echoes.push(Echo {
+                        t1: r.t1,
+                        t2,
+                        t3,
+                        t4,
+                    });
+                }
+            }
+            clock::estimate(&self.echoes).map(|c| c.offset_ms)
+        };
         out.extend(settled.iter().map(|r| {
             let Some((t2, t3, t4)) = r.reply else {
                 return Sample {
@@ -166,6 +200,7 @@ impl Session {
                     rtt_ms: None,
                     owd_up_ms: None,
                     owd_down_ms: None,
+                    echo: None,
                 };
             };
             let e = Echo {
@@ -183,6 +218,7 @@ impl Session {
                 rtt_ms: Some(e.rtt_ns() as f64 / 1e6),
                 owd_up_ms: offset.map(|o| (up - o).max(0.0)),
                 owd_down_ms: offset.map(|o| (down + o).max(0.0)),
+                echo: Some(e),
             }
         }));
     }

@@ -252,6 +252,7 @@ mod tests {
             rtt_ms: rtt,
             owd_up_ms: None,
             owd_down_ms: None,
+            echo: None,
         };
         m.probe(&s(Some(12.0)), Some(LoadBand::Idle));
         m.probe(&s(Some(250.0)), Some(LoadBand::Busy));

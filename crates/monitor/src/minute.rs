@@ -134,6 +134,7 @@ mod tests {
             rtt_ms: rtt,
             owd_up_ms: rtt.map(|r| r * 0.75),
             owd_down_ms: rtt.map(|r| r * 0.25),
+            echo: None,
         }
     }
 

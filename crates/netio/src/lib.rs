@@ -2,6 +2,7 @@
 //! network stacks, and TCP_INFO / TCP_CONGESTION are Linux interfaces.
 
 pub mod icmp;
+pub mod rtnl;
 pub mod sendbuf;
 pub mod udp;
 

@@ -2,6 +2,7 @@
 //! Writers replace the file atomically (temp file + rename), so a run killed at any moment
 //! leaves the last complete snapshot, marked `partial`.
 
+pub mod autorate;
 pub mod history;
 pub mod lab;
 pub mod locate;

@@ -866,6 +866,25 @@ impl Qdisc for Cake {
         all
     }
 
+    /// `cake_change` with only `TCA_CAKE_BASE_RATE64`: the new rate, `cake_reconfigure`'s
+    /// per-tin thresholds and memory limit from it; flows, queues and CoDel state kept.
+    fn change_in_place(&mut self, to: &crate::config::QdiscConfig) -> bool {
+        let crate::config::QdiscKind::Cake(p) = &to.kind else {
+            return false;
+        };
+        let same_but_rate = CakeParams {
+            bandwidth_bps: p.bandwidth_bps,
+            ..self.p
+        };
+        if *p != same_but_rate {
+            return false;
+        }
+        self.p.bandwidth_bps = p.bandwidth_bps;
+        self.rate = p.bandwidth_bps / 8;
+        self.reconfigure();
+        true
+    }
+
     fn cake_stats(&self) -> Option<CakeStats> {
         Some(self.stats())
     }

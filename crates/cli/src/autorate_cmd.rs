@@ -1,0 +1,299 @@
+//! `bloatlab autorate`: arguments (and the same keys from a TOML file) and wiring.
+
+use crate::{fail, load_key, usage};
+use bloatlab_autorate::run::{AutorateConfig, OnExit};
+use bloatlab_autorate::shaper::{self, Shaper};
+use bloatlab_autorate::{Bounds, Config, Law};
+use clap::{Args, ValueEnum};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+#[derive(Clone, Copy, Debug, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LawArg {
+    /// Ours: 10 ms over the baseline, cuts bounded by what the line delivers and by the
+    /// rates that were safe, gentle probing above them.
+    Bloatlab,
+    /// cake-autorate's law and defaults (30 ms; re-implemented, for comparison).
+    CakeAutorate,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnExitArg {
+    /// Leave the last rate autorate set.
+    Last,
+    /// Put BASE back each way.
+    Base,
+}
+
+#[derive(Args, Default)]
+pub struct AutorateArgs {
+    /// A bloatlab server's HOST[:PORT], beyond the line: its UDP probes give one-way delay per
+    /// direction (no ICMP, which routers may deprioritise or filter; works through NAT).
+    pub host: Option<String>,
+    /// The WAN device with CAKE or HTB at its root: the upload's shaper; the download's is on
+    /// --ifb (default ifb4DEV, as sqm-scripts names it, when it exists). `lab:NAME` (or
+    /// `lab:NAME/LINK`): the emulated CAKE on a running lab's link.
+    #[arg(long)]
+    pub dev: Option<String>,
+    /// The download's shaper device (an IFB redirecting the WAN's ingress).
+    #[arg(long)]
+    pub ifb: Option<String>,
+    /// With HTB: the class whose rate and ceil move (default: the root HTB's only top class,
+    /// as sqm-scripts' 1:1).
+    #[arg(long, value_name = "MAJOR:MINOR")]
+    pub htb_class: Option<String>,
+    /// Download MIN:BASE:MAX (e.g. 10mbit:50mbit:80mbit): never below MIN or above MAX; BASE
+    /// is where it starts and where it returns when the line is idle.
+    #[arg(long, value_name = "MIN:BASE:MAX")]
+    pub down: Option<String>,
+    /// Upload MIN:BASE:MAX.
+    #[arg(long, value_name = "MIN:BASE:MAX")]
+    pub up: Option<String>,
+    /// Probes per second (10-50; 20 by default).
+    #[arg(long)]
+    pub probe_rate: Option<f64>,
+    #[arg(long, value_enum)]
+    pub law: Option<LawArg>,
+    /// No answers this long: both directions at MIN (default: hold the last rates that had no
+    /// bloat until answers return).
+    #[arg(long, value_parser = crate::monitor_cmd::duration)]
+    pub stall_to_min: Option<Duration>,
+    /// What SIGTERM or Ctrl-C leaves the shaper at.
+    #[arg(long, value_enum)]
+    pub on_exit: Option<OnExitArg>,
+    /// Run inside this network namespace (probes, counters and shaper alike).
+    #[arg(long)]
+    pub netns: Option<String>,
+    /// A log of JSON lines (format "bloatlab-autorate-log"): every rate change, once a second
+    /// the rates, load and delays.
+    #[arg(long)]
+    pub log: Option<PathBuf>,
+    /// Serve Prometheus gauges at http://ADDR:PORT/metrics.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<SocketAddr>,
+    /// The server's shared key (else BLOATLAB_KEY).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// Stop after this long (default: until SIGTERM or Ctrl-C).
+    #[arg(long, value_parser = crate::monitor_cmd::duration)]
+    pub duration: Option<Duration>,
+    /// A TOML file with the same keys (host, dev, ifb, htb_class, down, up, probe_rate, law,
+    /// stall_to_min, on_exit, netns, log, metrics, key); flags win over it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// The file's keys, as the flags.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    host: Option<String>,
+    dev: Option<String>,
+    ifb: Option<String>,
+    htb_class: Option<String>,
+    down: Option<String>,
+    up: Option<String>,
+    probe_rate: Option<f64>,
+    law: Option<LawArg>,
+    stall_to_min: Option<String>,
+    on_exit: Option<OnExitArg>,
+    netns: Option<String>,
+    log: Option<PathBuf>,
+    metrics: Option<SocketAddr>,
+    key: Option<PathBuf>,
+}
+
+/// MIN:BASE:MAX, each with its unit.
+pub fn bounds(s: &str) -> Result<Bounds, String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let [min, base, max] = parts[..] else {
+        return Err(format!(
+            "`{s}`: want MIN:BASE:MAX, e.g. 10mbit:50mbit:80mbit"
+        ));
+    };
+    let r = |x: &str| bloatlab_units::parse_rate(x).map(|v| v as f64);
+    Bounds::new(r(min)?, r(base)?, r(max)?).map_err(|e| format!("`{s}`: {e}"))
+}
+
+/// The flags over the file's keys.
+fn merged(mut a: AutorateArgs) -> Result<AutorateArgs, String> {
+    let Some(path) = a.config.clone() else {
+        return Ok(a);
+    };
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("config {}: {e}", path.display()))?;
+    let f: FileConfig = toml::from_str(&text).map_err(|e| {
+        format!(
+            "config {}: {}",
+            path.display(),
+            e.message().lines().next().unwrap_or("")
+        )
+    })?;
+    let stall = f
+        .stall_to_min
+        .map(|s| crate::monitor_cmd::duration(&s))
+        .transpose()
+        .map_err(|e| format!("config {}: stall_to_min {e}", path.display()))?;
+    a.host = a.host.or(f.host);
+    a.dev = a.dev.or(f.dev);
+    a.ifb = a.ifb.or(f.ifb);
+    a.htb_class = a.htb_class.or(f.htb_class);
+    a.down = a.down.or(f.down);
+    a.up = a.up.or(f.up);
+    a.probe_rate = a.probe_rate.or(f.probe_rate);
+    a.law = a.law.or(f.law);
+    a.stall_to_min = a.stall_to_min.or(stall);
+    a.on_exit = a.on_exit.or(f.on_exit);
+    a.netns = a.netns.or(f.netns);
+    a.log = a.log.or(f.log);
+    a.metrics = a.metrics.or(f.metrics);
+    a.key = a.key.or(f.key);
+    Ok(a)
+}
+
+/// `lab:NAME[/LINK]`: the running lab's control socket and the link whose CAKE autorate
+/// moves (the one with CAKE both ways, unless named), its upload the direction CAKE does not
+/// shape in ingress mode; and the namespace of the lab's router, where autorate runs.
+fn lab_shaper(spec: &str) -> Result<(shaper::Lab, Option<String>), String> {
+    let (name, link) = spec.split_once('/').unwrap_or((spec, ""));
+    let info = bloatlab_lab::instance::running()
+        .into_iter()
+        .map(|(i, _)| i)
+        .find(|i| i.name == name)
+        .ok_or_else(|| format!("no running lab `{name}` (bloatlab lab list)"))?;
+    let stats = bloatlab_lab::control::counters(&info.socket)?;
+    let (link, l) = stats
+        .links
+        .iter()
+        .find(|(n, l)| {
+            if link.is_empty() {
+                l.up.cake.is_some() && l.down.cake.is_some()
+            } else {
+                *n == link
+            }
+        })
+        .ok_or_else(|| match link {
+            "" => format!("lab `{name}` has no link with CAKE both ways: set one first"),
+            _ => format!("lab `{name}` has no link `{link}`"),
+        })?;
+    let up_dir = if l.up.config.contains("ingress") {
+        "down"
+    } else {
+        "up"
+    };
+    let ns = info.hosts.get("router").map(|h| h.namespace.clone());
+    Ok((
+        shaper::Lab {
+            socket: info.socket.clone(),
+            lab: name.into(),
+            link: link.clone(),
+            up_dir,
+        },
+        ns,
+    ))
+}
+
+pub fn autorate(a: AutorateArgs, stop: Arc<AtomicBool>) -> ExitCode {
+    crate::ignore_sigpipe();
+    let a = match merged(a) {
+        Ok(a) => a,
+        Err(e) => return usage(e),
+    };
+    let need = |v: &Option<String>, what: &str| {
+        v.clone()
+            .ok_or_else(|| format!("autorate needs {what} (a flag, or the key in --config)"))
+    };
+    let parsed = (|| -> Result<_, String> {
+        let host = need(&a.host, "HOST")?;
+        let dev = need(&a.dev, "--dev")?;
+        let down =
+            bounds(&need(&a.down, "--down MIN:BASE:MAX")?).map_err(|e| format!("--down {e}"))?;
+        let up = bounds(&need(&a.up, "--up MIN:BASE:MAX")?).map_err(|e| format!("--up {e}"))?;
+        let rate = a.probe_rate.unwrap_or(20.0);
+        if !(10.0..=50.0).contains(&rate) {
+            return Err(format!(
+                "--probe-rate {rate}: want 10 to 50 probes per second"
+            ));
+        }
+        if bloatlab_measure::is_url(&host) {
+            return Err("autorate: HOST is a bloatlab server (HOST[:PORT]), not a URL".into());
+        }
+        let class = a
+            .htb_class
+            .as_deref()
+            .map(shaper::parse_handle)
+            .transpose()?;
+        Ok((host, dev, down, up, rate, class))
+    })();
+    let (host, dev, down, up, rate, class) = match parsed {
+        Ok(p) => p,
+        Err(e) => return usage(e),
+    };
+    let key = match load_key(a.key.as_deref()) {
+        Ok(k) => k,
+        Err(e) => return fail(e),
+    };
+    let law = match a.law.unwrap_or(LawArg::Bloatlab) {
+        LawArg::Bloatlab => Law::Bloatlab,
+        LawArg::CakeAutorate => Law::CakeAutorate,
+    };
+    let mut controller = Config::new(law, down, up);
+    controller.stall_to_min_ns = a.stall_to_min.map(|d| d.as_nanos() as u64);
+    let stop_at = a.duration;
+    let cfg = AutorateConfig {
+        target: host,
+        probe_rate: rate,
+        key,
+        controller,
+        on_exit: match a.on_exit.unwrap_or(OnExitArg::Last) {
+            OnExitArg::Last => OnExit::Last,
+            OnExitArg::Base => OnExit::Base,
+        },
+        log: a.log,
+        metrics: a.metrics,
+        stop: stop.clone(),
+    };
+    let say: bloatlab_autorate::run::Say = Arc::new(|line: &str| {
+        let stamp = humantime::format_rfc3339_seconds(SystemTime::now());
+        eprintln!("autorate: {stamp} {line}");
+    });
+    let (lab, mut netns) = match dev.strip_prefix("lab:").map(lab_shaper).transpose() {
+        Ok(Some((l, ns))) => (Some(l), ns),
+        Ok(None) => (None, None),
+        Err(e) => return fail(e),
+    };
+    if a.netns.is_some() {
+        netns = a.netns;
+    }
+    if let Some(limit) = stop_at {
+        let s = stop;
+        std::thread::spawn(move || {
+            std::thread::sleep(limit);
+            s.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
+    let work = move || -> Result<(), String> {
+        let mut shaper: Box<dyn Shaper> = match lab {
+            Some(l) => Box::new(l),
+            None => Box::new(shaper::Kernel::find(&dev, a.ifb.as_deref(), class)?),
+        };
+        bloatlab_autorate::run::run(cfg, shaper.as_mut(), say)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let outcome = match netns {
+        Some(ns) => bloatlab_lab::ns::in_netns(&ns, work).and_then(|r| r),
+        None => work(),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}

@@ -1,0 +1,339 @@
+//! `bloatlab autorate` against the kernel's HTB (its class rate changed over netlink while a
+//! real TCP upload runs and the line under it slows), on the lab's emulated moving lines
+//! (`lab compare --fix cake,autorate`), and its refusals.
+
+mod common;
+use common::*;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn class_rate(ns: &str, dev: &str) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "tc", "class", "show", "dev", dev])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.split_whitespace()
+        .skip_while(|w| *w != "rate")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no rate in `{text}`"))
+        .to_string()
+}
+
+/// `bloatlab autorate` in the client's namespace, moving the HTB on its c0 (the upload as
+/// `up` says), probing the topology's server; its stderr piped.
+fn on_the_client(t: &Topo, up: &str, extra: &[&str]) -> std::process::Child {
+    let server = format!("{SRV_ADDR}:9461");
+    let mut args = vec!["autorate", &server, "--netns", &t.cli, "--dev", "c0"];
+    args.extend(["--down", "5mbit:40mbit:50mbit", "--up", up]);
+    args.extend(extra);
+    command(&[], &args).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+/// autorate's log lines after the header.
+fn log_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    let header: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(header["format"], "bloatlab-autorate-log");
+    lines.map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// The client's own egress (c0) carries an HTB class, the upload's shaper, and the router's
+/// HTB is the line: 20 Mbit/s with a 1000-packet FIFO. Under a TCP upload the line slows to 8
+/// Mbit/s; autorate, probing the server, must move the shaper below the new rate (else that
+/// FIFO fills: 1000 x 1514 B at 8 Mbit/s is 1.5 s), and SIGTERM leaves BASE as asked.
+#[test]
+fn an_htb_class_follows_a_line_that_slows_under_a_real_upload() {
+    let _s = serial();
+    let t = match Topo::up("ar", 1000, "50mbit", "20mbit") {
+        Ok(t) => t,
+        Err(e) => return missing(&e),
+    };
+    let tc = |args: &[&str]| {
+        let mut a = vec!["ip", "netns", "exec", &t.cli, "tc"];
+        a.extend_from_slice(args);
+        sh(&a).unwrap();
+    };
+    tc(&[
+        "qdisc", "add", "dev", "c0", "root", "handle", "1:", "htb", "default", "1",
+    ]);
+    tc(&[
+        "class", "add", "dev", "c0", "parent", "1:", "classid", "1:1", "htb", "rate", "18mbit",
+        "overhead", "18",
+    ]);
+    // A short FIFO under it (this kernel has no fq_codel): the shaper's own queue stays small.
+    tc(&[
+        "qdisc", "add", "dev", "c0", "parent", "1:1", "pfifo", "limit", "50",
+    ]);
+    let _server = t.server();
+    let log = tmp_path("htb.autorate.jsonl");
+    let mut ar = on_the_client(
+        &t,
+        "2mbit:16mbit:20mbit",
+        &["--on-exit", "base", "--log", log.to_str().unwrap()],
+    );
+    wait_ms(1500);
+    // BASE on start: the class as the user left it, but the rate.
+    assert_eq!(class_rate(&t.cli, "c0"), "16Mbit");
+    let result = tmp_path("htb-upload.json.gz");
+    let load = command(
+        &t.exec(&t.cli),
+        &[
+            "test",
+            "tcp-up",
+            &format!("{SRV_ADDR}:9461"),
+            "-l",
+            "18",
+            "-q",
+            "-o",
+            result.to_str().unwrap(),
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn();
+    let mut load = load.unwrap();
+    let start = Instant::now();
+    wait_ms(8000);
+    let dropped_at = start.elapsed().as_secs_f64();
+    sh(&[
+        "ip", "netns", "exec", &t.rtr, "tc", "class", "change", "dev", "rs", "parent", "1:",
+        "classid", "1:1", "htb", "rate", "8mbit",
+    ])
+    .unwrap();
+    let _ = load.wait();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(ar.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = ar.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "autorate did not end on SIGTERM");
+        wait_ms(100);
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(ar.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stderr}");
+    assert_eq!(class_rate(&t.cli, "c0"), "16Mbit", "{stderr}");
+    // Overhead, quantum and the rest as they were: only the rates moved.
+    let shown = Command::new("ip")
+        .args(["netns", "exec", &t.cli, "tc", "class", "show", "dev", "c0"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&shown.stdout).contains("overhead 18"));
+
+    let lines = log_lines(&log);
+    // The log's clock starts about 1.5 s before the load's.
+    let drop_t = dropped_at + 1.5;
+    let ticks: Vec<&serde_json::Value> = lines.iter().filter(|l| l["event"] == "tick").collect();
+    let under = |from: f64, to: f64| {
+        ticks
+            .iter()
+            .filter(|l| (from..to).contains(&l["t"].as_f64().unwrap()))
+            .map(|l| (l["up_bps"].as_f64().unwrap(), l["up_delta_ms"].as_f64()))
+            .collect::<Vec<_>>()
+    };
+    let before = under(drop_t - 4.0, drop_t);
+    let after = under(drop_t + 3.0, drop_t + 9.0);
+    eprintln!("before the drop {before:?}\nafter {after:?}\n{stderr}");
+    assert!(
+        before.iter().any(|(bps, _)| *bps >= 12e6),
+        "the shaper held about the line's 20 Mbit/s before: {before:?}"
+    );
+    assert!(!after.is_empty());
+    // Below the slower line (8 Mbit/s) from 3 s after it slowed, and its FIFO near empty.
+    assert!(
+        after.iter().all(|(bps, _)| *bps <= 8.0e6),
+        "the shaper stayed above the 8 Mbit/s line: {after:?}"
+    );
+    let last = after.last().unwrap().1.unwrap();
+    assert!(
+        last < 30.0,
+        "the line's queue still {last} ms over its base"
+    );
+    assert!(lines
+        .iter()
+        .any(|l| l["event"] == "rate" && l["dir"] == "up"));
+}
+
+/// Someone removes the shaper while autorate runs: said once, left alone, and put back it is
+/// driven again; the Prometheus gauges follow.
+#[test]
+fn a_shaper_removed_under_it_is_left_alone_and_found_again() {
+    let _s = serial();
+    let t = match Topo::up("arg", 100, "50mbit", "20mbit") {
+        Ok(t) => t,
+        Err(e) => return missing(&e),
+    };
+    let add = || {
+        for args in [
+            vec![
+                "qdisc", "add", "dev", "c0", "root", "handle", "1:", "htb", "default", "1",
+            ],
+            vec![
+                "class", "add", "dev", "c0", "parent", "1:", "classid", "1:1", "htb", "rate",
+                "30mbit",
+            ],
+        ] {
+            let mut a = vec!["ip", "netns", "exec", &t.cli, "tc"];
+            a.extend(args);
+            sh(&a).unwrap();
+        }
+    };
+    add();
+    let _server = t.server();
+    let ar = on_the_client(
+        &t,
+        "2mbit:12mbit:20mbit",
+        &["--metrics", "127.0.0.1:9466", "--duration", "14s"],
+    );
+    let scrape = || {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &t.cli,
+                "curl",
+                "-s",
+                "127.0.0.1:9466/metrics",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    wait_ms(1500);
+    let m = scrape();
+    assert!(m.contains("bloatlab_autorate_shaper_present 1"), "{m}");
+    assert!(
+        m.contains("bloatlab_autorate_rate_bits_per_second{direction=\"up\"} 12000000"),
+        "{m}"
+    );
+    sh(&[
+        "ip", "netns", "exec", &t.cli, "tc", "qdisc", "del", "dev", "c0", "root",
+    ])
+    .unwrap();
+    wait_ms(6000);
+    assert!(scrape().contains("bloatlab_autorate_shaper_present 0"));
+    add();
+    let out = ar.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        stderr.matches("was removed or replaced").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("is back: changing it again"), "{stderr}");
+    // Driven again: BASE, not the 30 Mbit/s it was put back with.
+    assert_eq!(class_rate(&t.cli, "c0"), "12Mbit", "{stderr}");
+}
+
+/// Nonsense is refused in one line, before anything is touched.
+#[test]
+fn nonsense_bounds_files_and_devices_are_refused_in_one_line() {
+    let _s = serial();
+    let conf = tmp_path("autorate.toml");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["--down".into(), "50:10:5".into()],
+            "write it with a unit",
+        ),
+        (
+            vec!["--down".into(), "50mbit:10mbit:80mbit".into()],
+            "0 < MIN <= BASE <= MAX",
+        ),
+        (
+            vec!["--config".into(), conf.to_str().unwrap().into()],
+            "unknown field `bandwith`",
+        ),
+    ];
+    std::fs::write(&conf, "dev = \"lo\"\nbandwith = \"10mbit\"\n").unwrap();
+    for (extra, want) in cases {
+        let mut args = vec!["autorate", "127.0.0.1:9", "--up", "1mbit:2mbit:3mbit"];
+        if !extra.iter().any(|a| a == "--config") {
+            args.extend(["--dev", "lo"]);
+        }
+        if !extra.iter().any(|a| a == "--down") {
+            args.extend(["--down", "1mbit:2mbit:3mbit"]);
+        }
+        args.extend(extra.iter().map(String::as_str));
+        let out = run(&[], &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    let out = run(
+        &[],
+        &[
+            "autorate",
+            "127.0.0.1:9",
+            "--dev",
+            "nosuch0",
+            "--down",
+            "1mbit:2mbit:3mbit",
+            "--up",
+            "1mbit:2mbit:3mbit",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("device nosuch0"), "{err}");
+}
+
+/// The Starlink-like line (capacity re-drawn every 15 s: 100 then 60 Mbit/s down, 12 then 8
+/// up in this run's window): CAKE fixed at 95% of the mean (84 / 9.5 Mbit/s) fills the line's
+/// 1000-packet buffers once the line slows (1000 x 1500 B at 60 Mbit/s: 200 ms; at 8: 1.5 s);
+/// moved by autorate it keeps the added delay at most half of that, at most of the line's rate.
+#[test]
+fn on_a_moving_line_autorate_keeps_the_delay_fixed_cake_cannot() {
+    let _s = serial();
+    let out_dir = tmp_path("ar-compare");
+    let _labs = AllLabs::take();
+    let out = run(
+        &[],
+        &[
+            "lab",
+            "compare",
+            "starlink",
+            "--fix",
+            "cake,autorate",
+            "--test",
+            "rrul-be",
+            "-l",
+            "25",
+            "--json",
+            "-q",
+            "--out-dir",
+            out_dir.to_str().unwrap(),
+        ],
+    );
+    if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("root") {
+        return missing("lab compare needs root");
+    }
+    let v = json(&out);
+    let runs = v["runs"].as_array().unwrap();
+    let p95 = |r: &serde_json::Value| r["added_p95_ms"].as_f64().unwrap();
+    let share = |r: &serde_json::Value| {
+        f(r, "summary.throughput_mbps.down") * 1e6 / f(r, "capacity_bps.down")
+    };
+    let (fixed, moved) = (&runs[0], &runs[1]);
+    eprintln!(
+        "fixed CAKE: p95 +{:.1} ms, {:.0}% down; autorate: p95 +{:.1} ms, {:.0}% down, {} changes",
+        p95(fixed),
+        share(fixed) * 100.0,
+        p95(moved),
+        share(moved) * 100.0,
+        moved["rate_changes"]
+    );
+    assert!(p95(fixed) > 100.0, "fixed CAKE: {}", p95(fixed));
+    assert!(p95(moved) < p95(fixed) / 2.0, "autorate: {}", p95(moved));
+    assert!(share(moved) > 0.6, "autorate delivered {}", share(moved));
+    let log = moved["autorate_log"].as_str().unwrap();
+    assert!(log_lines(std::path::Path::new(log))
+        .iter()
+        .any(|l| l["event"] == "rate" && l["why"] == "delivered"));
+}
