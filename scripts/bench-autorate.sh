@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# autorate on lines that move, side by side in one run per preset: `lab compare` with the same
+# rrul-be through fixed CAKE at BASE (95% of the line's mean), fixed CAKE at MAX (95% of its
+# busiest second), CAKE moved by cake-autorate's law (our re-implementation) and by ours. Each
+# run meets the preset's schedule or trace from its start. Prints per preset and fix the
+# best-effort probes' added latency p95 and the share of the line's capacity over the load
+# phase delivered each way (goodput over capacity). Needs root and a release build.
+#
+#   scripts/bench-autorate.sh [SECONDS] [PRESET...]   # load phase, default 120; default presets
+#                                                    # lte starlink cable-evening
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=target/release/bloatlab
+[ -x "$bin" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+secs=${1:-120}
+shift || true
+presets=("$@")
+[ ${#presets[@]} -gt 0 ] || presets=(lte starlink cable-evening)
+work=$(mktemp -d /tmp/bench-autorate.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+printf '%-14s %-30s %12s %8s %8s %8s\n' preset fix "added p95 ms" "down %" "up %" changes
+for p in "${presets[@]}"; do
+  "$bin" lab compare "$p" --fix cake,cake-max,cake-autorate,autorate --test rrul-be -l "$secs" \
+    --json -q --out-dir "$work" >"$work/$p.json" 2>"$work/$p.log" ||
+    { cat "$work/$p.log"; exit 1; }
+  python3 - "$p" "$work/$p.json" <<'PY'
+import json, sys
+preset, path = sys.argv[1], sys.argv[2]
+for r in json.load(open(path))["runs"]:
+    cap, t = r["capacity_bps"], r["summary"]["throughput_mbps"]
+    share = lambda m, c: "-" if m is None or not c else f"{m * 1e6 / c * 100:.0f}"
+    p95 = r["added_p95_ms"]
+    print(f'{preset:<14} {r["fix"]:<30} {"-" if p95 is None else f"{p95:.1f}":>12} '
+          f'{share(t.get("down"), cap["down"]):>8} {share(t.get("up"), cap["up"]):>8} '
+          f'{r["rate_changes"] if r["rate_changes"] is not None else "-":>8}')
+PY
+done
