@@ -104,16 +104,13 @@ fn index(d: Direction) -> usize {
 impl Metrics {
     fn new() -> Metrics {
         let mut r = Registry::with_prefix("bloatlab_autorate");
-        let family = |r: &mut Registry, name: &str, help: &str, unit: Option<Unit>| {
+        let family = |r: &mut Registry, name: &str, help: &str, unit: Unit| {
             let f = Family::<Labels, FGauge>::default();
-            match unit {
-                Some(u) => r.register_with_unit(name, help, u, f.clone()),
-                None => r.register(name, help, f.clone()),
-            }
+            r.register_with_unit(name, help, unit, f.clone());
             let get = |d: &'static str| f.get_or_create(&vec![("direction", d)]).clone();
             [get("down"), get("up")]
         };
-        let bps = || Some(Unit::Other("bits_per_second".into()));
+        let bps = || Unit::Other("bits_per_second".into());
         let rate = family(&mut r, "rate", "The shaper's rate autorate set", bps());
         let load = family(
             &mut r,
@@ -125,13 +122,13 @@ impl Metrics {
             &mut r,
             "baseline_delay",
             "One-way delay's baseline (its clock offset's error included)",
-            Some(Unit::Seconds),
+            Unit::Seconds,
         );
         let delta = family(
             &mut r,
             "delay_delta",
             "The last one-way delay above its baseline",
-            Some(Unit::Seconds),
+            Unit::Seconds,
         );
         let changes = Family::<Labels, Counter>::default();
         r.register(

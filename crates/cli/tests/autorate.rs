@@ -1,6 +1,6 @@
 //! `bloatlab autorate` against the kernel's HTB (its class rate changed over netlink while a
-//! real TCP upload runs and the line under it slows), on the lab's emulated moving lines
-//! (`lab compare --fix cake,autorate`), and its refusals.
+//! real TCP upload runs and the line under it slows), on a lab line that slows (`lab compare
+//! --fix autorate`), and its refusals.
 
 mod common;
 use common::*;
@@ -187,7 +187,7 @@ fn a_shaper_removed_under_it_is_left_alone_and_found_again() {
     let ar = on_the_client(
         &t,
         "2mbit:12mbit:20mbit",
-        &["--metrics", "127.0.0.1:9466", "--duration", "14s"],
+        &["--metrics", "127.0.0.1:9466", "--duration", "12s"],
     );
     let scrape = || {
         let out = Command::new("ip")
@@ -284,56 +284,80 @@ fn nonsense_bounds_files_and_devices_are_refused_in_one_line() {
     assert!(err.contains("device nosuch0"), "{err}");
 }
 
-/// The Starlink-like line (capacity re-drawn every 15 s: 100 then 60 Mbit/s down, 12 then 8
-/// up in this run's window): CAKE fixed at 95% of the mean (84 / 9.5 Mbit/s) fills the line's
-/// 1000-packet buffers once the line slows (1000 x 1500 B at 60 Mbit/s: 200 ms; at 8: 1.5 s);
-/// moved by autorate it keeps the added delay at most half of that, at most of the line's rate.
+/// A line that slows for good 10 s into the load (30 -> 10 Mbit/s down, 6 -> 2 up; 1000-packet
+/// buffers): BASE, 95% of its steps' mean (19 / 3.8 Mbit/s), is above the slow line, where a
+/// fixed shaper would fill the buffer (1000 x 1500 B at 10 Mbit/s: 1.2 s; at 2: 6 s).
+/// autorate, on the lab's router, must get below the line and keep the added delay a fraction
+/// of that, at most of the line's rate. (BENCHMARKS.md has the fixed shapers beside it, and
+/// cake-autorate's law, on the moving presets.)
 #[test]
-fn on_a_moving_line_autorate_keeps_the_delay_fixed_cake_cannot() {
+fn on_a_line_that_slows_autorate_gets_below_it_and_keeps_the_delay_short() {
     let _s = serial();
-    let out_dir = tmp_path("ar-compare");
+    let dir = tmp_path("ar-slows");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (down, up) = (dir.join("down.txt"), dir.join("up.txt"));
+    std::fs::write(&down, "0 30mbit\n15 10mbit\n").unwrap();
+    std::fs::write(&up, "0 6mbit\n15 2mbit\n").unwrap();
+    let topo = dir.join("slows.toml");
+    std::fs::write(
+        &topo,
+        format!(
+            "name = 'slows'\n[[link]]\nname = 'lan'\na = 'client'\nb = 'router'\n\
+             [[link]]\nname = 'line'\na = 'router'\nb = 'server'\n\
+             both = {{ delay = '10ms', limit = 1000 }}\n\
+             down = {{ rate = 'schedule:{}' }}\nup = {{ rate = 'schedule:{}' }}\n",
+            down.display(),
+            up.display()
+        ),
+    )
+    .unwrap();
     let _labs = AllLabs::take();
     let out = run(
         &[],
         &[
             "lab",
             "compare",
-            "starlink",
+            topo.to_str().unwrap(),
             "--fix",
-            "cake,autorate",
+            "autorate",
             "--test",
             "rrul-be",
             "-l",
-            "25",
+            "20",
             "--json",
             "-q",
             "--out-dir",
-            out_dir.to_str().unwrap(),
+            dir.to_str().unwrap(),
         ],
     );
     if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("root") {
         return missing("lab compare needs root");
     }
     let v = json(&out);
-    let runs = v["runs"].as_array().unwrap();
-    let p95 = |r: &serde_json::Value| r["added_p95_ms"].as_f64().unwrap();
-    let share = |r: &serde_json::Value| {
-        f(r, "summary.throughput_mbps.down") * 1e6 / f(r, "capacity_bps.down")
-    };
-    let (fixed, moved) = (&runs[0], &runs[1]);
+    let r = &v["runs"][0];
+    let p95 = r["added_p95_ms"].as_f64().unwrap();
+    let share = f(r, "summary.throughput_mbps.down") * 1e6 / f(r, "capacity_bps.down");
     eprintln!(
-        "fixed CAKE: p95 +{:.1} ms, {:.0}% down; autorate: p95 +{:.1} ms, {:.0}% down, {} changes",
-        p95(fixed),
-        share(fixed) * 100.0,
-        p95(moved),
-        share(moved) * 100.0,
-        moved["rate_changes"]
+        "autorate: p95 +{p95:.1} ms, {:.0}% down, {} changes",
+        share * 100.0,
+        r["rate_changes"]
     );
-    assert!(p95(fixed) > 100.0, "fixed CAKE: {}", p95(fixed));
-    assert!(p95(moved) < p95(fixed) / 2.0, "autorate: {}", p95(moved));
-    assert!(share(moved) > 0.6, "autorate delivered {}", share(moved));
-    let log = moved["autorate_log"].as_str().unwrap();
-    assert!(log_lines(std::path::Path::new(log))
+    assert!(p95 < 150.0, "autorate: p95 +{p95} ms");
+    assert!(share > 0.6, "autorate delivered {share}");
+    let log = log_lines(std::path::Path::new(r["autorate_log"].as_str().unwrap()));
+    // Below the slow line each way by the load's last seconds (the log's clock starts with the
+    // run, the line slows 15 s after it; once the load ends the rates decay back to BASE).
+    let last = log
+        .iter()
+        .rev()
+        .find(|l| l["event"] == "tick" && f(l, "down_load_bps") > 2e6)
+        .unwrap();
+    assert!(f(last, "t") > 20.0, "{last}");
+    assert!(
+        f(last, "down_bps") < 10e6 && f(last, "up_bps") < 2e6,
+        "{last}"
+    );
+    assert!(log
         .iter()
         .any(|l| l["event"] == "rate" && l["why"] == "delivered"));
 }

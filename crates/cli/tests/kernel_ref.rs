@@ -44,7 +44,7 @@ fn guest_adds_cake_tc_reads_it_back_the_monitor_keeps_its_statistics_autorate_mo
          tc -s -j qdisc show dev lo > {o}/after.json; \
          {BIN} history --db /tmp/h.db --json > {o}/history.json; \
          {BIN} autorate 127.0.0.1:9461 --dev lo --down 5mbit:10mbit:30mbit \
-             --up 5mbit:12mbit:30mbit --duration 9s 2> {o}/ar.log & a=$!; sleep 2; \
+             --up 5mbit:12mbit:30mbit --duration 7s 2> {o}/ar.log & a=$!; sleep 2; \
          tc -j qdisc show dev lo > {o}/ar.json; tc qdisc replace dev lo root pfifo; \
          wait $a; echo autorate-exit=$? >> {o}/ar.log"
     );
