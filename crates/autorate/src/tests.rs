@@ -30,6 +30,16 @@ struct Run {
     rates: Vec<(u64, f64)>,
 }
 
+impl Run {
+    /// Seconds from `from` to the first step at or after it whose download rate meets `want`.
+    fn first_rate_after(&self, from: u64, want: impl Fn(f64) -> bool) -> Option<f64> {
+        self.rates
+            .iter()
+            .find(|(t, rate)| *t >= from && want(*rate))
+            .map(|(t, _)| (t - from) as f64 / 1e9)
+    }
+}
+
 fn bounds() -> (Bounds, Bounds) {
     (
         Bounds::new(5.0 * MBIT, 20.0 * MBIT, 80.0 * MBIT).unwrap(),
@@ -130,12 +140,9 @@ fn when_the_capacity_halves_ours_is_below_it_in_one_cut() {
     let mut after = Vec::new();
     for law in [Law::CakeAutorate, Law::Bloatlab] {
         let r = simulate(law, &line, 90, 0, |_| {});
-        let below = r
-            .rates
-            .iter()
-            .find(|(t, rate)| *t >= 60 * S && *rate <= 20.0 * MBIT)
-            .map(|(t, _)| (*t - 60 * S) as f64 / 1e6)
-            .expect("the rate fell below the new capacity");
+        let below = 1e3
+            * r.first_rate_after(60 * S, |rate| rate <= 20.0 * MBIT)
+                .expect("the rate fell below the new capacity");
         let cuts = r
             .events
             .iter()
@@ -247,10 +254,7 @@ fn a_capacity_that_grows_is_found_within_seconds() {
     for law in [Law::CakeAutorate, Law::Bloatlab] {
         let r = simulate(law, &line, 90, 0, |_| {});
         let found = r
-            .rates
-            .iter()
-            .find(|(t, rate)| *t >= 60 * S && *rate >= 0.85 * 50.0 * MBIT)
-            .map(|(t, _)| (*t - 60 * S) as f64 / 1e9)
+            .first_rate_after(60 * S, |rate| rate >= 0.85 * 50.0 * MBIT)
             .expect("the rate reached 85% of the new capacity");
         eprintln!("{law:?}: 85% of the new capacity after {found:.2} s");
         assert!(found <= 5.0, "{law:?}: {found} s");

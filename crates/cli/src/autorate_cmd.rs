@@ -32,7 +32,10 @@ pub enum OnExitArg {
     Base,
 }
 
-#[derive(Args, Default)]
+/// The flags; a `--config` TOML file has the same keys (snake_case), less `config` and
+/// `duration`.
+#[derive(Args, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AutorateArgs {
     /// A bloatlab server's HOST[:PORT], beyond the line: its UDP probes give one-way delay per
     /// direction (no ICMP, which routers may deprioritise or filter; works through NAT).
@@ -64,6 +67,7 @@ pub struct AutorateArgs {
     /// No answers this long: both directions at MIN (default: hold the last rates that had no
     /// bloat until answers return).
     #[arg(long, value_parser = crate::monitor_cmd::duration)]
+    #[serde(deserialize_with = "duration_key")]
     pub stall_to_min: Option<Duration>,
     /// What SIGTERM or Ctrl-C leaves the shaper at.
     #[arg(long, value_enum)]
@@ -83,31 +87,21 @@ pub struct AutorateArgs {
     pub key: Option<PathBuf>,
     /// Stop after this long (default: until SIGTERM or Ctrl-C).
     #[arg(long, value_parser = crate::monitor_cmd::duration)]
+    #[serde(skip)]
     pub duration: Option<Duration>,
     /// A TOML file with the same keys (host, dev, ifb, htb_class, down, up, probe_rate, law,
     /// stall_to_min, on_exit, netns, log, metrics, key); flags win over it.
     #[arg(long)]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
 }
 
-/// The file's keys, as the flags.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    host: Option<String>,
-    dev: Option<String>,
-    ifb: Option<String>,
-    htb_class: Option<String>,
-    down: Option<String>,
-    up: Option<String>,
-    probe_rate: Option<f64>,
-    law: Option<LawArg>,
-    stall_to_min: Option<String>,
-    on_exit: Option<OnExitArg>,
-    netns: Option<String>,
-    log: Option<PathBuf>,
-    metrics: Option<SocketAddr>,
-    key: Option<PathBuf>,
+/// A file's `stall_to_min = "2m"`, read as the flag is.
+fn duration_key<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let s = String::deserialize(d)?;
+    crate::monitor_cmd::duration(&s)
+        .map(Some)
+        .map_err(|e| serde::de::Error::custom(format!("stall_to_min {e}")))
 }
 
 /// MIN:BASE:MAX, each with its unit.
@@ -129,32 +123,24 @@ fn merged(mut a: AutorateArgs) -> Result<AutorateArgs, String> {
     };
     let text =
         std::fs::read_to_string(&path).map_err(|e| format!("config {}: {e}", path.display()))?;
-    let f: FileConfig = toml::from_str(&text).map_err(|e| {
+    let f: AutorateArgs = toml::from_str(&text).map_err(|e| {
         format!(
             "config {}: {}",
             path.display(),
             e.message().lines().next().unwrap_or("")
         )
     })?;
-    let stall = f
-        .stall_to_min
-        .map(|s| crate::monitor_cmd::duration(&s))
-        .transpose()
-        .map_err(|e| format!("config {}: stall_to_min {e}", path.display()))?;
-    a.host = a.host.or(f.host);
-    a.dev = a.dev.or(f.dev);
-    a.ifb = a.ifb.or(f.ifb);
-    a.htb_class = a.htb_class.or(f.htb_class);
-    a.down = a.down.or(f.down);
-    a.up = a.up.or(f.up);
-    a.probe_rate = a.probe_rate.or(f.probe_rate);
-    a.law = a.law.or(f.law);
-    a.stall_to_min = a.stall_to_min.or(stall);
-    a.on_exit = a.on_exit.or(f.on_exit);
-    a.netns = a.netns.or(f.netns);
-    a.log = a.log.or(f.log);
-    a.metrics = a.metrics.or(f.metrics);
-    a.key = a.key.or(f.key);
+    // Every key named, so a new flag cannot be forgotten here (the destructuring is exhaustive).
+    macro_rules! flag_or_file {
+        ($($k:ident),*; skipped $($s:ident),*) => {
+            let AutorateArgs { $($k,)* $($s: _,)* } = f;
+            $(a.$k = a.$k.or($k);)*
+        };
+    }
+    flag_or_file!(
+        host, dev, ifb, htb_class, down, up, probe_rate, law, stall_to_min, on_exit, netns, log,
+        metrics, key; skipped config, duration
+    );
     Ok(a)
 }
 

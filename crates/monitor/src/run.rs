@@ -12,7 +12,7 @@ use bloatlab_measure::display::ProgressMode;
 use bloatlab_measure::http_rpm::HttpOptions;
 use bloatlab_measure::watch::Watch;
 use bloatlab_measure::{Ended, Params, RunOptions};
-use bloatlab_result::history::{Gap, LoadBand, ShaperRow, TestRow};
+use bloatlab_result::history::{LoadBand, ShaperRow, TestRow};
 use bloatlab_result::lab::CakeStats;
 use bloatlab_server::metrics::{MetricsFace, MetricsLimits};
 use bloatlab_store::{Store, StoreError, Written};
@@ -295,15 +295,7 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
                         gap_open = false;
                         backoff = Duration::from_secs(2);
                         say(&format!("{} answers again", cfg.target));
-                        store_written(
-                            store.gap(&Gap {
-                                started: 0,
-                                ended: Some(now as i64),
-                                target: cfg.target.clone(),
-                                why: String::new(),
-                            }),
-                            &say,
-                        );
+                        store_written(store.close_gap(now as i64, &cfg.target), &say);
                     }
                     metrics.target_up(watch.connected());
                     for s in samples {
@@ -336,15 +328,7 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
                             cfg.target,
                             MAX_BACKOFF.as_secs()
                         ));
-                        store_written(
-                            store.gap(&Gap {
-                                started: now as i64,
-                                ended: None,
-                                target: cfg.target.clone(),
-                                why,
-                            }),
-                            &say,
-                        );
+                        store_written(store.open_gap(now as i64, &cfg.target, &why), &say);
                     }
                     retry_at = now + backoff.as_secs_f64();
                     backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -474,15 +458,7 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
                 store_written(store.add_shaper(&rows), &say);
             }
             if gap_open {
-                store_written(
-                    store.gap(&Gap {
-                        started: 0,
-                        ended: Some(now as i64),
-                        target: cfg.target.clone(),
-                        why: String::new(),
-                    }),
-                    &say,
-                );
+                store_written(store.close_gap(now as i64, &cfg.target), &say);
             }
             return Ok(());
         }

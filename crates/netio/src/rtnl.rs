@@ -111,6 +111,18 @@ pub struct Rtnl {
     seq: u32,
 }
 
+/// An `nlmsgerr`'s verdict: its first word is 0 (an ack) or a negative errno.
+fn nlmsgerr(body: &[u8]) -> io::Result<()> {
+    let errno = body
+        .get(..4)
+        .map_or(0, |b| i32::from_ne_bytes(b.try_into().unwrap()));
+    if errno == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(-errno))
+    }
+}
+
 impl Rtnl {
     pub fn open() -> io::Result<Rtnl> {
         // SAFETY: socket(2) with constant arguments; the descriptor is owned below.
@@ -154,14 +166,7 @@ impl Rtnl {
         self.receive(seq, &mut |t, body| {
             if t == NLMSG_ERROR {
                 done = true;
-                let errno = body
-                    .get(..4)
-                    .map_or(0, |b| i32::from_ne_bytes(b.try_into().unwrap()));
-                return Some(if errno == 0 {
-                    Ok(())
-                } else {
-                    Err(io::Error::from_raw_os_error(-errno))
-                });
+                return Some(nlmsgerr(body));
             }
             None
         })?;
@@ -186,10 +191,7 @@ impl Rtnl {
                 return Some(Ok(()));
             }
             if t == NLMSG_ERROR {
-                let errno = body
-                    .get(..4)
-                    .map_or(0, |b| i32::from_ne_bytes(b.try_into().unwrap()));
-                return Some(Err(io::Error::from_raw_os_error(-errno)));
+                return Some(nlmsgerr(body));
             }
             if body.len() < TCMSG || out.len() >= MAX_OBJECTS {
                 return Some(Err(io::Error::other(

@@ -365,19 +365,29 @@ impl Store {
         })
     }
 
-    /// A silence began (`ended` None) or ended: the open gap of that target is closed.
-    pub fn gap(&mut self, g: &Gap) -> Result<Written, StoreError> {
+    /// A silence of `target` began at `started` (Unix seconds), for the reason `why`.
+    pub fn open_gap(
+        &mut self,
+        started: i64,
+        target: &str,
+        why: &str,
+    ) -> Result<Written, StoreError> {
         self.write(|tx| {
-            match g.ended {
-                None => tx.execute(
-                    "INSERT INTO gaps VALUES (?1, NULL, ?2, ?3)",
-                    params![g.started, g.target, g.why],
-                )?,
-                Some(end) => tx.execute(
-                    "UPDATE gaps SET ended = ?1 WHERE target = ?2 AND ended IS NULL",
-                    params![end, g.target],
-                )?,
-            };
+            tx.execute(
+                "INSERT INTO gaps VALUES (?1, NULL, ?2, ?3)",
+                params![started, target, why],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The open silence of `target` ended at `ended`.
+    pub fn close_gap(&mut self, ended: i64, target: &str) -> Result<Written, StoreError> {
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE gaps SET ended = ?1 WHERE target = ?2 AND ended IS NULL",
+                params![ended, target],
+            )?;
             Ok(())
         })
     }

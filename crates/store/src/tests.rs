@@ -65,20 +65,8 @@ fn what_is_written_reads_back_and_a_new_file_is_marked_ours() {
         ..TestRow::default()
     };
     s.add_test(&t).unwrap();
-    s.gap(&Gap {
-        started: 700,
-        ended: None,
-        target: t.target.clone(),
-        why: "no answer".into(),
-    })
-    .unwrap();
-    s.gap(&Gap {
-        started: 700,
-        ended: Some(760),
-        target: t.target.clone(),
-        why: String::new(),
-    })
-    .unwrap();
+    s.open_gap(700, &t.target, "no answer").unwrap();
+    s.close_gap(760, &t.target).unwrap();
     drop(s);
     let r = Store::open_read(&path).unwrap();
     assert_eq!(r.minutes(0, 10_000).unwrap(), rows);
