@@ -25,7 +25,7 @@ fn locate_args(lab: &LabUp, tag: &str, extra: &[&str]) -> serde_json::Value {
         "locate",
         "10.77.2.2",
         "-l",
-        "10",
+        "8",
         "--idle",
         "3",
         "--json",

@@ -110,8 +110,10 @@ fn probe_loop(sock: &UdpSocket, cfg: &HopConfig, stop: &AtomicBool) -> io::Resul
         let now = Instant::now();
         if stop_at.is_none() && stop.load(Ordering::Relaxed) {
             // Answers to the last probes may still be queued behind a bloated buffer, but
-            // the load has ended: its queue drains within a few seconds at most.
-            stop_at = Some(now + cfg.timeout.min(Duration::from_secs(3)));
+            // the load ended with the last test's 2 s settle: with 1 s more, a queue of up to
+            // 3 s has drained (waiting 3 s more cost every locate 3 s, since a rate-limited
+            // router leaves some probes unanswered for good).
+            stop_at = Some(now + cfg.timeout.min(Duration::from_secs(1)));
         }
         if stop_at.is_some_and(|s| now >= s || in_flight.is_empty()) {
             break;
