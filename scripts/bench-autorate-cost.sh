@@ -224,6 +224,11 @@ for p in $ca_pid $bl_pid; do
   kill -0 "$p" 2>/dev/null || { echo "a contender died:" >&2; cat "$tmp"/*.out "$tmp"/*.err >&2
                                  exit 1; }
 done
+# fping alone, the probes without the decisions: the floor of any prober at 20 a second here.
+fping_of() { for p; do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = fping ] && echo "$p"; done; }
+# shellcheck disable=SC2046  # PIDs
+fp_pid=$(fping_of $(tree "$ca_pid") | head -1)
+fp_cpu0=$(cpu_s $fp_pid)
 # shellcheck disable=SC2046  # PIDs
 ca_cpu0=$(cpu_s $(tree "$ca_pid"))
 # shellcheck disable=SC2046
@@ -243,6 +248,9 @@ bl_tree=$(tree "$bl_pid")
 # shellcheck disable=SC2086  # PIDs
 {
   ca_cpu1=$(cpu_s $ca_tree)
+  fp_cpu1=$(cpu_s $fp_pid)
+  fp_hwm=$(mem_kb status VmHWM $fp_pid)
+  fp_pss=$(mem_kb smaps_rollup Pss $fp_pid)
   bl_cpu1=$(cpu_s $bl_tree)
   ca_hwm=$(mem_kb status VmHWM $ca_tree)
   bl_hwm=$(mem_kb status VmHWM $bl_tree)
@@ -296,10 +304,14 @@ row() {  # NAME CPU0 CPU1 CG0 CG1 HWM PSS
 }
 row "cake-autorate (defaults)" "$ca_cpu0" "$ca_cpu1" "${cg_ca0:-}" "${cg_ca1:-}" \
   "$ca_hwm" "$ca_pss"
+row "  of which fping" "$fp_cpu0" "$fp_cpu1" "" "" "$fp_hwm" "$fp_pss"
 row "bloatlab autorate (20/s)" "$bl_cpu0" "$bl_cpu1" "${cg_bl0:-}" "${cg_bl1:-}" \
   "$bl_hwm" "$bl_pss"
 awk -v a=$ca_cpu0 -v b=$ca_cpu1 -v c=$bl_cpu0 -v d=$bl_cpu1 -v h=$ca_hwm -v k=$bl_hwm 'BEGIN {
   printf "cake-autorate / bloatlab: CPU x%.1f, peak RSS x%.1f\n", (b - a) / (d - c), h / k }'
+awk -v a=$fp_cpu0 -v b=$fp_cpu1 -v c=$bl_cpu0 -v d=$bl_cpu1 'BEGIN {
+  printf "fping alone / bloatlab: CPU x%.2f (the same probes a second, no decisions)\n",
+    (b - a) / (d - c) }'
 echo "(CPU: user + system of every process of each, from /proc/PID/stat with waited-for children;"
 echo " the cgroup column counts the same from the kernel's side. Peak RSS: the sum of each"
 echo " process's VmHWM (shared pages counted in each); PSS shares them out.)"

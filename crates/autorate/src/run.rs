@@ -21,7 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const MS: u64 = 1_000_000;
-/// The loop's period: samples reach the controller within this of their answer.
+/// The loop wakes when a probe is due (samples reach the controller within one probe interval
+/// of their answer), or this often while no session is open.
 const STEP: Duration = Duration::from_millis(50);
 /// The line's counters are read this often.
 const LOAD_EVERY: u64 = 200 * MS;
@@ -326,7 +327,9 @@ pub fn run(
         cfg.probe_rate
     ));
 
-    let mut watch = Watch::new(&cfg.target, cfg.probe_rate, cfg.key.clone())?.prompt();
+    let mut watch = Watch::new(&cfg.target, cfg.probe_rate, cfg.key.clone())?
+        .prompt()
+        .driven();
     let mut oneway = OneWay::default();
     let start_ns = bloatlab_netio::mono_ns();
     let mut st = Now {
@@ -505,8 +508,11 @@ pub fn run(
             next_line += 1_000 * MS;
             log.line(&st.line(&ctl, now, "tick"))?;
         }
-        let spent = bloatlab_netio::mono_ns().saturating_sub(now);
-        std::thread::sleep(STEP.saturating_sub(Duration::from_nanos(spent)));
+        // One wake-up per probe: it takes the answers that came meanwhile (timed by the kernel
+        // as they arrived) and sends the next; the counters are read on the wake-up due.
+        let wake = watch.next_due().unwrap_or(now + STEP.as_nanos() as u64);
+        let left = wake.saturating_sub(bloatlab_netio::mono_ns());
+        std::thread::sleep(Duration::from_nanos(left));
     }
     let now = bloatlab_netio::mono_ns();
     if cfg.on_exit == OnExit::Base && !gone {

@@ -51,6 +51,8 @@ pub struct Run {
     /// The slowest link's mean rate over the load phase (down, up), bits per second: what the
     /// run could deliver at most (each run meets the line's trace or schedule from its start).
     pub capacity_bps: (f64, f64),
+    /// When this run's line started its trace or schedule again (Unix s).
+    pub line_started_unix: f64,
 }
 
 pub struct Comparison {
@@ -94,7 +96,7 @@ impl Comparison {
         out
     }
 
-    /// `{"runs": [{"fix", "file", "summary"}, ...]}`.
+    /// `{"runs": [{"fix", "file", "summary", ...}, ...], "report": PATH or null}`.
     pub fn json(&self) -> String {
         let runs: Vec<serde_json::Value> = self
             .runs
@@ -111,7 +113,9 @@ impl Comparison {
                 })
             })
             .collect();
-        serde_json::to_string_pretty(&serde_json::json!({ "runs": runs })).expect("plain data")
+        let report = self.report.as_ref().ok();
+        serde_json::to_string_pretty(&serde_json::json!({ "runs": runs, "report": report }))
+            .expect("plain data")
     }
 }
 
@@ -146,6 +150,7 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
     let (from, to) = (5_000_000_000, ((5.0 + o.length) * 1e9) as u64);
     let rate = |r: &bloatlab_lab_model::rate::Rate| r.mean_between(from, to).unwrap_or(0) as f64;
     let capacity_bps = (rate(&line.down.rate), rate(&line.up.rate));
+    let line_rates = (line.down.rate.clone(), line.up.rate.clone());
     let (router, line_name) = (line.a.clone(), line.name.clone());
     let moving = if fixes.iter().any(|f| f.autorate_law().is_some()) {
         let (front, up_dir) = placement::front(&topo)?;
@@ -176,6 +181,7 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
             }
             session.lab.shared.restart_rates(&line_name)
         })();
+        let line_started_unix = unix_now();
         if let Err(e) = applied {
             failure = Some(e);
             break;
@@ -221,6 +227,7 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
                     added_p95_ms,
                     autorate,
                     capacity_bps,
+                    line_started_unix,
                 })
             }
             (Err(e), _) | (_, Err(e)) => {
@@ -235,16 +242,23 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
             return Err(e);
         }
     }
-    let views: Vec<(&str, &Path)> = runs
-        .iter()
-        .map(|r| (r.fix.label(), r.file.as_path()))
-        .collect();
-    let report = write_report(
-        &views,
-        &[],
-        &o.out_dir
-            .join(format!("bloatlab-{topo_name}-compare-{stamp}.html")),
-    );
+    let report = read_views(
+        &runs
+            .iter()
+            .map(|r| (r.fix.label(), r.file.as_path()))
+            .collect::<Vec<_>>(),
+    )
+    .and_then(|mut views| {
+        for (v, r) in views.iter_mut().zip(&runs) {
+            if let Some((log, _)) = &r.autorate {
+                v.shaper = shaper_chart(v, r, log, &line_rates.0, &line_rates.1)?;
+            }
+        }
+        let out = o
+            .out_dir
+            .join(format!("bloatlab-{topo_name}-compare-{stamp}.html"));
+        write_views(&views, &[], &out)
+    });
     Ok(Comparison {
         runs,
         report,
@@ -435,20 +449,65 @@ fn write_report(
     sections: &[html::Section],
     out: &Path,
 ) -> Result<PathBuf, String> {
+    write_views(&read_views(runs)?, sections, out)
+}
+
+/// Each (label, result file)'s charts.
+fn read_views(runs: &[(&str, &Path)]) -> Result<Vec<RunView>, String> {
     if runs.is_empty() {
         return Err("no run finished".into());
     }
-    let views = runs
-        .iter()
+    runs.iter()
         .map(|(label, file)| {
             bloatlab_result::read(file)
                 .map(|f| RunView::new(&f, label))
                 .map_err(|e| e.to_string())
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    std::fs::write(out, html::render_with(&views, sections))
+        .collect()
+}
+
+fn write_views(
+    views: &[RunView],
+    sections: &[html::Section],
+    out: &Path,
+) -> Result<PathBuf, String> {
+    std::fs::write(out, html::render_with(views, sections))
         .map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(out.to_path_buf())
+}
+
+/// A run with autorate: its shaper's rates over the line's capacity (per second of the trace
+/// or schedule, as this run met it) and what the line carried, on the test's clock.
+fn shaper_chart(
+    view: &RunView,
+    run: &Run,
+    log: &Path,
+    down: &bloatlab_lab_model::rate::Rate,
+    up: &bloatlab_lab_model::rate::Rate,
+) -> Result<Vec<bloatlab_report::view::Line>, String> {
+    let text = std::fs::read_to_string(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let (header, lines) = bloatlab_result::autorate::read_log(&text)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    let file = bloatlab_result::read(&run.file).map_err(|e| e.to_string())?;
+    let test_start = bloatlab_report::view::start_unix(&file)
+        .ok_or_else(|| format!("{}: no start time", run.file.display()))?;
+    let end = view.phases.iter().map(|p| p.end).fold(0.0, f64::max);
+    let since_line = test_start - run.line_started_unix;
+    let capacity: Vec<(f64, f64, f64)> = (0..end.ceil() as u64)
+        .map(|s| {
+            let from = ((s as f64 + since_line).max(0.0) * 1e9) as u64;
+            let at = |r: &bloatlab_lab_model::rate::Rate| {
+                r.mean_between(from, from + 1_000_000_000).unwrap_or(0) as f64
+            };
+            (s as f64 + 0.5, at(down), at(up))
+        })
+        .collect();
+    Ok(bloatlab_report::view::shaper_lines(
+        &lines,
+        header.started_unix - test_start,
+        &capacity,
+        end,
+    ))
 }
 
 /// The summary of a test that ran to its end or to Ctrl-C; a test cut short by a failure
@@ -458,6 +517,12 @@ fn summary_of(outcome: Outcome, tag: &str) -> Result<Summary, String> {
         Ended::Complete | Ended::Interrupted => Ok(bloatlab_analyze::summary_of(&outcome.result)),
         Ended::ServerLost(why) | Ended::Failed(why) => Err(format!("the {tag} test failed: {why}")),
     }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 fn stamp() -> String {

@@ -10,7 +10,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// One probe: client send time and, once answered, server receive, server send and client
 /// receive times (ns; server times on the server's clock).
@@ -37,9 +37,120 @@ pub struct ProbeStream {
     stop_send: Arc<AtomicBool>,
     stop_recv: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    /// No threads: the caller drives it.
+    driven: Option<Driven>,
+}
+
+/// A UDP socket connected to the server, with `dscp` (what the socket carries, or why not).
+pub(crate) fn socket(
+    addr: SocketAddr,
+    dscp: u8,
+) -> Result<(UdpSocket, Option<u8>, Option<String>), MeasureError> {
+    let bind: SocketAddr = if addr.is_ipv4() {
+        "0.0.0.0:0".parse().unwrap()
+    } else {
+        "[::]:0".parse().unwrap()
+    };
+    let sock = UdpSocket::bind(bind).map_err(MeasureError::io("UDP socket"))?;
+    sock.connect(addr)
+        .map_err(|source| MeasureError::Unreachable { addr, source })?;
+    let applied = netio::apply_dscp(socket2::SockRef::from(&sock), dscp, &addr);
+    let dscp_refused = netio::dscp_refusal(dscp, &applied);
+    Ok((sock, applied.ok(), dscp_refused))
+}
+
+/// Sends the next request (its sequence number is the log's length), signed with `key`, and
+/// logs it once sent.
+fn send_request(
+    sock: &UdpSocket,
+    buf: &mut [u8],
+    l: &mut Log,
+    id: u16,
+    token: Token,
+    key: Option<&[u8]>,
+) {
+    let t1 = netio::mono_ns();
+    let p = Probe {
+        kind: Kind::Request,
+        stream: id,
+        token,
+        seq: l.recs.len() as u32,
+        client_send_ns: t1,
+        server_recv_ns: 0,
+        server_send_ns: 0,
+        server_rx_count: 0,
+        flags: if key.is_some() { probe::FLAG_MAC } else { 0 },
+    };
+    let encoded = p.encode(buf).is_ok();
+    if let (true, Some(k)) = (encoded, key) {
+        auth::sign_probe(k, buf);
+    }
+    if encoded && sock.send(buf).is_ok() {
+        l.recs.push(Rec { t1, reply: None });
+    }
+}
+
+/// Logs `datagram`, received at `t4`, as the reply to its request if it is one of ours.
+fn take_reply(
+    datagram: &[u8],
+    t4: u64,
+    log: &Mutex<Log>,
+    id: u16,
+    token: Token,
+    key: Option<&[u8]>,
+) {
+    let Ok(p) = Probe::decode(datagram) else {
+        return;
+    };
+    if p.kind != Kind::Reply || p.token != token || p.stream != id {
+        return;
+    }
+    if let Some(k) = key {
+        if p.flags & probe::FLAG_MAC == 0 || !auth::probe_signed(k, datagram) {
+            return;
+        }
+    }
+    let mut l = log.lock().unwrap();
+    if let Some(r) = l.recs.get_mut(p.seq as usize) {
+        // Duplicates, forged replies (wrong send time) and impossible server times (sent
+        // before received, or held longer than the whole round trip) are ignored: no later
+        // subtraction can then go below zero.
+        let held = p.server_send_ns.checked_sub(p.server_recv_ns);
+        let plausible = held.is_some_and(|h| h <= t4.saturating_sub(r.t1));
+        if r.reply.is_none() && r.t1 == p.client_send_ns && plausible {
+            r.reply = Some((p.server_recv_ns, p.server_send_ns, t4));
+            l.received += 1;
+        }
+    }
+}
+
+/// A stream driven by its caller's loop ([`ProbeStream::start_driven`]).
+struct Driven {
+    sock: UdpSocket,
+    buf: Vec<u8>,
+    next: u64,
+    step: u64,
+    token: Token,
+    key: Option<Arc<[u8]>>,
 }
 
 impl ProbeStream {
+    /// The stream's socket and an empty log, no threads yet.
+    fn bare(addr: SocketAddr, stream: Stream) -> Result<(ProbeStream, UdpSocket), MeasureError> {
+        let (sock, dscp_applied, dscp_refused) = socket(addr, stream.spec.dscp)?;
+        let s = ProbeStream {
+            stream,
+            dscp_applied,
+            dscp_refused,
+            log: Arc::new(Mutex::new(Log::default())),
+            stop_send: Arc::new(AtomicBool::new(false)),
+            stop_recv: Arc::new(AtomicBool::new(false)),
+            threads: Vec::new(),
+            driven: None,
+        };
+        Ok((s, sock))
+    }
+
     /// With `key`, every request is signed and only replies signed under it are taken.
     pub fn start(
         addr: SocketAddr,
@@ -47,33 +158,19 @@ impl ProbeStream {
         stream: Stream,
         key: Option<Arc<[u8]>>,
     ) -> Result<ProbeStream, MeasureError> {
-        let bind: SocketAddr = if addr.is_ipv4() {
-            "0.0.0.0:0".parse().unwrap()
-        } else {
-            "[::]:0".parse().unwrap()
-        };
-        let sock = UdpSocket::bind(bind).map_err(MeasureError::io("UDP socket"))?;
-        sock.connect(addr)
-            .map_err(|source| MeasureError::Unreachable { addr, source })?;
-        let applied = netio::apply_dscp(socket2::SockRef::from(&sock), stream.spec.dscp, &addr);
-        let dscp_refused = netio::dscp_refusal(stream.spec.dscp, &applied);
-        let dscp_applied = applied.ok();
+        let (mut s, sock) = ProbeStream::bare(addr, stream)?;
         let _ = sock.set_read_timeout(Some(Duration::from_millis(100)));
-        let log = Arc::new(Mutex::new(Log::default()));
-        let stop_send = Arc::new(AtomicBool::new(false));
-        let stop_recv = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
-        let size = stream.spec.size as usize;
-        let interval = Duration::from_micros(stream.spec.interval_us.into());
-        let id = stream.spec.id;
+        let size = s.stream.spec.size as usize;
+        let interval = Duration::from_micros(s.stream.spec.interval_us.into());
+        let id = s.stream.spec.id;
         {
             let (sock, log, stop, key) = (
                 sock.try_clone().map_err(MeasureError::io("UDP socket"))?,
-                log.clone(),
-                stop_send.clone(),
+                s.log.clone(),
+                s.stop_send.clone(),
                 key.clone(),
             );
-            threads.push(std::thread::spawn(move || {
+            s.threads.push(std::thread::spawn(move || {
                 let mut buf = vec![0u8; size.min(MAX_LEN)];
                 let mut next = netio::mono_ns();
                 let step = interval.as_nanos() as u64;
@@ -83,28 +180,8 @@ impl ProbeStream {
                         std::thread::sleep(Duration::from_nanos((next - now).min(50_000_000)));
                         continue;
                     }
-                    let mut l = log.lock().unwrap();
-                    let t1 = netio::mono_ns();
-                    let flags = if key.is_some() { probe::FLAG_MAC } else { 0 };
-                    let p = Probe {
-                        kind: Kind::Request,
-                        stream: id,
-                        token,
-                        seq: l.recs.len() as u32,
-                        client_send_ns: t1,
-                        server_recv_ns: 0,
-                        server_send_ns: 0,
-                        server_rx_count: 0,
-                        flags,
-                    };
-                    let encoded = p.encode(&mut buf).is_ok();
-                    if let (true, Some(k)) = (encoded, &key) {
-                        auth::sign_probe(k, &mut buf);
-                    }
-                    if encoded && sock.send(&buf).is_ok() {
-                        l.recs.push(Rec { t1, reply: None });
-                    }
-                    drop(l);
+                    let k = key.as_deref();
+                    send_request(&sock, &mut buf, &mut log.lock().unwrap(), id, token, k);
                     // Isochronous: keep the schedule, but never burst to catch up after a stall.
                     next += step;
                     if next + step < netio::mono_ns() {
@@ -114,47 +191,73 @@ impl ProbeStream {
             }));
         }
         {
-            let (log, stop) = (log.clone(), stop_recv.clone());
-            threads.push(std::thread::spawn(move || {
+            let (log, stop) = (s.log.clone(), s.stop_recv.clone());
+            s.threads.push(std::thread::spawn(move || {
                 let mut buf = [0u8; MAX_LEN + 1];
                 while !stop.load(Ordering::Relaxed) {
                     let Ok(n) = sock.recv(&mut buf) else { continue };
                     let t4 = netio::mono_ns();
-                    let Ok(p) = Probe::decode(&buf[..n]) else {
-                        continue;
-                    };
-                    if p.kind != Kind::Reply || p.token != token || p.stream != id {
-                        continue;
-                    }
-                    if let Some(k) = &key {
-                        if p.flags & probe::FLAG_MAC == 0 || !auth::probe_signed(k, &buf[..n]) {
-                            continue;
-                        }
-                    }
-                    let mut l = log.lock().unwrap();
-                    if let Some(r) = l.recs.get_mut(p.seq as usize) {
-                        // Duplicates, forged replies (wrong send time) and impossible server
-                        // times (sent before received, or held longer than the whole round trip)
-                        // are ignored: no later subtraction can then go below zero.
-                        let held = p.server_send_ns.checked_sub(p.server_recv_ns);
-                        let plausible = held.is_some_and(|h| h <= t4.saturating_sub(r.t1));
-                        if r.reply.is_none() && r.t1 == p.client_send_ns && plausible {
-                            r.reply = Some((p.server_recv_ns, p.server_send_ns, t4));
-                            l.received += 1;
-                        }
-                    }
+                    take_reply(&buf[..n], t4, &log, id, token, key.as_deref());
                 }
             }));
         }
-        Ok(ProbeStream {
-            stream,
-            dscp_applied,
-            dscp_refused,
-            log,
-            stop_send,
-            stop_recv,
-            threads,
-        })
+        Ok(s)
+    }
+
+    /// As [`ProbeStream::start`], with no threads: the caller's loop calls
+    /// [`ProbeStream::drive`] when each request is due, which sends it and takes the replies
+    /// that came meanwhile, timed by the kernel as they arrived. One wake-up per probe instead
+    /// of three (sender, receiver, the caller's poll): what a long-running prober on a small
+    /// router costs.
+    pub fn start_driven(
+        addr: SocketAddr,
+        token: Token,
+        stream: Stream,
+        key: Option<Arc<[u8]>>,
+    ) -> Result<ProbeStream, MeasureError> {
+        let (mut s, sock) = ProbeStream::bare(addr, stream)?;
+        netio::udp::enable_rx_timestamps(&sock).map_err(MeasureError::io("UDP timestamps"))?;
+        s.driven = Some(Driven {
+            sock,
+            buf: vec![0u8; (s.stream.spec.size as usize).min(MAX_LEN)],
+            next: netio::mono_ns(),
+            step: u64::from(s.stream.spec.interval_us) * 1_000,
+            token,
+            key,
+        });
+        Ok(s)
+    }
+
+    /// A driven stream: takes the replies waiting, sends the request due (one, never a burst
+    /// to catch up after a stall), and returns when the next one is due (monotonic ns; a
+    /// threaded stream has nothing to drive: never). Errors are a lost probe, as in the threads.
+    pub fn drive(&mut self) -> u64 {
+        let Some(d) = &mut self.driven else {
+            return u64::MAX;
+        };
+        let (id, token) = (self.stream.spec.id, d.token);
+        let mut reply = [0u8; MAX_LEN + 1];
+        // An ICMP error (the server's port closed) is reported once in a datagram's place.
+        while let Ok(Some((n, at))) = netio::udp::recv_stamped(&d.sock, &mut reply) {
+            // The kernel's arrival stamp is on the wall clock; the requests' on the monotonic
+            // one: the two read together give the offset (their rates agree).
+            let (mono, wall) = (netio::mono_ns(), SystemTime::now());
+            let ago = at
+                .and_then(|a| wall.duration_since(a).ok())
+                .unwrap_or_default();
+            let t4 = mono.saturating_sub(ago.as_nanos() as u64);
+            take_reply(&reply[..n], t4, &self.log, id, token, d.key.as_deref());
+        }
+        let now = netio::mono_ns();
+        if now >= d.next && !self.stop_send.load(Ordering::Relaxed) {
+            let mut l = self.log.lock().unwrap();
+            send_request(&d.sock, &mut d.buf, &mut l, id, token, d.key.as_deref());
+            d.next += d.step;
+            if d.next < now {
+                d.next = now + d.step;
+            }
+        }
+        d.next
     }
 
     pub fn stop_sending(&self) {

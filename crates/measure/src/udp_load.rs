@@ -84,18 +84,7 @@ impl UdpLoad {
         end_ns: u64,
         key: Option<Arc<[u8]>>,
     ) -> Result<UdpLoad, MeasureError> {
-        let bind: SocketAddr = if addr.is_ipv4() {
-            "0.0.0.0:0".parse().unwrap()
-        } else {
-            "[::]:0".parse().unwrap()
-        };
-        let sock = UdpSocket::bind(bind).map_err(MeasureError::io("UDP socket"))?;
-        sock.connect(addr)
-            .map_err(|source| MeasureError::Unreachable { addr, source })?;
-        let dscp_refused = netio::dscp_refusal(
-            spec.dscp,
-            &netio::apply_dscp(socket2::SockRef::from(&sock), spec.dscp, &addr),
-        );
+        let (sock, _, dscp_refused) = crate::probe::socket(addr, spec.dscp)?;
         let (pacing, mut pacing_note) = resolve(asked, addr);
         let tick = match pacing {
             Pacing::Tick(d) | Pacing::Burst(d) => Some(d),

@@ -38,6 +38,7 @@ pub struct Watch {
     key: Option<Arc<[u8]>>,
     session: Option<Session>,
     prompt: bool,
+    driven: bool,
 }
 
 struct Session {
@@ -49,6 +50,8 @@ struct Session {
     /// Probes at or after `settled` already settled out of order (prompt mode).
     early: std::collections::HashSet<usize>,
     echoes: Vec<Echo>,
+    /// A driven session's next probe (monotonic ns).
+    next_due: u64,
 }
 
 impl Watch {
@@ -66,6 +69,7 @@ impl Watch {
             key: key.map(Arc::from),
             session: None,
             prompt: false,
+            driven: false,
         })
     }
 
@@ -75,6 +79,23 @@ impl Watch {
     pub fn prompt(mut self) -> Watch {
         self.prompt = true;
         self
+    }
+
+    /// No threads of its own: each [`Watch::poll`] sends the probe due and takes the answers
+    /// that came meanwhile, timed by the kernel as they arrived, so the caller polls when
+    /// [`Watch::next_due`] says (one wake-up per probe, where threads took three).
+    pub fn driven(mut self) -> Watch {
+        self.driven = true;
+        self
+    }
+
+    /// When a driven watch's next probe is due (monotonic ns); `None` with no session open
+    /// (or not driven).
+    pub fn next_due(&self) -> Option<u64> {
+        self.session
+            .as_ref()
+            .filter(|_| self.driven)
+            .map(|s| s.next_due)
     }
 
     /// Whether a session is open (the server answered its handshake).
@@ -89,6 +110,9 @@ impl Watch {
         let now = netio::mono_ns();
         let mut out = Vec::new();
         if let Some(s) = &mut self.session {
+            if self.driven {
+                s.next_due = s.probes.drive();
+            }
             let ending = now.saturating_sub(s.opened_ns) >= SESSION.as_nanos() as u64;
             let gone = s.control.server_gone();
             if ending || gone {
@@ -135,7 +159,12 @@ impl Watch {
             name: "udp watch".into(),
             spec,
         };
-        let probes = ProbeStream::start(control.addr, control.token, stream, self.key.clone())?;
+        let (addr, token, key) = (control.addr, control.token, self.key.clone());
+        let probes = if self.driven {
+            ProbeStream::start_driven(addr, token, stream, key)?
+        } else {
+            ProbeStream::start(addr, token, stream, key)?
+        };
         Ok(Session {
             control,
             probes,
@@ -143,6 +172,7 @@ impl Watch {
             settled: 0,
             early: Default::default(),
             echoes: Vec::new(),
+            next_due: netio::mono_ns(),
         })
     }
 }

@@ -191,7 +191,7 @@ pub fn echo_request(v6: bool, seq: u16, len: usize) -> Vec<u8> {
 }
 
 /// The kernel's receive time, when `c` is a timestamp control message.
-fn cmsg_time(c: &libc::cmsghdr) -> Option<SystemTime> {
+pub(crate) fn cmsg_time(c: &libc::cmsghdr) -> Option<SystemTime> {
     if c.cmsg_level != libc::SOL_SOCKET || c.cmsg_type != libc::SCM_TIMESTAMPNS {
         return None;
     }
@@ -203,7 +203,7 @@ fn cmsg_time(c: &libc::cmsghdr) -> Option<SystemTime> {
 
 /// One datagram, or with `MSG_ERRQUEUE` one error-queue entry, without blocking: its length
 /// and address, after `each` has seen every control message that came with it.
-fn recv_with(
+pub(crate) fn recv_with(
     sock: &UdpSocket,
     flags: i32,
     data: &mut [u8],

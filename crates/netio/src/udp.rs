@@ -3,11 +3,32 @@
 //! by the `fq` qdisc) with a check of the qdisc that would have to honour it.
 
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::process::Command;
+use std::time::SystemTime;
 
 use crate::icmp::setsockopt_int;
+
+/// Asks the kernel to stamp each datagram this socket receives with its arrival time
+/// (`SO_TIMESTAMPNS`, the wall clock): read with [`recv_stamped`] long after, it still says
+/// when the datagram came.
+pub fn enable_rx_timestamps(sock: &UdpSocket) -> io::Result<()> {
+    setsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
+}
+
+/// One waiting datagram into `buf`, without blocking: its length and the kernel's arrival
+/// stamp (with [`enable_rx_timestamps`]); `None` when nothing waits.
+pub fn recv_stamped(
+    sock: &UdpSocket,
+    buf: &mut [u8],
+) -> io::Result<Option<(usize, Option<SystemTime>)>> {
+    let mut at = None;
+    let got = crate::icmp::recv_with(sock, 0, buf, &mut [0u64; 8], |c| {
+        at = at.or(crate::icmp::cmsg_time(c))
+    })?;
+    Ok(got.map(|(n, _)| (n, at)))
+}
 
 /// Asks for a receive buffer of `bytes`, beyond `net.core.rmem_max` when privileged
 /// (SO_RCVBUFFORCE), and returns what the socket got (the kernel doubles the request for its
@@ -144,6 +165,32 @@ pub fn egress_has_fq(peer: IpAddr) -> Result<(String, bool), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_datagram_read_late_keeps_the_time_it_arrived() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        enable_rx_timestamps(&rx).unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut buf = [0u8; 64];
+        assert!(
+            recv_stamped(&rx, &mut buf).unwrap().is_none(),
+            "nothing waits yet"
+        );
+        let sent = SystemTime::now();
+        tx.send_to(b"probe", rx.local_addr().unwrap()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let (n, at) = recv_stamped(&rx, &mut buf).unwrap().unwrap();
+        let read = SystemTime::now();
+        assert_eq!(&buf[..n], b"probe");
+        // Loopback delivers within the send call: stamped then, not 30 ms later at the read.
+        let at = at.expect("a kernel stamp");
+        assert!(at >= sent, "stamped before it was sent");
+        let late = read.duration_since(at).unwrap();
+        assert!(
+            late.as_millis() >= 29,
+            "stamped at the read: {late:?} before it"
+        );
+    }
 
     #[test]
     fn snmp_rows_are_read_by_column_name() {

@@ -309,8 +309,8 @@ function boxChart(el, run) {{
     var h = document.createElement('h2');
     h.textContent = run.label + ' (' + run.test + (run.partial ? ', partial' : '') + ')';
     host.appendChild(h);
-    [['throughput', 'Mbit/s'], ['memory', 'MB'], ['latency', 'ms'], ['boxes', null], ['burst',
-      null], ['rpm_curve', null]].forEach(function (k) {{
+    [['throughput', 'Mbit/s'], ['shaper', 'Mbit/s'], ['memory', 'MB'], ['latency', 'ms'],
+      ['boxes', null], ['burst', null], ['rpm_curve', null]].forEach(function (k) {{
       if (!run[k[0]].length) {{ return; }}
       var el = document.createElement('div');
       el.className = 'chart';

@@ -2,6 +2,7 @@
 //! statistics per phase. Pure functions of the file.
 
 use bloatlab_analyze::stats::quantile_sorted;
+use bloatlab_result::autorate::LogLine;
 use bloatlab_result::{Phase, ResultFile, SeriesKind, Summary};
 use serde::Serialize;
 
@@ -47,6 +48,9 @@ pub struct RunView {
     /// RPM tests: responsiveness (y) by load connections per direction (x) as the ramp added
     /// them, per direction run.
     pub rpm_curve: Vec<Line>,
+    /// Runs with autorate: the shaper's rate each way over the line's capacity and what the
+    /// line carried (Mbit/s), from [`shaper_lines`].
+    pub shaper: Vec<Line>,
     pub summary: Summary,
     pub metadata: serde_json::Value,
     pub partial: bool,
@@ -213,6 +217,7 @@ impl RunView {
             boxes,
             burst: burst_lines(r),
             rpm_curve: rpm_curve(r),
+            shaper: Vec::new(),
             memory: r
                 .series
                 .iter()
@@ -227,6 +232,63 @@ impl RunView {
             partial: r.partial,
         }
     }
+}
+
+/// The test's start, Unix seconds (its metadata's RFC 3339 time).
+pub fn start_unix(r: &ResultFile) -> Option<f64> {
+    let t = humantime::parse_rfc3339(&r.metadata.start_time).ok()?;
+    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64())
+}
+
+/// A moving line's chart: the shaper's rate each way as autorate set it (each change a step),
+/// the line's capacity (`capacity`: (s, down, up bit/s) over the test's seconds) and what the
+/// line carried (autorate's once-a-second reading), in Mbit/s over seconds from the test's
+/// start; `log_offset` is when autorate's log began on that clock (s). Only `0..=end` is kept.
+pub fn shaper_lines(
+    log: &[LogLine],
+    log_offset: f64,
+    capacity: &[(f64, f64, f64)],
+    end: f64,
+) -> Vec<Line> {
+    let within = |t: f64| (0.0..=end).contains(&t);
+    let mbit = |bps: f64| Some(bps / 1e6);
+    let from_log = |pick: fn(&LogLine) -> f64, ticks_only: bool| -> Vec<(f64, Option<f64>)> {
+        let mut points = Vec::new();
+        let mut last: Option<f64> = None;
+        for l in log.iter().filter(|l| !ticks_only || l.event == "tick") {
+            let t = l.t + log_offset;
+            // A step: the old value up to the change, the new one from it.
+            if let (false, Some(v)) = (ticks_only, last) {
+                if within(t) && v != pick(l) {
+                    points.push((t, mbit(v)));
+                }
+            }
+            if within(t) {
+                points.push((t, mbit(pick(l))));
+            }
+            last = Some(pick(l));
+        }
+        points
+    };
+    let cap = |down: bool| -> Vec<(f64, Option<f64>)> {
+        capacity
+            .iter()
+            .filter(|c| within(c.0))
+            .map(|&(t, d, u)| (t, mbit(if down { d } else { u })))
+            .collect()
+    };
+    let line = |name: &str, points| Line {
+        name: name.into(),
+        points,
+    };
+    vec![
+        line("capacity down", cap(true)),
+        line("shaper down", from_log(|l| l.down_bps, false)),
+        line("carried down", from_log(|l| l.down_load_bps, true)),
+        line("capacity up", cap(false)),
+        line("shaper up", from_log(|l| l.up_bps, false)),
+        line("carried up", from_log(|l| l.up_load_bps, true)),
+    ]
 }
 
 fn rpm_curve(r: &ResultFile) -> Vec<Line> {
@@ -303,6 +365,58 @@ pub fn label_for(path: &std::path::Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn log_line(t: f64, event: &str, down_bps: f64, down_load_bps: f64) -> LogLine {
+        LogLine {
+            t,
+            event: event.into(),
+            dir: None,
+            why: None,
+            down_bps,
+            up_bps: 1e6,
+            down_load_bps,
+            up_load_bps: 0.5e6,
+            down_delta_ms: None,
+            up_delta_ms: None,
+            answered: 0,
+            lost: 0,
+        }
+    }
+
+    #[test]
+    fn the_shaper_chart_steps_at_each_change_on_the_tests_clock() {
+        // autorate began 1.5 s before the test: its t = 2.0 is the test's 0.5.
+        let log = [
+            log_line(1.0, "tick", 20e6, 0.0),
+            log_line(2.0, "tick", 20e6, 18e6),
+            log_line(3.5, "rate", 8e6, 18e6),
+            log_line(4.0, "tick", 8e6, 7e6),
+            log_line(30.0, "tick", 8e6, 7e6),
+        ];
+        let capacity = [(0.5, 20e6, 2e6), (1.5, 10e6, 2e6), (2.5, 10e6, 2e6)];
+        let lines = shaper_lines(&log, -1.5, &capacity, 10.0);
+        let named = |n: &str| &lines.iter().find(|l| l.name == n).unwrap().points;
+        assert_eq!(
+            named("capacity down"),
+            &vec![(0.5, Some(20.0)), (1.5, Some(10.0)), (2.5, Some(10.0))]
+        );
+        // The change at the test's 2.0: 20 up to it, 8 from it; the line before the test and
+        // the one after its end are left out.
+        assert_eq!(
+            named("shaper down"),
+            &vec![
+                (0.5, Some(20.0)),
+                (2.0, Some(20.0)),
+                (2.0, Some(8.0)),
+                (2.5, Some(8.0))
+            ]
+        );
+        assert_eq!(
+            named("carried down"),
+            &vec![(0.5, Some(18.0)), (2.5, Some(7.0))]
+        );
+        assert_eq!(named("shaper up")[0], (0.5, Some(1.0)));
+    }
 
     #[test]
     fn binning_averages_and_keeps_gaps() {
