@@ -103,6 +103,8 @@ enum Command {
     /// One self-contained HTML report of one or more result files: time series, latency CDFs
     /// overlaid (before/after), box plots, summary and metadata; zoom and hover, opens offline.
     /// Given one locate file (bloatlab locate): round trip per hop, idle and under each load.
+    /// Given one autorate log (bloatlab autorate --log): the shaper's rate each way over what the
+    /// line carried, the delay over its baseline, the rate changes and events.
     /// With --db: the monitor's history (grades, latency per hour by load, goodput, CAKE).
     Report {
         #[arg(required_unless_present = "db")]

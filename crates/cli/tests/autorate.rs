@@ -160,6 +160,12 @@ fn an_htb_class_follows_a_line_that_slows_under_a_real_upload() {
     assert!(lines
         .iter()
         .any(|l| l.event == "rate" && l.dir.as_deref() == Some("up")));
+    // The log as a page: each direction's shaper over what the line carried, and the delays.
+    let Some((dom, rendered)) = report_rendered(&[log.to_str().unwrap()], "htb.html") else {
+        return;
+    };
+    assert_eq!(rendered, 3, "download, upload and delay charts");
+    assert!(dom.contains("HTB class 1:1 on c0"), "the shaper is named");
 }
 
 /// Someone removes the shaper while autorate runs: said once, left alone, and put back it is

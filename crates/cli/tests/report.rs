@@ -65,9 +65,16 @@ fn html_report_renders_every_chart_in_headless_chromium() {
         !text.contains("src=\"http") && !text.contains("cdn."),
         "the report must open offline"
     );
-    if !have("chromium") {
-        return missing("chromium is not installed (apt-get install chromium)");
-    }
+    let Some((dom, rendered)) = rendered_page(&html) else {
+        return;
+    };
+    // The CDF, then per run throughput + latency + boxes (rrul), latency + boxes (ping), and
+    // throughput + latency + boxes + the RPM curve (rpm).
+    assert_eq!(rendered, 10, "charts rendered");
+    assert!(
+        dom.contains("RPM as the ramp added load connections"),
+        "the RPM curve is drawn"
+    );
     let url = format!("file://{}", html.display());
     let common = [
         "--headless",
@@ -76,36 +83,6 @@ fn html_report_renders_every_chart_in_headless_chromium() {
         "--hide-scrollbars",
         "--virtual-time-budget=10000",
     ];
-    let dom = Command::new("chromium")
-        .args(common)
-        .arg("--dump-dom")
-        .arg(&url)
-        .output()
-        .unwrap();
-    let dom = String::from_utf8_lossy(&dom.stdout);
-    // The page's error hook sets this attribute (on <html>) and lists the messages in #errors.
-    assert!(
-        !dom.contains("data-errors=\""),
-        "the page reported errors: {}",
-        dom.split("id=\"errors\"")
-            .nth(1)
-            .unwrap_or("")
-            .chars()
-            .take(500)
-            .collect::<String>()
-    );
-    // The CDF, then per run throughput + latency + boxes (rrul), latency + boxes (ping), and
-    // throughput + latency + boxes + the RPM curve (rpm).
-    let rendered = dom.matches("data-rendered=\"1\"").count();
-    assert_eq!(rendered, 10, "charts rendered");
-    assert!(
-        dom.contains("RPM as the ramp added load connections"),
-        "the RPM curve is drawn"
-    );
-    for part in dom.split("data-points=\"").skip(1) {
-        let n: usize = part.split('"').next().unwrap().parse().unwrap();
-        assert!(n > 0, "a chart without data points");
-    }
     assert!(dom.matches("<path").count() > 50, "charts drew little");
     let shot = tmp_path("report.png");
     let s = Command::new("chromium")
@@ -188,45 +165,10 @@ fn locate_on_loopback_writes_a_locate_file_whose_report_renders_in_headless_chro
         (Some("bloatlab-locate"), Some(1), Some(false))
     );
     assert!(raw["probes"].as_array().unwrap().len() as u64 >= hops[0]["sent"].as_u64().unwrap());
-    let html = tmp_path("locate.html");
-    ok(&[
-        "report",
-        file.to_str().unwrap(),
-        "-o",
-        html.to_str().unwrap(),
-    ]);
-    if !have("chromium") {
-        return missing("chromium is not installed (apt-get install chromium)");
-    }
-    let common = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--hide-scrollbars",
-        "--virtual-time-budget=10000",
-    ];
-    let dom = Command::new("chromium")
-        .args(common)
-        .arg("--dump-dom")
-        .arg(format!("file://{}", html.display()))
-        .output()
-        .unwrap();
-    let dom = String::from_utf8_lossy(&dom.stdout);
-    assert!(
-        !dom.contains("data-errors=\""),
-        "the page reported errors: {}",
-        dom.split("id=\"errors\"")
-            .nth(1)
-            .unwrap_or("")
-            .chars()
-            .take(500)
-            .collect::<String>()
-    );
-    assert_eq!(
-        dom.matches("data-rendered=\"1\"").count(),
-        1,
-        "the hop chart rendered"
-    );
+    let Some((dom, rendered)) = report_rendered(&[file.to_str().unwrap()], "locate.html") else {
+        return;
+    };
+    assert_eq!(rendered, 1, "the hop chart rendered");
     assert!(
         dom.contains("data-points=\"1\""),
         "one hop with download samples"

@@ -417,6 +417,125 @@ var H = {data};
     )
 }
 
+/// An autorate log as a page: per direction the shaper's rate as autorate set it over what the
+/// line carried, the one-way delay over its baseline, and the rate changes by why, the stalls
+/// and the shaper's absences. Times are UTC.
+pub fn render_autorate(
+    h: &bloatlab_result::autorate::LogHeader,
+    lines: &[bloatlab_result::autorate::LogLine],
+) -> String {
+    let data = script_safe(
+        &serde_json::to_string(&serde_json::json!({ "header": h, "lines": lines }))
+            .expect("plain data"),
+    );
+    // Any number a file holds: before 1970, after 9999 or not a number reads as a bound.
+    let when = |t: f64| {
+        let secs = t.clamp(0.0, 253_402_300_799.0);
+        let st = std::time::UNIX_EPOCH
+            + std::time::Duration::try_from_secs_f64(secs).unwrap_or_default();
+        humantime::format_rfc3339_seconds(st).to_string()[..19].replace('T', " ")
+    };
+    let mut whys = std::collections::BTreeMap::new();
+    for l in lines.iter().filter(|l| l.event == "rate") {
+        let key = (
+            l.dir.clone().unwrap_or_default(),
+            l.why.clone().unwrap_or_default(),
+        );
+        *whys.entry(key).or_insert(0u64) += 1;
+    }
+    let changes: String = whys
+        .iter()
+        .map(|((d, w), n)| {
+            format!(
+                "<tr><td>{}</td><td>{}</td><td>{n}</td></tr>",
+                esc(d),
+                esc(w)
+            )
+        })
+        .collect();
+    let events: String = lines
+        .iter()
+        .filter(|l| l.event != "tick" && l.event != "rate")
+        .map(|l| {
+            format!(
+                "<tr><td>{}</td><td>{}</td><td>{:.1} / {:.1}</td></tr>",
+                when(h.started_unix + l.t),
+                esc(&l.event),
+                l.down_bps / 1e6,
+                l.up_bps / 1e6
+            )
+        })
+        .collect();
+    let mbit = |b: [f64; 3]| format!("{:.1} / {:.1} / {:.1}", b[0] / 1e6, b[1] / 1e6, b[2] / 1e6);
+    let span = lines.last().map_or(0.0, |l| l.t);
+    format!(
+        r#"{head}<body>
+<h1>autorate: {shaper}</h1>
+<div id="errors"></div>
+<p>From {start} UTC for {span:.0} s, probing {target} {rate} times a second, law
+<b>{law}</b>. MIN / BASE / MAX: download {down} Mbit/s, upload {up} Mbit/s.</p>
+<h2>Download: the shaper's rate over what the line carried</h2>
+<div class="chart" id="down"></div>
+<h2>Upload: the shaper's rate over what the line carried</h2>
+<div class="chart" id="up"></div>
+<h2>One-way delay over its baseline (each second's last probe)</h2>
+<div class="chart" id="delay"></div>
+<h2>Rate changes</h2>
+<table><tr><th>direction</th><th>why</th><th>changes</th></tr>
+{changes}</table>
+<h2>Events</h2>
+<table><tr><th>when</th><th>what</th><th>rates then, Mbit/s down / up</th></tr>
+{events}</table>
+<script>
+var A = {data};
+var T0 = A.header.started_unix * 1000;
+function chart(id, unit, series) {{
+  var el = document.getElementById(id);
+  var c = echarts.init(el, null, {{ renderer: 'svg' }});
+  c.on('finished', function () {{ el.setAttribute('data-rendered', '1'); }});
+  var points = 0;
+  series.forEach(function (s) {{ points += s.data.length; }});
+  c.setOption({{
+    animation: false,
+    tooltip: {{ trigger: 'axis', valueFormatter: function (v) {{
+      return v == null ? '–' : v.toFixed(2) + ' ' + unit; }} }},
+    legend: {{ top: 0 }},
+    grid: {{ left: 60, right: 30, top: 40, bottom: 70 }},
+    xAxis: {{ type: 'time' }},
+    yAxis: {{ type: 'value', name: unit }},
+    dataZoom: [{{ type: 'inside' }}, {{ type: 'slider' }}],
+    series: series.map(function (s) {{ return {{ name: s.name, type: 'line', step: s.step,
+      showSymbol: false, data: s.data }}; }})
+  }});
+  el.setAttribute('data-points', points);
+  window.addEventListener('resize', function () {{ c.resize(); }});
+}}
+var ticks = A.lines.filter(function (l) {{ return l.event == 'tick'; }});
+function at(l) {{ return T0 + l.t * 1000; }}
+['down', 'up'].forEach(function (d) {{
+  chart(d, 'Mbit/s', [
+    {{ name: 'shaper', step: 'end', data: A.lines.map(function (l) {{
+      return [at(l), l[d + '_bps'] / 1e6]; }}) }},
+    {{ name: 'carried', data: ticks.map(function (l) {{
+      return [at(l), l[d + '_load_bps'] / 1e6]; }}) }}]);
+}});
+chart('delay', 'ms', ['down', 'up'].map(function (d) {{
+  return {{ name: d === 'down' ? 'download' : 'upload', data: ticks.map(function (l) {{
+    var v = l[d + '_delta_ms']; return [at(l), v == null ? null : v]; }}) }}; }}));
+</script>
+</body></html>
+"#,
+        head = head("bloatlab autorate"),
+        shaper = esc(&h.shaper),
+        start = when(h.started_unix),
+        target = esc(&h.target),
+        rate = h.probe_rate,
+        law = esc(&h.law),
+        down = mbit(h.down_bounds),
+        up = mbit(h.up_bounds),
+    )
+}
+
 /// The monitor's history as a page: the scheduled tests' grades and goodput over time, the
 /// light probes' round trip per hour by the line's load, CAKE per hour, and the tables behind
 /// them. Times are UTC.

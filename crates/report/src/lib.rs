@@ -26,8 +26,15 @@ pub fn load(paths: &[PathBuf]) -> Result<Vec<RunView>, String> {
         .collect()
 }
 
-/// The HTML report of result files overlaid, or of one locate file alone.
+/// The HTML report of result files overlaid, or of one locate file or autorate log alone.
 pub fn write_html(paths: &[PathBuf], out: &Path) -> Result<(), String> {
+    // An autorate log (bloatlab autorate --log) makes a page of its own.
+    if let [one] = paths {
+        if let Some((header, lines)) = bloatlab_result::autorate::read(one)? {
+            let page = html::render_autorate(&header, &lines);
+            return std::fs::write(out, page).map_err(|e| format!("{}: {e}", out.display()));
+        }
+    }
     let mut locate = None;
     for p in paths {
         if let Some(l) = bloatlab_result::locate::read(p)? {

@@ -56,6 +56,36 @@ pub struct LogLine {
     pub lost: u64,
 }
 
+/// The most of a log read ([`read`]): a day at five rate changes a second.
+const MAX_BYTES: u64 = 256 << 20;
+
+/// The log at `path`, or `None` when the file is not an autorate log (another format: only
+/// its first line is read then).
+pub fn read(path: &std::path::Path) -> Result<Option<(LogHeader, Vec<LogLine>)>, String> {
+    use std::io::{BufRead, Read};
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(cannot)?);
+    let mut first = Vec::new();
+    file.by_ref()
+        .take(64 << 10)
+        .read_until(b'\n', &mut first)
+        .map_err(cannot)?;
+    let is_log = serde_json::from_slice::<serde_json::Value>(&first)
+        .is_ok_and(|v| v.get("format").and_then(|f| f.as_str()) == Some(FORMAT));
+    if !is_log {
+        return Ok(None);
+    }
+    let mut rest = Vec::new();
+    file.take(MAX_BYTES)
+        .read_to_end(&mut rest)
+        .map_err(cannot)?;
+    first.extend(rest);
+    let text = String::from_utf8_lossy(&first);
+    read_log(&text)
+        .map(Some)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// Reads a log, the header checked; a last line cut short by a kill is left out.
 pub fn read_log(text: &str) -> Result<(LogHeader, Vec<LogLine>), String> {
     let mut lines = text.lines();
@@ -78,4 +108,57 @@ pub fn read_log(text: &str) -> Result<(LogHeader, Vec<LogLine>), String> {
         }
     }
     Ok((header, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> String {
+        serde_json::to_string(&LogHeader {
+            format: FORMAT.into(),
+            version: VERSION,
+            bloatlab_version: "0.1.0".into(),
+            started_unix: 1.8e9,
+            target: "server.example".into(),
+            shaper: "CAKE on wan (up)".into(),
+            law: "bloatlab".into(),
+            down_bounds: [5e6, 40e6, 80e6],
+            up_bounds: [1e6, 10e6, 20e6],
+            probe_rate: 20.0,
+        })
+        .unwrap()
+    }
+
+    const TICK: &str = concat!(
+        r#"{"t":1.0,"event":"tick","down_bps":4e7,"up_bps":1e7,"#,
+        r#""down_load_bps":0,"up_load_bps":0,"answered":20,"lost":0}"#
+    );
+
+    #[test]
+    fn a_log_cut_by_a_kill_reads_to_its_last_whole_line_and_other_files_are_not_logs() {
+        let dir = std::env::temp_dir().join(format!("bloatlab-arlog-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("a.jsonl");
+        std::fs::write(
+            &log,
+            format!("{}\n{TICK}\n{TICK}\n{{\"t\":2.0,\"ev", header()),
+        )
+        .unwrap();
+        let (h, lines) = read(&log).unwrap().expect("an autorate log");
+        assert_eq!((h.target.as_str(), lines.len()), ("server.example", 2));
+        // A broken line that is not the last is damage, not a kill.
+        std::fs::write(&log, format!("{}\n{{\"t\":\n{TICK}\n", header())).unwrap();
+        assert!(read(&log).unwrap_err().contains("line 2"));
+        // A gzip'd result file, another format, a later version.
+        let other = dir.join("b");
+        std::fs::write(&other, b"\x1f\x8b\x08\x00binary").unwrap();
+        assert!(read(&other).unwrap().is_none());
+        std::fs::write(&other, r#"{"format":"bloatlab-locate","version":1}"#).unwrap();
+        assert!(read(&other).unwrap().is_none());
+        let later = header().replace("\"version\":1", "\"version\":9");
+        std::fs::write(&other, later).unwrap();
+        assert!(read(&other).unwrap_err().contains("version 9"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -4,7 +4,7 @@
 #![allow(dead_code)] // each test binary uses a different part of the fixtures
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -448,6 +448,61 @@ pub fn missing(why: &str) {
         "precondition missing under CI: {why}"
     );
     skip(why);
+}
+
+/// An HTML report as headless Chromium leaves it once its scripts ran (`None`, said, without
+/// Chromium): the page's error hook found nothing, and every chart it drew has data points.
+/// The DOM and how many charts rendered.
+pub fn rendered_page(page: &Path) -> Option<(String, usize)> {
+    if Command::new("chromium").arg("--version").output().is_err() {
+        missing("chromium is not installed (apt-get install chromium)");
+        return None;
+    }
+    let dom = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+        ])
+        .args(["--virtual-time-budget=10000", "--dump-dom"])
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&dom.stdout).to_string();
+    // The page's error hook sets this attribute (on <html>) and lists the messages in #errors.
+    assert!(
+        !dom.contains("data-errors=\""),
+        "the page reported errors: {}",
+        dom.split("id=\"errors\"")
+            .nth(1)
+            .unwrap_or("")
+            .chars()
+            .take(500)
+            .collect::<String>()
+    );
+    for part in dom.split("data-points=\"").skip(1) {
+        let n: usize = part.split('"').next().unwrap().parse().unwrap();
+        assert!(n > 0, "a chart without data points");
+    }
+    let rendered = dom.matches("data-rendered=\"1\"").count();
+    Some((dom, rendered))
+}
+
+/// `bloatlab report INPUTS -o NAME` (in this process's temporary directory), the page as
+/// [`rendered_page`] leaves it.
+pub fn report_rendered(inputs: &[&str], name: &str) -> Option<(String, usize)> {
+    let page = tmp_path(name);
+    let mut args = vec!["report"];
+    args.extend_from_slice(inputs);
+    args.extend(["-o", page.to_str().unwrap()]);
+    let out = run(&[], &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rendered_page(&page)
 }
 
 pub fn wait_ms(ms: u64) {
