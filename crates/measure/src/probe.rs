@@ -249,9 +249,13 @@ impl ProbeStream {
             take_reply(&reply[..n], t4, &self.log, id, token, d.key.as_deref());
         }
         let now = netio::mono_ns();
-        if now >= d.next && !self.stop_send.load(Ordering::Relaxed) {
-            let mut l = self.log.lock().unwrap();
-            send_request(&d.sock, &mut d.buf, &mut l, id, token, d.key.as_deref());
+        if now >= d.next {
+            // Stopped (a session's end, waiting for its last answers), the schedule still
+            // runs: the caller keeps waking at the probes' pace, not in a spin.
+            if !self.stop_send.load(Ordering::Relaxed) {
+                let mut l = self.log.lock().unwrap();
+                send_request(&d.sock, &mut d.buf, &mut l, id, token, d.key.as_deref());
+            }
             d.next += d.step;
             if d.next < now {
                 d.next = now + d.step;
@@ -282,5 +286,65 @@ impl ProbeStream {
 impl Drop for ProbeStream {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bloatlab_proto::StreamSpec;
+
+    /// A driven stream against a server that answers at once: an answer read 40 ms after it
+    /// came keeps its own arrival time, and a stopped stream sends no more but keeps its pace.
+    #[test]
+    fn a_driven_stream_times_answers_as_they_arrived_and_keeps_its_pace_when_stopped() {
+        let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let token = Token([7; 16]);
+        let spec = StreamSpec {
+            id: 3,
+            interval_us: 10_000,
+            size: 64,
+            dscp: 0,
+        };
+        let stream = Stream {
+            name: "driven".into(),
+            spec,
+        };
+        let addr = server.local_addr().unwrap();
+        let mut s = ProbeStream::start_driven(addr, token, stream, None).unwrap();
+        let sent_at = netio::mono_ns();
+        let next = s.drive();
+        assert!(next >= sent_at + 5_000_000, "the next probe an interval on");
+        // The server's answer, at once.
+        let mut buf = [0u8; MAX_LEN];
+        let (n, from) = server.recv_from(&mut buf).unwrap();
+        let mut p = Probe::decode(&buf[..n]).unwrap();
+        assert_eq!((p.seq, p.stream, p.token), (0, 3, token));
+        p.kind = Kind::Reply;
+        p.server_recv_ns = 1_000;
+        p.server_send_ns = 2_000;
+        p.encode(&mut buf[..n]).unwrap();
+        server.send_to(&buf[..n], from).unwrap();
+        std::thread::sleep(Duration::from_millis(40));
+        s.drive();
+        let r = s.log.lock().unwrap().recs[0];
+        let (_, _, t4) = r.reply.expect("the answer was taken");
+        let rtt_ms = (t4 - r.t1) as f64 / 1e6;
+        assert!(
+            rtt_ms < 10.0,
+            "round trip {rtt_ms} ms: timed when read, not when it came"
+        );
+        // Stopped: no more requests, the next wake-up still an interval ahead.
+        s.stop_sending();
+        let sent = s.log.lock().unwrap().recs.len();
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(11));
+            let due = s.drive();
+            assert!(
+                due > netio::mono_ns(),
+                "a wake-up in the past: the caller would spin"
+            );
+        }
+        assert_eq!(s.log.lock().unwrap().recs.len(), sent);
     }
 }
