@@ -4,6 +4,7 @@
 
 use crate::Direction;
 use bloatlab_netio::rtnl::{self, Attrs, Rtnl, TcMsg, TcObject};
+use bloatlab_netio::sysfs::DevCounter;
 use std::path::PathBuf;
 
 /// `linux/pkt_sched.h`: `TCA_CAKE_BASE_RATE64`, bytes per second.
@@ -60,8 +61,8 @@ pub struct Kernel {
     up: Option<KernelSide>,
     down: Option<KernelSide>,
     /// The WAN device's received and sent bytes: the line's load.
-    wan_rx: Counter,
-    wan_tx: Counter,
+    wan_rx: DevCounter,
+    wan_tx: DevCounter,
 }
 
 impl Kernel {
@@ -82,8 +83,8 @@ impl Kernel {
             nl,
             up,
             down,
-            wan_rx: Counter::new(dev, "rx_bytes"),
-            wan_tx: Counter::new(dev, "tx_bytes"),
+            wan_rx: DevCounter::new(dev, "rx_bytes"),
+            wan_tx: DevCounter::new(dev, "tx_bytes"),
         })
     }
 }
@@ -240,44 +241,6 @@ impl KernelSide {
     }
 }
 
-/// One of a device's byte counters in sysfs, kept open and read again from its start: opening
-/// the path (its walk through sysfs) was a tenth of autorate's CPU at five reads a second.
-struct Counter {
-    path: String,
-    file: Option<std::fs::File>,
-}
-
-impl Counter {
-    fn new(dev: &str, name: &str) -> Counter {
-        Counter {
-            path: format!("/sys/class/net/{dev}/statistics/{name}"),
-            file: None,
-        }
-    }
-
-    /// The value now; after an error (the device gone: a PPPoE link that came back is a new
-    /// device) the path is opened again on the next read.
-    fn read(&mut self) -> Result<u64, String> {
-        use std::os::unix::fs::FileExt;
-        let path = &self.path;
-        let file = match &mut self.file {
-            Some(f) => f,
-            None => self
-                .file
-                .insert(std::fs::File::open(path).map_err(|e| format!("{path}: {e}"))?),
-        };
-        let mut buf = [0u8; 32];
-        let n = file.read_at(&mut buf, 0).map_err(|e| {
-            self.file = None;
-            format!("{path}: {e}")
-        })?;
-        std::str::from_utf8(&buf[..n])
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-            .ok_or_else(|| format!("{path}: not a counter"))
-    }
-}
-
 impl Shaper for Kernel {
     fn describe(&self) -> String {
         let side =
@@ -301,7 +264,8 @@ impl Shaper for Kernel {
     }
 
     fn carried(&mut self) -> Result<(u64, u64), String> {
-        Ok((self.wan_rx.read()?, self.wan_tx.read()?))
+        let read = |c: &mut DevCounter| c.read().map_err(|e| format!("{}: {e}", c.path()));
+        Ok((read(&mut self.wan_rx)?, read(&mut self.wan_tx)?))
     }
 
     /// The same qdisc (CAKE) or class (HTB) on each side, read again: a class put back with
@@ -399,29 +363,5 @@ impl Shaper for Lab {
                 .get(&self.link)
                 .is_some_and(|l| l.up.cake.is_some() && l.down.cake.is_some())
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Counter;
-
-    /// Read again from its start, the open file gives the counter's value now, not the one
-    /// it had when opened.
-    #[test]
-    fn a_counter_kept_open_reads_the_value_now() {
-        let mut tx = Counter::new("lo", "tx_bytes");
-        let before = tx.read().unwrap();
-        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        sock.send_to(&[0u8; 1000], sock.local_addr().unwrap())
-            .unwrap();
-        let after = tx.read().unwrap();
-        assert!(after >= before + 1000, "{before} -> {after}");
-        let mut gone = Counter::new("no-such-dev0", "rx_bytes");
-        let e = gone.read().unwrap_err();
-        assert!(
-            e.contains("/sys/class/net/no-such-dev0/statistics/rx_bytes"),
-            "{e}"
-        );
     }
 }

@@ -81,18 +81,6 @@ impl Bands {
     }
 }
 
-/// The interface's byte counters from sysfs: (rx, tx).
-pub fn read_counters(iface: &str) -> std::io::Result<(u64, u64)> {
-    let read = |what: &str| -> std::io::Result<u64> {
-        let p = format!("/sys/class/net/{iface}/statistics/{what}_bytes");
-        std::fs::read_to_string(p)?
-            .trim()
-            .parse()
-            .map_err(|_| std::io::Error::other(format!("{iface}: {what}_bytes is not a number")))
-    };
-    Ok((read("rx")?, read("tx")?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

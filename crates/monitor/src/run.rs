@@ -5,13 +5,14 @@
 
 use crate::budget::{self, Decision};
 use crate::cake;
-use crate::load::{read_counters, Bands, LoadMeter};
+use crate::load::{Bands, LoadMeter};
 use crate::metrics::Metrics;
 use crate::minute::{Minutes, Tag};
 use bloatlab_measure::display::ProgressMode;
 use bloatlab_measure::http_rpm::HttpOptions;
 use bloatlab_measure::watch::Watch;
 use bloatlab_measure::{Ended, Params, RunOptions};
+use bloatlab_netio::sysfs::DevCounter;
 use bloatlab_result::history::{LoadBand, ShaperRow, TestRow};
 use bloatlab_result::lab::CakeStats;
 use bloatlab_server::metrics::{MetricsFace, MetricsLimits};
@@ -22,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The loop's longest sleep (counters, schedule, shutdown); a probe due wakes it sooner.
 const TICK: Duration = Duration::from_millis(200);
 /// Retries of an unreachable target back off from 2 s, doubling, to this.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -205,12 +207,23 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
         dir: cfg.out_dir.clone(),
         source,
     })?;
-    if let Some(iface) = &cfg.iface {
-        read_counters(iface).map_err(|source| MonitorError::Iface {
-            iface: iface.clone(),
-            source,
-        })?;
-    }
+    // The watched interface's byte counters, kept open (read at every wake-up).
+    let mut counters = match &cfg.iface {
+        Some(iface) => {
+            let mut c = (
+                DevCounter::new(iface, "rx_bytes"),
+                DevCounter::new(iface, "tx_bytes"),
+            );
+            for c in [&mut c.0, &mut c.1] {
+                c.read().map_err(|source| MonitorError::Iface {
+                    iface: iface.clone(),
+                    source,
+                })?;
+            }
+            Some(c)
+        }
+        None => None,
+    };
     let metrics = Arc::new(Metrics::new(&cfg.target, cfg.site.as_deref()));
     let _face: Option<MetricsFace> = match cfg.metrics {
         Some(addr) => {
@@ -226,7 +239,7 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
         }
         None => None,
     };
-    let mut watch = Watch::new(&cfg.target, cfg.probe_rate, cfg.key.clone())?;
+    let mut watch = Watch::new(&cfg.target, cfg.probe_rate, cfg.key.clone())?.driven();
     let mut minutes = Minutes::new(&cfg.target);
     let mut meter = LoadMeter::default();
     let mut bands = Bands {
@@ -283,8 +296,8 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
         let stopping = cfg.stop.load(Ordering::Relaxed);
         let now_ns = bloatlab_netio::mono_ns();
         let now = unix_now();
-        if let Some(iface) = &cfg.iface {
-            if let Ok((rx, tx)) = read_counters(iface) {
+        if let Some((rx, tx)) = &mut counters {
+            if let (Ok(rx), Ok(tx)) = (rx.read(), tx.read()) {
                 meter.add(now_ns, rx, tx);
             }
         }
@@ -462,7 +475,11 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
             }
             return Ok(());
         }
-        std::thread::sleep(TICK);
+        // Until the next probe is due (the watch has no threads of its own), at most a tick.
+        let left = watch.next_due().map_or(TICK, |due| {
+            Duration::from_nanos(due.saturating_sub(bloatlab_netio::mono_ns())).min(TICK)
+        });
+        std::thread::sleep(left);
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod icmp;
 pub mod rtnl;
 pub mod sendbuf;
+pub mod sysfs;
 pub mod udp;
 
 use socket2::SockRef;
