@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Memory of `bloatlab autorate` over a long run: a bloatlab server and autorate at 20 probes a
+# second in a network namespace this script makes (loopback probes, an HTB class on a veth and
+# on its IFB, the line idle), with its log and /metrics face on (scraped once a minute, as
+# Prometheus would). Every minute: RSS and PSS (/proc/PID/status, smaps_rollup) and the log's
+# size; at the end the first, last and highest RSS and the growth per hour after the first 5
+# minutes. Needs root and a release build.
+#
+#   scripts/soak-autorate.sh [MINUTES]      (default 60)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=$PWD/target/release/bloatlab
+minutes=${1:-60}
+[ "$(id -u)" = 0 ] || { echo "needs root (network namespace)" >&2; exit 1; }
+[ -x "$bin" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+ns=soak-autorate-$$
+tmp=$(mktemp -d /tmp/soak-autorate.XXXXXX)
+cleanup() {
+  set +e
+  if [ -e "/run/netns/$ns" ]; then
+    for p in $(ip netns pids "$ns"); do kill "$p" 2>/dev/null; done
+    sleep 1
+    for p in $(ip netns pids "$ns"); do kill -9 "$p" 2>/dev/null; done
+    ip netns del "$ns"
+  fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+ip netns add "$ns"
+ip -n "$ns" link set lo up
+ip -n "$ns" link add wan type veth peer name wan-peer
+ip -n "$ns" link add ifb4wan type ifb
+for d in wan wan-peer ifb4wan; do ip -n "$ns" link set "$d" up; done
+for d in wan ifb4wan; do
+  tc -n "$ns" qdisc add dev "$d" root handle 1: htb default 1
+  tc -n "$ns" class add dev "$d" parent 1: classid 1:1 htb quantum 1514 rate 40mbit
+done
+ip netns exec "$ns" "$bin" server --listen 127.0.0.1:9461 -q 2>"$tmp/server.err" &
+for _ in $(seq 50); do
+  ip netns exec "$ns" ss -Hlun 'sport = :9461' | grep -q . && break
+  sleep 0.1
+done
+ip netns exec "$ns" "$bin" autorate 127.0.0.1:9461 --dev wan --down 5mbit:40mbit:80mbit \
+  --up 2mbit:40mbit:80mbit --probe-rate 20 --log "$tmp/autorate.jsonl" \
+  --metrics 127.0.0.1:9466 2>"$tmp/autorate.err" &
+pid=$!
+echo "minute  RSS kB  PSS kB  log kB"
+rss=()
+for m in $(seq 0 "$minutes"); do
+  [ "$m" = 0 ] || sleep 60
+  kill -0 "$pid" 2>/dev/null || { echo "autorate ended:" >&2; cat "$tmp/autorate.err" >&2; exit 1; }
+  ip netns exec "$ns" curl -s -o /dev/null http://127.0.0.1:9466/metrics || true
+  r=$(awk '$1 == "VmRSS:" { print $2 }' "/proc/$pid/status")
+  p=$(awk '$1 == "Pss:" { print $2 }' "/proc/$pid/smaps_rollup")
+  l=$(( $(stat -c %s "$tmp/autorate.jsonl") / 1024 ))
+  rss+=("$r")
+  printf '%6d %7d %7d %7d\n' "$m" "$r" "$p" "$l"
+done
+printf '%s\n' "${rss[@]}" | awk -v m="$minutes" '
+  { v[NR - 1] = $1; if ($1 > max) max = $1 }
+  END {
+    from = (m > 5) ? 5 : 0
+    printf "RSS: first %d kB, last %d kB, highest %d kB; after minute %d: %+.0f kB per hour\n",
+      v[0], v[m], max, from, (v[m] - v[from]) * 60 / (m - from)
+  }'
