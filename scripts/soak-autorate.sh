@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=$PWD/target/release/bloatlab
 minutes=${1:-60}
+[[ "$minutes" =~ ^[1-9][0-9]*$ ]] || { echo "MINUTES: a whole number from 1" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "needs root (network namespace)" >&2; exit 1; }
 [ -x "$bin" ] || { echo "build first: cargo build --release" >&2; exit 1; }
 ns=soak-autorate-$$
