@@ -217,6 +217,9 @@ impl ProbeStream {
     ) -> Result<ProbeStream, MeasureError> {
         let (mut s, sock) = ProbeStream::bare(addr, stream)?;
         netio::udp::enable_rx_timestamps(&sock).map_err(MeasureError::io("UDP timestamps"))?;
+        // Else the first answers may be stamped when read, up to an interval late (once per
+        // process: the kernel's stamping then stays on).
+        netio::udp::ensure_rx_stamping(Duration::from_millis(200));
         s.driven = Some(Driven {
             sock,
             buf: vec![0u8; (s.stream.spec.size as usize).min(MAX_LEN)],

@@ -17,6 +17,44 @@ pub fn enable_rx_timestamps(sock: &UdpSocket) -> io::Result<()> {
     setsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
 }
 
+/// The kernel stamps arriving datagrams only once some socket asked, and switches that on
+/// later (a deferred work item): until then a datagram is stamped when it is read. This keeps a
+/// socket that asked open for the process's life (so stamping stays on between probe sessions)
+/// and waits, at most `limit`, until a datagram it sends itself comes back stamped on arrival.
+/// False when that could not be shown (no loopback here, or the kernel slower than `limit`).
+pub fn ensure_rx_stamping(limit: std::time::Duration) -> bool {
+    static KEEPER: std::sync::Mutex<Option<UdpSocket>> = std::sync::Mutex::new(None);
+    let mut keeper = KEEPER.lock().unwrap_or_else(|e| e.into_inner());
+    if keeper.is_none() {
+        let Ok(s) = UdpSocket::bind("127.0.0.1:0") else {
+            return false;
+        };
+        if enable_rx_timestamps(&s).is_err() {
+            return false;
+        }
+        *keeper = Some(s);
+    }
+    let s = keeper.as_ref().expect("just set");
+    let Ok(me) = s.local_addr() else {
+        return false;
+    };
+    let start = std::time::Instant::now();
+    let mut buf = [0u8; 8];
+    while start.elapsed() < limit {
+        if s.send_to(b"stamp", me).is_err() {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let read = SystemTime::now();
+        if let Ok(Some((_, Some(at)))) = recv_stamped(s, &mut buf) {
+            if read.duration_since(at).is_ok_and(|d| d.as_micros() >= 1000) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
 /// One waiting datagram into `buf`, without blocking: its length and the kernel's arrival
 /// stamp (with [`enable_rx_timestamps`]); `None` when nothing waits.
 pub fn recv_stamped(
@@ -168,6 +206,7 @@ mod tests {
 
     #[test]
     fn a_datagram_read_late_keeps_the_time_it_arrived() {
+        assert!(ensure_rx_stamping(std::time::Duration::from_secs(2)));
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         enable_rx_timestamps(&rx).unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
