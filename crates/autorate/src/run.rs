@@ -203,12 +203,6 @@ fn dir_name(d: Direction) -> &'static str {
     }
 }
 
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
 /// The log file: each line written whole and flushed.
 struct Log(Option<(PathBuf, std::fs::File)>);
 
@@ -281,7 +275,7 @@ pub fn run(
         format: FORMAT.into(),
         version: VERSION,
         bloatlab_version: env!("CARGO_PKG_VERSION").into(),
-        started_unix: unix_now(),
+        started_unix: bloatlab_netio::unix_now(),
         target: cfg.target.clone(),
         shaper: shaper.describe(),
         law: match c.law {

@@ -181,7 +181,7 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
             }
             session.lab.shared.restart_rates(&line_name)
         })();
-        let line_started_unix = unix_now();
+        let line_started_unix = bloatlab_netio::unix_now();
         if let Err(e) = applied {
             failure = Some(e);
             break;
@@ -485,11 +485,10 @@ fn shaper_chart(
     down: &bloatlab_lab_model::rate::Rate,
     up: &bloatlab_lab_model::rate::Rate,
 ) -> Result<Vec<bloatlab_report::view::Line>, String> {
-    let text = std::fs::read_to_string(log).map_err(|e| format!("{}: {e}", log.display()))?;
-    let (header, lines) = bloatlab_result::autorate::read_log(&text)
-        .map_err(|e| format!("{}: {e}", log.display()))?;
-    let file = bloatlab_result::read(&run.file).map_err(|e| e.to_string())?;
-    let test_start = bloatlab_report::view::start_unix(&file)
+    let (header, lines) = bloatlab_result::autorate::read(log)?
+        .ok_or_else(|| format!("{}: not an autorate log", log.display()))?;
+    let test_start = view
+        .start_unix()
         .ok_or_else(|| format!("{}: no start time", run.file.display()))?;
     let end = view.phases.iter().map(|p| p.end).fold(0.0, f64::max);
     let since_line = test_start - run.line_started_unix;
@@ -517,12 +516,6 @@ fn summary_of(outcome: Outcome, tag: &str) -> Result<Summary, String> {
         Ended::Complete | Ended::Interrupted => Ok(bloatlab_analyze::summary_of(&outcome.result)),
         Ended::ServerLost(why) | Ended::Failed(why) => Err(format!("the {tag} test failed: {why}")),
     }
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 fn stamp() -> String {

@@ -124,7 +124,7 @@ fn take_reply(
     }
 }
 
-/// A stream driven by its caller's loop ([`ProbeStream::start_driven`]).
+/// A stream driven by its caller's loop (`ProbeStream::start`, `driven`).
 struct Driven {
     sock: UdpSocket,
     buf: Vec<u8>,
@@ -152,13 +152,33 @@ impl ProbeStream {
     }
 
     /// With `key`, every request is signed and only replies signed under it are taken.
+    /// `driven`: no threads; the caller's loop calls [`ProbeStream::drive`] when each request
+    /// is due, which sends it and takes the replies that came meanwhile, timed by the kernel
+    /// as they arrived. One wake-up per probe instead of three (sender, receiver, the caller's
+    /// poll): what a long-running prober on a small router costs.
     pub fn start(
         addr: SocketAddr,
         token: Token,
         stream: Stream,
         key: Option<Arc<[u8]>>,
+        driven: bool,
     ) -> Result<ProbeStream, MeasureError> {
         let (mut s, sock) = ProbeStream::bare(addr, stream)?;
+        if driven {
+            netio::udp::enable_rx_timestamps(&sock).map_err(MeasureError::io("UDP timestamps"))?;
+            // Else the first answers may be stamped when read, up to an interval late (once per
+            // process: the kernel's stamping then stays on).
+            netio::udp::ensure_rx_stamping(Duration::from_millis(200));
+            s.driven = Some(Driven {
+                sock,
+                buf: vec![0u8; (s.stream.spec.size as usize).min(MAX_LEN)],
+                next: netio::mono_ns(),
+                step: u64::from(s.stream.spec.interval_us) * 1_000,
+                token,
+                key,
+            });
+            return Ok(s);
+        }
         let _ = sock.set_read_timeout(Some(Duration::from_millis(100)));
         let size = s.stream.spec.size as usize;
         let interval = Duration::from_micros(s.stream.spec.interval_us.into());
@@ -201,33 +221,6 @@ impl ProbeStream {
                 }
             }));
         }
-        Ok(s)
-    }
-
-    /// As [`ProbeStream::start`], with no threads: the caller's loop calls
-    /// [`ProbeStream::drive`] when each request is due, which sends it and takes the replies
-    /// that came meanwhile, timed by the kernel as they arrived. One wake-up per probe instead
-    /// of three (sender, receiver, the caller's poll): what a long-running prober on a small
-    /// router costs.
-    pub fn start_driven(
-        addr: SocketAddr,
-        token: Token,
-        stream: Stream,
-        key: Option<Arc<[u8]>>,
-    ) -> Result<ProbeStream, MeasureError> {
-        let (mut s, sock) = ProbeStream::bare(addr, stream)?;
-        netio::udp::enable_rx_timestamps(&sock).map_err(MeasureError::io("UDP timestamps"))?;
-        // Else the first answers may be stamped when read, up to an interval late (once per
-        // process: the kernel's stamping then stays on).
-        netio::udp::ensure_rx_stamping(Duration::from_millis(200));
-        s.driven = Some(Driven {
-            sock,
-            buf: vec![0u8; (s.stream.spec.size as usize).min(MAX_LEN)],
-            next: netio::mono_ns(),
-            step: u64::from(s.stream.spec.interval_us) * 1_000,
-            token,
-            key,
-        });
         Ok(s)
     }
 
@@ -314,7 +307,7 @@ mod tests {
             spec,
         };
         let addr = server.local_addr().unwrap();
-        let mut s = ProbeStream::start_driven(addr, token, stream, None).unwrap();
+        let mut s = ProbeStream::start(addr, token, stream, None, true).unwrap();
         let sent_at = netio::mono_ns();
         let next = s.drive();
         assert!(next >= sent_at + 5_000_000, "the next probe an interval on");

@@ -129,6 +129,7 @@ pub fn run(params: &Params, host: &str, opts: &RunOptions) -> Result<Outcome, Me
             control.token,
             s.clone(),
             key.clone(),
+            false,
         )?);
     }
     let conn = plan

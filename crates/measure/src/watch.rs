@@ -160,11 +160,7 @@ impl Watch {
             spec,
         };
         let (addr, token, key) = (control.addr, control.token, self.key.clone());
-        let probes = if self.driven {
-            ProbeStream::start_driven(addr, token, stream, key)?
-        } else {
-            ProbeStream::start(addr, token, stream, key)?
-        };
+        let probes = ProbeStream::start(addr, token, stream, key, self.driven)?;
         Ok(Session {
             control,
             probes,

@@ -13,6 +13,7 @@ use bloatlab_measure::http_rpm::HttpOptions;
 use bloatlab_measure::watch::Watch;
 use bloatlab_measure::{Ended, Params, RunOptions};
 use bloatlab_netio::sysfs::DevCounter;
+use bloatlab_netio::unix_now;
 use bloatlab_result::history::{LoadBand, ShaperRow, TestRow};
 use bloatlab_result::lab::CakeStats;
 use bloatlab_server::metrics::{MetricsFace, MetricsLimits};
@@ -21,7 +22,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 /// The loop's longest sleep (counters, schedule, shutdown); a probe due wakes it sooner.
 const TICK: Duration = Duration::from_millis(200);
@@ -76,12 +77,6 @@ pub enum MonitorError {
 
 /// What the loop says, one line each (the CLI prints them; tests collect them).
 pub type Say = Box<dyn Fn(&str) + Send>;
-
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
 
 /// CAKE on the watched interface and on its ingress twin (`ifb4IFACE`, as sqm-scripts and
 /// `bloatlab fix` name it), read every `SHAPER_EVERY` with `tc -s -j` (once a minute while

@@ -70,6 +70,13 @@ pub fn mono_ns() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
+/// Seconds since 1970 on the wall clock (a log's or a file's own time; 0 before 1970).
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// Puts `dscp` (0..=63) in the TOS / traffic-class byte of everything the socket sends, then
 /// reads back the DSCP the socket now carries: the mark as applied, which a kernel, a sandbox or
 /// a policy may have refused or altered. A dual-stack IPv6 socket talking to an IPv4-mapped

@@ -23,7 +23,8 @@ pub fn enable_rx_timestamps(sock: &UdpSocket) -> io::Result<()> {
 /// and waits, at most `limit`, until a datagram it sends itself comes back stamped on arrival.
 /// False when that could not be shown (no loopback here, or the kernel slower than `limit`).
 pub fn ensure_rx_stamping(limit: std::time::Duration) -> bool {
-    static KEEPER: std::sync::Mutex<Option<UdpSocket>> = std::sync::Mutex::new(None);
+    // The socket, and whether stamping was shown on: then it stays on while the socket lives.
+    static KEEPER: std::sync::Mutex<Option<(UdpSocket, bool)>> = std::sync::Mutex::new(None);
     let mut keeper = KEEPER.lock().unwrap_or_else(|e| e.into_inner());
     if keeper.is_none() {
         let Ok(s) = UdpSocket::bind("127.0.0.1:0") else {
@@ -32,9 +33,12 @@ pub fn ensure_rx_stamping(limit: std::time::Duration) -> bool {
         if enable_rx_timestamps(&s).is_err() {
             return false;
         }
-        *keeper = Some(s);
+        *keeper = Some((s, false));
     }
-    let s = keeper.as_ref().expect("just set");
+    let (s, shown) = keeper.as_mut().expect("just set");
+    if *shown {
+        return true;
+    }
     let Ok(me) = s.local_addr() else {
         return false;
     };
@@ -48,6 +52,7 @@ pub fn ensure_rx_stamping(limit: std::time::Duration) -> bool {
         let read = SystemTime::now();
         if let Ok(Some((_, Some(at)))) = recv_stamped(s, &mut buf) {
             if read.duration_since(at).is_ok_and(|d| d.as_micros() >= 1000) {
+                *shown = true;
                 return true;
             }
         }

@@ -148,6 +148,12 @@ pub fn five_numbers(mut v: Vec<f64>) -> Option<[f64; 5]> {
 }
 
 impl RunView {
+    /// The test's start, Unix seconds (its metadata's RFC 3339 time).
+    pub fn start_unix(&self) -> Option<f64> {
+        let t = humantime::parse_rfc3339(self.metadata["start_time"].as_str()?).ok()?;
+        Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64())
+    }
+
     pub fn new(r: &ResultFile, label: &str) -> RunView {
         let end = r.metadata.phases.iter().map(|p| p.end).fold(0.0, f64::max);
         let width = (end / MAX_POINTS as f64).max(r.metadata.step);
@@ -232,12 +238,6 @@ impl RunView {
             partial: r.partial,
         }
     }
-}
-
-/// The test's start, Unix seconds (its metadata's RFC 3339 time).
-pub fn start_unix(r: &ResultFile) -> Option<f64> {
-    let t = humantime::parse_rfc3339(&r.metadata.start_time).ok()?;
-    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64())
 }
 
 /// A moving line's chart: the shaper's rate each way as autorate set it (each change a step),
