@@ -17,10 +17,15 @@
 //!
 //! Both tell a stall ("no probes came back": the rate holds at the last one without bloat, and
 //! after `stall_to_min` at MIN) from bloat ("delay rose"): only delayed samples cut.
+//!
+//! Round trips to ICMP reflectors (the fallback, [`Controller::on_round_trip`]) have no
+//! direction: cake-autorate's law halves them into both; ours gives them to the busier one.
 
 use std::collections::VecDeque;
 
 pub mod oneway;
+pub mod pinger;
+pub mod reflectors;
 pub mod run;
 pub mod shaper;
 
@@ -158,7 +163,7 @@ pub enum Why {
     Stall,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Load {
     Idle,
     Low,
@@ -179,7 +184,7 @@ struct Dir {
     last_decay: u64,
     /// The line's rate in this direction now, bits per second.
     delivered: f64,
-    /// The last rate with no bloat: what a stall holds.
+    /// The last rate with no bloat: what a stall holds (if no higher than the rate now).
     last_safe: f64,
     /// (time, rate the line delivered) at high load without bloat, at most one a second.
     safe: VecDeque<(u64, f64)>,
@@ -307,7 +312,13 @@ impl Dir {
             Some(b) => b + cfg.alpha_baseline_decrease * (owd_ms - b),
         };
         self.baseline = Some(base);
-        let delta = owd_ms - base;
+        self.delta(now, owd_ms - base, true, cfg, out);
+    }
+
+    /// A delay over the baseline, ms. `may_cut`: bloat in it may be this direction's (a round
+    /// trip's delay, with no direction of its own, cuts only the busiest directions; the
+    /// others still do not climb on it).
+    fn delta(&mut self, now: u64, delta: f64, may_cut: bool, cfg: &Config, out: &mut Vec<Event>) {
         self.recent.push_back((now, delta));
         while self
             .recent
@@ -330,7 +341,7 @@ impl Dir {
         let load = self.load(cfg);
         if bloat {
             self.above_since = None;
-            if refractory {
+            if refractory || !may_cut {
                 return;
             }
             let f = ((avg - thr) / (cfg.delay_max_ms - thr)).clamp(0.0, 1.0);
@@ -501,17 +512,50 @@ impl Controller {
 
     /// One probe's one-way delays at `now`.
     pub fn on_sample(&mut self, now: u64, s: Sample) -> Vec<Event> {
-        let mut out = Vec::new();
-        self.last_sample = Some(now);
-        if self.stalled_since.take().is_some() {
-            self.at_min = false;
-            out.push(Event::Recovered);
-        }
+        let mut out = self.sampled(now);
         if let Some(ms) = s.down_ms {
             self.down.sample(now, ms, &self.cfg, &mut out);
         }
         if let Some(ms) = s.up_ms {
             self.up.sample(now, ms, &self.cfg, &mut out);
+        }
+        out
+    }
+
+    /// One round trip's delay over its reflector's baseline at `now`, ms: the fallback signal,
+    /// with no direction of its own. cake-autorate (fping) takes half of it as each direction's
+    /// delay, so bloat cuts both. Ours gives all of it to the busiest directions by load (high
+    /// over low; an idle direction is never cut by it): a saturated upload's queue does not
+    /// cut the download, and a queue while both idle is not the line's to cure. The other
+    /// direction still sees the delay, so it does not climb through it.
+    pub fn on_round_trip(&mut self, now: u64, delta_ms: f64) -> Vec<Event> {
+        let mut out = self.sampled(now);
+        let cfg = &self.cfg;
+        match cfg.law {
+            Law::CakeAutorate => {
+                for d in [&mut self.down, &mut self.up] {
+                    d.delta(now, delta_ms / 2.0, true, cfg, &mut out);
+                }
+            }
+            Law::Bloatlab => {
+                let (ld, lu) = (self.down.load(cfg), self.up.load(cfg));
+                let busiest = ld.max(lu);
+                for (d, l) in [(&mut self.down, ld), (&mut self.up, lu)] {
+                    let may_cut = busiest != Load::Idle && l == busiest;
+                    d.delta(now, delta_ms, may_cut, cfg, &mut out);
+                }
+            }
+        }
+        out
+    }
+
+    /// A sample came: a stall, if any, is over.
+    fn sampled(&mut self, now: u64) -> Vec<Event> {
+        let mut out = Vec::new();
+        self.last_sample = Some(now);
+        if self.stalled_since.take().is_some() {
+            self.at_min = false;
+            out.push(Event::Recovered);
         }
         out
     }
@@ -525,7 +569,10 @@ impl Controller {
                 self.stalled_since = Some(now);
                 out.push(Event::Stalled);
                 for d in [&mut self.down, &mut self.up] {
-                    let safe = d.last_safe;
+                    // Never up: a queue that grows past a second delays every answer that
+                    // long and reads as silence here, and the rate before the cuts it already
+                    // caused is the one that grew it.
+                    let safe = d.last_safe.min(d.rate);
                     d.set(safe, Why::Stall, &mut out);
                 }
             }

@@ -1,9 +1,12 @@
 //! `bloatlab autorate`'s loop (shell): bloatlab's UDP probes in (one-way delays per
-//! direction, answered ones at once), the line's load from counters, the controller's rates out
-//! to the shaper; said once when the server or the shaper goes and comes back; a log of JSON
-//! lines and Prometheus gauges.
+//! direction, answered ones at once), ICMP reflectors' round trips while no server answers,
+//! the line's load from counters, the controller's rates out to the shaper; said once when the
+//! server, the reflectors or the shaper go and come back; a log of JSON lines and Prometheus
+//! gauges.
 
 use crate::oneway::OneWay;
+use crate::pinger::Pinger;
+use crate::reflectors::Fault;
 use crate::shaper::{Shaper, ShaperError};
 use crate::{Config, Controller, Direction, Event, Sample, Why};
 use bloatlab_measure::watch::Watch;
@@ -14,7 +17,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 use std::io::Write;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -28,6 +31,9 @@ const STEP: Duration = Duration::from_millis(50);
 const LOAD_EVERY: u64 = 200 * MS;
 /// Whether the shaper is still there is looked at this often.
 const PRESENCE_EVERY: u64 = 5_000 * MS;
+/// No answer from the server this long: the reflectors take over (before the controller's
+/// stall, at a second, so a server gone does not hold the rates).
+const SERVER_QUIET: u64 = 500 * MS;
 
 pub type Say = Arc<dyn Fn(&str) + Send + Sync>;
 
@@ -41,8 +47,11 @@ pub enum OnExit {
 }
 
 pub struct AutorateConfig {
-    /// HOST[:PORT] of a bloatlab server.
-    pub target: String,
+    /// HOST[:PORT] of a bloatlab server; none: the reflectors alone.
+    pub target: Option<String>,
+    /// ICMP echo reflectors, followed while no server answers (in the order given: the first
+    /// six at a time, the rest as spares).
+    pub reflectors: Vec<IpAddr>,
     pub probe_rate: f64,
     pub key: Option<Vec<u8>>,
     pub controller: Config,
@@ -58,6 +67,8 @@ pub enum AutorateError {
     Shaper(String),
     #[error("{0}")]
     Measure(#[from] bloatlab_measure::MeasureError),
+    #[error("reflectors: {0}")]
+    Reflectors(std::io::Error),
     #[error("log {path}: {source}")]
     Log {
         path: PathBuf,
@@ -93,6 +104,7 @@ struct Metrics {
     answered: Counter,
     lost: Counter,
     shaper_present: FGauge,
+    following_reflectors: FGauge,
 }
 
 fn index(d: Direction) -> usize {
@@ -154,7 +166,14 @@ impl Metrics {
             "1 while the shaper is there to change, 0 once someone removed it",
             shaper_present.clone(),
         );
+        let following_reflectors = FGauge::default();
+        r.register(
+            "following_reflectors",
+            "1 while ICMP reflectors' round trips drive the rates (no bloatlab server answers)",
+            following_reflectors.clone(),
+        );
         Metrics {
+            following_reflectors,
             registry: r,
             rate,
             load,
@@ -226,6 +245,7 @@ struct Now {
     start_ns: u64,
     load: (f64, f64),
     delta: (Option<f64>, Option<f64>),
+    rtt_delta: Option<f64>,
     answered: u64,
     lost: u64,
 }
@@ -244,6 +264,8 @@ impl Now {
             up_load_bps: self.load.1,
             down_delta_ms: self.delta.0,
             up_delta_ms: self.delta.1,
+            rtt_delta_ms: self.rtt_delta,
+            detail: None,
             answered: self.answered,
             lost: self.lost,
         };
@@ -276,7 +298,8 @@ pub fn run(
         version: VERSION,
         bloatlab_version: env!("CARGO_PKG_VERSION").into(),
         started_unix: bloatlab_netio::unix_now(),
-        target: cfg.target.clone(),
+        target: cfg.target.clone().unwrap_or_default(),
+        reflectors: cfg.reflectors.iter().map(ToString::to_string).collect(),
         shaper: shaper.describe(),
         law: match c.law {
             crate::Law::Bloatlab => "bloatlab",
@@ -312,27 +335,51 @@ pub fn run(
         metrics.rate[index(d)].set(bps);
     }
     metrics.shaper_present.set(1.0);
+    let signal = match (&cfg.target, cfg.reflectors.len()) {
+        (Some(t), 0) => format!("probing {t}"),
+        (Some(t), n) => format!("probing {t} ({n} ICMP reflectors while it does not answer)"),
+        (None, n) => format!("pinging {} of {n} ICMP reflectors", n.min(6)),
+    };
     say(&format!(
-        "{}: {:.1} / {:.1} Mbit/s down/up to start; probing {} at {}/s",
+        "{}: {:.1} / {:.1} Mbit/s down/up to start; {signal} at {}/s",
         shaper.describe(),
         ctl.rate(Direction::Down) / 1e6,
         ctl.rate(Direction::Up) / 1e6,
-        cfg.target,
         cfg.probe_rate
     ));
 
-    let mut watch = Watch::new(&cfg.target, cfg.probe_rate, cfg.key.clone())?
-        .prompt()
-        .driven();
-    let mut oneway = OneWay::default();
+    let mut watch = match &cfg.target {
+        Some(t) => Some(
+            Watch::new(t, cfg.probe_rate, cfg.key.clone())?
+                .prompt()
+                .driven(),
+        ),
+        None => None,
+    };
     let start_ns = bloatlab_netio::mono_ns();
+    let mut pinger = match cfg.reflectors.is_empty() {
+        true => None,
+        false => {
+            let p = Pinger::open(cfg.reflectors.clone(), cfg.probe_rate, start_ns)
+                .map_err(AutorateError::Reflectors)?;
+            // Round trips are timed by the kernel's arrival stamps, on only once some socket
+            // asked (a driven UDP stream makes sure of it for itself).
+            bloatlab_netio::udp::ensure_rx_stamping(Duration::from_millis(200));
+            Some(p)
+        }
+    };
+    let mut oneway = OneWay::default();
     let mut st = Now {
         start_ns,
         load: (0.0, 0.0),
         delta: (None, None),
+        rtt_delta: None,
         answered: 0,
         lost: 0,
     };
+    let mut last_server = start_ns;
+    let mut following = false;
+    let mut ping_failed = false;
     let mut summary = Summary::default();
     let mut last_count: Option<(u64, u64, u64)> = None;
     let mut next_load = 0;
@@ -373,13 +420,16 @@ pub fn run(
                 Err(_) => {}
             }
         }
-        if now >= retry_at {
+        if let Some(watch) = watch.as_mut().filter(|_| now >= retry_at) {
             match watch.poll() {
                 Ok(samples) => {
                     if unreachable && watch.connected() {
                         unreachable = false;
                         backoff = Duration::from_secs(1);
-                        say(&format!("{} answers again", cfg.target));
+                        say(&format!(
+                            "{} answers again",
+                            cfg.target.as_deref().unwrap_or_default()
+                        ));
                     }
                     for s in samples {
                         let Some(e) = s.echo else {
@@ -388,6 +438,7 @@ pub fn run(
                             metrics.lost.inc();
                             continue;
                         };
+                        last_server = now;
                         st.answered += 1;
                         summary.answered += 1;
                         metrics.answered.inc();
@@ -415,12 +466,76 @@ pub fn run(
                     if !unreachable {
                         unreachable = true;
                         say(&format!(
-                            "{} does not answer: {e}; holding the rates, retrying",
-                            cfg.target
+                            "{} does not answer: {e}; retrying",
+                            cfg.target.as_deref().unwrap_or_default()
                         ));
                     }
                     retry_at = now + backoff.as_nanos() as u64;
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        if let Some(p) = pinger.as_mut() {
+            let quiet = watch.is_none() || now.saturating_sub(last_server) >= SERVER_QUIET;
+            if quiet != following {
+                following = quiet;
+                metrics
+                    .following_reflectors
+                    .set(f64::from(u8::from(following)));
+                // The other signal's last delays would read as current in the log.
+                (st.delta, st.rtt_delta) = ((None, None), None);
+                let event = if following {
+                    p.resume(now);
+                    say(&match &cfg.target {
+                        Some(t) => format!(
+                            "{t} does not answer: following ICMP reflectors' round trips \
+                            (no direction of their own: the busier direction is cut)"
+                        ),
+                        None => "following ICMP reflectors' round trips".into(),
+                    });
+                    "reflectors"
+                } else {
+                    say("the server answers: following its one-way delays again");
+                    "server"
+                };
+                log.line(&st.line(&ctl, now, event))?;
+            }
+            if following {
+                let (answers, lost) = p.answers().map_err(AutorateError::Reflectors)?;
+                let high = st.load.0 >= ctl.cfg.high_load * ctl.rate(Direction::Down)
+                    || st.load.1 >= ctl.cfg.high_load * ctl.rate(Direction::Up);
+                for a in answers {
+                    let Some(delta) = p.reflectors.on_reply(now, &a.from, a.rtt_ms, high) else {
+                        continue;
+                    };
+                    st.rtt_delta = Some(delta);
+                    st.answered += 1;
+                    summary.answered += 1;
+                    metrics.answered.inc();
+                    events.extend(ctl.on_round_trip(now, delta));
+                }
+                st.lost += lost;
+                summary.lost += lost;
+                metrics.lost.inc_by(lost);
+                for r in p.check(now) {
+                    let why = match r.fault {
+                        Fault::Silent => "stopped answering",
+                        Fault::Far => "is over 20 ms further than the nearest",
+                        Fault::Noisy => "adds over 10 ms of its own",
+                    };
+                    let detail = format!("{} {why}: {} instead", r.old, r.new);
+                    say(&format!("reflector {detail}"));
+                    let mut line = st.line(&ctl, now, "reflector replaced");
+                    line.detail = Some(detail);
+                    log.line(&line)?;
+                }
+                match p.send_due(now) {
+                    Ok(()) => ping_failed = false,
+                    Err(e) if !ping_failed => {
+                        ping_failed = true;
+                        say(&format!("pinging a reflector: {e}"));
+                    }
+                    Err(_) => {}
                 }
             }
         }
@@ -504,7 +619,13 @@ pub fn run(
         }
         // One wake-up per probe: it takes the answers that came meanwhile (timed by the kernel
         // as they arrived) and sends the next; the counters are read on the wake-up due.
-        let wake = watch.next_due().unwrap_or(now + STEP.as_nanos() as u64);
+        let mut wake = watch
+            .as_ref()
+            .and_then(Watch::next_due)
+            .unwrap_or(now + STEP.as_nanos() as u64);
+        if let Some(p) = pinger.as_ref().filter(|_| following) {
+            wake = wake.min(p.next_due());
+        }
         let left = wake.saturating_sub(bloatlab_netio::mono_ns());
         std::thread::sleep(Duration::from_nanos(left));
     }

@@ -289,8 +289,12 @@ fn a_silence_holds_the_rates_and_min_comes_only_when_asked() {
         assert_eq!(stalls, 1, "{events:?}");
         match to_min {
             None => {
-                assert_eq!(ctl.rate(Direction::Down), held_down);
-                assert_eq!(ctl.rate(Direction::Up), held_up);
+                // Held: at most one decay step (x0.99, once a second) before the stall is
+                // declared, and never put back up.
+                for (d, held) in [(Direction::Down, held_down), (Direction::Up, held_up)] {
+                    let r = ctl.rate(d);
+                    assert!(r <= held && r >= 0.99 * held, "{d:?} {r} from {held}");
+                }
             }
             Some(_) => {
                 assert!(events.contains(&Event::StalledToMin));
@@ -300,6 +304,44 @@ fn a_silence_holds_the_rates_and_min_comes_only_when_asked() {
         }
         assert_eq!(ctl.on_sample(t, calm)[0], Event::Recovered);
     }
+}
+
+/// A queue that grows past a second delays every answer that long: the silence that follows
+/// cuts must not put back the rate from before them.
+#[test]
+fn a_silence_after_cuts_holds_the_cut_rate_not_the_one_before() {
+    let (down, up) = bounds();
+    let mut ctl = Controller::new(Config::new(Law::Bloatlab, down, up));
+    let mut t = 0;
+    let sample = |ctl: &mut Controller, t: u64, ms: f64| {
+        ctl.on_load(ctl.rate(Direction::Down), ctl.rate(Direction::Up));
+        ctl.on_sample(
+            t,
+            Sample {
+                down_ms: Some(ms),
+                up_ms: Some(10.0),
+            },
+        );
+        ctl.on_tick(t);
+    };
+    while t < 5 * S {
+        sample(&mut ctl, t, 10.0);
+        t += STEP;
+    }
+    let before = ctl.rate(Direction::Down);
+    while t < 5 * S + 600 * MS {
+        sample(&mut ctl, t, 10.0 + (t - 5 * S) as f64 / 2e6);
+        t += STEP;
+    }
+    let cut = ctl.rate(Direction::Down);
+    assert!(cut < before, "the growing queue cut: {before} -> {cut}");
+    let mut events = Vec::new();
+    while t < 8 * S {
+        events.extend(ctl.on_tick(t));
+        t += STEP;
+    }
+    assert!(events.contains(&Event::Stalled), "{events:?}");
+    assert_eq!(ctl.rate(Direction::Down), cut, "{events:?}");
 }
 
 /// Whatever comes in, no rate leaves [MIN, MAX].
@@ -365,4 +407,73 @@ fn without_load_the_rate_decays_towards_base_and_nonsense_bounds_are_refused() {
         .unwrap_err()
         .contains("MIN <= BASE <= MAX"));
     assert!(Bounds::new(0.0, 20.0, 30.0).is_err());
+}
+
+/// An upload saturates a 10 Mbit/s uplink while the download carries 3 Mbit/s (low load);
+/// the only signal is the round trip to a reflector (base 20 ms plus the upload's queue).
+/// Returns the run's (upload queue p95 ms, download cuts, upload share of capacity).
+fn upload_by_round_trip(law: Law) -> (f64, usize, f64) {
+    let (down, up) = bounds();
+    let mut ctl = Controller::new(Config::new(law, down, up));
+    let (cu, demand_down) = (10.0 * MBIT, 3.0 * MBIT);
+    let (mut qu, mut queue, mut delivered, mut cuts) = (0.0f64, Vec::new(), 0.0, 0);
+    let mut t = 0;
+    let mut steps = 0;
+    while t < 120 * S {
+        let ru = ctl.rate(Direction::Up);
+        qu = (qu + (ru - cu) / cu * (STEP as f64 / 1e9)).clamp(0.0, 0.5);
+        let du = if qu > 0.0 { cu } else { ru.min(cu) };
+        ctl.on_load(demand_down.min(ctl.rate(Direction::Down)), du);
+        // The reflector's baseline is the round trip's least (20 ms): the delta is the queue.
+        let mut ev = ctl.on_round_trip(t, qu * 1e3);
+        ev.extend(ctl.on_tick(t));
+        cuts += ev
+            .iter()
+            .filter(|e| {
+                matches!(e, Event::Rate { dir: Direction::Down, why, .. }
+                    if !matches!(why, Why::Decay | Why::Increase))
+            })
+            .count();
+        if t >= 30 * S {
+            queue.push(qu * 1e3);
+            delivered += du;
+            steps += 1;
+        }
+        t += STEP;
+    }
+    (p95(&queue), cuts, delivered / (cu * steps as f64))
+}
+
+#[test]
+fn a_round_trip_cuts_only_the_busiest_direction_where_cake_autorate_cuts_both() {
+    let (q, cuts, share) = upload_by_round_trip(Law::Bloatlab);
+    eprintln!("ours: upload queue p95 {q:.1} ms, {share:.3} of it, {cuts} download cuts");
+    // The upload's queue is found from the round trip alone and kept short; the download,
+    // at low load, is never cut for it.
+    assert_eq!(cuts, 0);
+    assert!(q < 30.0 && share > 0.85, "queue {q} ms, share {share}");
+    // cake-autorate halves the round trip into both directions: the download pays too.
+    let (q, cuts, _) = upload_by_round_trip(Law::CakeAutorate);
+    eprintln!("cake-autorate: upload queue p95 {q:.1} ms, {cuts} download cuts");
+    assert!(cuts > 10, "{cuts}");
+}
+
+#[test]
+fn a_round_trip_while_both_directions_idle_cuts_nothing_and_stops_no_stall() {
+    let (down, up) = bounds();
+    let mut ctl = Controller::new(Config::new(Law::Bloatlab, down, up));
+    ctl.on_load(0.5 * MBIT, 0.1 * MBIT);
+    let mut t = 0;
+    let mut events = Vec::new();
+    // A queue elsewhere (or a reflector busy with other work): 80 ms over its baseline.
+    while t < 10 * S {
+        events.extend(ctl.on_round_trip(t, if t < S { 0.0 } else { 80.0 }));
+        events.extend(ctl.on_tick(t));
+        t += STEP;
+    }
+    assert!(events.is_empty(), "{events:?}");
+    // Round trips alone keep the controller out of a stall, and end one.
+    let ev = ctl.on_tick(t + 2 * S);
+    assert!(ev.contains(&Event::Stalled), "{ev:?}");
+    assert_eq!(ctl.on_round_trip(t + 2 * S, 0.0), vec![Event::Recovered]);
 }

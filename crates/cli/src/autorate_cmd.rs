@@ -39,7 +39,15 @@ pub enum OnExitArg {
 pub struct AutorateArgs {
     /// A bloatlab server's HOST[:PORT], beyond the line: its UDP probes give one-way delay per
     /// direction (no ICMP, which routers may deprioritise or filter; works through NAT).
+    /// Optional with --reflectors.
     pub host: Option<String>,
+    /// ICMP echo reflectors (comma-separated addresses, or `public`: anycast DNS resolvers of
+    /// seven operators), followed while HOST does not answer, or alone. Six are pinged at a
+    /// time; one that stops answering, or sits over 20 ms further or 10 ms noisier than the
+    /// best, is replaced by a spare. A weaker signal: a round trip has no direction (the busier
+    /// direction is cut), and routers may queue or rate-limit ICMP apart from other traffic.
+    #[arg(long, value_name = "ADDR,ADDR,...|public")]
+    pub reflectors: Option<String>,
     /// The WAN device with CAKE or HTB at its root: the upload's shaper; the download's is on
     /// --ifb (default ifb4DEV, as sqm-scripts names it, when it exists). `lab:NAME` (or
     /// `lab:NAME/LINK`): the emulated CAKE on a running lab's link.
@@ -59,7 +67,7 @@ pub struct AutorateArgs {
     /// Upload MIN:BASE:MAX.
     #[arg(long, value_name = "MIN:BASE:MAX")]
     pub up: Option<String>,
-    /// Probes per second (10-50; 20 by default).
+    /// Probes (or, to reflectors, pings) per second (10-50; 20 by default).
     #[arg(long)]
     pub probe_rate: Option<f64>,
     #[arg(long, value_enum)]
@@ -89,8 +97,8 @@ pub struct AutorateArgs {
     #[arg(long, value_parser = crate::monitor_cmd::duration)]
     #[serde(skip)]
     pub duration: Option<Duration>,
-    /// A TOML file with the same keys (host, dev, ifb, htb_class, down, up, probe_rate, law,
-    /// stall_to_min, on_exit, netns, log, metrics, key); flags win over it.
+    /// A TOML file with the same keys (host, reflectors, dev, ifb, htb_class, down, up,
+    /// probe_rate, law, stall_to_min, on_exit, netns, log, metrics, key); flags win over it.
     #[arg(long)]
     #[serde(skip)]
     pub config: Option<PathBuf>,
@@ -102,6 +110,56 @@ fn duration_key<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duratio
     crate::monitor_cmd::duration(&s)
         .map(Some)
         .map_err(|e| serde::de::Error::custom(format!("stall_to_min {e}")))
+}
+
+/// Anycast DNS resolvers that answer ICMP echo, interleaved by operator so the six pinged at
+/// a time belong to six operators (Cloudflare, Google, Quad9, OpenDNS, AdGuard, CleanBrowsing,
+/// Neustar), the rest spares.
+const PUBLIC_REFLECTORS: &[&str] = &[
+    "1.1.1.1",
+    "8.8.8.8",
+    "9.9.9.9",
+    "208.67.222.222",
+    "94.140.14.14",
+    "185.228.168.9",
+    "1.0.0.1",
+    "8.8.4.4",
+    "149.112.112.112",
+    "208.67.220.220",
+    "94.140.15.15",
+    "185.228.169.9",
+    "64.6.64.6",
+    "64.6.65.6",
+];
+
+/// `public`, or addresses separated by commas (no names: a name that resolves elsewhere later
+/// would change the baseline under the controller).
+pub fn reflectors(s: &str) -> Result<Vec<std::net::IpAddr>, String> {
+    let list: Vec<&str> = match s.trim() {
+        "public" => PUBLIC_REFLECTORS.to_vec(),
+        s => s
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .collect(),
+    };
+    let mut out = Vec::new();
+    for a in list {
+        let ip = a.parse().map_err(|_| {
+            format!(
+                "--reflectors: `{}` is not an IP address (addresses separated by commas, \
+                or `public`)",
+                a.escape_debug()
+            )
+        })?;
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    if out.is_empty() {
+        return Err("--reflectors: no address given".into());
+    }
+    Ok(out)
 }
 
 /// MIN:BASE:MAX, each with its unit.
@@ -138,8 +196,8 @@ fn merged(mut a: AutorateArgs) -> Result<AutorateArgs, String> {
         };
     }
     flag_or_file!(
-        host, dev, ifb, htb_class, down, up, probe_rate, law, stall_to_min, on_exit, netns, log,
-        metrics, key; skipped config, duration
+        host, reflectors, dev, ifb, htb_class, down, up, probe_rate, law, stall_to_min, on_exit,
+        netns, log, metrics, key; skipped config, duration
     );
     Ok(a)
 }
@@ -197,7 +255,11 @@ pub fn autorate(a: AutorateArgs, stop: Arc<AtomicBool>) -> ExitCode {
             .ok_or_else(|| format!("autorate needs {what} (a flag, or the key in --config)"))
     };
     let parsed = (|| -> Result<_, String> {
-        let host = need(&a.host, "HOST")?;
+        let reflectors = a.reflectors.as_deref().map(reflectors).transpose()?;
+        let host = match (&a.host, &reflectors) {
+            (None, None) => need(&a.host, "HOST or --reflectors")?,
+            (h, _) => h.clone().unwrap_or_default(),
+        };
         let dev = need(&a.dev, "--dev")?;
         let down =
             bounds(&need(&a.down, "--down MIN:BASE:MAX")?).map_err(|e| format!("--down {e}"))?;
@@ -208,7 +270,7 @@ pub fn autorate(a: AutorateArgs, stop: Arc<AtomicBool>) -> ExitCode {
                 "--probe-rate {rate}: want 10 to 50 probes per second"
             ));
         }
-        if bloatlab_measure::is_url(&host) {
+        if !host.is_empty() && bloatlab_measure::is_url(&host) {
             return Err("autorate: HOST is a bloatlab server (HOST[:PORT]), not a URL".into());
         }
         let class = a
@@ -216,9 +278,18 @@ pub fn autorate(a: AutorateArgs, stop: Arc<AtomicBool>) -> ExitCode {
             .as_deref()
             .map(shaper::parse_handle)
             .transpose()?;
-        Ok((host, dev, down, up, rate, class))
+        let host = (!host.is_empty()).then_some(host);
+        Ok((
+            host,
+            reflectors.unwrap_or_default(),
+            dev,
+            down,
+            up,
+            rate,
+            class,
+        ))
     })();
-    let (host, dev, down, up, rate, class) = match parsed {
+    let (host, reflectors, dev, down, up, rate, class) = match parsed {
         Ok(p) => p,
         Err(e) => return usage(e),
     };
@@ -235,6 +306,7 @@ pub fn autorate(a: AutorateArgs, stop: Arc<AtomicBool>) -> ExitCode {
     let stop_at = a.duration;
     let cfg = AutorateConfig {
         target: host,
+        reflectors,
         probe_rate: rate,
         key,
         controller,

@@ -334,7 +334,8 @@ impl Session {
     ) -> AutorateRun {
         let stop = Arc::new(AtomicBool::new(false));
         let cfg = bloatlab_autorate::run::AutorateConfig {
-            target: self.target.clone(),
+            target: Some(self.target.clone()),
+            reflectors: Vec::new(),
             probe_rate: 20.0,
             key: None,
             controller,

@@ -121,6 +121,117 @@ pub fn ping_socket(v6: bool) -> io::Result<UdpSocket> {
     Ok(s.into())
 }
 
+/// ICMP echo to many hosts, as fping does: a ping socket where `ping_group_range` admits this
+/// process, else a raw socket (root or CAP_NET_RAW, as on a router), which sees every ICMP
+/// message the host receives and keeps only echo replies that carry its identifier.
+pub struct EchoSocket {
+    sock: UdpSocket,
+    v6: bool,
+    /// The identifier it writes and looks for on a raw socket (a ping socket's kernel does both).
+    raw_id: Option<u16>,
+}
+
+/// The Internet checksum (RFC 1071) of `b`.
+fn internet_checksum(b: &[u8]) -> u16 {
+    let mut sum: u32 = b
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+impl EchoSocket {
+    /// Opens one for IPv4 or IPv6, with the kernel's receive timestamps.
+    pub fn open(v6: bool) -> io::Result<EchoSocket> {
+        use socket2::{Domain, Protocol, Socket, Type};
+        let (sock, raw_id) = match ping_socket(v6) {
+            Ok(s) => (s, None),
+            Err(ping) => {
+                let (domain, proto) = if v6 {
+                    (Domain::IPV6, Protocol::ICMPV6)
+                } else {
+                    (Domain::IPV4, Protocol::ICMPV4)
+                };
+                let raw = Socket::new(domain, Type::RAW, Some(proto)).map_err(|e| {
+                    io::Error::new(e.kind(), format!("{ping}; nor a raw ICMP socket: {e}"))
+                })?;
+                (raw.into(), Some(std::process::id() as u16))
+            }
+        };
+        sock.set_nonblocking(true)?;
+        setsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
+        Ok(EchoSocket { sock, v6, raw_id })
+    }
+
+    /// Whether it is a raw socket (the fallback).
+    pub fn is_raw(&self) -> bool {
+        self.raw_id.is_some()
+    }
+
+    /// The socket, to wait on.
+    pub fn socket(&self) -> &UdpSocket {
+        &self.sock
+    }
+
+    /// An echo request with sequence number `seq` to `to` (of this socket's family).
+    pub fn send(&self, to: IpAddr, seq: u16) -> io::Result<()> {
+        let mut m = echo_request(self.v6, seq, 16);
+        if let Some(id) = self.raw_id {
+            m[4..6].copy_from_slice(&id.to_be_bytes());
+            // ICMPv6's checksum covers a pseudo-header: the kernel fills it on raw ICMPv6
+            // sockets (RFC 3542 3.1); ICMPv4's is ours to write.
+            if !self.v6 {
+                let c = internet_checksum(&m);
+                m[2..4].copy_from_slice(&c.to_be_bytes());
+            }
+        }
+        self.sock.send_to(&m, SocketAddr::new(to, 0)).map(|_| ())
+    }
+
+    /// One echo reply to this socket, if any is waiting (never blocks); other ICMP messages
+    /// and other processes' replies are read and passed over.
+    pub fn recv(&self) -> io::Result<Option<EchoReply>> {
+        let Some(id) = self.raw_id else {
+            return recv_echo_reply(&self.sock);
+        };
+        loop {
+            let mut data = [0u8; 256];
+            let mut at = None;
+            let Some((n, name)) = recv_with(&self.sock, 0, &mut data, &mut [0u64; 16], |c| {
+                at = at.or(cmsg_time(c))
+            })?
+            else {
+                return Ok(None);
+            };
+            // A raw IPv4 socket reads the IP header too (its length in the first byte's low
+            // nibble); a raw IPv6 socket reads from the ICMPv6 header.
+            let skip = if self.v6 {
+                0
+            } else {
+                usize::from(data[0] & 0x0f) * 4
+            };
+            let Some(m) = data.get(skip..n).filter(|m| m.len() >= 8) else {
+                continue;
+            };
+            let reply = if self.v6 { 129 } else { 0 };
+            if m[0] != reply || u16::from_be_bytes([m[4], m[5]]) != id {
+                continue;
+            }
+            let Some(from) = sockaddr_to(&name) else {
+                continue;
+            };
+            return Ok(Some(EchoReply {
+                from: from.ip(),
+                seq: u16::from_be_bytes([m[6], m[7]]),
+                at,
+            }));
+        }
+    }
+}
+
 /// Sets the Don't Fragment bit (IPv6 never fragments in flight) on everything the socket
 /// sends, without letting the kernel's cached path MTU refuse larger probes (tracepath's
 /// IP_PMTUDISC_PROBE): a probe too big for the first hop fails at send with EMSGSIZE.
@@ -449,6 +560,36 @@ mod tests {
         let at = e.at.expect("kernel timestamp");
         assert!(at.duration_since(sent).unwrap() < Duration::from_secs(1));
         assert!(recv_error(&s).unwrap().is_none(), "one probe, one error");
+    }
+
+    #[test]
+    fn echo_to_loopback_is_answered_with_its_sequence_and_a_kernel_stamp() {
+        // As root with the default ping_group_range ("1 0": nobody) this is the raw socket.
+        let s = EchoSocket::open(false).unwrap();
+        let sent = SystemTime::now();
+        for seq in [7u16, 8] {
+            s.send("127.0.0.1".parse().unwrap(), seq).unwrap();
+        }
+        let mut got = Vec::new();
+        while got.len() < 2 && wait_error(s.socket(), Duration::from_secs(2), true) {
+            while let Some(r) = s.recv().unwrap() {
+                got.push(r);
+            }
+        }
+        assert_eq!(got.iter().map(|r| r.seq).collect::<Vec<_>>(), [7, 8]);
+        for r in got {
+            assert_eq!(r.from, Ipv4Addr::LOCALHOST);
+            let at = r.at.expect("kernel timestamp");
+            assert!(at.duration_since(sent).unwrap() < Duration::from_secs(1));
+        }
+    }
+
+    #[test]
+    fn the_internet_checksum_of_an_echo_request_is_rfc_1071s() {
+        // RFC 1071 section 3's example sums to 0xddf2; an odd length pads with a zero byte.
+        let b = [0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7];
+        assert_eq!(internet_checksum(&b), !0xddf2);
+        assert_eq!(internet_checksum(&[0xab]), !0xab00);
     }
 
     #[test]

@@ -457,10 +457,12 @@ pub fn render_autorate(
         .iter()
         .filter(|l| l.event != "tick" && l.event != "rate")
         .map(|l| {
+            let detail = l.detail.as_deref().map(|d| format!(": {}", esc(d)));
             format!(
-                "<tr><td>{}</td><td>{}</td><td>{:.1} / {:.1}</td></tr>",
+                "<tr><td>{}</td><td>{}{}</td><td>{:.1} / {:.1}</td></tr>",
                 when(h.started_unix + l.t),
                 esc(&l.event),
+                detail.unwrap_or_default(),
                 l.down_bps / 1e6,
                 l.up_bps / 1e6
             )
@@ -468,6 +470,11 @@ pub fn render_autorate(
         .collect();
     let mbit = |b: [f64; 3]| format!("{:.1} / {:.1} / {:.1}", b[0] / 1e6, b[1] / 1e6, b[2] / 1e6);
     let span = lines.last().map_or(0.0, |l| l.t);
+    let target = match (h.target.as_str(), h.reflectors.len()) {
+        (t, 0) => esc(t),
+        ("", n) => format!("{n} ICMP reflectors"),
+        (t, n) => format!("{} ({n} ICMP reflectors while it did not answer)", esc(t)),
+    };
     format!(
         r#"{head}<body>
 <h1>autorate: {shaper}</h1>
@@ -519,8 +526,9 @@ function at(l) {{ return T0 + l.t * 1000; }}
     {{ name: 'carried', data: ticks.map(function (l) {{
       return [at(l), l[d + '_load_bps'] / 1e6]; }}) }}]);
 }});
-chart('delay', 'ms', ['down', 'up'].map(function (d) {{
-  return {{ name: d === 'down' ? 'download' : 'upload', data: ticks.map(function (l) {{
+chart('delay', 'ms', ['down', 'up', 'rtt'].map(function (d) {{
+  var name = {{ down: 'download', up: 'upload', rtt: 'round trip (reflectors)' }}[d];
+  return {{ name: name, data: ticks.map(function (l) {{
     var v = l[d + '_delta_ms']; return [at(l), v == null ? null : v]; }}) }}; }}));
 </script>
 </body></html>
@@ -528,7 +536,6 @@ chart('delay', 'ms', ['down', 'up'].map(function (d) {{
         head = head("bloatlab autorate"),
         shaper = esc(&h.shaper),
         start = when(h.started_unix),
-        target = esc(&h.target),
         rate = h.probe_rate,
         law = esc(&h.law),
         down = mbit(h.down_bounds),

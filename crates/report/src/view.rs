@@ -378,6 +378,8 @@ mod tests {
             up_load_bps: 0.5e6,
             down_delta_ms: None,
             up_delta_ms: None,
+            rtt_delta_ms: None,
+            detail: None,
             answered: 0,
             lost: 0,
         }

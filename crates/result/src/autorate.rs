@@ -15,7 +15,12 @@ pub struct LogHeader {
     pub bloatlab_version: String,
     /// Unix seconds at the start; `LogLine::t` counts from here.
     pub started_unix: f64,
+    /// The bloatlab server probed ("" when only reflectors were given).
+    #[serde(default)]
     pub target: String,
+    /// ICMP echo reflectors, followed while no server answers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reflectors: Vec<String>,
     /// The shaper, as the user would recognise it ("CAKE on eth0 (up) and ifb4eth0 (down)").
     pub shaper: String,
     /// "bloatlab" or "cake-autorate".
@@ -32,7 +37,8 @@ pub struct LogLine {
     /// Seconds since the start.
     pub t: f64,
     /// "tick" (the once-a-second line), "rate", "stalled", "stalled to min", "recovered",
-    /// "shaper gone", "shaper back", "exit".
+    /// "shaper gone", "shaper back", "reflectors" (they drive the rates from here, the server
+    /// silent), "server" (its one-way delays again), "reflector replaced", "exit".
     pub event: String,
     /// For a rate change: its direction and why (bloat, delivered, safe floor, floor test,
     /// increase, decay, stall).
@@ -51,6 +57,12 @@ pub struct LogLine {
     pub down_delta_ms: Option<f64>,
     #[serde(default)]
     pub up_delta_ms: Option<f64>,
+    /// A reflector's round trip above its baseline, last answer, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_delta_ms: Option<f64>,
+    /// What an event concerns, in words ("9.9.9.9 stopped answering: 1.1.1.1 instead").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
     /// Probes answered and lost since the last tick line.
     pub answered: u64,
     pub lost: u64,
@@ -121,6 +133,7 @@ mod tests {
             bloatlab_version: "0.1.0".into(),
             started_unix: 1.8e9,
             target: "server.example".into(),
+            reflectors: vec!["192.0.2.1".into()],
             shaper: "CAKE on wan (up)".into(),
             law: "bloatlab".into(),
             down_bounds: [5e6, 40e6, 80e6],
