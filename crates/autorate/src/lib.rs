@@ -23,6 +23,7 @@
 
 use std::collections::VecDeque;
 
+pub mod log;
 pub mod oneway;
 pub mod pinger;
 pub mod reflectors;

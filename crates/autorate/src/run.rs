@@ -4,6 +4,7 @@
 //! server, the reflectors or the shaper go and come back; a log of JSON lines and Prometheus
 //! gauges.
 
+use crate::log::Log;
 use crate::oneway::OneWay;
 use crate::pinger::Pinger;
 use crate::reflectors::Fault;
@@ -16,7 +17,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
-use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -57,6 +57,8 @@ pub struct AutorateConfig {
     pub controller: Config,
     pub on_exit: OnExit,
     pub log: Option<PathBuf>,
+    /// The log's size cap, bytes (0: none): at it, the log moves to FILE.1.
+    pub log_max: u64,
     pub metrics: Option<SocketAddr>,
     pub stop: Arc<AtomicBool>,
 }
@@ -222,24 +224,6 @@ fn dir_name(d: Direction) -> &'static str {
     }
 }
 
-/// The log file: each line written whole and flushed.
-struct Log(Option<(PathBuf, std::fs::File)>);
-
-impl Log {
-    fn line(&mut self, value: &impl serde::Serialize) -> Result<(), AutorateError> {
-        let Some((path, f)) = &mut self.0 else {
-            return Ok(());
-        };
-        let mut text = serde_json::to_string(value).expect("log lines serialise");
-        text.push('\n');
-        f.write_all(text.as_bytes())
-            .map_err(|source| AutorateError::Log {
-                path: path.clone(),
-                source,
-            })
-    }
-}
-
 /// The state the loop reports from.
 struct Now {
     start_ns: u64,
@@ -282,18 +266,8 @@ pub fn run(
     shaper: &mut dyn Shaper,
     say: Say,
 ) -> Result<Summary, AutorateError> {
-    let mut log = Log(match &cfg.log {
-        Some(path) => Some((
-            path.clone(),
-            std::fs::File::create(path).map_err(|source| AutorateError::Log {
-                path: path.clone(),
-                source,
-            })?,
-        )),
-        None => None,
-    });
     let c = &cfg.controller;
-    log.line(&LogHeader {
+    let header = LogHeader {
         format: FORMAT.into(),
         version: VERSION,
         bloatlab_version: env!("CARGO_PKG_VERSION").into(),
@@ -309,7 +283,14 @@ pub fn run(
         down_bounds: [c.down.min, c.down.base, c.down.max],
         up_bounds: [c.up.min, c.up.base, c.up.max],
         probe_rate: cfg.probe_rate,
-    })?;
+    };
+    let mut log =
+        Log::open(cfg.log.as_deref(), cfg.log_max, &header, say.clone()).map_err(|source| {
+            AutorateError::Log {
+                path: cfg.log.clone().unwrap_or_default(),
+                source,
+            }
+        })?;
     let metrics = Arc::new(Metrics::new());
     let _face = match cfg.metrics {
         Some(addr) => {
@@ -498,7 +479,7 @@ pub fn run(
                     say("the server answers: following its one-way delays again");
                     "server"
                 };
-                log.line(&st.line(&ctl, now, event))?;
+                log.line(&st.line(&ctl, now, event));
             }
             if following {
                 let (answers, lost) = p.answers().map_err(AutorateError::Reflectors)?;
@@ -527,7 +508,7 @@ pub fn run(
                     say(&format!("reflector {detail}"));
                     let mut line = st.line(&ctl, now, "reflector replaced");
                     line.detail = Some(detail);
-                    log.line(&line)?;
+                    log.line(&line);
                 }
                 match p.send_due(now) {
                     Ok(()) => ping_failed = false,
@@ -553,13 +534,13 @@ pub fn run(
                         "{} was removed or replaced: no longer changing it",
                         shaper.describe()
                     ));
-                    log.line(&st.line(&ctl, now, "shaper gone"))?;
+                    log.line(&st.line(&ctl, now, "shaper gone"));
                 }
                 (true, true) => {
                     gone = false;
                     metrics.shaper_present.set(1.0);
                     say(&format!("{} is back: changing it again", shaper.describe()));
-                    log.line(&st.line(&ctl, now, "shaper back"))?;
+                    log.line(&st.line(&ctl, now, "shaper back"));
                     for d in [Direction::Down, Direction::Up] {
                         let _ = shaper.set(d, ctl.rate(d).round() as u64);
                     }
@@ -583,7 +564,7 @@ pub fn run(
                                 gone = true;
                                 metrics.shaper_present.set(0.0);
                                 say(&e);
-                                log.line(&st.line(&ctl, now, "shaper gone"))?;
+                                log.line(&st.line(&ctl, now, "shaper gone"));
                             }
                             Err(ShaperError::Failed(e)) => {
                                 if last_error != e {
@@ -611,11 +592,11 @@ pub fn run(
             let mut line = st.line(&ctl, now, name);
             line.dir = dir.map(Into::into);
             line.why = why.map(Into::into);
-            log.line(&line)?;
+            log.line(&line);
         }
         if now >= next_line {
             next_line += 1_000 * MS;
-            log.line(&st.line(&ctl, now, "tick"))?;
+            log.line(&st.line(&ctl, now, "tick"));
         }
         // One wake-up per probe: it takes the answers that came meanwhile (timed by the kernel
         // as they arrived) and sends the next; the counters are read on the wake-up due.
@@ -642,7 +623,7 @@ pub fn run(
     if cfg.on_exit == OnExit::Base {
         (line.down_bps, line.up_bps) = (cfg.controller.down.base, cfg.controller.up.base);
     }
-    log.line(&line)?;
+    log.line(&line);
     say(&format!(
         "stopped: {} rate changes; the shaper left at {:.1} / {:.1} Mbit/s down/up",
         summary.changes,

@@ -87,6 +87,11 @@ pub struct AutorateArgs {
     /// the rates, load and delays.
     #[arg(long)]
     pub log: Option<PathBuf>,
+    /// The log's size cap (default 4MB: five hours of an idle line, less under load; 0: none):
+    /// at it the log moves to FILE.1, the one before dropped, and starts again (a router's
+    /// tmpfs is RAM).
+    #[arg(long, value_name = "SIZE")]
+    pub log_max: Option<String>,
     /// Serve Prometheus gauges at http://ADDR:PORT/metrics.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<SocketAddr>,
@@ -98,7 +103,8 @@ pub struct AutorateArgs {
     #[serde(skip)]
     pub duration: Option<Duration>,
     /// A TOML file with the same keys (host, reflectors, dev, ifb, htb_class, down, up,
-    /// probe_rate, law, stall_to_min, on_exit, netns, log, metrics, key); flags win over it.
+    /// probe_rate, law, stall_to_min, on_exit, netns, log, log_max, metrics, key); flags win
+    /// over it.
     #[arg(long)]
     #[serde(skip)]
     pub config: Option<PathBuf>,
@@ -197,7 +203,7 @@ fn merged(mut a: AutorateArgs) -> Result<AutorateArgs, String> {
     }
     flag_or_file!(
         host, reflectors, dev, ifb, htb_class, down, up, probe_rate, law, stall_to_min, on_exit,
-        netns, log, metrics, key; skipped config, duration
+        netns, log, log_max, metrics, key; skipped config, duration
     );
     Ok(a)
 }
@@ -279,17 +285,12 @@ pub fn autorate(a: AutorateArgs, stop: Arc<AtomicBool>) -> ExitCode {
             .map(shaper::parse_handle)
             .transpose()?;
         let host = (!host.is_empty()).then_some(host);
-        Ok((
-            host,
-            reflectors.unwrap_or_default(),
-            dev,
-            down,
-            up,
-            rate,
-            class,
-        ))
+        let log_max = bloatlab_units::parse_bytes(a.log_max.as_deref().unwrap_or("4MB"))
+            .map_err(|e| format!("--log-max {e}"))?;
+        let reflectors = reflectors.unwrap_or_default();
+        Ok((host, reflectors, dev, down, up, rate, class, log_max))
     })();
-    let (host, reflectors, dev, down, up, rate, class) = match parsed {
+    let (host, reflectors, dev, down, up, rate, class, log_max) = match parsed {
         Ok(p) => p,
         Err(e) => return usage(e),
     };
@@ -315,6 +316,7 @@ pub fn autorate(a: AutorateArgs, stop: Arc<AtomicBool>) -> ExitCode {
             OnExitArg::Base => OnExit::Base,
         },
         log: a.log,
+        log_max,
         metrics: a.metrics,
         stop: stop.clone(),
     };

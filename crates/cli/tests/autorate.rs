@@ -363,6 +363,10 @@ fn nonsense_bounds_files_and_devices_are_refused_in_one_line() {
             "unknown field `bandwith`",
         ),
         (
+            vec!["--log-max".into(), "5".into()],
+            "--log-max size `5`: write it with a unit",
+        ),
+        (
             vec!["--reflectors".into(), "1.1.1.1,dns.example\u{1b}[2J".into()],
             "`dns.example\\u{1b}[2J` is not an IP address",
         ),

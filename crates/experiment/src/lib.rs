@@ -341,6 +341,7 @@ impl Session {
             controller,
             on_exit: bloatlab_autorate::run::OnExit::Last,
             log: Some(log.clone()),
+            log_max: 0,
             metrics: None,
             stop: stop.clone(),
         };
