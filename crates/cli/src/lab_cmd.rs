@@ -34,7 +34,8 @@ pub enum LabCommand {
         cmd: Vec<String>,
     },
     /// Change a link while it runs: `lab set wan rate=20mbit qdisc=fq_codel --dir down`.
-    /// Keys: rate (60mbit | trace:FILE | schedule:FILE | unlimited), delay, jitter, reorder,
+    /// Keys: rate (60mbit | trace:FILE | schedule:FILE | unlimited), delay (20ms |
+    /// schedule:FILE), jitter, reorder,
     /// loss (1%), ge (p,r,1-h,1-k), mtu, overhead (bytes), atm, qdisc (fifo | fifo-headdrop |
     /// codel | fq_codel | "cake OPTIONS" as tc takes them), limit (packets 1000 | bytes 64kb | time
     /// 100ms), target, interval,

@@ -69,10 +69,21 @@ impl Default for QdiscConfig {
     }
 }
 
+/// A propagation delay that changes over time (`delay = "schedule:FILE"`, `SECONDS DELAY`
+/// lines and an optional `repeat SECONDS`), as a satellite link's does at each handover; time
+/// zero is the rate's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DelaySchedule {
+    pub steps: Vec<(u64, u64)>,
+    pub period_ns: Option<u64>,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct DirConfig {
     pub rate: Rate,
+    /// The delay (with a schedule, its first step's).
     pub delay_ns: u64,
+    pub delay_schedule: Option<DelaySchedule>,
     /// Uniform +/- around `delay_ns`. May exceed it: a draw below zero sends at once, as netem's
     /// `time_to_send = now + delay` does with a negative delay.
     pub jitter_ns: u64,
@@ -101,6 +112,7 @@ impl Default for DirConfig {
         DirConfig {
             rate: Rate::Unlimited,
             delay_ns: 0,
+            delay_schedule: None,
             jitter_ns: 0,
             reorder: false,
             loss: Loss::None,
@@ -153,8 +165,17 @@ pub fn parse_limit(s: &str) -> Result<BufferLimit, ConfigError> {
 }
 
 impl DirConfig {
+    /// The propagation delay at `since_ns` after the rate's time zero.
+    pub fn delay_at(&self, since_ns: u64) -> u64 {
+        match &self.delay_schedule {
+            Some(d) => crate::rate::step_at(&d.steps, d.period_ns, since_ns),
+            None => self.delay_ns,
+        }
+    }
+
     /// Applies one `key=value`. `read_file` loads trace and schedule files named by
-    /// `rate=trace:PATH` / `rate=schedule:PATH` (the only I/O, injected by the caller).
+    /// `rate=trace:PATH`, `rate=schedule:PATH` and `delay=schedule:PATH` (the only I/O,
+    /// injected by the caller).
     pub fn set(
         &mut self,
         key: &str,
@@ -174,7 +195,21 @@ impl DirConfig {
                     Rate::BitsPerSecond(parse_rate(v)?)
                 }
             }
-            "delay" => self.delay_ns = parse_time_ns(v)?,
+            "delay" => {
+                self.delay_schedule = match v.strip_prefix("schedule:") {
+                    Some(path) => {
+                        let text = read_file(path).map_err(ConfigError::Value)?;
+                        let (steps, period_ns) =
+                            crate::rate::parse_steps(&text, "DELAY", parse_time_ns)?;
+                        Some(DelaySchedule { steps, period_ns })
+                    }
+                    None => None,
+                };
+                self.delay_ns = match &self.delay_schedule {
+                    Some(d) => d.steps[0].1,
+                    None => parse_time_ns(v)?,
+                };
+            }
             "jitter" => self.jitter_ns = parse_time_ns(v)?,
             "reorder" => self.reorder = parse_bool(v)?,
             "loss" => {
@@ -361,7 +396,20 @@ impl DirConfig {
                 None => format!("schedule of {} rates", steps.len()),
             },
         };
-        let mut out = format!("{rate}, delay {} ms", self.delay_ns as f64 / 1e6);
+        let mut out = match &self.delay_schedule {
+            None => format!("{rate}, delay {} ms", self.delay_ns as f64 / 1e6),
+            Some(d) => {
+                let ms = |f: fn(u64, u64) -> u64| {
+                    d.steps.iter().map(|s| s.1).reduce(f).unwrap_or(0) as f64 / 1e6
+                };
+                format!(
+                    "{rate}, delay {}-{} ms (a schedule of {} steps)",
+                    ms(u64::min),
+                    ms(u64::max),
+                    d.steps.len()
+                )
+            }
+        };
         if self.jitter_ns > 0 {
             out += &format!(
                 " +/- {} ms{}",

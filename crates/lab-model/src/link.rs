@@ -81,6 +81,12 @@ impl LinkDirection {
         &self.cfg
     }
 
+    /// The propagation delay for a packet that leaves at `t`.
+    fn delay_at(&self, t: u64) -> u64 {
+        self.cfg
+            .delay_at(t.saturating_sub(self.serializer.origin_ns()))
+    }
+
     /// A trace or schedule starts again from its beginning at `now` (so that each run of a
     /// comparison meets the same line).
     pub fn restart_rate(&mut self, now: u64) {
@@ -172,7 +178,7 @@ impl LinkDirection {
         self.stats.rx_packets += 1;
         self.stats.rx_bytes += pkt.len() as u64;
         self.seq += 1;
-        let deliver = now + hold_ns + self.cfg.delay_ns;
+        let deliver = now + hold_ns + self.delay_at(now);
         self.in_flight.push(Reverse(InFlight {
             deliver_ns: deliver,
             seq: self.seq,
@@ -241,7 +247,9 @@ impl LinkDirection {
                 }
                 self.stats.max_ring_packets = self.stats.max_ring_packets.max(self.ring.len());
             }
-            let mut deliver = depart + self.cfg.delay_ns;
+            // A delay that falls does not let a packet overtake those sent before it (below),
+            // as on a path whose length changes.
+            let mut deliver = depart + self.delay_at(depart);
             if self.cfg.jitter_ns > 0 {
                 let j = self.cfg.jitter_ns as f64 * (2.0 * self.rng.random::<f64>() - 1.0);
                 deliver = (deliver as f64 + j).max(depart as f64) as u64;
@@ -372,6 +380,28 @@ mod tests {
         assert_eq!(d.stats.drops.overflow, 9);
         assert_eq!(out[0].0, 11 * MS);
         assert_eq!(out[10].0, 21 * MS);
+    }
+
+    #[test]
+    fn a_delay_schedule_moves_the_delay_at_its_steps_from_the_rate_s_time_zero() {
+        let mut c = DirConfig::default();
+        let schedule = |_: &str| Ok("0 10ms\n1 30ms\n2 5ms\nrepeat 3\n".to_string());
+        c.set("delay", "schedule:x", &schedule).unwrap();
+        assert_eq!(c.delay_ns, 10 * MS);
+        assert!(c
+            .describe()
+            .contains("delay 5-30 ms (a schedule of 3 steps)"));
+        // Time zero at 100 ms: each packet (unlimited rate) takes the delay of its departure.
+        let mut d = LinkDirection::new(c, 100 * MS);
+        let mut out = Vec::new();
+        for (i, at_ms) in [500u64, 1500, 2099, 2101, 2600, 3600].iter().enumerate() {
+            d.arrive(udp4(100, i as u16, 2, 0), *at_ms * MS);
+            drain(&mut d, &mut out);
+        }
+        let ms: Vec<u64> = out.iter().map(|(t, _)| t / MS).collect();
+        // 2099 ms is 1999 into the schedule (30 ms, at 2129); 2101 is 2001 (5 ms: 2106), held
+        // behind the one before it; 3600 is 3500, half a second into the repeat (10 ms).
+        assert_eq!(ms, [510, 1530, 2129, 2129, 2605, 3610]);
     }
 
     #[test]

@@ -62,54 +62,13 @@ impl Rate {
     }
 
     pub fn parse_schedule(text: &str) -> Result<Rate, ConfigError> {
-        let mut steps = Vec::new();
-        let mut period_ns = None;
-        for (n, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let bad = || {
-                ConfigError::Value(format!(
-                    "schedule line {}: want `SECONDS RATE`, got `{line}`",
-                    n + 1
-                ))
-            };
-            let (t, r) = line.split_once(char::is_whitespace).ok_or_else(bad)?;
-            if t == "repeat" {
-                let secs: f64 = r.trim().parse().map_err(|_| bad())?;
-                if !(secs > 0.0 && secs.is_finite()) {
-                    return Err(bad());
-                }
-                period_ns = Some((secs * 1e9) as u64);
-                continue;
-            }
-            let secs: f64 = t.trim().parse().map_err(|_| bad())?;
-            if !(secs >= 0.0 && secs.is_finite()) {
-                return Err(bad());
-            }
-            steps.push(((secs * 1e9) as u64, parse_rate(r.trim())?));
-        }
-        if steps.is_empty() {
-            return Err(ConfigError::Value("empty rate schedule".into()));
-        }
-        steps.sort_by_key(|s| s.0);
-        if period_ns.is_some_and(|p| steps.last().is_some_and(|s| s.0 >= p)) {
-            return Err(ConfigError::Value(
-                "schedule: `repeat` must come after the last step's time".into(),
-            ));
-        }
+        let (steps, period_ns) = parse_steps(text, "RATE", parse_rate)?;
         Ok(Rate::Schedule { steps, period_ns })
     }
 
     /// The rate at `since_ns` into a schedule.
     fn scheduled(steps: &[(u64, u64)], period_ns: Option<u64>, since_ns: u64) -> u64 {
-        let t = period_ns.map_or(since_ns, |p| since_ns % p);
-        steps
-            .iter()
-            .take_while(|s| s.0 <= t)
-            .last()
-            .map_or(steps[0].1, |s| s.1)
+        step_at(steps, period_ns, since_ns)
     }
 
     /// The mean rate from `from_ns` to `to_ns` after the trace or schedule began (what a
@@ -198,6 +157,68 @@ impl Rate {
     }
 }
 
+/// `SECONDS VALUE` lines (the value read by `value`, named `what` in errors), sorted by time,
+/// and an optional `repeat SECONDS` line after the last step's time.
+pub(crate) type Steps = (Vec<(u64, u64)>, Option<u64>);
+
+pub(crate) fn parse_steps(
+    text: &str,
+    what: &str,
+    value: impl Fn(&str) -> Result<u64, ConfigError>,
+) -> Result<Steps, ConfigError> {
+    let mut steps = Vec::new();
+    let mut period_ns = None;
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let bad = || {
+            ConfigError::Value(format!(
+                "schedule line {}: want `SECONDS {what}`, got `{line}`",
+                n + 1
+            ))
+        };
+        let (t, r) = line.split_once(char::is_whitespace).ok_or_else(bad)?;
+        if t == "repeat" {
+            let secs: f64 = r.trim().parse().map_err(|_| bad())?;
+            if !(secs > 0.0 && secs.is_finite()) {
+                return Err(bad());
+            }
+            period_ns = Some((secs * 1e9) as u64);
+            continue;
+        }
+        let secs: f64 = t.trim().parse().map_err(|_| bad())?;
+        if !(secs >= 0.0 && secs.is_finite()) {
+            return Err(bad());
+        }
+        steps.push(((secs * 1e9) as u64, value(r.trim())?));
+    }
+    if steps.is_empty() {
+        return Err(ConfigError::Value(format!(
+            "empty {} schedule",
+            what.to_ascii_lowercase()
+        )));
+    }
+    steps.sort_by_key(|s| s.0);
+    if period_ns.is_some_and(|p| steps.last().is_some_and(|s| s.0 >= p)) {
+        return Err(ConfigError::Value(
+            "schedule: `repeat` must come after the last step's time".into(),
+        ));
+    }
+    Ok((steps, period_ns))
+}
+
+/// The value at `since_ns` into a schedule (the first step's before its time).
+pub(crate) fn step_at(steps: &[(u64, u64)], period_ns: Option<u64>, since_ns: u64) -> u64 {
+    let t = period_ns.map_or(since_ns, |p| since_ns % p);
+    steps
+        .iter()
+        .take_while(|s| s.0 <= t)
+        .last()
+        .map_or(steps[0].1, |s| s.1)
+}
+
 /// Serialises packets at a `Rate`: given when a packet starts, says when its last bit leaves.
 #[derive(Clone, Debug)]
 pub struct Serializer {
@@ -217,6 +238,11 @@ impl Serializer {
             op_index: 0,
             op_left: TRACE_OPPORTUNITY_BYTES,
         }
+    }
+
+    /// Time zero of traces and schedules (the link's delay schedule too).
+    pub fn origin_ns(&self) -> u64 {
+        self.origin_ns
     }
 
     fn op_time(&self, index: u64) -> u64 {

@@ -140,9 +140,9 @@ down = { rate = "trace:builtin:wifi" }
         "starlink",
         r#"
 name = "starlink"
-description = """Starlink-like: capacity re-drawn every 15 s as the dish changes \
-satellite (40..150 Mbit/s down, 5..15 up, repeating every 2 min), 30 ms base RTT (fixed: the \
-lab does not move delay yet), 1000-packet buffers"""
+description = """Starlink-like: capacity and base delay re-drawn every 15 s as the dish \
+changes satellite (40..150 Mbit/s down, 5..15 up, 24..50 ms base RTT, repeating every 2 min), \
+1000-packet buffers"""
 [[link]]
 name = "lan"
 a = "client"
@@ -151,7 +151,7 @@ b = "router"
 name = "sky"
 a = "router"
 b = "server"
-both = { delay = "15ms", limit = 1000 }
+both = { delay = "schedule:builtin:starlink-delay", limit = 1000 }
 up = { rate = "schedule:builtin:starlink-up" }
 down = { rate = "schedule:builtin:starlink-down" }
 "#,
@@ -268,13 +268,14 @@ pub fn wifi_trace() -> String {
 }
 
 /// A repeating schedule of these Mbit/s, 15 s each (Starlink reallocates every 15 s).
-fn every_15s(mbps: &[u64]) -> String {
-    let mut out: String = mbps
+/// A schedule of `values` (with `unit`), one each 15 s, repeating.
+fn every_15s(values: &[u64], unit: &str) -> String {
+    let mut out: String = values
         .iter()
         .enumerate()
-        .map(|(i, m)| format!("{} {m}mbit\n", i * 15))
+        .map(|(i, v)| format!("{} {v}{unit}\n", i * 15))
         .collect();
-    out += &format!("repeat {}\n", mbps.len() * 15);
+    out += &format!("repeat {}\n", values.len() * 15);
     out
 }
 
@@ -291,8 +292,10 @@ pub fn read_file(path: &str) -> Result<String, String> {
     match path {
         "builtin:lte" => Ok(lte_trace()),
         "builtin:wifi" => Ok(wifi_trace()),
-        "builtin:starlink-down" => Ok(every_15s(&[100, 60, 150, 80, 40, 120, 90, 70])),
-        "builtin:starlink-up" => Ok(every_15s(&[12, 8, 15, 10, 5, 14, 9, 7])),
+        "builtin:starlink-down" => Ok(every_15s(&[100, 60, 150, 80, 40, 120, 90, 70], "mbit")),
+        "builtin:starlink-up" => Ok(every_15s(&[12, 8, 15, 10, 5, 14, 9, 7], "mbit")),
+        // One way, each 15 s: a round trip of 24 to 50 ms.
+        "builtin:starlink-delay" => Ok(every_15s(&[15, 20, 12, 25, 18, 14, 22, 16], "ms")),
         "builtin:cable-evening-down" => Ok(halving(60)),
         "builtin:cable-evening-up" => Ok(halving(4)),
         p => std::fs::read_to_string(p).map_err(|e| format!("{p}: {e}")),
