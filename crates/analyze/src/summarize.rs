@@ -136,12 +136,24 @@ fn windows(result: &ResultFile) -> (Option<Window>, Option<Window>) {
 /// Round trips of one probe class ("be", "ef", "bk"), ms: (idle, under load), each window as
 /// the summary takes it; for figures the summary has no room for (a p95).
 pub fn class_rtts(result: &ResultFile, class: &str) -> (Vec<f64>, Vec<f64>) {
+    let (idle, load) = class_rtt_samples(result, class);
+    let values = |v: Timed| v.into_iter().map(|s| s.1).collect();
+    (values(idle), values(load))
+}
+
+/// Round trips with their time in the test: (seconds, ms).
+pub type Timed = Vec<(f64, f64)>;
+
+/// [`class_rtts`] with each round trip's time in the test, idle and under load.
+pub fn class_rtt_samples(result: &ResultFile, class: &str) -> (Timed, Timed) {
     let (idle, load) = windows(result);
-    let of = |w: Option<Window>| -> Vec<f64> {
+    let of = |w: Option<Window>| -> Timed {
         w.map_or_else(Vec::new, |w| {
             named(result, "rtt ")
                 .filter(|x| probe_class(x.dscp.unwrap_or(0)) == class)
-                .flat_map(|x| values(x, w))
+                .flat_map(|x| x.samples.iter())
+                .filter(|(t, _)| w.contains(*t))
+                .filter_map(|(t, v)| v.map(|v| (*t, v)))
                 .collect()
         })
     };

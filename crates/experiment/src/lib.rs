@@ -14,6 +14,7 @@ use bloatlab_lab::control;
 use bloatlab_lab::instance::LabInfo;
 use bloatlab_lab::ns::in_netns;
 use bloatlab_lab::{Lab, Topology};
+use bloatlab_lab_model::config::DirConfig;
 use bloatlab_measure::display::ProgressMode;
 use bloatlab_measure::{Ended, Outcome, Params};
 use bloatlab_report::{html, RunView};
@@ -151,6 +152,7 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
     let rate = |r: &bloatlab_lab_model::rate::Rate| r.mean_between(from, to).unwrap_or(0) as f64;
     let capacity_bps = (rate(&line.down.rate), rate(&line.up.rate));
     let line_rates = (line.down.rate.clone(), line.up.rate.clone());
+    let line_delays = (line.up.clone(), line.down.clone());
     let (router, line_name) = (line.a.clone(), line.name.clone());
     let moving = if fixes.iter().any(|f| f.autorate_law().is_some()) {
         let (front, up_dir) = placement::front(&topo)?;
@@ -219,7 +221,7 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
         let moved = mover.map(AutorateRun::finish).transpose();
         match (outcome, moved) {
             (Ok(summary), Ok(autorate)) => {
-                let added_p95_ms = added_p95(&file);
+                let added_p95_ms = added_p95(&file, &line_delays, line_started_unix);
                 runs.push(Run {
                     fix: *fix,
                     summary,
@@ -390,10 +392,37 @@ impl Drop for AutorateRun {
     }
 }
 
-/// The best-effort probes' p95 round trip under load minus their idle median, ms.
-fn added_p95(file: &Path) -> Option<f64> {
+/// The best-effort probes' p95 round trip under load minus their idle median, ms. Where the
+/// line's delay moves on a schedule (the slowest link's two directions, from the time the line
+/// started), each round trip is taken over the line's delay at its time, so the figure is the
+/// queues' and not the path's length changing.
+fn added_p95(
+    file: &Path,
+    (up, down): &(DirConfig, DirConfig),
+    line_started_unix: f64,
+) -> Option<f64> {
     let r = bloatlab_result::read(file).ok()?;
-    let (mut idle, mut loaded) = bloatlab_analyze::summarize::class_rtts(&r, "be");
+    let (idle, loaded) = bloatlab_analyze::summarize::class_rtt_samples(&r, "be");
+    let start = humantime::parse_rfc3339(&r.metadata.start_time)
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_secs_f64();
+    let moving = up.delay_schedule.is_some() || down.delay_schedule.is_some();
+    let over_base = |v: Vec<(f64, f64)>| -> Vec<f64> {
+        v.into_iter()
+            .map(|(t, ms)| {
+                let since = ((start + t - line_started_unix).max(0.0) * 1e9) as u64;
+                let base_ns = up.delay_at(since) + down.delay_at(since);
+                if moving {
+                    ms - base_ns as f64 / 1e6
+                } else {
+                    ms
+                }
+            })
+            .collect()
+    };
+    let (mut idle, mut loaded) = (over_base(idle), over_base(loaded));
     idle.sort_by(f64::total_cmp);
     loaded.sort_by(f64::total_cmp);
     if idle.is_empty() || loaded.is_empty() {
