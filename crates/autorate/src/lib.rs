@@ -24,7 +24,6 @@
 use std::collections::VecDeque;
 
 pub mod log;
-pub mod oneway;
 pub mod pinger;
 pub mod reflectors;
 pub mod run;

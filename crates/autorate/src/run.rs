@@ -5,12 +5,11 @@
 //! gauges.
 
 use crate::log::Log;
-use crate::oneway::OneWay;
 use crate::pinger::Pinger;
 use crate::reflectors::Fault;
 use crate::shaper::{Shaper, ShaperError};
 use crate::{Config, Controller, Direction, Event, Sample, Why};
-use bloatlab_measure::watch::Watch;
+use bloatlab_measure::watch::{Rider, Sample as WatchSample, Watch};
 use bloatlab_result::autorate::{LogHeader, LogLine, FORMAT, VERSION};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -260,75 +259,13 @@ impl Now {
     }
 }
 
-/// Runs until `cfg.stop` is set, then leaves the shaper as `cfg.on_exit` says.
+/// Runs until `cfg.stop` is set, then leaves the shaper as `cfg.on_exit` says: its own probes
+/// to `cfg.target` drive an [`Autorate`].
 pub fn run(
     cfg: AutorateConfig,
-    shaper: &mut dyn Shaper,
+    shaper: Box<dyn Shaper>,
     say: Say,
 ) -> Result<Summary, AutorateError> {
-    let c = &cfg.controller;
-    let header = LogHeader {
-        format: FORMAT.into(),
-        version: VERSION,
-        bloatlab_version: env!("CARGO_PKG_VERSION").into(),
-        started_unix: bloatlab_netio::unix_now(),
-        target: cfg.target.clone().unwrap_or_default(),
-        reflectors: cfg.reflectors.iter().map(ToString::to_string).collect(),
-        shaper: shaper.describe(),
-        law: match c.law {
-            crate::Law::Bloatlab => "bloatlab",
-            crate::Law::CakeAutorate => "cake-autorate",
-        }
-        .into(),
-        down_bounds: [c.down.min, c.down.base, c.down.max],
-        up_bounds: [c.up.min, c.up.base, c.up.max],
-        probe_rate: cfg.probe_rate,
-    };
-    let mut log =
-        Log::open(cfg.log.as_deref(), cfg.log_max, &header, say.clone()).map_err(|source| {
-            AutorateError::Log {
-                path: cfg.log.clone().unwrap_or_default(),
-                source,
-            }
-        })?;
-    let metrics = Arc::new(Metrics::new());
-    let _face = match cfg.metrics {
-        Some(addr) => {
-            let m = metrics.clone();
-            let face = bloatlab_server::metrics::serve(
-                addr,
-                bloatlab_server::metrics::MetricsLimits::default(),
-                Arc::new(move || m.render()),
-            )
-            .map_err(|source| AutorateError::Metrics { addr, source })?;
-            say(&format!("metrics on http://{}/metrics", face.addr));
-            Some(face)
-        }
-        None => None,
-    };
-
-    let mut ctl = Controller::new(cfg.controller.clone());
-    for d in [Direction::Down, Direction::Up] {
-        let bps = ctl.rate(d);
-        shaper
-            .set(d, bps.round() as u64)
-            .map_err(|e| AutorateError::Shaper(e.to_string()))?;
-        metrics.rate[index(d)].set(bps);
-    }
-    metrics.shaper_present.set(1.0);
-    let signal = match (&cfg.target, cfg.reflectors.len()) {
-        (Some(t), 0) => format!("probing {t}"),
-        (Some(t), n) => format!("probing {t} ({n} ICMP reflectors while it does not answer)"),
-        (None, n) => format!("pinging {} of {n} ICMP reflectors", n.min(6)),
-    };
-    say(&format!(
-        "{}: {:.1} / {:.1} Mbit/s down/up to start; {signal} at {}/s",
-        shaper.describe(),
-        ctl.rate(Direction::Down) / 1e6,
-        ctl.rate(Direction::Up) / 1e6,
-        cfg.probe_rate
-    ));
-
     let mut watch = match &cfg.target {
         Some(t) => Some(
             Watch::new(t, cfg.probe_rate, cfg.key.clone())?
@@ -337,298 +274,496 @@ pub fn run(
         ),
         None => None,
     };
-    let start_ns = bloatlab_netio::mono_ns();
-    let mut pinger = match cfg.reflectors.is_empty() {
-        true => None,
-        false => {
-            let p = Pinger::open(cfg.reflectors.clone(), cfg.probe_rate, start_ns)
-                .map_err(AutorateError::Reflectors)?;
-            // Round trips are timed by the kernel's arrival stamps, on only once some socket
-            // asked (a driven UDP stream makes sure of it for itself).
-            bloatlab_netio::udp::ensure_rx_stamping(Duration::from_millis(200));
-            Some(p)
+    let stop = cfg.stop.clone();
+    let metrics_addr = cfg.metrics;
+    let mut a = Autorate::start(cfg, shaper, say.clone())?;
+    let _face = match metrics_addr {
+        Some(addr) => {
+            let face = bloatlab_server::metrics::serve(
+                addr,
+                bloatlab_server::metrics::MetricsLimits::default(),
+                a.metrics(),
+            )
+            .map_err(|source| AutorateError::Metrics { addr, source })?;
+            say(&format!("metrics on http://{}/metrics", face.addr));
+            Some(face)
         }
+        None => None,
     };
-    let mut oneway = OneWay::default();
-    let mut st = Now {
-        start_ns,
-        load: (0.0, 0.0),
-        delta: (None, None),
-        rtt_delta: None,
-        answered: 0,
-        lost: 0,
-    };
-    let mut last_server = start_ns;
-    let mut following = false;
-    let mut ping_failed = false;
-    let mut summary = Summary::default();
-    let mut last_count: Option<(u64, u64, u64)> = None;
-    let mut next_load = 0;
-    let mut next_line = start_ns + 1_000 * MS;
     let mut retry_at = 0;
     let mut backoff = Duration::from_secs(1);
     let mut unreachable = false;
-    let mut gone = false;
-    let mut next_presence = start_ns + PRESENCE_EVERY;
-    let mut counters_failed = false;
-    let mut last_error = String::new();
-    while !cfg.stop.load(Ordering::Relaxed) {
+    while !stop.load(Ordering::Relaxed) {
         let now = bloatlab_netio::mono_ns();
-        let mut events = Vec::new();
-        if now >= next_load {
-            next_load = now + LOAD_EVERY;
-            match shaper.carried() {
-                Ok((down, up)) => {
-                    if let Some((t, d0, u0)) = last_count {
-                        let dt = now.saturating_sub(t).max(1) as f64 / 1e9;
-                        st.load = (
-                            down.saturating_sub(d0) as f64 * 8.0 / dt,
-                            up.saturating_sub(u0) as f64 * 8.0 / dt,
-                        );
-                        ctl.on_load(st.load.0, st.load.1);
-                        metrics.load[0].set(st.load.0);
-                        metrics.load[1].set(st.load.1);
-                    }
-                    last_count = Some((now, down, up));
-                    counters_failed = false;
-                }
-                Err(e) if !counters_failed => {
-                    counters_failed = true;
-                    say(&format!(
-                        "the line's counters: {e}; the load is unknown meanwhile"
-                    ));
-                }
-                Err(_) => {}
-            }
-        }
         if let Some(watch) = watch.as_mut().filter(|_| now >= retry_at) {
             match watch.poll() {
                 Ok(samples) => {
                     if unreachable && watch.connected() {
                         unreachable = false;
                         backoff = Duration::from_secs(1);
-                        say(&format!(
-                            "{} answers again",
-                            cfg.target.as_deref().unwrap_or_default()
-                        ));
+                        say(&format!("{} answers again", a.target()));
                     }
-                    for s in samples {
-                        let Some(e) = s.echo else {
-                            st.lost += 1;
-                            summary.lost += 1;
-                            metrics.lost.inc();
-                            continue;
-                        };
-                        last_server = now;
-                        st.answered += 1;
-                        summary.answered += 1;
-                        metrics.answered.inc();
-                        let (up, down) = oneway.delays(e.t1, e.t2, e.t3, e.t4);
-                        events.extend(ctl.on_sample(
-                            now,
-                            Sample {
-                                down_ms: Some(down),
-                                up_ms: Some(up),
-                            },
-                        ));
-                        for (d, ms) in [(Direction::Down, down), (Direction::Up, up)] {
-                            let base = ctl.baseline(d).unwrap_or(ms);
-                            let delta = ms - base;
-                            match d {
-                                Direction::Down => st.delta.0 = Some(delta),
-                                Direction::Up => st.delta.1 = Some(delta),
-                            }
-                            metrics.baseline[index(d)].set(base / 1e3);
-                            metrics.delta[index(d)].set(delta / 1e3);
-                        }
-                    }
+                    a.samples(now, &samples);
                 }
                 Err(e) => {
                     if !unreachable {
                         unreachable = true;
-                        say(&format!(
-                            "{} does not answer: {e}; retrying",
-                            cfg.target.as_deref().unwrap_or_default()
-                        ));
+                        say(&format!("{} does not answer: {e}; retrying", a.target()));
                     }
                     retry_at = now + backoff.as_nanos() as u64;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
             }
         }
-        if let Some(p) = pinger.as_mut() {
-            let quiet = watch.is_none() || now.saturating_sub(last_server) >= SERVER_QUIET;
-            if quiet != following {
-                following = quiet;
-                metrics
-                    .following_reflectors
-                    .set(f64::from(u8::from(following)));
-                // The other signal's last delays would read as current in the log.
-                (st.delta, st.rtt_delta) = ((None, None), None);
-                let event = if following {
-                    p.resume(now);
-                    say(&match &cfg.target {
-                        Some(t) => format!(
-                            "{t} does not answer: following ICMP reflectors' round trips \
-                            (no direction of their own: the busier direction is cut)"
-                        ),
-                        None => "following ICMP reflectors' round trips".into(),
-                    });
-                    "reflectors"
-                } else {
-                    say("the server answers: following its one-way delays again");
-                    "server"
-                };
-                log.line(&st.line(&ctl, now, event));
-            }
-            if following {
-                let (answers, lost) = p.answers().map_err(AutorateError::Reflectors)?;
-                let high = st.load.0 >= ctl.cfg.high_load * ctl.rate(Direction::Down)
-                    || st.load.1 >= ctl.cfg.high_load * ctl.rate(Direction::Up);
-                for a in answers {
-                    let Some(delta) = p.reflectors.on_reply(now, &a.from, a.rtt_ms, high) else {
-                        continue;
-                    };
-                    st.rtt_delta = Some(delta);
-                    st.answered += 1;
-                    summary.answered += 1;
-                    metrics.answered.inc();
-                    events.extend(ctl.on_round_trip(now, delta));
-                }
-                st.lost += lost;
-                summary.lost += lost;
-                metrics.lost.inc_by(lost);
-                for r in p.check(now) {
-                    let why = match r.fault {
-                        Fault::Silent => "stopped answering",
-                        Fault::Far => "is over 20 ms further than the nearest",
-                        Fault::Noisy => "adds over 10 ms of its own",
-                    };
-                    let detail = format!("{} {why}: {} instead", r.old, r.new);
-                    say(&format!("reflector {detail}"));
-                    let mut line = st.line(&ctl, now, "reflector replaced");
-                    line.detail = Some(detail);
-                    log.line(&line);
-                }
-                match p.send_due(now) {
-                    Ok(()) => ping_failed = false,
-                    Err(e) if !ping_failed => {
-                        ping_failed = true;
-                        say(&format!("pinging a reflector: {e}"));
-                    }
-                    Err(_) => {}
-                }
-            }
-        }
-        events.extend(ctl.on_tick(now));
-
-        // Someone may remove or replace the shaper between our changes: looked at now and
-        // then; once gone, left alone until it is back, then given the controller's rates.
-        if now >= next_presence {
-            next_presence = now + PRESENCE_EVERY;
-            match (gone, shaper.present()) {
-                (false, false) => {
-                    gone = true;
-                    metrics.shaper_present.set(0.0);
-                    say(&format!(
-                        "{} was removed or replaced: no longer changing it",
-                        shaper.describe()
-                    ));
-                    log.line(&st.line(&ctl, now, "shaper gone"));
-                }
-                (true, true) => {
-                    gone = false;
-                    metrics.shaper_present.set(1.0);
-                    say(&format!("{} is back: changing it again", shaper.describe()));
-                    log.line(&st.line(&ctl, now, "shaper back"));
-                    for d in [Direction::Down, Direction::Up] {
-                        let _ = shaper.set(d, ctl.rate(d).round() as u64);
-                    }
-                }
-                _ => {}
-            }
-        }
-        for ev in events {
-            let (name, dir, why) = match ev {
-                Event::Rate { dir, bps, why } => {
-                    metrics.rate[index(dir)].set(bps as f64);
-                    metrics
-                        .changes
-                        .get_or_create(&vec![("direction", dir_name(dir)), ("why", why_name(why))])
-                        .inc();
-                    summary.changes += 1;
-                    if !gone {
-                        match shaper.set(dir, bps) {
-                            Ok(()) => last_error.clear(),
-                            Err(ShaperError::Gone(e)) => {
-                                gone = true;
-                                metrics.shaper_present.set(0.0);
-                                say(&e);
-                                log.line(&st.line(&ctl, now, "shaper gone"));
-                            }
-                            Err(ShaperError::Failed(e)) => {
-                                if last_error != e {
-                                    say(&e);
-                                    last_error = e;
-                                }
-                            }
-                        }
-                    }
-                    ("rate", Some(dir_name(dir)), Some(why_name(why)))
-                }
-                Event::Stalled => {
-                    say("no probe answered for a second: holding the last rates without bloat");
-                    ("stalled", None, None)
-                }
-                Event::StalledToMin => {
-                    say("still no answers: both directions at MIN");
-                    ("stalled to min", None, None)
-                }
-                Event::Recovered => {
-                    say("probes answer again");
-                    ("recovered", None, None)
-                }
-            };
-            let mut line = st.line(&ctl, now, name);
-            line.dir = dir.map(Into::into);
-            line.why = why.map(Into::into);
-            log.line(&line);
-        }
-        if now >= next_line {
-            next_line += 1_000 * MS;
-            log.line(&st.line(&ctl, now, "tick"));
-        }
+        a.step(now);
         // One wake-up per probe: it takes the answers that came meanwhile (timed by the kernel
         // as they arrived) and sends the next; the counters are read on the wake-up due.
         let mut wake = watch
             .as_ref()
             .and_then(Watch::next_due)
             .unwrap_or(now + STEP.as_nanos() as u64);
-        if let Some(p) = pinger.as_ref().filter(|_| following) {
-            wake = wake.min(p.next_due());
+        if let Some(due) = a.next_due() {
+            wake = wake.min(due);
         }
         let left = wake.saturating_sub(bloatlab_netio::mono_ns());
         std::thread::sleep(Duration::from_nanos(left));
     }
-    let now = bloatlab_netio::mono_ns();
-    if cfg.on_exit == OnExit::Base && !gone {
-        for (d, b) in [
-            (Direction::Down, cfg.controller.down.base),
-            (Direction::Up, cfg.controller.up.base),
-        ] {
-            let _ = shaper.set(d, b.round() as u64);
+    Ok(a.finish())
+}
+
+/// The controller at work on a shaper, fed the server's probes by whoever owns them (its own
+/// loop in [`run`], or the monitor's, which then probes at autorate's rate for both), pinging
+/// the reflectors itself while the server is quiet; applies the rates, logs, keeps the gauges.
+pub struct Autorate {
+    cfg: AutorateConfig,
+    shaper: Box<dyn Shaper>,
+    say: Say,
+    log: Log,
+    metrics: Arc<Metrics>,
+    ctl: Controller,
+    pinger: Option<Pinger>,
+    st: Now,
+    summary: Summary,
+    /// The controller's events not yet applied.
+    events: Vec<Event>,
+    last_count: Option<(u64, u64, u64)>,
+    next_load: u64,
+    next_line: u64,
+    gone: bool,
+    next_presence: u64,
+    counters_failed: bool,
+    last_error: String,
+    last_server: u64,
+    following: bool,
+    ping_failed: bool,
+}
+
+impl Autorate {
+    /// Opens the log, sets BASE each way (an error here ends it: the shaper cannot be driven)
+    /// and the reflectors' sockets.
+    pub fn start(
+        cfg: AutorateConfig,
+        mut shaper: Box<dyn Shaper>,
+        say: Say,
+    ) -> Result<Autorate, AutorateError> {
+        let c = &cfg.controller;
+        let header = LogHeader {
+            format: FORMAT.into(),
+            version: VERSION,
+            bloatlab_version: env!("CARGO_PKG_VERSION").into(),
+            started_unix: bloatlab_netio::unix_now(),
+            target: cfg.target.clone().unwrap_or_default(),
+            reflectors: cfg.reflectors.iter().map(ToString::to_string).collect(),
+            shaper: shaper.describe(),
+            law: match c.law {
+                crate::Law::Bloatlab => "bloatlab",
+                crate::Law::CakeAutorate => "cake-autorate",
+            }
+            .into(),
+            down_bounds: [c.down.min, c.down.base, c.down.max],
+            up_bounds: [c.up.min, c.up.base, c.up.max],
+            probe_rate: cfg.probe_rate,
+        };
+        let log =
+            Log::open(cfg.log.as_deref(), cfg.log_max, &header, say.clone()).map_err(|source| {
+                AutorateError::Log {
+                    path: cfg.log.clone().unwrap_or_default(),
+                    source,
+                }
+            })?;
+        let metrics = Arc::new(Metrics::new());
+        let ctl = Controller::new(cfg.controller.clone());
+        for d in [Direction::Down, Direction::Up] {
+            let bps = ctl.rate(d);
+            shaper
+                .set(d, bps.round() as u64)
+                .map_err(|e| AutorateError::Shaper(e.to_string()))?;
+            metrics.rate[index(d)].set(bps);
+        }
+        metrics.shaper_present.set(1.0);
+        let signal = match (&cfg.target, cfg.reflectors.len()) {
+            (Some(t), 0) => format!("probing {t}"),
+            (Some(t), n) => format!("probing {t} ({n} ICMP reflectors while it does not answer)"),
+            (None, n) => format!("pinging {} of {n} ICMP reflectors", n.min(6)),
+        };
+        say(&format!(
+            "{}: {:.1} / {:.1} Mbit/s down/up to start; {signal} at {}/s",
+            shaper.describe(),
+            ctl.rate(Direction::Down) / 1e6,
+            ctl.rate(Direction::Up) / 1e6,
+            cfg.probe_rate
+        ));
+        let start_ns = bloatlab_netio::mono_ns();
+        let pinger = match cfg.reflectors.is_empty() {
+            true => None,
+            false => {
+                let p = Pinger::open(cfg.reflectors.clone(), cfg.probe_rate, start_ns)
+                    .map_err(AutorateError::Reflectors)?;
+                // Round trips are timed by the kernel's arrival stamps, on only once some
+                // socket asked (a driven UDP stream makes sure of it for itself).
+                bloatlab_netio::udp::ensure_rx_stamping(Duration::from_millis(200));
+                Some(p)
+            }
+        };
+        Ok(Autorate {
+            shaper,
+            say,
+            log,
+            metrics,
+            ctl,
+            pinger,
+            st: Now {
+                start_ns,
+                load: (0.0, 0.0),
+                delta: (None, None),
+                rtt_delta: None,
+                answered: 0,
+                lost: 0,
+            },
+            summary: Summary::default(),
+            events: Vec::new(),
+            last_count: None,
+            next_load: 0,
+            next_line: start_ns + 1_000 * MS,
+            gone: false,
+            next_presence: start_ns + PRESENCE_EVERY,
+            counters_failed: false,
+            last_error: String::new(),
+            last_server: start_ns,
+            following: false,
+            ping_failed: false,
+            cfg,
+        })
+    }
+
+    /// The server it follows, as the user named it.
+    pub fn target(&self) -> &str {
+        self.cfg.target.as_deref().unwrap_or_default()
+    }
+
+    /// Its gauges as Prometheus text, for whichever face serves them.
+    pub fn metrics(&self) -> Arc<dyn Fn() -> String + Send + Sync> {
+        let m = self.metrics.clone();
+        Arc::new(move || m.render())
+    }
+
+    /// When it next needs a wake-up (its next ping, while it follows reflectors).
+    pub fn next_due(&self) -> Option<u64> {
+        self.pinger
+            .as_ref()
+            .filter(|_| self.following)
+            .map(Pinger::next_due)
+    }
+
+    /// The server's probes settled since the last call, at `now` (monotonic ns).
+    pub fn samples(&mut self, now: u64, samples: &[WatchSample]) {
+        for s in samples {
+            // A prompt watch's one-way delays (its offset kept across sessions).
+            let (Some(up), Some(down)) = (s.owd_up_ms, s.owd_down_ms) else {
+                self.st.lost += 1;
+                self.summary.lost += 1;
+                self.metrics.lost.inc();
+                continue;
+            };
+            self.last_server = now;
+            self.st.answered += 1;
+            self.summary.answered += 1;
+            self.metrics.answered.inc();
+            self.events.extend(self.ctl.on_sample(
+                now,
+                Sample {
+                    down_ms: Some(down),
+                    up_ms: Some(up),
+                },
+            ));
+            for (d, ms) in [(Direction::Down, down), (Direction::Up, up)] {
+                let base = self.ctl.baseline(d).unwrap_or(ms);
+                let delta = ms - base;
+                match d {
+                    Direction::Down => self.st.delta.0 = Some(delta),
+                    Direction::Up => self.st.delta.1 = Some(delta),
+                }
+                self.metrics.baseline[index(d)].set(base / 1e3);
+                self.metrics.delta[index(d)].set(delta / 1e3);
+            }
         }
     }
-    let mut line = st.line(&ctl, now, "exit");
-    if cfg.on_exit == OnExit::Base {
-        (line.down_bps, line.up_bps) = (cfg.controller.down.base, cfg.controller.up.base);
+
+    /// Everything else due at `now`: the line's counters, the reflectors while the server is
+    /// quiet, the controller's clock, whether the shaper is still there, the rates applied,
+    /// the log's line a second.
+    pub fn step(&mut self, now: u64) {
+        if now >= self.next_load {
+            self.next_load = now + LOAD_EVERY;
+            self.read_load(now);
+        }
+        self.reflectors(now);
+        let ticked = self.ctl.on_tick(now);
+        self.events.extend(ticked);
+        self.presence(now);
+        for ev in std::mem::take(&mut self.events) {
+            self.apply(now, ev);
+        }
+        if now >= self.next_line {
+            self.next_line += 1_000 * MS;
+            self.log.line(&self.st.line(&self.ctl, now, "tick"));
+        }
     }
-    log.line(&line);
-    say(&format!(
-        "stopped: {} rate changes; the shaper left at {:.1} / {:.1} Mbit/s down/up",
-        summary.changes,
-        line.down_bps / 1e6,
-        line.up_bps / 1e6
-    ));
-    Ok(summary)
+
+    fn read_load(&mut self, now: u64) {
+        match self.shaper.carried() {
+            Ok((down, up)) => {
+                if let Some((t, d0, u0)) = self.last_count {
+                    let dt = now.saturating_sub(t).max(1) as f64 / 1e9;
+                    self.st.load = (
+                        down.saturating_sub(d0) as f64 * 8.0 / dt,
+                        up.saturating_sub(u0) as f64 * 8.0 / dt,
+                    );
+                    self.ctl.on_load(self.st.load.0, self.st.load.1);
+                    self.metrics.load[0].set(self.st.load.0);
+                    self.metrics.load[1].set(self.st.load.1);
+                }
+                self.last_count = Some((now, down, up));
+                self.counters_failed = false;
+            }
+            Err(e) if !self.counters_failed => {
+                self.counters_failed = true;
+                (self.say)(&format!(
+                    "the line's counters: {e}; the load is unknown meanwhile"
+                ));
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// While the server is quiet (or there is none): the reflectors' round trips.
+    fn reflectors(&mut self, now: u64) {
+        let Some(p) = self.pinger.as_mut() else {
+            return;
+        };
+        let quiet =
+            self.cfg.target.is_none() || now.saturating_sub(self.last_server) >= SERVER_QUIET;
+        if quiet != self.following {
+            self.following = quiet;
+            self.metrics
+                .following_reflectors
+                .set(f64::from(u8::from(quiet)));
+            // The other signal's last delays would read as current in the log.
+            (self.st.delta, self.st.rtt_delta) = ((None, None), None);
+            let event = if quiet {
+                p.resume(now);
+                (self.say)(&match &self.cfg.target {
+                    Some(t) => format!(
+                        "{t} does not answer: following ICMP reflectors' round trips (no \
+                        direction of their own: the busier direction is cut)"
+                    ),
+                    None => "following ICMP reflectors' round trips".into(),
+                });
+                "reflectors"
+            } else {
+                (self.say)("the server answers: following its one-way delays again");
+                "server"
+            };
+            self.log.line(&self.st.line(&self.ctl, now, event));
+        }
+        if !self.following {
+            return;
+        }
+        let (answers, lost) = match p.answers() {
+            Ok(a) => a,
+            Err(e) => {
+                if !self.ping_failed {
+                    self.ping_failed = true;
+                    (self.say)(&format!("reading the reflectors' answers: {e}"));
+                }
+                (Vec::new(), 0)
+            }
+        };
+        let cfg = &self.ctl.cfg;
+        let high = self.st.load.0 >= cfg.high_load * self.ctl.rate(Direction::Down)
+            || self.st.load.1 >= cfg.high_load * self.ctl.rate(Direction::Up);
+        for a in answers {
+            let Some(delta) = p.reflectors.on_reply(now, &a.from, a.rtt_ms, high) else {
+                continue;
+            };
+            self.st.rtt_delta = Some(delta);
+            self.st.answered += 1;
+            self.summary.answered += 1;
+            self.metrics.answered.inc();
+            self.events.extend(self.ctl.on_round_trip(now, delta));
+        }
+        self.st.lost += lost;
+        self.summary.lost += lost;
+        self.metrics.lost.inc_by(lost);
+        for r in p.check(now) {
+            let why = match r.fault {
+                Fault::Silent => "stopped answering",
+                Fault::Far => "is over 20 ms further than the nearest",
+                Fault::Noisy => "adds over 10 ms of its own",
+            };
+            let detail = format!("{} {why}: {} instead", r.old, r.new);
+            (self.say)(&format!("reflector {detail}"));
+            let mut line = self.st.line(&self.ctl, now, "reflector replaced");
+            line.detail = Some(detail);
+            self.log.line(&line);
+        }
+        match p.send_due(now) {
+            Ok(()) => self.ping_failed = false,
+            Err(e) if !self.ping_failed => {
+                self.ping_failed = true;
+                (self.say)(&format!("pinging a reflector: {e}"));
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Someone may remove or replace the shaper between our changes: looked at now and then;
+    /// once gone, left alone until it is back, then given the controller's rates.
+    fn presence(&mut self, now: u64) {
+        if now < self.next_presence {
+            return;
+        }
+        self.next_presence = now + PRESENCE_EVERY;
+        match (self.gone, self.shaper.present()) {
+            (false, false) => {
+                self.gone = true;
+                self.metrics.shaper_present.set(0.0);
+                (self.say)(&format!(
+                    "{} was removed or replaced: no longer changing it",
+                    self.shaper.describe()
+                ));
+                self.log.line(&self.st.line(&self.ctl, now, "shaper gone"));
+            }
+            (true, true) => {
+                self.gone = false;
+                self.metrics.shaper_present.set(1.0);
+                (self.say)(&format!(
+                    "{} is back: changing it again",
+                    self.shaper.describe()
+                ));
+                self.log.line(&self.st.line(&self.ctl, now, "shaper back"));
+                for d in [Direction::Down, Direction::Up] {
+                    let _ = self.shaper.set(d, self.ctl.rate(d).round() as u64);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn apply(&mut self, now: u64, ev: Event) {
+        let (name, dir, why) = match ev {
+            Event::Rate { dir, bps, why } => {
+                self.metrics.rate[index(dir)].set(bps as f64);
+                self.metrics
+                    .changes
+                    .get_or_create(&vec![("direction", dir_name(dir)), ("why", why_name(why))])
+                    .inc();
+                self.summary.changes += 1;
+                if !self.gone {
+                    match self.shaper.set(dir, bps) {
+                        Ok(()) => self.last_error.clear(),
+                        Err(ShaperError::Gone(e)) => {
+                            self.gone = true;
+                            self.metrics.shaper_present.set(0.0);
+                            (self.say)(&e);
+                            self.log.line(&self.st.line(&self.ctl, now, "shaper gone"));
+                        }
+                        Err(ShaperError::Failed(e)) => {
+                            if self.last_error != e {
+                                (self.say)(&e);
+                                self.last_error = e;
+                            }
+                        }
+                    }
+                }
+                ("rate", Some(dir_name(dir)), Some(why_name(why)))
+            }
+            Event::Stalled => {
+                (self.say)("no probe answered for a second: holding the last rates without bloat");
+                ("stalled", None, None)
+            }
+            Event::StalledToMin => {
+                (self.say)("still no answers: both directions at MIN");
+                ("stalled to min", None, None)
+            }
+            Event::Recovered => {
+                (self.say)("probes answer again");
+                ("recovered", None, None)
+            }
+        };
+        let mut line = self.st.line(&self.ctl, now, name);
+        line.dir = dir.map(Into::into);
+        line.why = why.map(Into::into);
+        self.log.line(&line);
+    }
+
+    /// Leaves the shaper as `on_exit` says, with the log's last line.
+    pub fn finish(mut self) -> Summary {
+        let now = bloatlab_netio::mono_ns();
+        let base = (self.cfg.controller.down.base, self.cfg.controller.up.base);
+        if self.cfg.on_exit == OnExit::Base && !self.gone {
+            for (d, b) in [(Direction::Down, base.0), (Direction::Up, base.1)] {
+                let _ = self.shaper.set(d, b.round() as u64);
+            }
+        }
+        let mut line = self.st.line(&self.ctl, now, "exit");
+        if self.cfg.on_exit == OnExit::Base {
+            (line.down_bps, line.up_bps) = base;
+        }
+        self.log.line(&line);
+        (self.say)(&format!(
+            "stopped: {} rate changes; the shaper left at {:.1} / {:.1} Mbit/s down/up",
+            self.summary.changes,
+            line.down_bps / 1e6,
+            line.up_bps / 1e6
+        ));
+        self.summary
+    }
+}
+
+/// Inside `bloatlab monitor`: the monitor's probes drive it, its gauges join the monitor's.
+impl Rider for Autorate {
+    fn probe_rate(&self) -> f64 {
+        self.cfg.probe_rate
+    }
+
+    fn samples(&mut self, now_ns: u64, samples: &[WatchSample]) {
+        Autorate::samples(self, now_ns, samples);
+    }
+
+    fn step(&mut self, now_ns: u64) {
+        Autorate::step(self, now_ns);
+    }
+
+    fn next_due(&self) -> Option<u64> {
+        Autorate::next_due(self)
+    }
+
+    fn metrics(&self) -> Arc<dyn Fn() -> String + Send + Sync> {
+        Autorate::metrics(self)
+    }
+
+    fn finish(self: Box<Self>) {
+        Autorate::finish(*self);
+    }
 }

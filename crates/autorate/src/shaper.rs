@@ -289,6 +289,7 @@ impl Shaper for Kernel {
 }
 
 /// The lab's emulated CAKE on one link (`lab set LINK --dir D bandwidth=...`), each way.
+#[derive(Clone)]
 pub struct Lab {
     pub socket: PathBuf,
     pub lab: String,

@@ -250,12 +250,52 @@ fn lab_shaper(spec: &str) -> Result<(shaper::Lab, Option<String>), String> {
     ))
 }
 
-pub fn autorate(a: AutorateArgs, stop: Arc<AtomicBool>) -> ExitCode {
-    crate::ignore_sigpipe();
-    let a = match merged(a) {
-        Ok(a) => a,
-        Err(e) => return usage(e),
-    };
+/// Why the arguments cannot run: nonsense (usage, exit 2) or a failure (exit 1).
+enum Refusal {
+    Usage(String),
+    Fail(String),
+}
+
+/// What the arguments ask for, ready to run: the configuration, how to find the shaper, and
+/// the namespace to run in.
+struct Prepared {
+    cfg: AutorateConfig,
+    dev: String,
+    ifb: Option<String>,
+    class: Option<u32>,
+    lab: Option<shaper::Lab>,
+    netns: Option<String>,
+}
+
+impl Prepared {
+    /// Finds the shaper (in the namespace it runs in).
+    fn shaper(&self) -> Result<Box<dyn Shaper>, String> {
+        Ok(match &self.lab {
+            Some(l) => Box::new(l.clone()),
+            None => Box::new(shaper::Kernel::find(
+                &self.dev,
+                self.ifb.as_deref(),
+                self.class,
+            )?),
+        })
+    }
+}
+
+fn say_line() -> bloatlab_autorate::run::Say {
+    Arc::new(|line: &str| {
+        let stamp = humantime::format_rfc3339_seconds(SystemTime::now());
+        eprintln!("autorate: {stamp} {line}");
+    })
+}
+
+/// The flags over the file's keys, checked; `host` when neither names one (the monitor's).
+fn prepare(
+    a: AutorateArgs,
+    host: Option<&str>,
+    stop: Arc<AtomicBool>,
+) -> Result<Prepared, Refusal> {
+    let mut a = merged(a).map_err(Refusal::Usage)?;
+    a.host = a.host.or(host.map(Into::into));
     let need = |v: &Option<String>, what: &str| {
         v.clone()
             .ok_or_else(|| format!("autorate needs {what} (a flag, or the key in --config)"))
@@ -290,21 +330,19 @@ pub fn autorate(a: AutorateArgs, stop: Arc<AtomicBool>) -> ExitCode {
         let reflectors = reflectors.unwrap_or_default();
         Ok((host, reflectors, dev, down, up, rate, class, log_max))
     })();
-    let (host, reflectors, dev, down, up, rate, class, log_max) = match parsed {
-        Ok(p) => p,
-        Err(e) => return usage(e),
-    };
-    let key = match load_key(a.key.as_deref()) {
-        Ok(k) => k,
-        Err(e) => return fail(e),
-    };
+    let (host, reflectors, dev, down, up, rate, class, log_max) = parsed.map_err(Refusal::Usage)?;
+    let key = load_key(a.key.as_deref()).map_err(Refusal::Fail)?;
     let law = match a.law.unwrap_or(LawArg::Bloatlab) {
         LawArg::Bloatlab => Law::Bloatlab,
         LawArg::CakeAutorate => Law::CakeAutorate,
     };
     let mut controller = Config::new(law, down, up);
     controller.stall_to_min_ns = a.stall_to_min.map(|d| d.as_nanos() as u64);
-    let stop_at = a.duration;
+    let (lab, lab_netns) = match dev.strip_prefix("lab:").map(lab_shaper).transpose() {
+        Ok(Some((l, ns))) => (Some(l), ns),
+        Ok(None) => (None, None),
+        Err(e) => return Err(Refusal::Fail(e)),
+    };
     let cfg = AutorateConfig {
         target: host,
         reflectors,
@@ -318,33 +356,67 @@ pub fn autorate(a: AutorateArgs, stop: Arc<AtomicBool>) -> ExitCode {
         log: a.log,
         log_max,
         metrics: a.metrics,
-        stop: stop.clone(),
+        stop,
     };
-    let say: bloatlab_autorate::run::Say = Arc::new(|line: &str| {
-        let stamp = humantime::format_rfc3339_seconds(SystemTime::now());
-        eprintln!("autorate: {stamp} {line}");
-    });
-    let (lab, mut netns) = match dev.strip_prefix("lab:").map(lab_shaper).transpose() {
-        Ok(Some((l, ns))) => (Some(l), ns),
-        Ok(None) => (None, None),
-        Err(e) => return fail(e),
+    Ok(Prepared {
+        cfg,
+        dev,
+        ifb: a.ifb,
+        class,
+        lab,
+        netns: a.netns.or(lab_netns),
+    })
+}
+
+/// `bloatlab monitor --autorate FILE`: autorate riding on the monitor's probes to `host`
+/// (FILE's keys as `--config`'s; the monitor's target, face and process are its own).
+pub fn rider(
+    file: &std::path::Path,
+    host: &str,
+    stop: Arc<AtomicBool>,
+) -> Result<Box<dyn bloatlab_measure::watch::Rider>, String> {
+    let a = AutorateArgs {
+        config: Some(file.to_path_buf()),
+        ..AutorateArgs::default()
     };
-    if a.netns.is_some() {
-        netns = a.netns;
+    let p = match prepare(a, Some(host), stop) {
+        Ok(p) => p,
+        Err(Refusal::Usage(e) | Refusal::Fail(e)) => return Err(format!("--autorate: {e}")),
+    };
+    let refuse = |key: &str| format!("--autorate {}: `{key}` is the monitor's", file.display());
+    if p.cfg.target.as_deref() != Some(host) {
+        return Err(refuse("host"));
     }
+    if p.cfg.metrics.is_some() {
+        return Err(refuse("metrics"));
+    }
+    if p.netns.is_some() {
+        return Err(refuse("netns"));
+    }
+    let shaper = p.shaper().map_err(|e| format!("--autorate: {e}"))?;
+    let a = bloatlab_autorate::run::Autorate::start(p.cfg, shaper, say_line())
+        .map_err(|e| format!("--autorate: {e}"))?;
+    Ok(Box::new(a))
+}
+
+pub fn autorate(a: AutorateArgs, stop: Arc<AtomicBool>) -> ExitCode {
+    crate::ignore_sigpipe();
+    let stop_at = a.duration;
+    let p = match prepare(a, None, stop.clone()) {
+        Ok(p) => p,
+        Err(Refusal::Usage(e)) => return usage(e),
+        Err(Refusal::Fail(e)) => return fail(e),
+    };
     if let Some(limit) = stop_at {
-        let s = stop;
         std::thread::spawn(move || {
             std::thread::sleep(limit);
-            s.store(true, std::sync::atomic::Ordering::Relaxed);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
         });
     }
+    let netns = p.netns.clone();
     let work = move || -> Result<(), String> {
-        let mut shaper: Box<dyn Shaper> = match lab {
-            Some(l) => Box::new(l),
-            None => Box::new(shaper::Kernel::find(&dev, a.ifb.as_deref(), class)?),
-        };
-        bloatlab_autorate::run::run(cfg, shaper.as_mut(), say)
+        let shaper = p.shaper()?;
+        bloatlab_autorate::run::run(p.cfg, shaper, say_line())
             .map(|_| ())
             .map_err(|e| e.to_string())
     };

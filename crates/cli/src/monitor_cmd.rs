@@ -64,6 +64,12 @@ pub struct MonitorArgs {
     /// The server's shared key (else BLOATLAB_KEY).
     #[arg(long)]
     pub key: Option<PathBuf>,
+    /// Run autorate in this process on the same probes: a TOML file with `bloatlab
+    /// autorate`'s keys (dev, down, up, reflectors, log, ...; host, metrics and netns are the
+    /// monitor's). One probe stream at autorate's rate instead of two, one process, its gauges
+    /// on --metrics beside the monitor's.
+    #[arg(long, value_name = "FILE")]
+    pub autorate: Option<PathBuf>,
 }
 
 pub fn monitor(a: MonitorArgs, stop: Arc<AtomicBool>) -> ExitCode {
@@ -87,7 +93,15 @@ pub fn monitor(a: MonitorArgs, stop: Arc<AtomicBool>) -> ExitCode {
         Ok(k) => k,
         Err(e) => return fail(e),
     };
+    let rider = match &a.autorate {
+        Some(file) => match crate::autorate_cmd::rider(file, &a.host, stop.clone()) {
+            Ok(r) => Some(r),
+            Err(e) => return usage(e),
+        },
+        None => None,
+    };
     let cfg = MonitorConfig {
+        rider,
         target: a.host,
         test,
         http,

@@ -5,6 +5,7 @@
 mod common;
 use bloatlab_result::autorate::{read_log, LogLine};
 use common::*;
+use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -270,6 +271,123 @@ fn an_htb_class_follows_a_line_that_slows_under_a_real_upload_by_server_then_ref
     assert!(dom.contains("HTB class 1:1 on c0"), "the shaper is named");
     assert!(dom.contains("(1 ICMP reflectors while it did not answer)"));
     assert!(dom.contains("<td>reflectors</td>") && dom.contains("<td>server</td>"));
+}
+
+/// `monitor --autorate FILE`: autorate rides on the monitor's probes in one process: the
+/// probes at autorate's rate (20 a second, not the monitor's 5), the HTB class at BASE, one
+/// /metrics page with both (one `# EOF`, and promtool reads it), and SIGTERM ends both.
+#[test]
+fn autorate_rides_on_the_monitors_probes_in_one_process() {
+    let _s = serial();
+    let t = match Topo::up("am", 100, "50mbit", "20mbit") {
+        Ok(t) => t,
+        Err(e) => return missing(&e),
+    };
+    htb_upload_shaper(&t);
+    let _server = t.server();
+    let (conf, log, db) = (
+        tmp_path("ride.toml"),
+        tmp_path("ride.jsonl"),
+        tmp_path("ride.db"),
+    );
+    std::fs::write(
+        &conf,
+        format!(
+            "dev = \"c0\"\ndown = \"5mbit:40mbit:50mbit\"\nup = \"2mbit:12mbit:20mbit\"\n\
+             log = \"{}\"\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    let server = format!("{SRV_ADDR}:9461");
+    let out_dir = tmp_path("ride-results");
+    let args = [
+        "monitor",
+        &server,
+        "--every",
+        "0",
+        "--db",
+        db.to_str().unwrap(),
+        "--out-dir",
+        out_dir.to_str().unwrap(),
+        "--metrics",
+        "127.0.0.1:9467",
+        "--autorate",
+        conf.to_str().unwrap(),
+    ];
+    let mut m = command(&t.exec(&t.cli), &args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_ms(4000);
+    assert_eq!(class_rate(&t.cli, "c0"), "12Mbit");
+    let page = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &t.cli,
+            "curl",
+            "-s",
+            "127.0.0.1:9467/metrics",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&page.stdout).to_string();
+    assert!(
+        text.contains("bloatlab_autorate_rate_bits_per_second{direction=\"up\"} 12000000")
+            && text.contains("bloatlab_probe_rtt_seconds"),
+        "{text}"
+    );
+    assert!(
+        text.matches("# EOF").count() == 1 && text.ends_with("# EOF\n"),
+        "{text}"
+    );
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package)");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let checked = promtool.wait_with_output().unwrap();
+    // It parses the page whole; what it says is its linter's style remarks on named families
+    // (OpenMetrics counters' HELP sits on the name without `_total`; bits, not bytes), which
+    // the monitor's page alone draws too. A page it cannot parse is an error line instead.
+    let said = String::from_utf8_lossy(&checked.stdout).to_string()
+        + &String::from_utf8_lossy(&checked.stderr);
+    assert!(
+        said.lines()
+            .all(|l| l.starts_with("bloatlab_") && !l.contains("error")),
+        "promtool: {said}"
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(m.id() as i32, libc::SIGTERM) };
+    let status = m.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(m.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stderr}");
+    let lines = log_lines(&log);
+    assert_eq!(
+        lines.last().map(|l| l.event.as_str()),
+        Some("exit"),
+        "{stderr}"
+    );
+    // The monitor's probes at autorate's rate: about 20 answered in each whole second.
+    let answered: Vec<u64> = lines
+        .iter()
+        .filter(|l| l.event == "tick" && l.t > 1.5)
+        .map(|l| l.answered)
+        .collect();
+    assert!(
+        !answered.is_empty() && answered.iter().all(|n| (15..=25).contains(n)),
+        "{answered:?}"
+    );
 }
 
 /// Someone removes the shaper while autorate runs: said once, left alone, and put back it is

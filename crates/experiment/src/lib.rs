@@ -329,7 +329,7 @@ impl Session {
     fn start_autorate(
         &self,
         host: &str,
-        mut shaper: bloatlab_autorate::shaper::Lab,
+        shaper: bloatlab_autorate::shaper::Lab,
         controller: bloatlab_autorate::Config,
         log: PathBuf,
         quiet: bool,
@@ -355,7 +355,7 @@ impl Session {
         });
         let thread = std::thread::spawn(move || {
             in_netns(&ns, || {
-                bloatlab_autorate::run::run(cfg, &mut shaper, say).map_err(|e| e.to_string())
+                bloatlab_autorate::run::run(cfg, Box::new(shaper), say).map_err(|e| e.to_string())
             })?
         });
         AutorateRun {

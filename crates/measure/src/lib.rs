@@ -14,6 +14,7 @@ pub mod http_rpm;
 mod load;
 pub mod localq;
 pub mod mtu;
+pub mod oneway;
 pub mod pacing;
 pub mod plan;
 mod probe;

@@ -3,6 +3,7 @@
 //! settled once it is answered or its answer is overdue.
 
 use crate::control::Control;
+use crate::oneway::OneWay;
 use crate::plan::Stream;
 use crate::probe::ProbeStream;
 use crate::MeasureError;
@@ -31,6 +32,23 @@ pub struct Sample {
     pub echo: Option<Echo>,
 }
 
+/// Another user of a watch's probes, stepped by the loop that owns the watch: one probe stream
+/// and one process for two jobs (the monitor with autorate riding along).
+pub trait Rider {
+    /// Probes per second it needs (the owner probes at the higher of this and its own rate).
+    fn probe_rate(&self) -> f64;
+    /// The probes settled since the last call, at `now_ns` (monotonic).
+    fn samples(&mut self, now_ns: u64, samples: &[Sample]);
+    /// Its own work at `now_ns`, at every wake-up of the owner's loop.
+    fn step(&mut self, now_ns: u64);
+    /// When it next needs a wake-up, if it does (monotonic ns).
+    fn next_due(&self) -> Option<u64>;
+    /// Its Prometheus text, for the owner's /metrics face.
+    fn metrics(&self) -> Arc<dyn Fn() -> String + Send + Sync>;
+    /// The owner stops: leave what it drives as it should be left.
+    fn finish(self: Box<Self>);
+}
+
 pub struct Watch {
     addrs: Vec<std::net::SocketAddr>,
     interval_us: u32,
@@ -38,6 +56,9 @@ pub struct Watch {
     key: Option<Arc<[u8]>>,
     session: Option<Session>,
     prompt: bool,
+    /// A prompt watch's clock offset, kept across sessions (a session's own would move as each
+    /// learns it again, and every move reads as delay one way).
+    oneway: OneWay,
     driven: bool,
 }
 
@@ -69,13 +90,15 @@ impl Watch {
             key: key.map(Arc::from),
             session: None,
             prompt: false,
+            oneway: OneWay::default(),
             driven: false,
         })
     }
 
     /// Settles each answered probe at once, before earlier ones still waiting for theirs (a
     /// controller wants every delay now; in order, one lost probe holds the rest back for
-    /// [`LOSS_AFTER`]). The samples' one-way delays are then left to the caller (`echo`).
+    /// [`LOSS_AFTER`]). The one-way delays then come from an offset kept across sessions
+    /// ([`OneWay`]) instead of each session's fastest echoes.
     pub fn prompt(mut self) -> Watch {
         self.prompt = true;
         self
@@ -118,14 +141,20 @@ impl Watch {
             if ending || gone {
                 s.probes.stop_sending();
             }
-            s.settle(now, gone, self.prompt, &mut out);
+            let oneway = self.prompt.then_some(&mut self.oneway);
+            s.settle(now, gone, oneway, &mut out);
             let done = (ending && s.probes.outstanding() == 0) || gone || {
                 let last = s.probes.log.lock().unwrap().recs.last().map(|r| r.t1);
                 ending && last.is_some_and(|t| now - t > LOSS_AFTER.as_nanos() as u64)
             };
             if done {
                 let mut s = self.session.take().expect("just seen");
-                s.settle(u64::MAX, true, false, &mut out);
+                s.settle(
+                    u64::MAX,
+                    true,
+                    self.prompt.then_some(&mut self.oneway),
+                    &mut out,
+                );
                 s.probes.stop();
                 if !gone {
                     let _ = s.control.finish(Duration::from_millis(500));
@@ -175,8 +204,16 @@ impl Watch {
 
 impl Session {
     /// Settles, in order, every probe answered or overdue at `now` (all of them when `all`);
-    /// when `prompt`, answered ones also past an earlier probe still waiting.
-    fn settle(&mut self, now: u64, all: bool, prompt: bool, out: &mut Vec<Sample>) {
+    /// when prompt (`oneway` given, for the one-way delays), answered ones also past an earlier
+    /// probe still waiting.
+    fn settle(
+        &mut self,
+        now: u64,
+        all: bool,
+        mut oneway: Option<&mut OneWay>,
+        out: &mut Vec<Sample>,
+    ) {
+        let prompt = oneway.is_some();
         let log = self.probes.log.lock().unwrap();
         let mut settled = Vec::new();
         let mut in_order = true;
@@ -202,7 +239,7 @@ impl Session {
         }
         drop(log);
         // The session's offset from its fastest echoes, for the one-way delays in order; a
-        // prompt caller keeps its own from the echoes (and sorting every echo so far at each
+        // prompt watch keeps its own across sessions (and sorting every echo so far at each
         // poll would cost it more than the rest of its loop).
         let offset = if prompt {
             None
@@ -235,15 +272,27 @@ impl Session {
                 t3,
                 t4,
             };
-            let (up, down) = (
-                (t2 as f64 - r.t1 as f64) / 1e6,
-                (t4 as f64 - t3 as f64) / 1e6,
-            );
+            let (up, down) = match oneway.as_deref_mut() {
+                Some(o) => {
+                    let (up, down) = o.delays(r.t1, t2, t3, t4);
+                    (Some(up), Some(down))
+                }
+                None => {
+                    let (up, down) = (
+                        (t2 as f64 - r.t1 as f64) / 1e6,
+                        (t4 as f64 - t3 as f64) / 1e6,
+                    );
+                    (
+                        offset.map(|o| (up - o).max(0.0)),
+                        offset.map(|o| (down + o).max(0.0)),
+                    )
+                }
+            };
             Sample {
                 sent_ns: r.t1,
                 rtt_ms: Some(e.rtt_ns() as f64 / 1e6),
-                owd_up_ms: offset.map(|o| (up - o).max(0.0)),
-                owd_down_ms: offset.map(|o| (down + o).max(0.0)),
+                owd_up_ms: up,
+                owd_down_ms: down,
                 echo: Some(e),
             }
         }));

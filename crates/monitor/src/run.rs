@@ -10,7 +10,7 @@ use crate::metrics::Metrics;
 use crate::minute::{Minutes, Tag};
 use bloatlab_measure::display::ProgressMode;
 use bloatlab_measure::http_rpm::HttpOptions;
-use bloatlab_measure::watch::Watch;
+use bloatlab_measure::watch::{Rider, Watch};
 use bloatlab_measure::{Ended, Params, RunOptions};
 use bloatlab_netio::sysfs::DevCounter;
 use bloatlab_netio::unix_now;
@@ -50,6 +50,9 @@ pub struct MonitorConfig {
     pub key: Option<Vec<u8>>,
     /// Set by SIGTERM/Ctrl-C: finish the minute and the test in hand, then return.
     pub stop: Arc<AtomicBool>,
+    /// Autorate riding on the probes (then at its rate, and settled as they are answered), its
+    /// gauges on the same face.
+    pub rider: Option<Box<dyn Rider>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -196,7 +199,8 @@ struct Running {
     done: mpsc::Receiver<TestRow>,
 }
 
-pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
+pub fn run(mut cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
+    let mut rider = cfg.rider.take();
     let mut store = Store::open(&cfg.db)?;
     std::fs::create_dir_all(&cfg.out_dir).map_err(|source| MonitorError::OutDir {
         dir: cfg.out_dir.clone(),
@@ -223,18 +227,34 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
     let _face: Option<MetricsFace> = match cfg.metrics {
         Some(addr) => {
             let m = metrics.clone();
-            let face = bloatlab_server::metrics::serve(
-                addr,
-                MetricsLimits::default(),
-                Arc::new(move || m.render()),
-            )
-            .map_err(|source| MonitorError::Metrics { addr, source })?;
+            let riders = rider.as_ref().map(|r| r.metrics());
+            // One exposition: the monitor's families, then the rider's (its own prefix), one
+            // `# EOF` at the end.
+            let render = move || match &riders {
+                Some(r) => {
+                    let mine = m.render();
+                    mine.strip_suffix("# EOF\n").unwrap_or(&mine).to_string() + &r()
+                }
+                None => m.render(),
+            };
+            let face =
+                bloatlab_server::metrics::serve(addr, MetricsLimits::default(), Arc::new(render))
+                    .map_err(|source| MonitorError::Metrics { addr, source })?;
             say(&format!("metrics on http://{}/metrics", face.addr));
             Some(face)
         }
         None => None,
     };
-    let mut watch = Watch::new(&cfg.target, cfg.probe_rate, cfg.key.clone())?.driven();
+    let mut watch = match &rider {
+        Some(r) => Watch::new(
+            &cfg.target,
+            cfg.probe_rate.max(r.probe_rate()),
+            cfg.key.clone(),
+        )?
+        .prompt(),
+        None => Watch::new(&cfg.target, cfg.probe_rate, cfg.key.clone())?,
+    }
+    .driven();
     let mut minutes = Minutes::new(&cfg.target);
     let mut meter = LoadMeter::default();
     let mut bands = Bands {
@@ -306,6 +326,9 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
                         store_written(store.close_gap(now as i64, &cfg.target), &say);
                     }
                     metrics.target_up(watch.connected());
+                    if let Some(r) = rider.as_mut() {
+                        r.samples(now_ns, &samples);
+                    }
                     for s in samples {
                         let (load, rx, tx) = match (&cfg.iface, meter.rate_at(s.sent_ns)) {
                             (Some(_), Some((rx, tx))) => (bands.classify(rx, tx), rx, tx),
@@ -342,6 +365,9 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
+        }
+        if let Some(r) = rider.as_mut() {
+            r.step(now_ns);
         }
         test_windows.retain(|w| w.1 + 10_000_000_000 > now_ns);
 
@@ -468,10 +494,17 @@ pub fn run(cfg: MonitorConfig, say: Say) -> Result<(), MonitorError> {
             if gap_open {
                 store_written(store.close_gap(now as i64, &cfg.target), &say);
             }
+            if let Some(r) = rider.take() {
+                r.finish();
+            }
             return Ok(());
         }
         // Until the next probe is due (the watch has no threads of its own), at most a tick.
-        let left = watch.next_due().map_or(TICK, |due| {
+        let due = match (watch.next_due(), rider.as_ref().and_then(|r| r.next_due())) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let left = due.map_or(TICK, |due| {
             Duration::from_nanos(due.saturating_sub(bloatlab_netio::mono_ns())).min(TICK)
         });
         std::thread::sleep(left);
