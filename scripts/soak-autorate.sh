@@ -4,13 +4,17 @@
 # on its IFB, the line idle), with its log and /metrics face on (scraped once a minute, as
 # Prometheus would). Every minute: RSS and PSS (/proc/PID/status, smaps_rollup) and the log's
 # size; at the end the first, last and highest RSS and the growth per hour after the first 5
-# minutes. Needs root and a release build.
+# minutes. With --in-monitor, autorate rides in `bloatlab monitor` (`--autorate FILE`, one
+# process, one probe stream; the monitor's history and /metrics on too). Needs root and a
+# release build.
 #
-#   scripts/soak-autorate.sh [MINUTES]      (default 60)
+#   scripts/soak-autorate.sh [MINUTES] [--in-monitor]      (default 60)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=$PWD/target/release/bloatlab
 minutes=${1:-60}
+in_monitor=${2:-}
+[ -z "$in_monitor" ] || [ "$in_monitor" = --in-monitor ] || { echo "unknown: $in_monitor" >&2; exit 2; }
 [[ "$minutes" =~ ^[1-9][0-9]*$ ]] || { echo "MINUTES: a whole number from 1" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "needs root (network namespace)" >&2; exit 1; }
 [ -x "$bin" ] || { echo "build first: cargo build --release" >&2; exit 1; }
@@ -44,9 +48,22 @@ for _ in $(seq 50); do
   ip netns exec "$ns" ss -Hlun 'sport = :9461' | grep -q . && break
   sleep 0.1
 done
-ip netns exec "$ns" "$bin" autorate 127.0.0.1:9461 --dev wan --down 5mbit:40mbit:80mbit \
-  --up 2mbit:40mbit:80mbit --probe-rate 20 --log "$tmp/autorate.jsonl" \
-  --metrics 127.0.0.1:9466 2>"$tmp/autorate.err" &
+if [ -n "$in_monitor" ]; then
+  cat >"$tmp/autorate.toml" <<TOML
+dev = "wan"
+down = "5mbit:40mbit:80mbit"
+up = "2mbit:40mbit:80mbit"
+probe_rate = 20
+log = "$tmp/autorate.jsonl"
+TOML
+  ip netns exec "$ns" "$bin" monitor 127.0.0.1:9461 --every 0 --iface wan --db "$tmp/history.db" \
+    --out-dir "$tmp/results" --metrics 127.0.0.1:9466 --autorate "$tmp/autorate.toml" \
+    2>"$tmp/autorate.err" &
+else
+  ip netns exec "$ns" "$bin" autorate 127.0.0.1:9461 --dev wan --down 5mbit:40mbit:80mbit \
+    --up 2mbit:40mbit:80mbit --probe-rate 20 --log "$tmp/autorate.jsonl" \
+    --metrics 127.0.0.1:9466 2>"$tmp/autorate.err" &
+fi
 pid=$!
 echo "minute  RSS kB  PSS kB  log kB"
 rss=()
