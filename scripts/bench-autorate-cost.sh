@@ -6,7 +6,9 @@
 # processes: cake-autorate's bash subshells, fping, tc, ...) and peak RSS, and prints them per
 # hour with the ratio. Needs root, fping, git and a release build.
 #
-#   scripts/bench-autorate-cost.sh [SECONDS]
+#   scripts/bench-autorate-cost.sh [SECONDS] [--icmp]
+#   (--icmp: bloatlab pings the same 30 reflectors as cake-autorate, six at a time, instead of
+#   probing its server: ICMP against ICMP)
 #   CAKE_AUTORATE=DIR scripts/bench-autorate-cost.sh   # a cake-autorate checkout or bare git
 #                                                      # dir (default: the local mirror below)
 #
@@ -44,6 +46,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=$PWD/target/release/bloatlab
 secs=${1:-600}
+icmp=${2:-}
+[ -z "$icmp" ] || [ "$icmp" = --icmp ] || { echo "unknown: $icmp" >&2; exit 2; }
 settle=10
 [ "$(id -u)" = 0 ] || { echo "needs root (network namespace, cgroup)" >&2; exit 1; }
 [ -x "$bin" ] || { echo "build first: cargo build --release" >&2; exit 1; }
@@ -215,7 +219,12 @@ done
 launch ca ip netns exec "$ns" env -u INVOCATION_ID CAKE_AUTORATE_SCRIPT_PREFIX="$ca" \
   bash "$ca/cake-autorate.sh" "$ca/config.$inst.sh" >"$tmp/ca.out" 2>&1
 ca_pid=${pids[-1]}
-launch bl "$bin" autorate 127.0.0.1:9481 --netns "$ns" --dev bl-wan \
+if [ -n "$icmp" ]; then
+  signal=(--reflectors "$(seq -s, -f '127.0.0.%g' 1 30)")
+else
+  signal=(127.0.0.1:9481)
+fi
+launch bl "$bin" autorate "${signal[@]}" --netns "$ns" --dev bl-wan \
   --down 5mbit:40mbit:80mbit --up 2mbit:10mbit:20mbit --probe-rate 20 2>"$tmp/bl.err"
 bl_pid=${pids[-1]}
 
@@ -285,7 +294,7 @@ echo "cake-autorate $ca_version ($rev), $(fping -v 2>&1 | head -1), bash $BASH_V
 echo "  pinger: ${pinger:-none found}"
 echo "  processes: $ca_procs"
 awk -v e=$((echos1 - echos0)) -v u=$((udp1 - udp0)) -v s="$secs" 'BEGIN {
-  printf "  measured: %.2f ICMP echoes/s (cake-autorate), %.2f UDP probes/s (bloatlab)\n",
+  printf "  measured: %.2f ICMP echoes/s (cake-autorate; --icmp: both), %.2f UDP probes/s (bloatlab)\n",
     e / s, u / 2 / s }'
 echo "  shaper changes: cake-autorate ${ca_changes} (SHAPER log lines, the start's included)," \
   "bloatlab ${bl_changes:-?} (its summary at SIGTERM)"

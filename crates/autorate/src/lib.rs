@@ -257,7 +257,14 @@ impl Dir {
                 return (rate.min(0.85 * floor), Why::Bloat);
             }
             self.floor_trusted_until = now + 30 * S;
-            if let Some(l) = self.least(now, 0).filter(|l| *l > 0.0) {
+            // Not ours only if it stood still through the test, below the floor, and (the
+            // download's shaper sits after the bottleneck and sees its rate) the line carried
+            // what we sent: a queue of ours that the test did not drain still grows.
+            let least = self.least(now, 0).filter(|l| *l > 0.0);
+            let before = self.least(now, 400);
+            let flat = least.zip(before).is_some_and(|(l, b)| l <= b + 2.0);
+            let carried = self.which == Direction::Up || self.delivered >= 0.9 * self.rate;
+            if let Some(l) = least.filter(|_| flat && carried) {
                 self.excess += l;
             }
             return (floor, Why::SafeFloor);

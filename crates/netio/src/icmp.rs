@@ -158,6 +158,13 @@ impl EchoSocket {
                 let raw = Socket::new(domain, Type::RAW, Some(proto)).map_err(|e| {
                     io::Error::new(e.kind(), format!("{ping}; nor a raw ICMP socket: {e}"))
                 })?;
+                if !v6 {
+                    // Linux's ICMP_FILTER (1 at SOL_RAW, `linux/icmp.h`): a bit set drops that
+                    // type before it is queued; all but echo replies (type 0) here. A router's
+                    // other ICMP then costs this socket nothing.
+                    const ICMP_FILTER: i32 = 1;
+                    setsockopt_int(raw.as_raw_fd(), libc::SOL_RAW, ICMP_FILTER, !1)?;
+                }
                 (raw.into(), Some(std::process::id() as u16))
             }
         };
