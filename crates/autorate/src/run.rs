@@ -461,75 +461,6 @@ impl Autorate {
         self.cfg.target.as_deref().unwrap_or_default()
     }
 
-    /// Its gauges as Prometheus text, for whichever face serves them.
-    pub fn metrics(&self) -> Arc<dyn Fn() -> String + Send + Sync> {
-        let m = self.metrics.clone();
-        Arc::new(move || m.render())
-    }
-
-    /// When it next needs a wake-up (its next ping, while it follows reflectors).
-    pub fn next_due(&self) -> Option<u64> {
-        self.pinger
-            .as_ref()
-            .filter(|_| self.following)
-            .map(Pinger::next_due)
-    }
-
-    /// The server's probes settled since the last call, at `now` (monotonic ns).
-    pub fn samples(&mut self, now: u64, samples: &[WatchSample]) {
-        for s in samples {
-            // A prompt watch's one-way delays (its offset kept across sessions).
-            let (Some(up), Some(down)) = (s.owd_up_ms, s.owd_down_ms) else {
-                self.st.lost += 1;
-                self.summary.lost += 1;
-                self.metrics.lost.inc();
-                continue;
-            };
-            self.last_server = now;
-            self.st.answered += 1;
-            self.summary.answered += 1;
-            self.metrics.answered.inc();
-            self.events.extend(self.ctl.on_sample(
-                now,
-                Sample {
-                    down_ms: Some(down),
-                    up_ms: Some(up),
-                },
-            ));
-            for (d, ms) in [(Direction::Down, down), (Direction::Up, up)] {
-                let base = self.ctl.baseline(d).unwrap_or(ms);
-                let delta = ms - base;
-                match d {
-                    Direction::Down => self.st.delta.0 = Some(delta),
-                    Direction::Up => self.st.delta.1 = Some(delta),
-                }
-                self.metrics.baseline[index(d)].set(base / 1e3);
-                self.metrics.delta[index(d)].set(delta / 1e3);
-            }
-        }
-    }
-
-    /// Everything else due at `now`: the line's counters, the reflectors while the server is
-    /// quiet, the controller's clock, whether the shaper is still there, the rates applied,
-    /// the log's line a second.
-    pub fn step(&mut self, now: u64) {
-        if now >= self.next_load {
-            self.next_load = now + LOAD_EVERY;
-            self.read_load(now);
-        }
-        self.reflectors(now);
-        let ticked = self.ctl.on_tick(now);
-        self.events.extend(ticked);
-        self.presence(now);
-        for ev in std::mem::take(&mut self.events) {
-            self.apply(now, ev);
-        }
-        if now >= self.next_line {
-            self.next_line += 1_000 * MS;
-            self.log.line(&self.st.line(&self.ctl, now, "tick"));
-        }
-    }
-
     fn read_load(&mut self, now: u64) {
         match self.shaper.carried() {
             Ok((down, up)) => {
@@ -741,26 +672,80 @@ impl Autorate {
     }
 }
 
-/// Inside `bloatlab monitor`: the monitor's probes drive it, its gauges join the monitor's.
+/// Fed by its own loop ([`run`]) or, inside `bloatlab monitor`, by the monitor's: its gauges
+/// then join the monitor's.
 impl Rider for Autorate {
     fn probe_rate(&self) -> f64 {
         self.cfg.probe_rate
     }
 
-    fn samples(&mut self, now_ns: u64, samples: &[WatchSample]) {
-        Autorate::samples(self, now_ns, samples);
+    /// The server's probes settled since the last call, at `now` (monotonic ns).
+    fn samples(&mut self, now: u64, samples: &[WatchSample]) {
+        for s in samples {
+            // A prompt watch's one-way delays (its offset kept across sessions).
+            let (Some(up), Some(down)) = (s.owd_up_ms, s.owd_down_ms) else {
+                self.st.lost += 1;
+                self.summary.lost += 1;
+                self.metrics.lost.inc();
+                continue;
+            };
+            self.last_server = now;
+            self.st.answered += 1;
+            self.summary.answered += 1;
+            self.metrics.answered.inc();
+            self.events.extend(self.ctl.on_sample(
+                now,
+                Sample {
+                    down_ms: Some(down),
+                    up_ms: Some(up),
+                },
+            ));
+            for (d, ms) in [(Direction::Down, down), (Direction::Up, up)] {
+                let base = self.ctl.baseline(d).unwrap_or(ms);
+                let delta = ms - base;
+                match d {
+                    Direction::Down => self.st.delta.0 = Some(delta),
+                    Direction::Up => self.st.delta.1 = Some(delta),
+                }
+                self.metrics.baseline[index(d)].set(base / 1e3);
+                self.metrics.delta[index(d)].set(delta / 1e3);
+            }
+        }
     }
 
-    fn step(&mut self, now_ns: u64) {
-        Autorate::step(self, now_ns);
+    /// Everything else due at `now`: the line's counters, the reflectors while the server is
+    /// quiet, the controller's clock, whether the shaper is still there, the rates applied,
+    /// the log's line a second.
+    fn step(&mut self, now: u64) {
+        if now >= self.next_load {
+            self.next_load = now + LOAD_EVERY;
+            self.read_load(now);
+        }
+        self.reflectors(now);
+        let ticked = self.ctl.on_tick(now);
+        self.events.extend(ticked);
+        self.presence(now);
+        for ev in std::mem::take(&mut self.events) {
+            self.apply(now, ev);
+        }
+        if now >= self.next_line {
+            self.next_line += 1_000 * MS;
+            self.log.line(&self.st.line(&self.ctl, now, "tick"));
+        }
     }
 
+    /// When it next needs a wake-up (its next ping, while it follows reflectors).
     fn next_due(&self) -> Option<u64> {
-        Autorate::next_due(self)
+        self.pinger
+            .as_ref()
+            .filter(|_| self.following)
+            .map(Pinger::next_due)
     }
 
+    /// Its gauges as Prometheus text, for whichever face serves them.
     fn metrics(&self) -> Arc<dyn Fn() -> String + Send + Sync> {
-        Autorate::metrics(self)
+        let m = self.metrics.clone();
+        Arc::new(move || m.render())
     }
 
     fn finish(self: Box<Self>) {
