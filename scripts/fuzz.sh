@@ -4,6 +4,8 @@
 # fuzz/seeds. Installs cargo-fuzz when it is missing; one build serves every target.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]      FUZZ_JOBS=N: N targets at a time (default 1)
+#                                              FUZZ_SLOW_UNIT_S=N: an input that takes N s of
+#                                              wall time is kept as a slow unit (default 10)
 #
 # A crash fails the run, names the target and leaves the input in fuzz/artifacts/TARGET: turn
 # it into a regression test beside the code it broke. Under .ci/run (its `timed` exported) the
@@ -14,6 +16,8 @@ seconds=${1:-10}
 shift || true
 case "$seconds" in '' | *[!0-9]*) echo "fuzz.sh: SECONDS must be whole seconds, got '$seconds'" >&2; exit 2 ;; esac
 jobs=${FUZZ_JOBS:-1}
+slow=${FUZZ_SLOW_UNIT_S:-10}
+case "$slow" in '' | 0 | *[!0-9]*) echo "fuzz.sh: FUZZ_SLOW_UNIT_S must be whole seconds, got '$slow'" >&2; exit 2 ;; esac
 case "$jobs" in '' | 0 | *[!0-9]*) echo "fuzz.sh: FUZZ_JOBS must be a positive count, got '$jobs'" >&2; exit 2 ;; esac
 declare -F timed >/dev/null || timed() { shift; "$@"; }
 
@@ -33,7 +37,8 @@ fuzz_target() {
   log=$(mktemp)
   # libFuzzer's own lines are thousands; keep its verdict and any crash.
   timed "fuzz: $target ${seconds} s" bash -c 'cargo fuzz run "$@" 2>&1 | grep -E "^Done|SUMMARY|panicked" || true' _ \
-    "$target" "corpus/$target" "${seeds[@]}" -- -max_total_time="$seconds" >"$log" 2>&1
+    "$target" "corpus/$target" "${seeds[@]}" -- -max_total_time="$seconds" \
+    -report_slow_units="$slow" >"$log" 2>&1
   cat "$log"
   rm -f "$log"
   if [ -n "$(ls -A "artifacts/$target" 2>/dev/null)" ]; then
@@ -43,5 +48,5 @@ fuzz_target() {
 }
 export -f fuzz_target
 declare -F timed >/dev/null && export -f timed
-export seconds
+export seconds slow
 printf '%s\n' "${targets[@]}" | xargs -P "$jobs" -I{} bash -c 'fuzz_target "$1"' _ {}
