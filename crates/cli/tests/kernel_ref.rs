@@ -714,12 +714,10 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
         return;
     };
     let srv = lab.server("server");
-    let l: Vec<serde_json::Value> = tests
+    let mut l: Vec<serde_json::Value> = tests
         .iter()
         .map(|t| run_in(&lab.exec("client"), t))
         .collect();
-    drop(srv);
-    drop(lab);
 
     // max(1 ms, 10%), widened by the reference's own noise measured in the same run: the
     // emulated guest's idle round trips spread by 1.5-3 ms (p90 - p50), and its loaded p50
@@ -746,6 +744,24 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
             }
         }
     }
+    // The same the other way: the lab is a process too, and starved of CPU beside another
+    // test binary it holds packets past its model (once in CI: tcp-down lab 11.88 ms, the
+    // guest 0.18). A lab far above the guest is measured once more and the lower run counts;
+    // a model that queues too much is above both times and still fails.
+    for (i, t) in tests.iter().enumerate() {
+        if be_added(&l[i]) - be_added(&k[i]) > bound(&k[i]) {
+            eprintln!(
+                "{}: the lab added more delay than the guest beyond the bound: again",
+                t[0]
+            );
+            let again = run_in(&lab.exec("client"), t);
+            if be_added(&again) < be_added(&l[i]) {
+                l[i] = again;
+            }
+        }
+    }
+    drop(srv);
+    drop(lab);
 
     for ((t, k), l) in tests.iter().zip(&k).zip(&l) {
         let dir = if t[0] == "tcp-down" {
