@@ -198,8 +198,6 @@ struct Dir {
     floor_trusted_until: u64,
     /// Since when the rate has been above the ceiling without bloat.
     above_since: Option<u64>,
-    /// Delay the floor test found not ours, taken off every delay, ms.
-    excess: f64,
 }
 
 impl Dir {
@@ -220,7 +218,6 @@ impl Dir {
             floor_test: None,
             floor_trusted_until: 0,
             above_since: None,
-            excess: 0.0,
         }
     }
 
@@ -241,10 +238,8 @@ impl Dir {
     /// queue is elsewhere (cutting cannot cure it) or the line's capacity fell to about the
     /// floor (a standing queue that a cut below it drains). The test: 15% below the floor for
     /// 600 ms. If the delay falls under the threshold `thr`, the memory is out of date and
-    /// forgotten; if not, the floor holds and is not tested again for 30 s, and the least delay
-    /// that stayed below it is not ours (a longer path, as a satellite's after a handover, or
-    /// a queue beyond reach): it is taken off the delays from then on (`excess`), until they
-    /// fall below it.
+    /// forgotten; if not (some of it may be ours, the rest is not), the floor holds and is not
+    /// tested again for 30 s (a queue elsewhere costs 0.3% of the rate).
     fn test_the_floor(&mut self, now: u64, rate: f64, why: Why, thr: f64) -> (f64, Why) {
         if let Some((t0, floor)) = self.floor_test {
             if now.saturating_sub(t0) < 600 * MS {
@@ -257,16 +252,6 @@ impl Dir {
                 return (rate.min(0.85 * floor), Why::Bloat);
             }
             self.floor_trusted_until = now + 30 * S;
-            // Not ours only if it stood still through the test, below the floor, and (the
-            // download's shaper sits after the bottleneck and sees its rate) the line carried
-            // what we sent: a queue of ours that the test did not drain still grows.
-            let least = self.least(now, 0).filter(|l| *l > 0.0);
-            let before = self.least(now, 400);
-            let flat = least.zip(before).is_some_and(|(l, b)| l <= b + 2.0);
-            let carried = self.which == Direction::Up || self.delivered >= 0.9 * self.rate;
-            if let Some(l) = least.filter(|_| flat && carried) {
-                self.excess += l;
-            }
             return (floor, Why::SafeFloor);
         }
         if why != Why::SafeFloor {
@@ -334,12 +319,6 @@ impl Dir {
     /// trip's delay, with no direction of its own, cuts only the busiest directions; the
     /// others still do not climb on it).
     fn delta(&mut self, now: u64, delta: f64, may_cut: bool, cfg: &Config, out: &mut Vec<Event>) {
-        // Less what the floor test found not ours; a delay below that lowers it (a path that
-        // shortened again).
-        let delta = delta - self.excess;
-        if delta < 0.0 {
-            self.excess = (self.excess + delta).max(0.0);
-        }
         self.recent.push_back((now, delta));
         while self
             .recent
