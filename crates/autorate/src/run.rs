@@ -577,13 +577,11 @@ impl Autorate {
         self.next_presence = now + PRESENCE_EVERY;
         match (self.gone, self.shaper.present()) {
             (false, false) => {
-                self.gone = true;
-                self.metrics.shaper_present.set(0.0);
-                (self.say)(&format!(
+                let why = format!(
                     "{} was removed or replaced: no longer changing it",
                     self.shaper.describe()
-                ));
-                self.log.line(&self.st.line(&self.ctl, now, "shaper gone"));
+                );
+                self.shaper_gone(now, &why);
             }
             (true, true) => {
                 self.gone = false;
@@ -601,6 +599,14 @@ impl Autorate {
         }
     }
 
+    /// Someone else took the shaper: said once, left alone until it is back.
+    fn shaper_gone(&mut self, now: u64, why: &str) {
+        self.gone = true;
+        self.metrics.shaper_present.set(0.0);
+        (self.say)(why);
+        self.log.line(&self.st.line(&self.ctl, now, "shaper gone"));
+    }
+
     fn apply(&mut self, now: u64, ev: Event) {
         let (name, dir, why) = match ev {
             Event::Rate { dir, bps, why } => {
@@ -613,12 +619,7 @@ impl Autorate {
                 if !self.gone {
                     match self.shaper.set(dir, bps) {
                         Ok(()) => self.last_error.clear(),
-                        Err(ShaperError::Gone(e)) => {
-                            self.gone = true;
-                            self.metrics.shaper_present.set(0.0);
-                            (self.say)(&e);
-                            self.log.line(&self.st.line(&self.ctl, now, "shaper gone"));
-                        }
+                        Err(ShaperError::Gone(e)) => self.shaper_gone(now, &e),
                         Err(ShaperError::Failed(e)) => {
                             if self.last_error != e {
                                 (self.say)(&e);

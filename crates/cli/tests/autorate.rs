@@ -83,6 +83,15 @@ fn htb_upload_shaper(t: &Topo) {
     }
 }
 
+/// The topology (the router's line 50/20 Mbit/s with `limit` packets of FIFO), the client's
+/// HTB upload shaper and the server on port 9461.
+fn shaped_client(tag: &str, limit: u32) -> Result<(Topo, ServerProc), String> {
+    let t = Topo::up(tag, limit, "50mbit", "20mbit")?;
+    htb_upload_shaper(&t);
+    let server = t.server();
+    Ok((t, server))
+}
+
 /// A TCP upload of `secs` seconds from the client to the topology's server, in the background.
 fn upload(t: &Topo, secs: &str, name: &str) -> std::process::Child {
     let result = tmp_path(name);
@@ -125,12 +134,10 @@ fn slow_the_line(t: &Topo, rate: &str) {
 #[test]
 fn an_htb_class_follows_a_line_that_slows_under_a_real_upload_by_server_then_reflectors() {
     let _s = serial();
-    let t = match Topo::up("ar", 1000, "50mbit", "20mbit") {
-        Ok(t) => t,
+    let (t, _server) = match shaped_client("ar", 1000) {
+        Ok(up) => up,
         Err(e) => return missing(&e),
     };
-    htb_upload_shaper(&t);
-    let _server = t.server();
     // autorate probes a server of its own, which can go while the load's stays.
     let probed = || ServerProc::start(&t.exec(&t.srv), "0.0.0.0:9462", &["-q"]);
     let probe_server = probed();
@@ -280,12 +287,10 @@ fn an_htb_class_follows_a_line_that_slows_under_a_real_upload_by_server_then_ref
 #[test]
 fn autorate_rides_on_the_monitors_probes_in_one_process() {
     let _s = serial();
-    let t = match Topo::up("am", 100, "50mbit", "20mbit") {
-        Ok(t) => t,
+    let (t, _server) = match shaped_client("am", 100) {
+        Ok(up) => up,
         Err(e) => return missing(&e),
     };
-    htb_upload_shaper(&t);
-    let _server = t.server();
     let (conf, log, db) = (
         tmp_path("ride.toml"),
         tmp_path("ride.jsonl"),

@@ -408,17 +408,12 @@ fn added_p95(
         .duration_since(std::time::UNIX_EPOCH)
         .ok()?
         .as_secs_f64();
-    let moving = up.delay_schedule.is_some() || down.delay_schedule.is_some();
+    // A fixed delay comes off idle and loaded alike, and cancels.
     let over_base = |v: Vec<(f64, f64)>| -> Vec<f64> {
         v.into_iter()
             .map(|(t, ms)| {
                 let since = ((start + t - line_started_unix).max(0.0) * 1e9) as u64;
-                let base_ns = up.delay_at(since) + down.delay_at(since);
-                if moving {
-                    ms - base_ns as f64 / 1e6
-                } else {
-                    ms
-                }
+                ms - (up.delay_at(since) + down.delay_at(since)) as f64 / 1e6
             })
             .collect()
     };
