@@ -146,7 +146,10 @@ pub fn spawn(
         // scheduler gets round to it behind the TCP stacks it carries. A late wake-up sends a
         // burst, and a burst into a link only 5% faster lingers there for hundreds of ms: a
         // queue the emulator made up. (Without the privilege the thread stays as it is.)
-        let param = libc::sched_param { sched_priority: 10 };
+        // musl's sched_param has more fields than the priority: the rest stay zero.
+        // SAFETY: sched_param is plain integers; all zeros is a valid value.
+        let mut param: libc::sched_param = unsafe { std::mem::zeroed() };
+        param.sched_priority = 10;
         // SAFETY: this thread's own scheduling policy, valid parameters.
         unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
         let mut buf = Vec::with_capacity(READ_BUF);

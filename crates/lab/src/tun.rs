@@ -58,11 +58,11 @@ impl Tun {
         };
         req.name[..name.len()].copy_from_slice(name.as_bytes());
         // SAFETY: TUNSETIFF reads and writes an ifreq, which `req` is laid out as.
-        if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF, &mut req) } < 0 {
+        if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF as _, &mut req) } < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: TUNSETOFFLOAD takes the flags as its integer argument.
-        if offload && unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETOFFLOAD, TCP_OFFLOADS) } < 0 {
+        if offload && unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETOFFLOAD as _, TCP_OFFLOADS) } < 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(Tun {
@@ -150,8 +150,9 @@ pub fn wait_readable(fd: RawFd, timeout_ns: u64) {
         revents: 0,
     };
     let ts = libc::timespec {
-        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+        // time_t's width differs between C libraries (musl's is deprecated in the libc crate).
+        tv_sec: (timeout_ns / 1_000_000_000) as _,
+        tv_nsec: (timeout_ns % 1_000_000_000) as _,
     };
     // SAFETY: one valid pollfd and a valid timespec; no signal mask change.
     unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };

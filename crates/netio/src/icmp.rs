@@ -340,7 +340,8 @@ pub(crate) fn recv_with(
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(control);
+    // socklen_t on musl, size_t on glibc.
+    msg.msg_controllen = std::mem::size_of_val(control) as _;
     // SAFETY: msg points at the buffers above for the duration of the call.
     let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, flags | libc::MSG_DONTWAIT) };
     if n < 0 {
@@ -466,9 +467,9 @@ fn cmsg_error(c: &libc::cmsghdr) -> Option<(Option<IcmpKind>, Option<IpAddr>)> {
             _ => None,
         };
         let mut off: libc::sockaddr_storage = std::mem::zeroed();
-        let avail = c
-            .cmsg_len
-            .saturating_sub(body as usize - c as *const libc::cmsghdr as usize + ee_len);
+        let cmsg_len: usize = c.cmsg_len as _; // socklen_t on musl, size_t on glibc
+        let avail =
+            cmsg_len.saturating_sub(body as usize - c as *const libc::cmsghdr as usize + ee_len);
         let len = avail.min(std::mem::size_of::<libc::sockaddr_storage>());
         std::ptr::copy_nonoverlapping(
             body.add(ee_len),
