@@ -6,6 +6,7 @@ use bloatlab_measure::{Ended, RunOptions, TestKind};
 use bloatlab_report::text::{events_text, summary_text};
 mod autorate_cmd;
 mod fix_cmd;
+#[cfg(feature = "lab")]
 mod lab_cmd;
 mod locate_cmd;
 mod monitor_cmd;
@@ -32,8 +33,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve measurements: TCP control and data connections and UDP echo, all on one port;
-    /// with --https/--http also the responsiveness endpoints other RPM clients use
-    /// (networkQuality, mach, goresponsiveness) and a bufferbloat test page for any browser.
+    /// with --http (or --https) also the responsiveness endpoints other RPM clients use
+    /// (networkQuality, mach, goresponsiveness) and, in the full build, a bufferbloat test
+    /// page for any browser.
     Server(Box<ServerArgs>),
     /// Run a test against a `bloatlab server` (rpm also against any responsiveness server, by
     /// its config URL).
@@ -98,6 +100,7 @@ enum Command {
         quiet: bool,
     },
     /// Emulated networks between network namespaces: build, run, change, inspect.
+    #[cfg(feature = "lab")]
     #[command(subcommand)]
     Lab(lab_cmd::LabCommand),
     /// One self-contained HTML report of one or more result files: time series, latency CDFs
@@ -106,6 +109,7 @@ enum Command {
     /// Given one autorate log (bloatlab autorate --log): the shaper's rate each way over what the
     /// line carried, the delay over its baseline, the rate changes and events.
     /// With --db: the monitor's history (grades, latency per hour by load, goodput, CAKE).
+    #[cfg(feature = "report")]
     Report {
         #[arg(required_unless_present = "db")]
         results: Vec<PathBuf>,
@@ -119,6 +123,7 @@ enum Command {
         since: std::time::Duration,
     },
     /// A static PNG or SVG plot of one or more result files.
+    #[cfg(feature = "report")]
     Plot {
         #[arg(required = true)]
         results: Vec<PathBuf>,
@@ -155,6 +160,7 @@ fn main() -> ExitCode {
         Command::Monitor(a) => monitor_cmd::monitor(a, stop_flag()),
         Command::History(a) => monitor_cmd::history(a),
         Command::Autorate(a) => autorate_cmd::autorate(*a, stop_flag()),
+        #[cfg(feature = "lab")]
         Command::Lab(c) => lab_cmd::run(c, stop_flag),
         Command::Compare {
             targets,
@@ -164,15 +170,18 @@ fn main() -> ExitCode {
             json,
             quiet,
         } => compare(targets, &test, length, out_dir, json, quiet),
+        #[cfg(feature = "report")]
         Command::Report {
             db: Some(db),
             since,
             output,
             ..
         } => monitor_cmd::history_report(&db, since, &output),
+        #[cfg(feature = "report")]
         Command::Report {
             results, output, ..
         } => report_cmd::report(&results, &output),
+        #[cfg(feature = "report")]
         Command::Plot {
             results,
             kind,

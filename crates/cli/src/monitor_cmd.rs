@@ -171,6 +171,7 @@ pub fn history(a: HistoryArgs) -> ExitCode {
 }
 
 /// `bloatlab report --db`: the history as an HTML page.
+#[cfg(feature = "report")]
 pub fn history_report(db: &Path, since: Duration, out: &Path) -> ExitCode {
     let page = match read_history(db, since) {
         Ok(h) => bloatlab_report::html::render_history(&h),

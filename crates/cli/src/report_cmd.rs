@@ -2,12 +2,14 @@
 
 use crate::fail;
 use bloatlab_report::export;
+#[cfg(feature = "report")]
 use bloatlab_report::plot::{self, Kind};
 use bloatlab_report::view::label_for;
 use clap::ValueEnum;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+#[cfg(feature = "report")]
 #[derive(Clone, Copy, ValueEnum)]
 pub enum PlotKind {
     /// Throughput per flow and total, and latency per probe stream, over time (phases shaded).
@@ -26,6 +28,7 @@ pub enum ExportFormat {
     Csv,
 }
 
+#[cfg(feature = "report")]
 pub fn report(paths: &[PathBuf], out: &Path) -> ExitCode {
     match bloatlab_report::write_html(paths, out) {
         Ok(()) => {
@@ -39,6 +42,7 @@ pub fn report(paths: &[PathBuf], out: &Path) -> ExitCode {
     }
 }
 
+#[cfg(feature = "report")]
 pub fn plot(paths: &[PathBuf], kind: PlotKind, out: &Path) -> ExitCode {
     let runs = match bloatlab_report::load(paths) {
         Ok(r) => r,

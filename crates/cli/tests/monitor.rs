@@ -250,9 +250,10 @@ fn a_foreign_or_damaged_history_is_refused_in_one_line() {
     assert_eq!(out.status.code(), Some(2));
 }
 
-/// dist/: the systemd unit passes `systemd-analyze verify` (which does catch a wrong key), and
-/// the OpenWrt init script, run with procd's functions recording what it asks for, builds a
-/// command line this bloatlab accepts.
+/// dist/: the systemd units pass `systemd-analyze verify` (which does catch a wrong key), and
+/// the OpenWrt init script, run with procd's functions recording what it asks for, builds
+/// command lines this bloatlab accepts: the monitor alone, and with autorate riding on it (the
+/// TOML it writes from UCI read as `--autorate` reads it).
 #[test]
 fn the_service_files_parse_and_the_procd_script_builds_a_command_bloatlab_accepts() {
     let dist = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist");
@@ -281,64 +282,109 @@ fn the_service_files_parse_and_the_procd_script_builds_a_command_bloatlab_accept
     };
     let said = verify(&unit, "bloatlab-monitor.service");
     assert!(said.trim().is_empty(), "systemd-analyze: {said}");
+    let autorate = std::fs::read_to_string(dist.join("systemd/bloatlab-autorate.service")).unwrap();
+    let said = verify(&autorate, "bloatlab-autorate.service");
+    assert!(said.trim().is_empty(), "systemd-analyze: {said}");
     let broken = verify(
         &unit.replace("ProtectHome=", "ProtectHoem="),
         "broken.service",
     );
     assert!(broken.contains("ProtectHoem"), "{broken}");
 
-    let init = dist.join("openwrt/bloatlab-monitor.init");
+    let init = dist.join("openwrt/bloatlab.init");
     let st = Command::new("sh").arg("-n").arg(&init).status().unwrap();
     assert!(st.success(), "sh -n {}", init.display());
     // procd and UCI stand-ins: the options of dist/openwrt/bloatlab.config with a server and a
-    // device set; the command is printed one word a line.
+    // device set, autorate enabled or not; the command is printed one word a line.
     let db = tmp_path("procd/history.db");
-    let stub = format!(
-        r#"
+    let toml = tmp_path("procd/autorate.toml");
+    let stub = |autorate: bool| {
+        format!(
+            r#"
 config_load() {{ :; }}
 config_get() {{
   case "$3" in
     server) v=127.0.0.1:1 ;; iface) v=lo ;; budget) v=5GB/day ;; metrics) v=127.0.0.1:0 ;;
-    site) v=home ;; db) v={db} ;; out_dir) v={out} ;; *) v=$4 ;;
+    site) v=home ;; db) v={db} ;; out_dir) v={out} ;; dev) v=lo ;;
+    down) v=5mbit:40mbit:80mbit ;; up) v=2mbit:10mbit:20mbit ;; log) v={log} ;;
+    reflectors) v=public ;; probe_rate) v=20 ;; *) v=$4 ;;
   esac
   eval "$1=\$v"
 }}
-config_get_bool() {{ eval "$1=1"; }}
+config_get_bool() {{ if [ "$2" = autorate ]; then eval "$1={autorate}"; else eval "$1=1"; fi; }}
 procd_open_instance() {{ :; }}
 procd_close_instance() {{ :; }}
 procd_set_param() {{ [ "$1" = command ] && {{ shift; CMD="$*"; printf '%s\n' "$@"; }}; :; }}
 procd_append_param() {{ shift; printf '%s\n' "$@"; }}
 procd_add_reload_trigger() {{ :; }}
 . {init}
+AUTORATE_TOML={toml}
 start_service
 "#,
-        db = db.display(),
-        out = tmp_path("procd/results").display(),
-        init = init.display()
-    );
+            db = db.display(),
+            out = tmp_path("procd/results").display(),
+            log = tmp_path("procd/autorate.log").display(),
+            toml = toml.display(),
+            autorate = u8::from(autorate),
+            init = init.display()
+        )
+    };
     // The script's first line runs it under /etc/rc.common; sourced here, that line is a comment.
-    let out = Command::new("sh").arg("-c").arg(&stub).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let words: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(String::from)
-        .collect();
-    assert_eq!(words[0], "/usr/bin/bloatlab");
+    let words = |autorate: bool| -> Vec<String> {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(stub(autorate))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(String::from)
+            .collect()
+    };
+    let alone = words(false);
+    assert_eq!(alone[0], "/usr/bin/bloatlab");
     for w in [
         "--iface", "lo", "--budget", "5GB/day", "--site", "home", "--every", "1h",
     ] {
-        assert!(words.iter().any(|x| x == w), "{w} missing from {words:?}");
+        assert!(alone.iter().any(|x| x == w), "{w} missing from {alone:?}");
     }
+    assert!(!alone.iter().any(|x| x == "--autorate"), "{alone:?}");
     // This bloatlab takes that command line: it runs (the target does not answer) until
     // SIGTERM, and then ends cleanly.
-    let args: Vec<&str> = words[1..].iter().map(String::as_str).collect();
+    let args: Vec<&str> = alone[1..].iter().map(String::as_str).collect();
     let mut m = Monitor::start(&[], &args[1..]);
     m.wait_for("does not answer", 10);
     assert_eq!(m.term(10), Some(0));
+
+    // With autorate enabled it rides the monitor: its keys in a TOML file the monitor reads. lo
+    // has no shaper, so the monitor stops there, after every key was taken.
+    let riding = words(true);
+    let at = riding
+        .iter()
+        .position(|x| x == "--autorate")
+        .expect("--autorate");
+    assert_eq!(riding[at + 1], toml.display().to_string());
+    let written = std::fs::read_to_string(&toml).unwrap();
+    for line in [
+        "dev = \"lo\"",
+        "down = \"5mbit:40mbit:80mbit\"",
+        "reflectors = \"public\"",
+        "probe_rate = 20",
+    ] {
+        assert!(
+            written.lines().any(|l| l == line),
+            "{line} not in {written}"
+        );
+    }
+    let out = Command::new(BIN).args(&riding[1..]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("lo has no CAKE or HTB"), "{said}");
 }
 
 /// A Prometheus process (Debian's), in a lab host's namespace; killed on drop.

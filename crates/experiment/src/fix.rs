@@ -7,7 +7,7 @@
 
 use crate::{verify, write_report, ExperimentOptions};
 use bloatlab_locate::{Load, Verdict};
-use bloatlab_report::html::Section;
+use bloatlab_report::Section;
 use bloatlab_result::Summary;
 use bloatlab_tune::advise::{self, Advice, RouterQdisc, Target};
 use bloatlab_tune::apply::{self, Iface};

@@ -17,7 +17,7 @@ use bloatlab_lab::{Lab, Topology};
 use bloatlab_lab_model::config::DirConfig;
 use bloatlab_measure::display::ProgressMode;
 use bloatlab_measure::{Ended, Outcome, Params};
-use bloatlab_report::{html, RunView};
+use bloatlab_report::{RunView, Section};
 use bloatlab_result::Summary;
 pub use placement::{place, Fix, Setting};
 use std::path::{Path, PathBuf};
@@ -472,7 +472,7 @@ fn topo_links_touched(placements: &[(Fix, Vec<Setting>)]) -> Vec<String> {
 /// One HTML report of the labelled result files, with `sections` under the summary.
 fn write_report(
     runs: &[(&str, &Path)],
-    sections: &[html::Section],
+    sections: &[Section],
     out: &Path,
 ) -> Result<PathBuf, String> {
     write_views(&read_views(runs)?, sections, out)
@@ -492,14 +492,22 @@ fn read_views(runs: &[(&str, &Path)]) -> Result<Vec<RunView>, String> {
         .collect()
 }
 
-fn write_views(
-    views: &[RunView],
-    sections: &[html::Section],
-    out: &Path,
-) -> Result<PathBuf, String> {
-    std::fs::write(out, html::render_with(views, sections))
+#[cfg(feature = "html")]
+fn write_views(views: &[RunView], sections: &[Section], out: &Path) -> Result<PathBuf, String> {
+    std::fs::write(out, bloatlab_report::html::render_with(views, sections))
         .map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(out.to_path_buf())
+}
+
+/// A build without the HTML report (the router's) keeps the result files; a full build draws
+/// them (`bloatlab report FILE...`).
+#[cfg(not(feature = "html"))]
+fn write_views(_: &[RunView], _: &[Section], _: &Path) -> Result<PathBuf, String> {
+    Err(
+        "this build has no HTML report: `bloatlab report` of the result files on a full build \
+         draws it"
+            .into(),
+    )
 }
 
 /// A run with autorate: its shaper's rates over the line's capacity (per second of the trace

@@ -15,13 +15,16 @@ use crate::engine::{Drain, ForeignProbe, Pace, Period, RpmProbes, RpmRamp, Sched
 use crate::plan::Params;
 use crate::run::{Ended, Outcome, RunOptions};
 use crate::MeasureError;
-use bloatlab_netio::sendbuf::{self, BudgetedTls, SendBudget, UnsentLimited};
+#[cfg(feature = "https")]
+use bloatlab_netio::sendbuf::BudgetedTls;
+use bloatlab_netio::sendbuf::{self, SendBudget, UnsentLimited};
 use bloatlab_result::{self as result, Host, Metadata, Phase, ResultFile, Series, SeriesKind};
 use hyper::body::Incoming;
 use hyper::body::{Body, Bytes, Frame};
 use hyper::client::conn::{http1, http2::SendRequest};
 use hyper::{Request, Response, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+#[cfg(feature = "https")]
 use rustls::pki_types::{CertificateDer, ServerName};
 use std::convert::Infallible;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -61,6 +64,7 @@ struct Target {
     uri: Uri,
     addr: SocketAddr,
     tls: bool,
+    #[cfg(feature = "https")]
     name: ServerName<'static>,
 }
 
@@ -68,7 +72,14 @@ impl Target {
     fn parse(url: &str) -> Result<Target, String> {
         let uri: Uri = url.parse().map_err(|e| format!("`{url}`: {e}"))?;
         let tls = match uri.scheme_str() {
+            #[cfg(feature = "https")]
             Some("https") => true,
+            #[cfg(not(feature = "https"))]
+            Some("https") => {
+                return Err(format!(
+                    "`{url}`: this build has no TLS (the router's): an http:// URL, or a full build"
+                ))
+            }
             Some("http") => false,
             _ => return Err(format!("`{url}`: want an https:// or http:// URL")),
         };
@@ -84,12 +95,12 @@ impl Target {
             .map_err(|e| format!("{host}: {e}"))?
             .next()
             .ok_or_else(|| format!("{host}: no address"))?;
-        let name = ServerName::try_from(host.clone()).map_err(|e| format!("{host}: {e}"))?;
         Ok(Target {
             uri,
             addr,
             tls,
-            name,
+            #[cfg(feature = "https")]
+            name: ServerName::try_from(host.clone()).map_err(|e| format!("{host}: {e}"))?,
         })
     }
 }
@@ -175,6 +186,7 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 /// How this run connects: its TLS settings (roots, ALPN) and its HTTP version.
 #[derive(Clone)]
 struct Connector {
+    #[cfg(feature = "https")]
     tls: tokio_rustls::TlsConnector,
     /// HTTP/1.1 instead of HTTP/2.
     http1: bool,
@@ -195,7 +207,10 @@ struct Opened {
 
 /// A new HTTP/2 (or with `http1`, HTTP/1.1) connection.
 async fn open(t: &Target, c: &Connector) -> Result<Opened, String> {
+    #[cfg(feature = "https")]
     let Connector { tls, http1 } = c;
+    #[cfg(not(feature = "https"))]
+    let Connector { http1 } = c;
     let t0 = Instant::now();
     let tcp = TcpStream::connect(t.addr)
         .await
@@ -212,6 +227,9 @@ async fn open(t: &Target, c: &Connector) -> Result<Opened, String> {
     );
     let budget = SendBudget::default();
     let tcp = UnsentLimited(tcp);
+    #[cfg(not(feature = "https"))]
+    let (io, tls_ms): (Box<dyn Io>, Option<f64>) = (Box::new(tcp), None);
+    #[cfg(feature = "https")]
     let (io, tls_ms): (Box<dyn Io>, Option<f64>) = if t.tls {
         let t1 = Instant::now();
         let s = tls
@@ -351,6 +369,13 @@ fn config_urls(config: &serde_json::Value) -> Result<Urls, String> {
     })
 }
 
+/// A build without TLS connects to http:// URLs only (`Target::parse` refuses the others).
+#[cfg(not(feature = "https"))]
+fn connector(h: &HttpOptions) -> Result<Connector, String> {
+    Ok(Connector { http1: h.http1 })
+}
+
+#[cfg(feature = "https")]
 fn connector(h: &HttpOptions) -> Result<Connector, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
@@ -389,9 +414,11 @@ fn connector(h: &HttpOptions) -> Result<Connector, String> {
 
 /// `--insecure`: any certificate is taken (signatures are still checked, so the handshake is
 /// real TLS), as `curl -k` and `networkQuality -k` do.
+#[cfg(feature = "https")]
 #[derive(Debug)]
 struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
 
+#[cfg(feature = "https")]
 impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
     fn verify_server_cert(
         &self,

@@ -80,6 +80,7 @@ impl SendBudget {
         b
     }
 
+    #[cfg(feature = "tls")]
     fn get(&self) -> usize {
         self.0.allowance.load(Ordering::Relaxed)
     }
@@ -190,29 +191,34 @@ impl AsyncWrite for UnsentLimited {
     }
 }
 
+#[cfg(feature = "tls")]
 /// A TLS stream (client or server side) whose buffer of encrypted records is bounded.
 pub trait TlsBuffer {
     fn limit_buffer(&mut self, bytes: usize);
 }
 
+#[cfg(feature = "tls")]
 impl<S> TlsBuffer for tokio_rustls::server::TlsStream<S> {
     fn limit_buffer(&mut self, bytes: usize) {
         self.get_mut().1.set_buffer_limit(Some(bytes));
     }
 }
 
+#[cfg(feature = "tls")]
 impl<S> TlsBuffer for tokio_rustls::client::TlsStream<S> {
     fn limit_buffer(&mut self, bytes: usize) {
         self.get_mut().1.set_buffer_limit(Some(bytes));
     }
 }
 
+#[cfg(feature = "tls")]
 /// A TLS stream whose buffer of encrypted, unsent records is held to the connection's budget.
 pub struct BudgetedTls<T> {
     pub tls: T,
     pub budget: SendBudget,
 }
 
+#[cfg(feature = "tls")]
 impl<T: TlsBuffer + AsyncRead + AsyncWrite + Unpin> BudgetedTls<T> {
     fn limited(&mut self) -> Pin<&mut T> {
         self.tls.limit_buffer(self.budget.get());
@@ -220,6 +226,7 @@ impl<T: TlsBuffer + AsyncRead + AsyncWrite + Unpin> BudgetedTls<T> {
     }
 }
 
+#[cfg(feature = "tls")]
 impl<T: TlsBuffer + AsyncRead + AsyncWrite + Unpin> AsyncRead for BudgetedTls<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -230,6 +237,7 @@ impl<T: TlsBuffer + AsyncRead + AsyncWrite + Unpin> AsyncRead for BudgetedTls<T>
     }
 }
 
+#[cfg(feature = "tls")]
 impl<T: TlsBuffer + AsyncRead + AsyncWrite + Unpin> AsyncWrite for BudgetedTls<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,

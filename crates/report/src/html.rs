@@ -2,6 +2,7 @@
 //! embedded as JSON; the summary table and metadata are plain HTML.
 
 use crate::view::RunView;
+use crate::Section;
 use bloatlab_result::Summary;
 
 const ECHARTS: &str = include_str!("../assets/echarts.min.js");
@@ -115,13 +116,6 @@ console.error = function () {{ bloatlabError(Array.prototype.join.call(arguments
         title = esc(title),
         echarts = script_safe(ECHARTS),
     )
-}
-
-/// Plain text shown with a report, under its own heading (an experiment's advice, the
-/// configuration it applied, its verdict).
-pub struct Section {
-    pub title: String,
-    pub text: String,
 }
 
 pub fn render(runs: &[RunView]) -> String {

@@ -4,7 +4,9 @@
 
 pub mod export;
 pub mod hops;
+#[cfg(feature = "html")]
 pub mod html;
+#[cfg(feature = "plots")]
 pub mod plot;
 pub mod table;
 pub mod text;
@@ -12,7 +14,9 @@ pub mod view;
 
 pub use view::RunView;
 
-use std::path::{Path, PathBuf};
+#[cfg(feature = "html")]
+use std::path::Path;
+use std::path::PathBuf;
 
 /// Result files as chart data, each labelled by its file name.
 pub fn load(paths: &[PathBuf]) -> Result<Vec<RunView>, String> {
@@ -26,7 +30,15 @@ pub fn load(paths: &[PathBuf]) -> Result<Vec<RunView>, String> {
         .collect()
 }
 
+/// Plain text shown with a report, under its own heading (an experiment's advice, the
+/// configuration it applied, its verdict).
+pub struct Section {
+    pub title: String,
+    pub text: String,
+}
+
 /// The HTML report of result files overlaid, or of one locate file or autorate log alone.
+#[cfg(feature = "html")]
 pub fn write_html(paths: &[PathBuf], out: &Path) -> Result<(), String> {
     // An autorate log (bloatlab autorate --log) makes a page of its own.
     if let [one] = paths {

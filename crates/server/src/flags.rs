@@ -1,7 +1,9 @@
 //! `bloatlab server`'s flags and the `Config` they make (with the `clap` feature): the
 //! binary flattens `ServerArgs` into its command line.
 
-use crate::web::{tls, WebConfig};
+#[cfg(feature = "https")]
+use crate::web::tls;
+use crate::web::WebConfig;
 use crate::{proto, Config};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -75,6 +77,7 @@ pub struct ServerArgs {
     /// ADDR:PORT): HTTP/2 and HTTP/1.1 by ALPN, TLS 1.2 and 1.3. Needs --cert and --cert-key,
     /// or --self-signed. Other RPM clients (networkQuality, mach, goresponsiveness) can then
     /// test against this server.
+    #[cfg(feature = "https")]
     #[arg(long, value_name = "PORT", value_parser = parse_listen)]
     pub https: Option<SocketAddr>,
     /// The same endpoints over plain HTTP (for LANs and clients without TLS).
@@ -84,16 +87,20 @@ pub struct ServerArgs {
     /// WebSockets over TCP as the fallback (TLS too when --https has a certificate). Any
     /// browser then runs the test at http(s)://THIS-HOST:PORT/ (with ?autostart=1 it starts at
     /// once; ?length=S&idle=S shorten it; ?probes=websocket skips WebRTC).
+    #[cfg(feature = "browser")]
     #[arg(long, value_name = "PORT", value_parser = parse_listen)]
     pub ws: Option<SocketAddr>,
     /// Keep every browser test's result file here (the newest --keep-max; `bloatlab report`
     /// reads them like any other).
+    #[cfg(feature = "browser")]
     #[arg(long, value_name = "DIR")]
     pub keep_web_results: Option<PathBuf>,
     /// How many browser results --keep-web-results keeps at most (the oldest go first).
+    #[cfg(feature = "browser")]
     #[arg(long, value_name = "N", default_value_t = 1000)]
     pub keep_max: usize,
     /// Certificate chain for --https (PEM); re-read on SIGHUP.
+    #[cfg(feature = "https")]
     #[arg(
         long,
         value_name = "FILE",
@@ -102,20 +109,24 @@ pub struct ServerArgs {
     )]
     pub cert: Option<PathBuf>,
     /// The certificate's private key (PEM). (--key is the bloatlab protocol's shared key.)
+    #[cfg(feature = "https")]
     #[arg(long, value_name = "FILE", requires = "cert")]
     pub cert_key: Option<PathBuf>,
     /// Make (once, then reuse) an ECDSA P-256 certificate for the --name values, valid 825
     /// days (the most Apple's clients accept), kept in --tls-dir with its key readable by its
     /// owner only; its SHA-256 fingerprint is printed. Clients need --insecure (or -k) or to
     /// trust it.
+    #[cfg(feature = "https")]
     #[arg(long)]
     pub self_signed: bool,
     /// Names (host names or addresses) the self-signed certificate is for; repeatable.
     /// Default: localhost, 127.0.0.1, ::1 and this host's name.
+    #[cfg(feature = "https")]
     #[arg(long, value_name = "NAME")]
     pub name: Vec<String>,
     /// Where --self-signed keeps its files. Default: /var/lib/bloatlab/tls as root, else
     /// ~/.local/state/bloatlab/tls.
+    #[cfg(feature = "https")]
     #[arg(long, value_name = "DIR")]
     pub tls_dir: Option<PathBuf>,
     /// `test_endpoint` in the config: the host clients should run the test against.
@@ -182,12 +193,21 @@ fn web_config(a: &ServerArgs) -> Result<WebConfig, String> {
             a.web_max_gb
         ));
     }
-    if a.http.is_none() && a.https.is_none() && (a.ws.is_some() || a.keep_web_results.is_some()) {
-        return Err(
-            "--ws and --keep-web-results serve the browser test, which needs --http or --https"
-                .into(),
-        );
+    // The browser test is served on the HTTP face.
+    #[cfg(feature = "browser")]
+    {
+        #[cfg(feature = "https")]
+        let faces = a.http.is_some() || a.https.is_some();
+        #[cfg(not(feature = "https"))]
+        let faces = a.http.is_some();
+        if !faces && (a.ws.is_some() || a.keep_web_results.is_some()) {
+            return Err(
+                "--ws and --keep-web-results serve the browser test, which needs --http or --https"
+                    .into(),
+            );
+        }
     }
+    #[cfg(feature = "https")]
     let tls = match (&a.cert, &a.cert_key, a.self_signed) {
         (Some(c), Some(k), _) => Some((c.clone(), k.clone())),
         (_, _, true) => {
@@ -207,6 +227,7 @@ fn web_config(a: &ServerArgs) -> Result<WebConfig, String> {
         }
         _ => None,
     };
+    #[cfg(feature = "https")]
     if let Some((cert, _)) = &tls {
         eprintln!(
             "bloatlab server: certificate SHA-256 {}",
@@ -215,12 +236,17 @@ fn web_config(a: &ServerArgs) -> Result<WebConfig, String> {
     }
     Ok(WebConfig {
         http: a.http,
+        #[cfg(feature = "https")]
         https: a.https,
+        #[cfg(feature = "https")]
         tls,
         test_endpoint: a.test_endpoint.clone(),
         max_bytes_per_ip: (a.web_max_gb * 1e9) as u64,
+        #[cfg(feature = "browser")]
         ws: a.ws,
+        #[cfg(feature = "browser")]
         keep_results: a.keep_web_results.clone(),
+        #[cfg(feature = "browser")]
         keep_max: a.keep_max,
         ..Default::default()
     })

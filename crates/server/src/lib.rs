@@ -117,6 +117,7 @@ pub enum ServerError {
     ShortKey,
     #[error("cannot start the server's runtime: {0}")]
     Runtime(std::io::Error),
+    #[cfg(feature = "https")]
     #[error("TLS: {0}")]
     Tls(String),
 }
@@ -170,6 +171,7 @@ pub struct Server {
     pub http_addr: Option<SocketAddr>,
     pub https_addr: Option<SocketAddr>,
     /// The browser test's WebSocket probe port.
+    #[cfg(feature = "browser")]
     pub ws_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -202,6 +204,9 @@ impl Server {
                 addr: config.listen,
                 source,
             })?;
+        #[cfg(not(feature = "https"))]
+        let (tls, https): (Option<web::Cert>, Option<std::net::TcpListener>) = (None, None);
+        #[cfg(feature = "https")]
         let tls = match (&config.web.https, &config.web.tls) {
             (Some(_), Some((cert, key))) => Some(Arc::new(
                 web::tls::Tls::load(cert, key).map_err(ServerError::Tls)?,
@@ -214,35 +219,54 @@ impl Server {
             (None, _) => None,
         };
         let http = config.web.http.map(listen_tcp).transpose()?;
+        #[cfg(feature = "https")]
         let https = config.web.https.map(listen_tcp).transpose()?;
         let addr_of =
             |l: &Option<std::net::TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
-        // The probe port: WebSockets over TCP, WebRTC's data channel over UDP on the same number.
-        let (ws, rtc_udp) = match config.web.ws.map(listen_probes).transpose()? {
-            Some((tcp, udp)) => (Some(tcp), Some(udp)),
-            None => (None, None),
-        };
-        let (http_addr, https_addr, ws_addr) = (addr_of(&http), addr_of(&https), addr_of(&ws));
+        let (http_addr, https_addr) = (addr_of(&http), addr_of(&https));
         let connections = Slots::new(
             "connections",
             config.max_connections,
             config.max_connections_per_ip,
         );
-        let (web, rtc_socket) = match (&http, &https) {
-            (None, None) => (None, None),
+        // The probe port: WebSockets over TCP, WebRTC's data channel over UDP on the same number.
+        #[cfg(feature = "browser")]
+        let (ws, rtc_udp) = match config.web.ws.map(listen_probes).transpose()? {
+            Some((tcp, udp)) => (Some(tcp), Some(udp)),
+            None => (None, None),
+        };
+        #[cfg(feature = "browser")]
+        let ws_addr = addr_of(&ws);
+        #[cfg(feature = "browser")]
+        let mut rtc_socket = None;
+        let web = match (&http, &https) {
+            (None, None) => None,
             _ => {
-                let (face, socket) = match rtc_udp {
-                    Some(udp) => {
-                        let (face, socket) =
-                            web::rtc::Face::new(udp, connections.clone(), config.web.max_conn_time)
-                                .map_err(ServerError::Runtime)?;
-                        (Some(face), Some(socket))
-                    }
-                    None => (None, None),
+                #[cfg(feature = "browser")]
+                let page = {
+                    let face = match rtc_udp {
+                        Some(udp) => {
+                            let (face, socket) = web::rtc::Face::new(
+                                udp,
+                                connections.clone(),
+                                config.web.max_conn_time,
+                            )
+                            .map_err(ServerError::Runtime)?;
+                            rtc_socket = Some(socket);
+                            Some(face)
+                        }
+                        None => None,
+                    };
+                    web::Page::new(&config.web, ws_addr.map(|a| a.port()), face)
+                        .map_err(ServerError::Runtime)?
                 };
-                let web = web::Web::new(config.web.clone(), ws_addr.map(|a| a.port()), face)
-                    .map_err(ServerError::Runtime)?;
-                (Some(Arc::new(web)), socket)
+                let web = web::Web::new(
+                    config.web.clone(),
+                    #[cfg(feature = "browser")]
+                    page,
+                )
+                .map_err(ServerError::Runtime)?;
+                Some(Arc::new(web))
             }
         };
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -290,6 +314,7 @@ impl Server {
                                 web.clone(),
                             )));
                         }
+                        #[cfg(feature = "browser")]
                         if let Some(l) = ws.and_then(|l| tokio::net::TcpListener::from_std(l).ok())
                         {
                             tasks.push(tokio::spawn(web::ws::accept_loop(
@@ -299,10 +324,12 @@ impl Server {
                                 web.clone(),
                             )));
                         }
+                        #[cfg(feature = "browser")]
                         if let Some(socket) = rtc_socket {
                             tasks.push(tokio::spawn(web::rtc::serve(socket, web.clone())));
                         }
                     }
+                    #[cfg(feature = "https")]
                     if let Some(tls) = tls {
                         tasks.push(tokio::spawn(reload_on_hangup(tls)));
                     }
@@ -317,6 +344,7 @@ impl Server {
             local_addr,
             http_addr,
             https_addr,
+            #[cfg(feature = "browser")]
             ws_addr,
             stop: stop_tx,
             threads: vec![udp_thread, tcp_thread],
@@ -337,6 +365,7 @@ impl Server {
                 );
             }
         }
+        #[cfg(feature = "browser")]
         match self.ws_addr {
             Some(ws) => {
                 out += &format!(
@@ -367,6 +396,7 @@ impl Drop for Server {
     }
 }
 
+#[cfg(feature = "https")]
 /// SIGHUP: the certificate files are read again (renewed certificates without a restart); new
 /// connections get the new one, a broken file leaves the old one in use.
 async fn reload_on_hangup(tls: Arc<web::tls::Tls>) {
@@ -410,6 +440,7 @@ fn listen_tcp(addr: SocketAddr) -> Result<std::net::TcpListener, ServerError> {
 }
 
 /// The browser's probe port: a TCP listener and a UDP socket on one port number, non-blocking.
+#[cfg(feature = "browser")]
 fn listen_probes(
     addr: SocketAddr,
 ) -> Result<(std::net::TcpListener, std::net::UdpSocket), ServerError> {

@@ -20,18 +20,27 @@ mod budget;
 /// Public for the fuzzer (fuzz/fuzz_targets/web_request.rs).
 pub mod endpoints;
 mod idle;
+#[cfg(feature = "browser")]
 pub mod results;
+#[cfg(feature = "browser")]
 pub mod rtc;
+#[cfg(feature = "https")]
 pub mod tls;
+#[cfg(feature = "browser")]
 mod views;
+#[cfg(feature = "browser")]
 pub mod ws;
 
+#[cfg(feature = "browser")]
 pub use views::LoadView;
 
+#[cfg(feature = "https")]
 use crate::handshake::handshake_within;
 use crate::limits::Slot;
 use crate::Shared;
-use bloatlab_netio::sendbuf::{self, BudgetedTls, SendBudget, UnsentLimited};
+#[cfg(feature = "https")]
+use bloatlab_netio::sendbuf::BudgetedTls;
+use bloatlab_netio::sendbuf::{self, SendBudget, UnsentLimited};
 use budget::Budgets;
 use endpoints::Route;
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
@@ -41,6 +50,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
+#[cfg(any(feature = "browser", feature = "https"))]
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -55,8 +65,10 @@ pub struct WebConfig {
     /// Plain HTTP listener.
     pub http: Option<SocketAddr>,
     /// HTTPS listener; needs `tls`.
+    #[cfg(feature = "https")]
     pub https: Option<SocketAddr>,
     /// Certificate chain and key (PEM), re-read on SIGHUP.
+    #[cfg(feature = "https")]
     pub tls: Option<(PathBuf, PathBuf)>,
     /// `test_endpoint` for the config: where clients should connect instead.
     pub test_endpoint: Option<String>,
@@ -65,12 +77,17 @@ pub struct WebConfig {
     pub max_conn_time: Duration,
     pub max_streams: u32,
     /// The browser test's WebSocket probe port (plain and, with a certificate, TLS).
+    #[cfg(feature = "browser")]
     pub ws: Option<SocketAddr>,
     /// Where browser results are kept, and how many at most.
+    #[cfg(feature = "browser")]
     pub keep_results: Option<PathBuf>,
+    #[cfg(feature = "browser")]
     pub keep_max: usize,
     /// The browser test's phase lengths, seconds: idle, then each load phase.
+    #[cfg(feature = "browser")]
     pub page_idle: f64,
+    #[cfg(feature = "browser")]
     pub page_length: f64,
 }
 
@@ -78,17 +95,24 @@ impl Default for WebConfig {
     fn default() -> Self {
         WebConfig {
             http: None,
+            #[cfg(feature = "https")]
             https: None,
+            #[cfg(feature = "https")]
             tls: None,
             test_endpoint: None,
             max_bytes_per_ip: 20_000_000_000,
             budget_window: Duration::from_secs(600),
             max_conn_time: Duration::from_secs(120),
             max_streams: 100,
+            #[cfg(feature = "browser")]
             ws: None,
+            #[cfg(feature = "browser")]
             keep_results: None,
+            #[cfg(feature = "browser")]
             keep_max: 1000,
+            #[cfg(feature = "browser")]
             page_idle: 5.0,
+            #[cfg(feature = "browser")]
             page_length: 30.0,
         }
     }
@@ -103,15 +127,32 @@ const CHUNK: usize = sendbuf::MAX;
 /// note the server's view of the path. At least CHUNK.
 const CHARGE_EVERY: u64 = 1 << 20;
 /// How many bytes `/slurp` receives between updates of the address's upload count.
+#[cfg(feature = "browser")]
 const UPLOAD_COUNT_EVERY: u64 = 16 * 1024;
 /// How long a connection refused for want of a slot may take to hear why.
 const REFUSE_TIME: Duration = Duration::from_secs(5);
+
+/// What a listener serves TLS with: its certificate; in a build without TLS there is none to
+/// give, and `Option<Cert>` is always `None`.
+#[cfg(feature = "https")]
+pub(crate) type Cert = Arc<tls::Tls>;
+#[cfg(not(feature = "https"))]
+#[derive(Clone)]
+pub(crate) enum Cert {}
 
 /// What every HTTP connection shares.
 pub(crate) struct Web {
     cfg: WebConfig,
     budgets: Budgets,
     chunk: Bytes,
+    #[cfg(feature = "browser")]
+    page: Page,
+}
+
+/// The browser test's side of the face.
+#[cfg(feature = "browser")]
+pub(crate) struct Page {
+    /// The path as the server sees it under the page's load (/large, /slurp), for its probes.
     load_views: views::LoadViews,
     /// The probe port as bound (the page is told it).
     ws_port: Option<u16>,
@@ -120,28 +161,41 @@ pub(crate) struct Web {
     keeper: Option<results::Keeper>,
 }
 
-impl Web {
+#[cfg(feature = "browser")]
+impl Page {
     pub(crate) fn new(
-        cfg: WebConfig,
+        cfg: &WebConfig,
         ws_port: Option<u16>,
         rtc: Option<rtc::Face>,
-    ) -> std::io::Result<Web> {
-        let mut chunk = vec![0u8; CHUNK];
-        getrandom::fill(&mut chunk)
-            .map_err(|_| std::io::Error::other("no randomness for /large"))?;
+    ) -> std::io::Result<Page> {
         let keeper = cfg
             .keep_results
             .clone()
             .map(|d| results::Keeper::new(d, cfg.keep_max))
             .transpose()?;
-        Ok(Web {
-            budgets: Budgets::new(cfg.max_bytes_per_ip, cfg.budget_window),
-            cfg,
-            chunk: Bytes::from(chunk),
+        Ok(Page {
             load_views: Default::default(),
             ws_port,
             rtc,
             keeper,
+        })
+    }
+}
+
+impl Web {
+    pub(crate) fn new(
+        cfg: WebConfig,
+        #[cfg(feature = "browser")] page: Page,
+    ) -> std::io::Result<Web> {
+        let mut chunk = vec![0u8; CHUNK];
+        getrandom::fill(&mut chunk)
+            .map_err(|_| std::io::Error::other("no randomness for /large"))?;
+        Ok(Web {
+            budgets: Budgets::new(cfg.max_bytes_per_ip, cfg.budget_window),
+            cfg,
+            chunk: Bytes::from(chunk),
+            #[cfg(feature = "browser")]
+            page,
         })
     }
 }
@@ -167,7 +221,7 @@ pub(crate) async fn accept_allowed(listener: &TcpListener, shared: &Shared) -> (
 
 pub(crate) async fn accept_loop(
     listener: TcpListener,
-    tls: Option<Arc<tls::Tls>>,
+    tls: Option<Cert>,
     shared: Arc<Shared>,
     web: Arc<Web>,
 ) {
@@ -200,6 +254,7 @@ struct Conn {
     scheme: &'static str,
     local: String,
     /// The address the connection came in on: WebRTC's candidate.
+    #[cfg(feature = "browser")]
     local_ip: Option<IpAddr>,
     refuse: Option<String>,
     /// A second handle on the socket, for TCP_NOTSENT_LOWAT while `/large` sends.
@@ -213,7 +268,7 @@ async fn serve_conn(
     stream: TcpStream,
     ip: IpAddr,
     admit: Admit,
-    tls: Option<Arc<tls::Tls>>,
+    tls: Option<Cert>,
     shared: Arc<Shared>,
     web: Arc<Web>,
 ) {
@@ -231,6 +286,7 @@ async fn serve_conn(
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or_default(),
+        #[cfg(feature = "browser")]
         local_ip: stream.local_addr().ok().map(|a| a.ip().to_canonical()),
         refuse,
         socket: stream.as_fd().try_clone_to_owned().ok().map(Arc::new),
@@ -242,6 +298,7 @@ async fn serve_conn(
     let stream = ack::AckNow(UnsentLimited(stream));
     let _ = timeout(limit, async move {
         match tls {
+            #[cfg(feature = "https")]
             Some(tls) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
                 if let Some(Ok(tls)) =
@@ -402,8 +459,9 @@ impl Large {
                     "this address's byte budget is used up",
                 )));
             }
+            #[cfg(feature = "browser")]
             if let Some(info) = info {
-                self.conn.web.load_views.record(
+                self.conn.web.page.load_views.record(
                     self.conn.ip,
                     views::Way::Down,
                     info.rtt_us,
@@ -502,33 +560,50 @@ async fn route(req: Request<Incoming>, conn: &Arc<Conn>) -> Response<Reply> {
             }
         },
         Route::Slurp => return slurp(req, conn).await,
+        #[cfg(feature = "browser")]
         Route::Page => page(reply(
             StatusCode::OK,
             "text/html; charset=utf-8",
             Bytes::from_static(include_bytes!("page/index.html")),
         )),
+        #[cfg(feature = "browser")]
         Route::PageScript => page(reply(
             StatusCode::OK,
             "text/javascript; charset=utf-8",
             Bytes::from_static(include_bytes!("page/page.js")),
         )),
+        #[cfg(feature = "browser")]
         Route::ProbeWorker => page(reply(
             StatusCode::OK,
             "text/javascript; charset=utf-8",
             Bytes::from_static(include_bytes!("page/probe-worker.js")),
         )),
+        #[cfg(feature = "browser")]
         Route::PageConfig => reply(
             StatusCode::OK,
             "application/json",
             endpoints::page_config_json(
-                conn.web.ws_port,
-                conn.web.rtc.is_some(),
+                conn.web.page.ws_port,
+                conn.web.page.rtc.is_some(),
                 conn.web.cfg.page_idle,
                 conn.web.cfg.page_length,
             ),
         ),
+        #[cfg(feature = "browser")]
         Route::PageResult => return page_result(req, conn).await,
+        #[cfg(feature = "browser")]
         Route::RtcOffer => return rtc_offer(req, conn).await,
+        #[cfg(not(feature = "browser"))]
+        Route::Page
+        | Route::PageScript
+        | Route::ProbeWorker
+        | Route::PageConfig
+        | Route::PageResult
+        | Route::RtcOffer => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "this server was built without the browser test\n",
+        ),
         Route::MethodNotAllowed => reply(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain; charset=utf-8",
@@ -548,6 +623,7 @@ async fn route(req: Request<Incoming>, conn: &Arc<Conn>) -> Response<Reply> {
 
 /// The page's own files: nothing but this server's scripts and its probe port may run or be
 /// reached from them.
+#[cfg(feature = "browser")]
 fn page(mut r: Response<Reply>) -> Response<Reply> {
     let h = r.headers_mut();
     h.insert(
@@ -569,7 +645,9 @@ fn page(mut r: Response<Reply>) -> Response<Reply> {
 async fn slurp(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
     use http_body_util::BodyExt;
     let mut body = req.into_body();
-    let (mut got, mut uncounted) = (0u64, 0u64);
+    let mut got = 0u64;
+    #[cfg(feature = "browser")]
+    let mut uncounted = 0u64;
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
             return reply(
@@ -580,22 +658,26 @@ async fn slurp(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
         };
         if let Some(d) = frame.data_ref() {
             // What arrived, for the browser test's upload goodput (in batches: one lock each).
-            uncounted += d.len() as u64;
-            if uncounted >= UPLOAD_COUNT_EVERY {
-                conn.web.load_views.count_upload(
-                    conn.ip,
-                    std::mem::take(&mut uncounted),
-                    Instant::now(),
-                );
+            #[cfg(feature = "browser")]
+            {
+                uncounted += d.len() as u64;
+                if uncounted >= UPLOAD_COUNT_EVERY {
+                    conn.web.page.load_views.count_upload(
+                        conn.ip,
+                        std::mem::take(&mut uncounted),
+                        Instant::now(),
+                    );
+                }
             }
             // The receiver's view of the upload's path, for the browser test's probes.
+            #[cfg(feature = "browser")]
             if got % CHARGE_EVERY + d.len() as u64 >= CHARGE_EVERY {
                 if let Some(info) = conn
                     .socket
                     .as_ref()
                     .and_then(|s| bloatlab_netio::tcp_info(s.as_ref()).ok())
                 {
-                    conn.web.load_views.record(
+                    conn.web.page.load_views.record(
                         conn.ip,
                         views::Way::Up,
                         info.rcv_rtt_us,
@@ -613,7 +695,9 @@ async fn slurp(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
             }
         }
     }
+    #[cfg(feature = "browser")]
     conn.web
+        .page
         .load_views
         .count_upload(conn.ip, uncounted, Instant::now());
     reply(
@@ -623,9 +707,8 @@ async fn slurp(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
     )
 }
 
-/// `/web/result`: the browser test's measurements, summarized into a result file (kept with
-/// `--keep-web-results`) and sent back whole. The body is counted as it arrives.
 /// A request's body, counted as it arrives: at most `max` bytes of `what`.
+#[cfg(feature = "browser")]
 async fn read_body(
     req: Request<Incoming>,
     max: usize,
@@ -651,9 +734,10 @@ async fn read_body(
 }
 
 /// Answers a WebRTC offer (`rtc`): the SDP answer, or why not.
+#[cfg(feature = "browser")]
 async fn rtc_offer(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
     let text = "text/plain; charset=utf-8";
-    let (Some(face), Some(local)) = (&conn.web.rtc, conn.local_ip) else {
+    let (Some(face), Some(local)) = (&conn.web.page.rtc, conn.local_ip) else {
         return reply(
             StatusCode::NOT_FOUND,
             text,
@@ -674,6 +758,9 @@ async fn rtc_offer(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
     }
 }
 
+/// `/web/result`: the browser test's measurements, summarized into a result file (kept with
+/// `--keep-web-results`) and sent back whole. The body is counted as it arrives.
+#[cfg(feature = "browser")]
 async fn page_result(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
     let bad = |why: String| {
         reply(
@@ -711,7 +798,7 @@ async fn page_result(req: Request<Incoming>, conn: &Conn) -> Response<Reply> {
             server,
             humantime::format_rfc3339_millis(now).to_string(),
         );
-        if let Some(k) = &web.keeper {
+        if let Some(k) = &web.page.keeper {
             let ms = now
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis());

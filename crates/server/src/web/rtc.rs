@@ -226,7 +226,7 @@ impl Session {
                         return false;
                     };
                     self.last_probe = now;
-                    let load = web.load_views.get(self.ip, now);
+                    let load = web.page.load_views.get(self.ip, now);
                     // No kernel view of a UDP path: the reply's own RTT is `null`.
                     let reply = ws::reply(seq, None, load);
                     if let Some(mut channel) = self.rtc.channel(d.id) {

@@ -18,7 +18,7 @@
 //! sockets from one address hold its slots 5 s, and the last ones (under half of them) up to
 //! 15 s.
 
-use super::{tls, Web};
+use super::Web;
 use crate::handshake::handshake_within;
 use crate::limits::Slot;
 use crate::Shared;
@@ -44,7 +44,7 @@ pub const PATH: &str = "/ws";
 
 pub(crate) async fn accept_loop(
     listener: TcpListener,
-    tls: Option<Arc<tls::Tls>>,
+    tls: Option<super::Cert>,
     shared: Arc<Shared>,
     web: Arc<Web>,
 ) {
@@ -70,7 +70,7 @@ async fn serve(
     stream: TcpStream,
     ip: IpAddr,
     slot: Slot,
-    tls: Option<Arc<tls::Tls>>,
+    tls: Option<super::Cert>,
     shared: Arc<Shared>,
     web: Arc<Web>,
 ) {
@@ -98,12 +98,13 @@ type Io = Box<dyn Stream>;
 
 /// The WebSocket, over TLS when the first byte starts a TLS handshake and the server has a
 /// certificate; `None` when the client gives up, or asks for another path.
-async fn open(stream: TcpStream, tls: Option<Arc<tls::Tls>>) -> Option<WebSocketStream<Io>> {
+async fn open(stream: TcpStream, tls: Option<super::Cert>) -> Option<WebSocketStream<Io>> {
     let mut first = [0u8; 1];
     let Ok(1) = stream.peek(&mut first).await else {
         return None;
     };
     let io: Io = match (first[0] == 0x16, tls) {
+        #[cfg(feature = "https")]
         (true, Some(tls)) => Box::new(
             tokio_rustls::TlsAcceptor::from(tls.current())
                 .accept(stream)
@@ -145,7 +146,7 @@ async fn probes(mut ws: WebSocketStream<Io>, ip: IpAddr, socket: &OwnedFd, web: 
             _ => break,
         };
         let kernel = bloatlab_netio::tcp_info(socket).ok().map(|i| i.rtt_us);
-        let load = web.load_views.get(ip, Instant::now());
+        let load = web.page.load_views.get(ip, Instant::now());
         if ws
             .send(Message::text(reply(seq, kernel, load)))
             .await
