@@ -6,12 +6,13 @@
 # size; at the end the first, last and highest RSS and the growth per hour after the first 5
 # minutes. With --in-monitor, autorate rides in `bloatlab monitor` (`--autorate FILE`, one
 # process, one probe stream; the monitor's history and /metrics on too). Needs root and a
-# release build.
+# release build; BLOATLAB_BIN runs another build (the router's: scripts/build-router.sh
+# x86_64-unknown-linux-musl). Its CPU seconds are printed too (utime + stime).
 #
 #   scripts/soak-autorate.sh [MINUTES] [--in-monitor]      (default 60)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=$PWD/target/release/bloatlab
+bin=$(realpath "${BLOATLAB_BIN:-$PWD/target/release/bloatlab}")
 minutes=${1:-60}
 in_monitor=${2:-}
 [ -z "$in_monitor" ] || [ "$in_monitor" = --in-monitor ] || { echo "unknown: $in_monitor" >&2; exit 2; }
@@ -65,7 +66,8 @@ else
     --metrics 127.0.0.1:9466 2>"$tmp/autorate.err" &
 fi
 pid=$!
-echo "minute  RSS kB  PSS kB  log kB"
+echo "minute  RSS kB  PSS kB  log kB  CPU s"
+hz=$(getconf CLK_TCK)
 rss=()
 for m in $(seq 0 "$minutes"); do
   [ "$m" = 0 ] || sleep 60
@@ -74,8 +76,10 @@ for m in $(seq 0 "$minutes"); do
   r=$(awk '$1 == "VmRSS:" { print $2 }' "/proc/$pid/status")
   p=$(awk '$1 == "Pss:" { print $2 }' "/proc/$pid/smaps_rollup")
   l=$(( $(stat -c %s "$tmp/autorate.jsonl") / 1024 ))
+  # utime and stime: fields 14 and 15 of /proc/PID/stat (the name, field 2, has no spaces here).
+  cpu=$(awk -v hz="$hz" '{ printf "%.1f", ($14 + $15) / hz }' "/proc/$pid/stat")
   rss+=("$r")
-  printf '%6d %7d %7d %7d\n' "$m" "$r" "$p" "$l"
+  printf '%6d %7d %7d %7d %6s\n' "$m" "$r" "$p" "$l" "$cpu"
 done
 printf '%s\n' "${rss[@]}" | awk -v m="$minutes" '
   { v[NR - 1] = $1; if ($1 > max) max = $1 }

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The router build: one static (musl) bloatlab for an OpenWrt-class device, as small as it gets.
+#
+#   scripts/build-router.sh TARGET [--features LIST] [--check]
+#
+# TARGET: aarch64-unknown-linux-musl, armv7-unknown-linux-musleabihf, x86_64-unknown-linux-musl
+# (mipsel-unknown-linux-musl is tried the same way; see BENCHMARKS.md for what it gives).
+# --features adds to the router's set (`https`, `browser`, `report`, `lab`: Cargo.toml of
+# crates/cli says what each costs). The binary lands in target/TARGET/router/bloatlab; its size
+# is printed. --check then runs it (qemu-user for another CPU) against this machine's own
+# bloatlab: --version, `test ping`, `test rrul-be -l 3` to a server on loopback, and `config
+# tc-cake` byte for byte against the host's (needs target/release/bloatlab built).
+#
+# How (each saves what a router's flash and RAM pay for):
+# - the C parts (ring, SQLite) cross-compile with zig's C compiler for the target's musl
+#   (cargo-zigbuild; both from PyPI, installed here when missing): no cross gcc, no sysroot;
+# - std is built from source with the binary (-Zbuild-std, through RUSTC_BOOTSTRAP on the stable
+#   toolchain: the one toolchain here), optimized for size with panic=abort and no unwinding
+#   tables, where the prebuilt std carries both; the same route serves targets rustup has no
+#   std for (armv7 musl is not served by this mirror, mipsel is tier 3);
+# - SQLite without the extensions the monitor's history never uses (full-text search, R-trees,
+#   JSON, loadable extensions, ...).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+target=${1:?usage: scripts/build-router.sh TARGET [--features LIST] [--check]}
+shift
+features=router
+check=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --features) features="router,${2:?--features needs a list}"; shift 2 ;;
+    --check) check=1; shift ;;
+    *) echo "build-router: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+command -v cargo-zigbuild >/dev/null && python3 -m ziglang version >/dev/null 2>&1 ||
+  python3 -m pip install --quiet --disable-pip-version-check ziglang==0.17.1 cargo-zigbuild==0.24.1
+rustup component list --installed 2>/dev/null | grep -q '^rust-src' || rustup component add rust-src
+
+# SQLite's bundled build turns these on; the history needs none of them (-U after their -D).
+sqlite_off="-USQLITE_ENABLE_FTS3 -USQLITE_ENABLE_FTS3_PARENTHESIS -USQLITE_ENABLE_FTS5
+  -USQLITE_ENABLE_RTREE -USQLITE_ENABLE_DBSTAT_VTAB -USQLITE_ENABLE_STAT4 -USQLITE_SOUNDEX
+  -USQLITE_ENABLE_COLUMN_METADATA -USQLITE_ENABLE_LOAD_EXTENSION -DSQLITE_OMIT_LOAD_EXTENSION
+  -DSQLITE_OMIT_JSON -DSQLITE_OMIT_DEPRECATED -DSQLITE_OMIT_SHARED_CACHE
+  -DSQLITE_OMIT_PROGRESS_CALLBACK -DSQLITE_OMIT_COMPLETE -DSQLITE_DEFAULT_MEMSTATUS=0"
+
+export RUSTC_BOOTSTRAP=1
+export LIBSQLITE3_FLAGS="${sqlite_off//$'\n'/ }"
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+# No unwinding tables (nothing unwinds: panic=abort), no source paths in panic messages.
+export RUSTFLAGS="-C force-unwind-tables=no -Z location-detail=none"
+cargo zigbuild --locked --profile router --target "$target" -p bloatlab \
+  --no-default-features --features "$features" \
+  -Z build-std=std,panic_abort -Z build-std-features=optimize_for_size
+
+bin=$CARGO_TARGET_DIR/$target/router/bloatlab
+size=$(stat -c %s "$bin")
+echo "build-router: $bin: $size bytes ($(awk -v s="$size" 'BEGIN { printf "%.2f", s / 1048576 }') MiB), features $features"
+
+[ $check = 1 ] || exit 0
+case $target in
+  aarch64-*) runner=(qemu-aarch64-static) ;;
+  armv7-*) runner=(qemu-arm-static) ;;
+  mipsel-*) runner=(qemu-mipsel-static) ;;
+  x86_64-*) runner=() ;;
+  *) echo "build-router: no runner known for $target" >&2; exit 2 ;;
+esac
+if [ ${#runner[@]} -gt 0 ] && ! command -v "${runner[0]}" >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user-static >/dev/null
+  else
+    echo "build-router: ${runner[0]} missing (Debian's qemu-user-static)" >&2; exit 1
+  fi
+fi
+host=target/release/bloatlab
+[ -x "$host" ] || { echo "build-router: --check needs $host (cargo build --release)" >&2; exit 1; }
+tmp=$(mktemp -d)
+server_pid=
+cleanup() {
+  [ -z "$server_pid" ] || kill "$server_pid" 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+run() { "${runner[@]}" "$bin" "$@"; }
+
+run --version
+"$host" server --listen 127.0.0.1:0 -q >"$tmp/server.out" 2>&1 &
+server_pid=$!
+for _ in $(seq 100); do
+  port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$tmp/server.out")
+  [ -n "$port" ] && break
+  sleep 0.1
+done
+[ -n "$port" ] || { cat "$tmp/server.out" >&2; echo "build-router: the server did not start" >&2; exit 1; }
+run test ping "127.0.0.1:$port" -l 2 -q -o "$tmp/ping.json"
+run test rrul-be "127.0.0.1:$port" -l 3 -q -o "$tmp/rrul.json" | tee "$tmp/rrul.txt"
+# Data moved: the download counts what it reads. (Under qemu-user the upload reads 0: its
+# TCP_INFO is not the kernel's whole struct, and a short one gives no acknowledged bytes to
+# count; the same build on x86_64, natively, counts its upload.)
+awk '/^Throughput/ { ok = ($4 + 0 > 0) } END { exit !ok }' "$tmp/rrul.txt" ||
+  { echo "build-router: rrul-be moved no data down" >&2; exit 1; }
+# The cross build wrote result files the host build reads (one format, whatever the CPU).
+"$host" advise "$tmp/rrul.json" >/dev/null
+args=(config tc-cake --dev wan --down 50mbit --up 10mbit)
+cmp <(run "${args[@]}") <("$host" "${args[@]}")
+echo "build-router: $target runs: ping, rrul-be against the host's server, config as the host's"
