@@ -50,7 +50,10 @@ export RUSTC_BOOTSTRAP=1
 export LIBSQLITE3_FLAGS="${sqlite_off//$'\n'/ }"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 # No unwinding tables (nothing unwinds: panic=abort), no source paths in panic messages.
-export RUSTFLAGS="-C force-unwind-tables=no -Z location-detail=none"
+# zig brings musl (crt objects and libc) for every target, rustup's std component or not.
+export RUSTFLAGS="-C force-unwind-tables=no -Z location-detail=none -C link-self-contained=no"
+# 32-bit ARM: Thumb-2, as the thumbv7 targets are, a fifth smaller than ARM code.
+case $target in armv7-*) RUSTFLAGS="$RUSTFLAGS -C target-feature=+thumb-mode" ;; esac
 cargo zigbuild --locked --profile router --target "$target" -p bloatlab \
   --no-default-features --features "$features" \
   -Z build-std=std,panic_abort -Z build-std-features=optimize_for_size
