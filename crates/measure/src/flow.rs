@@ -74,6 +74,8 @@ pub struct FlowConn {
     pub dscp_applied: Option<u8>,
     /// Why the sending socket does not carry the requested DSCP, when it does not.
     pub dscp_refused: Option<String>,
+    /// Why an upload's goodput cannot be counted, when it cannot (it reads 0 then).
+    pub uncounted: Option<String>,
     /// `None` once stopped: the socket is closed then, abortively.
     stream: Option<TcpStream>,
     /// Retransmissions counted when the flow stopped (upload).
@@ -158,10 +160,10 @@ impl FlowConn {
             };
             (server_dscp, refused)
         };
-        let acked_base = if upload {
-            netio::tcp_info(&stream).map(|i| i.bytes_acked).unwrap_or(0)
-        } else {
-            0
+        let (acked_base, uncounted) = match upload.then(|| netio::tcp_info(&stream)) {
+            Some(Ok(i)) => (i.bytes_acked, None),
+            Some(Err(e)) => (0, Some(format!("its goodput cannot be counted: {e}"))),
+            None => (0, None),
         };
         // Periodic timeouts let the threads notice `stop`.
         let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
@@ -264,6 +266,7 @@ impl FlowConn {
             cc,
             dscp_applied,
             dscp_refused,
+            uncounted,
             stream: Some(stream),
             final_retransmits: None,
             received,

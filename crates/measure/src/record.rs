@@ -336,7 +336,7 @@ fn flow_records(result: &mut ResultFile, live: &Live) {
             error: failure(&flow.flow.name),
             dscp_applied: flow.dscp_applied,
         });
-        if let Some(why) = &flow.dscp_refused {
+        for why in [&flow.dscp_refused, &flow.uncounted].into_iter().flatten() {
             result.events.push(Event {
                 t: flow.started,
                 what: format!("flow {}: {why}", flow.flow.name),

@@ -233,7 +233,11 @@ pub fn tcp_info(stream: &impl AsRawFd) -> io::Result<TcpInfo> {
     if (len as usize) < std::mem::size_of::<RawTcpInfo>() {
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,
-            "kernel too old for tcpi_bytes_acked",
+            format!(
+                "TCP_INFO came back with {len} of {} bytes, without the delivery counters \
+                 (a kernel before 4.9, or an emulator)",
+                std::mem::size_of::<RawTcpInfo>()
+            ),
         ));
     }
     // The kernel counts the SYN's sequence number as one acknowledged byte.
