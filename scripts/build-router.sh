@@ -66,7 +66,8 @@ echo "build-router: $bin: $size bytes ($(awk -v s="$size" 'BEGIN { printf "%.2f"
 case $target in
   aarch64-*) runner=(qemu-aarch64-static) ;;
   armv7-*) runner=(qemu-arm-static) ;;
-  mipsel-*) runner=(qemu-mipsel-static) ;;
+  # A router's MIPS core (24Kc: no FPU, as the soft-float target assumes); qemu's default is not one.
+  mipsel-*) runner=(qemu-mipsel-static -cpu 24Kc) ;;
   x86_64-*) runner=() ;;
   *) echo "build-router: no runner known for $target" >&2; exit 2 ;;
 esac

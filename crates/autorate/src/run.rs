@@ -11,14 +11,13 @@ use crate::shaper::{Shaper, ShaperError};
 use crate::{Config, Controller, Direction, Event, Sample, Why};
 use bloatlab_measure::watch::{Rider, Sample as WatchSample, Watch};
 use bloatlab_result::autorate::{LogHeader, LogLine, FORMAT, VERSION};
+use bloatlab_server::metrics::{FGauge, UCounter};
 use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,7 +90,6 @@ pub struct Summary {
 }
 
 type Labels = Vec<(&'static str, &'static str)>;
-type FGauge = Gauge<f64, AtomicU64>;
 
 /// The registry and, per direction (down, up), handles to its series: the loop sets them
 /// without looking a label set up.
@@ -101,9 +99,9 @@ struct Metrics {
     load: [FGauge; 2],
     baseline: [FGauge; 2],
     delta: [FGauge; 2],
-    changes: Family<Labels, Counter>,
-    answered: Counter,
-    lost: Counter,
+    changes: Family<Labels, UCounter>,
+    answered: UCounter,
+    lost: UCounter,
     shaper_present: FGauge,
     following_reflectors: FGauge,
 }
@@ -144,7 +142,7 @@ impl Metrics {
             "The last one-way delay above its baseline",
             Unit::Seconds,
         );
-        let changes = Family::<Labels, Counter>::default();
+        let changes = Family::<Labels, UCounter>::default();
         r.register(
             "rate_changes",
             "Rate changes by direction and why",
@@ -157,7 +155,7 @@ impl Metrics {
                     .inc_by(0);
             }
         }
-        let probes = Family::<Labels, Counter>::default();
+        let probes = Family::<Labels, UCounter>::default();
         r.register("probes", "Probes answered and lost", probes.clone());
         let answered = probes.get_or_create(&vec![("result", "answered")]).clone();
         let lost = probes.get_or_create(&vec![("result", "lost")]).clone();

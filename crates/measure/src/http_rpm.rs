@@ -24,6 +24,7 @@ use hyper::body::{Body, Bytes, Frame};
 use hyper::client::conn::{http1, http2::SendRequest};
 use hyper::{Request, Response, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use portable_atomic::AtomicU64;
 #[cfg(feature = "https")]
 use rustls::pki_types::{CertificateDer, ServerName};
 use std::convert::Infallible;
@@ -31,7 +32,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;

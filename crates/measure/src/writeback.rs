@@ -11,12 +11,13 @@ use bloatlab_result::params::{VmSettings, WritebackMachine};
 use bloatlab_result::{
     self as result, Event, Host, Metadata, Phase, ResultFile, Series, SeriesKind,
 };
+use portable_atomic::AtomicU64;
 use serde::Serialize;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -3,32 +3,29 @@
 
 use bloatlab_measure::watch::Sample;
 use bloatlab_result::history::{grade_number, LoadBand, ShaperRow, TestRow};
+use bloatlab_server::metrics::{FGauge, UCounter};
 use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 use std::borrow::Cow;
-use std::sync::atomic::AtomicU64;
 
 type Labels = Vec<(&'static str, String)>;
-type FGauge = Gauge<f64, AtomicU64>;
 
 pub struct Metrics {
     registry: Registry,
     target: String,
     rtt: Family<Labels, Histogram, fn() -> Histogram>,
-    sent: Family<Labels, Counter>,
-    lost: Family<Labels, Counter>,
+    sent: Family<Labels, UCounter>,
+    lost: Family<Labels, UCounter>,
     added: Family<Labels, FGauge>,
     goodput: Family<Labels, FGauge>,
     grade: Family<Labels, FGauge>,
-    tests: Family<Labels, Counter>,
-    skipped: Family<Labels, Counter>,
+    tests: Family<Labels, UCounter>,
+    skipped: Family<Labels, UCounter>,
     up: Family<Labels, FGauge>,
     cake_rate: Family<Labels, FGauge>,
-    cake_counters: [Family<Labels, Counter>; 4],
+    cake_counters: [Family<Labels, UCounter>; 4],
     cake_gauges: [Family<Labels, FGauge>; 4],
 }
 

@@ -29,9 +29,9 @@ pub use conn::validate;
 
 use bloatlab_proto as proto;
 use limits::Slots;
+use portable_atomic::AtomicU64;
 use session::Sessions;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;

@@ -11,6 +11,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -214,3 +215,62 @@ mod tests {
         drop(slow);
     }
 }
+
+/// A gauge's f64 on a portable 64-bit atomic: prometheus-client's own (`Gauge<f64, AtomicU64>`)
+/// exists only where the CPU has 64-bit atomics, and 32-bit MIPS routers have none.
+#[derive(Debug, Default)]
+pub struct F64(portable_atomic::AtomicU64);
+
+impl F64 {
+    /// Applies `f` to the value; returns the value before.
+    fn update(&self, f: impl Fn(f64) -> f64) -> f64 {
+        let bits = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                Some(f(f64::from_bits(b)).to_bits())
+            });
+        f64::from_bits(bits.unwrap_or_else(|b| b))
+    }
+}
+
+impl prometheus_client::metrics::gauge::Atomic<f64> for F64 {
+    fn inc(&self) -> f64 {
+        self.update(|v| v + 1.0)
+    }
+    fn inc_by(&self, by: f64) -> f64 {
+        self.update(|v| v + by)
+    }
+    fn dec(&self) -> f64 {
+        self.update(|v| v - 1.0)
+    }
+    fn dec_by(&self, by: f64) -> f64 {
+        self.update(|v| v - by)
+    }
+    fn set(&self, v: f64) -> f64 {
+        f64::from_bits(self.0.swap(v.to_bits(), Ordering::Relaxed))
+    }
+    fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// A counter's u64 on a portable 64-bit atomic (prometheus-client counts in u32 where the CPU
+/// has no 64-bit atomics: bytes would wrap at 4 GB).
+#[derive(Debug, Default)]
+pub struct U64(portable_atomic::AtomicU64);
+
+impl prometheus_client::metrics::counter::Atomic<u64> for U64 {
+    fn inc(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed)
+    }
+    fn inc_by(&self, by: u64) -> u64 {
+        self.0.fetch_add(by, Ordering::Relaxed)
+    }
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The metrics' types, on those values.
+pub type FGauge = prometheus_client::metrics::gauge::Gauge<f64, F64>;
+pub type UCounter = prometheus_client::metrics::counter::Counter<u64, U64>;

@@ -2,9 +2,10 @@
 
 use crate::udpload::UdpSink;
 use bloatlab_proto::{FlowReport, ServerMsg, StreamReport, TestRequest, Token};
+use portable_atomic::AtomicU64;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;

@@ -12,8 +12,9 @@
 //! share it) is never idle. The TLS handshake before all that follows `crate::handshake`'s rule.
 
 use hyper::body::{Body, Frame, SizeHint};
+use portable_atomic::AtomicU64;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
