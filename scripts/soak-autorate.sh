@@ -75,7 +75,7 @@ for m in $(seq 0 "$minutes"); do
   ip netns exec "$ns" curl -s -o /dev/null http://127.0.0.1:9466/metrics || true
   r=$(awk '$1 == "VmRSS:" { print $2 }' "/proc/$pid/status")
   p=$(awk '$1 == "Pss:" { print $2 }' "/proc/$pid/smaps_rollup")
-  l=$(( $(stat -c %s "$tmp/autorate.jsonl") / 1024 ))
+  l=$(( $(stat -c %s "$tmp/autorate.jsonl" 2>/dev/null || echo 0) / 1024 ))
   # utime and stime: fields 14 and 15 of /proc/PID/stat (the name, field 2, has no spaces here).
   cpu=$(awk -v hz="$hz" '{ printf "%.1f", ($14 + $15) / hz }' "/proc/$pid/stat")
   rss+=("$r")
