@@ -39,7 +39,7 @@ timed() {
 export -f timed ci_elapsed ci_jiffies
 
 # One test binary in its package's directory, as cargo test runs it, its output kept in a log
-# and printed whole when it ends (two workers must not interleave). One test at a time: each
+# and printed whole when it ends (workers must not interleave). One test at a time: each
 # test's time from libtest's --report-time (unstable: RUSTC_BOOTSTRAP for this process only,
 # not for rustc) is then its own, not a wait for the shared lock of common::serial().
 run_test_binary() {
@@ -77,13 +77,13 @@ run_worker() {
   done
 }
 
-# run_test_binaries ARTIFACTS ORDER...: every test binary in cargo's artifact messages, two at a
-# time (CI_WORKERS; 2 cores: the lab's emulator and the kernel's qdiscs mostly wait on the
-# clock, the machine was 30-40% busy with two, BENCHMARKS.md). Within a
-# binary its tests take turns (common::serial()); a test that needs the machine to itself
-# (common::quiet()) waits for the other binary's test to end and holds off its next one.
+# run_test_binaries ARTIFACTS ORDER...: every test binary in cargo's artifact messages, three
+# at a time (CI_WORKERS; on 2 cores: the lab's emulator and the kernel's qdiscs mostly wait on
+# the clock, the machine was 30-40% busy with two, BENCHMARKS.md). Within a binary its tests
+# take turns (common::serial()); a test that needs the machine to itself (common::quiet(),
+# common::alone()) waits for the other binaries' tests to end and holds off their next ones.
 # The binaries named in ORDER (package/target) first, in that order (longest first balances
-# the two workers), then the rest (the unit tests). Fails when any test did.
+# the workers), then the rest (the unit tests). Fails when any test did.
 run_test_binaries() {
   local artifacts=$1
   shift
@@ -101,7 +101,7 @@ with open(os.path.join(os.environ["ci_out"], "queue.tsv"), "w") as f:
     f.writelines(r + "\n" for _, r in sorted(rows, key=lambda r: r[0]))
 ' "$artifacts" "$@"
   local pids=() i
-  for ((i = 1; i < ${CI_WORKERS:-2}; i++)); do
+  for ((i = 1; i < ${CI_WORKERS:-3}; i++)); do
     run_worker &
     pids+=($!)
   done

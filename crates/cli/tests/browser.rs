@@ -416,7 +416,9 @@ fn letters_apart(a: &serde_json::Value, b: &serde_json::Value) -> usize {
 
 #[test]
 fn a_browser_grades_deep_short_and_lossy_fifos_as_the_cli_does() {
-    let _g = serial();
+    // Chromium's timers are the probes' clock: beside two other binaries' labs (CI's third
+    // worker) the page read a 12 ms FIFO as +52.8 ms.
+    let _g = alone();
     let Some(bin) = chromium() else {
         return missing("the browser test runs in Chromium (apt install chromium)");
     };

@@ -16,8 +16,8 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_bloatlab");
 /// Timing tests share two cores: run them one at a time.
 pub static SERIAL: Mutex<()> = Mutex::new(());
 
-/// One test of this binary at a time ([`SERIAL`]). CI runs two test binaries side by side;
-/// this test may run beside the other binary's, unless that one asked for [`quiet`].
+/// One test of this binary at a time ([`SERIAL`]). CI runs test binaries side by side; this
+/// test may run beside the others', unless one asked for [`quiet`] or [`alone`].
 pub fn serial() -> Serial {
     take_turn(false)
 }
@@ -29,17 +29,31 @@ pub fn quiet() -> Serial {
     take_turn(true)
 }
 
+/// As [`quiet`] for other tests, but CI's idle-priority fuzz job goes on meanwhile (it holds
+/// `bloatlab-tests-alone.lock`, which CI's pause loop reads as "leave the fuzz job running"):
+/// for a test that needs the CPU other tests would take (a browser's timers) and not the
+/// whole machine's quiet (SCHED_IDLE work yields to it).
+pub fn alone() -> Serial {
+    let marker = locked("bloatlab-tests-alone.lock", true);
+    Serial {
+        _alone: Some(marker),
+        ..take_turn(true)
+    }
+}
+
 fn take_turn(exclusive: bool) -> Serial {
     let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     Serial {
         _machine: machine_lock(exclusive),
+        _alone: None,
         _guard: guard,
     }
 }
 
 pub struct Serial {
-    // Dropped before the guard: the machine's lock goes first.
+    // Dropped before the guard: the machine's lock goes first (fields drop in order).
     _machine: std::fs::File,
+    _alone: Option<std::fs::File>,
     _guard: std::sync::MutexGuard<'static, ()>,
 }
 
