@@ -5,6 +5,7 @@ pub mod burst;
 pub mod clock;
 pub mod emodel;
 pub mod grade;
+pub mod marks;
 pub mod rpm;
 pub mod stats;
 pub mod summarize;

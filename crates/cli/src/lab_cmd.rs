@@ -41,7 +41,9 @@ pub enum LabCommand {
     /// 100ms), target, interval,
     /// ecn, flows, quantum, ring (packets a driver holds below the qdisc; 0: none), bql (on: the
     /// ring limited in bytes
-    /// as Linux's byte queue limits do), seed.
+    /// as Linux's byte queue limits do), dscp and ecn_path (what a middlebox at the link's
+    /// entry does to the marks: keep | bleach | FROM>TO pairs such as EF>AF41,CS1>CS0 or
+    /// ect1>ect0), seed.
     Set {
         link: String,
         /// key=value settings.

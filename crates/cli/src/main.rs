@@ -380,6 +380,18 @@ fn test(a: TestArgs) -> ExitCode {
         let outcome = bloatlab_measure::mtu::run(&a.host, None, &opts(None));
         return finish_test(outcome, a.json, a.quiet);
     }
+    if kind == TestKind::Marks {
+        let marks = match a.marks() {
+            Ok(m) => m,
+            Err(e) => return usage(e),
+        };
+        let key = match load_key(a.key.as_deref()) {
+            Ok(k) => k,
+            Err(e) => return fail(e),
+        };
+        let outcome = bloatlab_measure::marks::run(&a.host, &marks, &opts(key));
+        return finish_test(outcome, a.json, a.quiet);
+    }
     if kind == TestKind::Writeback {
         let wb = bloatlab_measure::writeback::WritebackParams {
             dir: PathBuf::from(&a.host),

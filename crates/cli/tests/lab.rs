@@ -947,3 +947,165 @@ fn lab_run_passes_the_exit_code_and_tears_down() {
     );
     assert_eq!(netns_and_links("runlab"), before);
 }
+
+/// `test marks` through a lab whose second link is an ISP edge that bleaches DSCP on the way in
+/// and rewrites ECT(1) to ECT(0) on the way out (as `dscp` and `ecn_path` make it): the test
+/// names both and nothing else; with the link's marks kept again, every mark is kept.
+#[test]
+fn test_marks_names_a_bleaching_isp_and_an_ect1_rewrite_and_a_clean_path() {
+    let _g = serial();
+    let topo = "name='marks'\n\
+        [[link]]\nname='lan'\na='client'\nb='router'\n\
+        [[link]]\nname='wan'\na='router'\nb='isp'\n\
+        down={dscp='bleach'}\nup={ecn_path='ect1>ect0'}\n\
+        [[link]]\nname='core'\na='isp'\nb='server'\n\
+        [host.router]\nicmp_ratelimit=0\n[host.isp]\nicmp_ratelimit=0\n\
+        [host.server]\nicmp_ratelimit=0\n";
+    let Some(lab) = LabUp::up("marks", topo) else {
+        return;
+    };
+    let _srv = lab.server("server");
+    let codes = |s: &serde_json::Value| -> Vec<String> {
+        s["marks"]["verdicts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["code"].as_str().unwrap().to_string())
+            .collect()
+    };
+    for host in ["10.77.2.2", "fd77:0:0:2::2"] {
+        let s = lab.test("client", &["marks", host, "--rounds", "2"]);
+        let m = &s["marks"];
+        for f in m["down"].as_array().unwrap() {
+            let want = if f["sent"].as_u64().unwrap() >> 2 == 0 {
+                "kept"
+            } else {
+                "bleached"
+            };
+            assert_eq!(f["dscp"]["fate"], want, "{host} down: {f}");
+            assert_eq!(f["ecn"]["fate"], "kept", "{host} down: {f}");
+        }
+        for f in m["up"].as_array().unwrap() {
+            assert_eq!(f["dscp"]["fate"], "kept", "{host} up: {f}");
+            let ecn = f["sent"].as_u64().unwrap() & 3;
+            if ecn == 1 {
+                assert_eq!(
+                    (&f["ecn"]["fate"], &f["ecn"]["to"]),
+                    (&"remapped".into(), &"ect0".into()),
+                    "{host} up: {f}"
+                );
+            } else {
+                assert_eq!(f["ecn"]["fate"], "kept", "{host} up: {f}");
+            }
+        }
+        assert_eq!(
+            codes(&s),
+            ["dscp_bleached_down", "ect1_rewritten_up", "ecn_through"],
+            "{host}: {}",
+            m["verdicts"]
+        );
+    }
+    lab.set("wan", &["dscp=keep", "ecn_path=keep", "--dir", "both"]);
+    let s = lab.test("client", &["marks", "10.77.2.2", "--rounds", "1"]);
+    assert_eq!(codes(&s), ["dscp_kept", "ecn_through"], "{}", s["marks"]);
+    // Bleached on the way out at the ISP's edge: hop 1 (the router) quotes the marks as sent,
+    // hop 2 (the ISP) and the server bleached. One TTL-limited walk per DSCP names hop 2.
+    lab.set("wan", &["dscp=bleach", "--dir", "up"]);
+    for host in ["10.77.2.2", "fd77:0:0:2::2"] {
+        let s = lab.test("client", &["marks", host, "--rounds", "1", "--locate"]);
+        let m = &s["marks"];
+        let changes = m["changes"].as_array().unwrap();
+        assert_eq!(
+            changes.len(),
+            9,
+            "{host}: one per DSCP but CS0: {}",
+            m["changes"]
+        );
+        for c in changes {
+            assert_eq!(
+                (&c["field"], &c["arrived"], &c["hop"], &c["last_as_sent"]),
+                (&"dscp".into(), &"BE".into(), &2.into(), &1.into()),
+                "{host}: {c}"
+            );
+        }
+        let hops = m["hops"].as_array().unwrap();
+        assert_eq!(hops.len(), 3, "{host}: router, ISP, server: {}", m["hops"]);
+        assert_eq!(hops[2]["destination"], true);
+        let said = codes(&s);
+        assert!(said.contains(&"dscp_bleached_up".to_string()), "{said:?}");
+        assert!(
+            said.contains(&"dscp_changed_at_hop".to_string()),
+            "{said:?}"
+        );
+    }
+}
+
+/// The `l4s` preset: a TCP download without ECN and one with ECN share DualPI2's classic queue,
+/// whose PI holds it near its 15 ms target by dropping the one and marking the other (p'^2
+/// each); meanwhile `test marks` sees its ECT(1) probes take the L queue and come back CE far
+/// more often than its ECT(0) ones (the coupling: k p' = 2p' against p'^2).
+#[test]
+fn l4s_preset_dualpi2_drops_classic_marks_ecn_and_couples_the_l_queue() {
+    let _g = serial();
+    let Some(lab) = LabUp::preset("l4s", "l4s") else {
+        return;
+    };
+    let _srv = lab.server("server");
+    // Four flows each: enough for p' of several percent, so 100 ECT(1) probes see its coupled
+    // marks (two flows held p' near 2%: two CE in 50).
+    let down = [
+        "tcp-down",
+        "10.77.2.2",
+        "-l",
+        "12",
+        "--idle",
+        "1",
+        "--flows",
+        "4",
+    ];
+    let (classic, ecn, marks) = std::thread::scope(|s| {
+        let a = s.spawn(|| lab.test("classic", &down));
+        let b = s.spawn(|| lab.test("ecn", &down));
+        std::thread::sleep(std::time::Duration::from_secs(5));
+        let m = lab.test(
+            "classic",
+            &[
+                "marks",
+                "10.77.2.2",
+                "--dscps",
+                "CS0",
+                "--ecn",
+                "ect1,ect0",
+                "--rounds",
+                "100",
+            ],
+        );
+        (a.join().unwrap(), b.join().unwrap(), m)
+    });
+    let (c, e) = (
+        f(&classic, "throughput_mbps.down"),
+        f(&ecn, "throughput_mbps.down"),
+    );
+    assert!(c + e > 16.0 && c > 4.0 && e > 4.0, "{c} + {e} Mbit/s of 20");
+    let line = &lab.stats()["links"]["line"]["down"];
+    assert!(
+        line["ecn_marks"].as_u64().unwrap() > 0 && line["drops"]["aqm"].as_u64().unwrap() > 0,
+        "the ECN flow marked, the other dropped: {line}"
+    );
+    let ce = |ecn_sent: u64| -> u64 {
+        let f = marks["marks"]["down"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["sent"].as_u64() == Some(ecn_sent))
+            .unwrap()
+            .clone();
+        f["ecn"]["ce"].as_u64().unwrap_or(0)
+    };
+    let (l, classic_ce) = (ce(1), ce(2));
+    eprintln!("CE on 100 ECT(1) probes {l}, on 100 ECT(0) {classic_ce}; {c} + {e} Mbit/s");
+    assert!(
+        l >= 5 && l > 3 * classic_ce,
+        "CE on 100 ECT(1) probes {l}, on ECT(0) {classic_ce}"
+    );
+}

@@ -677,3 +677,79 @@ fn compare_runs_the_test_against_each_target_and_reports_efficiency() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `test marks` on loopback, where nothing rewrites a mark: every DSCP and ECN code point (CE
+/// too: Linux lets a UDP socket send any TOS byte) arrives as sent, both ways, over IPv4 and
+/// IPv6, and the verdicts say so. A code point name that does not exist is one usage line.
+#[test]
+fn marks_on_loopback_are_all_kept_both_ways_and_a_bad_name_is_one_line() {
+    let _g = serial();
+    let srv = ServerProc::start(&[], "[::]:0", &[]);
+    let port = srv.addr.rsplit(':').next().unwrap().to_string();
+    for host in [format!("127.0.0.1:{port}"), format!("[::1]:{port}")] {
+        let out_file = tmp_path("marks.json");
+        let out = run(
+            &[],
+            &[
+                "test",
+                "marks",
+                &host,
+                "--rounds",
+                "2",
+                "--json",
+                "-q",
+                "-o",
+                out_file.to_str().unwrap(),
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{host}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let s = json(&out);
+        let m = &s["marks"];
+        for way in ["up", "down"] {
+            let fates = m[way].as_array().unwrap();
+            assert_eq!(fates.len(), 40, "10 DSCPs x 4 ECN code points");
+            for f in fates {
+                assert_eq!(
+                    (&f["dscp"]["fate"], &f["ecn"]["fate"], &f["arrived"]),
+                    (&"kept".into(), &"kept".into(), &2.into()),
+                    "{host} {way}: {f}"
+                );
+            }
+        }
+        assert_eq!(m["up_read"], true);
+        assert_eq!(m["server_received"], 80);
+        let codes: Vec<&str> = m["verdicts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["code"].as_str().unwrap())
+            .collect();
+        assert_eq!(codes, ["dscp_kept", "ecn_through"], "{host}");
+        // The raw probes are in the file, as sent and as they arrived each way.
+        let r: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&out_file).unwrap()).unwrap();
+        let probes = r["metadata"]["params"]["probes"].as_array().unwrap();
+        assert_eq!(probes.len(), 80);
+        let ce_ef = probes.iter().find(|p| p["sent"] == 0xbb).unwrap();
+        assert_eq!(
+            (&ce_ef["request_arrived"], &ce_ef["reply_arrived"]),
+            (&0xbb.into(), &0xbb.into()),
+            "EF with CE: {ce_ef}"
+        );
+        let _ = std::fs::remove_file(&out_file);
+    }
+    for (flag, bad, said) in [
+        ("--dscps", "EF,XX", "unknown DSCP \"XX\""),
+        ("--ecn", "ect2", "unknown ECN code point \"ect2\""),
+    ] {
+        let out = run(&[], &["test", "marks", "127.0.0.1:9", flag, bad, "-q"]);
+        assert_eq!(out.status.code(), Some(2), "{flag} {bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(said), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+}

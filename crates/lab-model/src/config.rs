@@ -24,7 +24,7 @@ pub enum Loss {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum QdiscKind {
     Fifo,
     FifoHeadDrop,
@@ -32,6 +32,8 @@ pub enum QdiscKind {
     FqCodel,
     /// CAKE with its own shaper and options, in tc's words after `qdisc = "cake ..."`.
     Cake(CakeParams),
+    /// DualPI2 (RFC 9332), options in tc's words after `qdisc = "dualpi2 ..."`.
+    DualPi2(crate::dualpi2::DualPi2Params),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -104,6 +106,9 @@ pub struct DirConfig {
     /// bytes in it are within a limit learnt from completions. A ring of `ring` entries, 256
     /// when none is set.
     pub bql: bool,
+    /// What this direction does to the marks of the packets entering it, as a middlebox or an
+    /// ISP's edge does (`dscp`, `ecn_path`).
+    pub marks: crate::marks::MarkRewrite,
     pub seed: u64,
 }
 
@@ -122,6 +127,7 @@ impl Default for DirConfig {
             qdisc: QdiscConfig::default(),
             ring: 0,
             bql: false,
+            marks: Default::default(),
             seed: 1,
         }
     }
@@ -246,9 +252,10 @@ impl DirConfig {
                 let (kind, options) = v.split_once(char::is_whitespace).unwrap_or((v, ""));
                 self.qdisc.kind = match kind {
                     "cake" => QdiscKind::Cake(CakeParams::parse(options)?),
+                    "dualpi2" => QdiscKind::DualPi2(crate::dualpi2::DualPi2Params::parse(options)?),
                     _ if !options.trim().is_empty() => {
                         return Err(ConfigError::Value(format!(
-                            "qdisc `{v}`: only cake takes options here; \
+                            "qdisc `{v}`: only cake and dualpi2 take options here; \
                              set the others with their own keys (limit, target, ...)"
                         )))
                     }
@@ -258,8 +265,8 @@ impl DirConfig {
                     "fq_codel" | "fq-codel" => QdiscKind::FqCodel,
                     _ => {
                         return Err(ConfigError::Value(format!(
-                            "qdisc `{v}`: want fifo, \
-                        fifo-headdrop, codel, fq_codel or \"cake [options as tc takes them]\""
+                            "qdisc `{v}`: want fifo, fifo-headdrop, codel, fq_codel, \
+                             \"cake [options as tc takes them]\" or \"dualpi2 [options]\""
                         )))
                     }
                 }
@@ -292,6 +299,9 @@ impl DirConfig {
                 self.ring = n;
             }
             "bql" => self.bql = parse_bool(v)?,
+            // As a middlebox at this link's entry: keep, bleach, or FROM>TO pairs.
+            "dscp" => self.marks.set_dscp(v)?,
+            "ecn_path" => self.marks.set_ecn(v)?,
             "seed" => {
                 self.seed = v
                     .parse()
@@ -368,6 +378,9 @@ impl DirConfig {
                 }))
             }
             QdiscKind::Cake(p) => Box::new(Cake::new(p, self.mtu, self.seed)),
+            QdiscKind::DualPi2(p) => {
+                Box::new(crate::dualpi2::DualPi2::new(p, self.mtu + 14, self.seed))
+            }
         }
     }
 
@@ -434,6 +447,7 @@ impl DirConfig {
             QdiscKind::Codel => format!("codel limit {limit}"),
             QdiscKind::FqCodel => format!("fq_codel limit {limit}"),
             QdiscKind::Cake(p) => p.describe(),
+            QdiscKind::DualPi2(p) => p.describe(),
         };
         out += &format!(", {qdisc}");
         if self.ring_entries() > 0 {
@@ -449,6 +463,9 @@ impl DirConfig {
                 self.overhead,
                 if self.atm { " ATM" } else { "" }
             );
+        }
+        if !self.marks.is_keep() {
+            out += &format!(", {}", self.marks.describe());
         }
         out
     }

@@ -164,6 +164,7 @@ impl LinkDirection {
             self.stats.drops.loss += 1;
             return;
         }
+        self.cfg.marks.apply(&mut pkt);
         self.pump(now);
         self.last_arrival = now;
         pkt.frame_len = self.cfg.wire_bytes(pkt.len());

@@ -99,16 +99,23 @@ impl Packet {
 
     /// Clears the DSCP and keeps the ECN bits (CAKE's `wash`); IPv4's checksum follows.
     pub fn clear_dscp(&mut self) {
+        let ecn = self.ecn();
+        self.set_tos(ecn);
+    }
+
+    /// Sets the whole TOS / traffic-class byte (DSCP and ECN); IPv4's checksum follows.
+    pub fn set_tos(&mut self, tos: u8) {
         match self.version() {
             4 if self.data.len() >= 20 => {
                 let old = u16::from_be_bytes([self.data[0], self.data[1]]);
-                self.data[1] &= ECN_MASK;
+                self.data[1] = tos;
                 let new = u16::from_be_bytes([self.data[0], self.data[1]]);
                 self.fix_ipv4_checksum(old, new);
             }
             6 if self.data.len() >= 40 => {
-                self.data[0] &= 0xf0;
-                self.data[1] &= 0x3f;
+                // The traffic class straddles bytes 0 and 1: version | TC high | TC low | flow.
+                self.data[0] = (self.data[0] & 0xf0) | (tos >> 4);
+                self.data[1] = (self.data[1] & 0x0f) | (tos << 4);
             }
             _ => {}
         }

@@ -231,6 +231,10 @@ impl Lab {
                 ns::sysctl(&n, "net.ipv4.icmp_ratelimit", &ms.to_string())?;
                 ns::sysctl(&n, "net.ipv6.icmp.ratelimit", &ms.to_string())?;
             }
+            if let Some(ecn) = topo.host_settings.get(h).and_then(|s| s.ecn) {
+                // For IPv6's TCP too: Linux has one switch for both.
+                ns::sysctl(&n, "net.ipv4.tcp_ecn", if ecn { "1" } else { "0" })?;
+            }
             let cc = topo
                 .host_settings
                 .get(h)

@@ -227,6 +227,33 @@ b = "server"
 both = { rate = "50mbit", delay = "10ms", limit = 1000 }
 "#,
     ),
+    (
+        "l4s",
+        r#"
+name = "l4s"
+description = """A 20 Mbit/s line with DualPI2 (RFC 9332: L4S and classic queues, coupled) both \
+ways and 20 ms base RTT; two clients share it: `classic` (TCP without ECN: dropped) and `ecn` \
+(TCP with ECN, ECT(0): the classic queue marks it instead); ECT(1) and CE packets (test marks) \
+take the L queue"""
+[[link]]
+name = "lan-classic"
+a = "classic"
+b = "router"
+[[link]]
+name = "lan-ecn"
+a = "ecn"
+b = "router"
+[[link]]
+name = "line"
+a = "router"
+b = "server"
+both = { rate = "20mbit", delay = "10ms", qdisc = "dualpi2" }
+[host.classic]
+ecn = false
+[host.ecn]
+ecn = true
+"#,
+    ),
 ];
 
 pub fn get(name: &str) -> Option<&'static str> {

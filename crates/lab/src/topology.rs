@@ -19,6 +19,7 @@
 //! [host.isp]
 //! icmp_ratelimit = 0      # ms between ICMP errors to one address; Linux's default 1000, 0 none
 //! icmp_delay = "300ms"    # its own ICMP errors leave this late while it forwards 500+ pkt/s
+//! ecn = true              # its TCP asks for ECN on every connection (net.ipv4.tcp_ecn = 1)
 //! ```
 //!
 //! Two settings at the top concern how hosts meet the lab, not the links:
@@ -53,6 +54,9 @@ pub struct HostSettings {
     pub icmp_delay_ns: Option<u64>,
     /// Its TCP senders' congestion control (`congctl` on its routes); `None` gives `DEFAULT_CC`.
     pub cc: Option<String>,
+    /// TCP ECN (`net.ipv4.tcp_ecn`): true asks for it on every connection (1), false neither
+    /// asks nor accepts (0); `None` leaves Linux's default (2: accepts when asked).
+    pub ecn: Option<bool>,
 }
 
 /// Every lab host's TCP congestion control unless its `[host.NAME]` says `cc`: Linux's default,
@@ -174,10 +178,18 @@ fn host_settings(
                     })?;
                     st.cc = Some(name.to_string());
                 }
+                "ecn" => {
+                    st.ecn = Some(v.as_bool().ok_or_else(|| {
+                        TopologyError::Shape(format!(
+                            "[host.{h}] ecn: want true (TCP asks for ECN) or false (none), got {v}"
+                        ))
+                    })?);
+                }
                 other => {
                     return Err(TopologyError::Shape(format!(
-                    "[host.{h}]: unknown setting `{other}` (known: icmp_ratelimit, icmp_delay, cc)"
-                )))
+                        "[host.{h}]: unknown setting `{other}` \
+                         (known: icmp_ratelimit, icmp_delay, cc, ecn)"
+                    )))
                 }
             }
         }

@@ -47,6 +47,16 @@ pub struct TestArgs {
     /// the Wi-Fi VI queue on older Linux kernels; CS6 (48) in VO.
     #[arg(long, default_value = "EF", value_parser = bloatlab_proto::parse_dscp)]
     pub dscp: u8,
+    /// marks: the DSCPs to send, each with every --ecn code point (names or numbers, comma
+    /// separated).
+    #[arg(long, default_value = crate::marks::DEFAULT_DSCPS, value_name = "LIST")]
+    pub dscps: String,
+    /// marks: the ECN code points to send: not-ect, ect0, ect1, ce (comma separated).
+    #[arg(long, default_value = crate::marks::DEFAULT_ECNS, value_name = "LIST")]
+    pub ecn: String,
+    /// marks: probes of each code point (1..100), one every 10 ms in turn.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: u32,
     /// voip: make the call under 4 download + 4 upload TCP flows.
     #[arg(long)]
     pub under_load: bool,
@@ -115,7 +125,9 @@ pub struct TestArgs {
     pub json: bool,
     /// Also locate the bloat: probe every hop during the test (see `bloatlab locate`) and
     /// name the hop and direction; the locate file goes beside the result file. For tcp-down,
-    /// tcp-up, tcp-bidir, rrul and rrul-be.
+    /// tcp-up, tcp-bidir, rrul and rrul-be. For marks: walk the path with TTL-limited probes of
+    /// the marks that changed on the way out and name the first hop that saw each changed
+    /// (a raw ICMP socket: root).
     #[arg(long)]
     pub locate: bool,
     /// No progress output.
@@ -171,6 +183,11 @@ impl TestArgs {
         };
         params.validate()?;
         Ok(params)
+    }
+
+    /// `test marks`'s parameters from its flags, checked.
+    pub fn marks(&self) -> Result<crate::marks::MarksParams, String> {
+        crate::marks::MarksParams::parse(&self.dscps, &self.ecn, self.rounds, self.locate)
     }
 
     pub fn http(&self) -> HttpOptions {

@@ -13,6 +13,7 @@ pub mod hops;
 pub mod http_rpm;
 mod load;
 pub mod localq;
+pub mod marks;
 pub mod mtu;
 pub mod oneway;
 pub mod pacing;

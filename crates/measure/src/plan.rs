@@ -39,6 +39,11 @@ pub enum TestKind {
     /// holes (large packets lost with no "fragmentation needed"), and the TCP MSS, OpenVPN
     /// mssfix and WireGuard MTU that follow.
     Mtu,
+    /// What becomes of DSCP and ECN marks on the way to a bloatlab server and back: UDP probes
+    /// sent with each code point (--dscps x --ecn, --rounds each), the server saying what each
+    /// arrived with and marking its reply the same: kept, bleached, remapped or dropped, each
+    /// way, and what that means for diffserv on ingress, ECN and L4S.
+    Marks,
 }
 
 impl TestKind {
@@ -55,13 +60,18 @@ impl TestKind {
             TestKind::Udp => "udp",
             TestKind::Writeback => "writeback",
             TestKind::Mtu => "mtu",
+            TestKind::Marks => "marks",
         }
     }
 
     /// Default length of the measured (load) part, seconds.
     pub fn default_length(self) -> f64 {
         match self {
-            TestKind::Ping | TestKind::Udp | TestKind::Writeback | TestKind::Mtu => 10.0,
+            TestKind::Ping
+            | TestKind::Udp
+            | TestKind::Writeback
+            | TestKind::Mtu
+            | TestKind::Marks => 10.0,
             TestKind::Rpm => 20.0,
             _ => 30.0,
         }
@@ -295,8 +305,9 @@ pub fn plan(p: &Params) -> Plan {
                 (idle, load) = (p.length, 0.0);
             }
         }
-        // Run no flows or probes of their own (see `measure::writeback`, `measure::mtu`).
-        TestKind::Writeback | TestKind::Mtu => {}
+        // Run no flows or probes of their own (see `measure::writeback`, `measure::mtu`,
+        // `measure::marks`).
+        TestKind::Writeback | TestKind::Mtu | TestKind::Marks => {}
         TestKind::Udp => {
             // The probes under it show what the load's queue (or bursts) do to latency.
             if let Some(u) = &p.udp {

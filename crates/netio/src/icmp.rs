@@ -239,6 +239,124 @@ impl EchoSocket {
     }
 }
 
+/// An ICMP error as a raw socket reads it: who sent it, and the start of the packet it quotes
+/// as that router received it (RFC 792, RFC 4443: the IP header and at least 8 bytes after).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotedError {
+    pub from: IpAddr,
+    /// Time Exceeded (a router at the probe's TTL); else Destination Unreachable.
+    pub time_exceeded: bool,
+    /// The quoted packet's TOS byte / traffic class: its marks as they arrived there.
+    pub tos: u8,
+    /// The quoted UDP header's ports.
+    pub sport: u16,
+    pub dport: u16,
+}
+
+/// Parses an ICMP error message as a raw socket delivers it (IPv4: from the IP header, IPv6:
+/// from the ICMPv6 header) into the quoted packet's TOS and UDP ports; `None` for anything
+/// else: other types, short or malformed messages, quotes of other protocols.
+pub fn parse_quoted_error(v6: bool, msg: &[u8]) -> Option<(bool, u8, u16, u16)> {
+    let icmp = if v6 {
+        msg
+    } else {
+        let ihl = usize::from(*msg.first()? & 0x0f) * 4;
+        msg.get(ihl.max(20)..)?
+    };
+    let time_exceeded = match (v6, *icmp.first()?) {
+        (false, 11) | (true, 3) => true,
+        (false, 3) | (true, 1) => false,
+        _ => return None,
+    };
+    let quoted = icmp.get(8..)?;
+    let (tos, udp) = if v6 {
+        // Version | traffic class | flow label; next header at 6, UDP right after 40 bytes.
+        let tc = ((quoted.first()? & 0x0f) << 4) | (quoted.get(1)? >> 4);
+        (*quoted.get(6)? == 17).then_some(())?;
+        (tc, quoted.get(40..44)?)
+    } else {
+        let ihl = usize::from(*quoted.first()? & 0x0f) * 4;
+        (quoted.first()? >> 4 == 4 && ihl >= 20 && *quoted.get(9)? == 17).then_some(())?;
+        (*quoted.get(1)?, quoted.get(ihl..ihl + 4)?)
+    };
+    Some((
+        time_exceeded,
+        tos,
+        u16::from_be_bytes([udp[0], udp[1]]),
+        u16::from_be_bytes([udp[2], udp[3]]),
+    ))
+}
+
+/// A raw ICMP socket (root or CAP_NET_RAW) that reads the errors routers send this host with
+/// the packets they quote: unlike a UDP socket's error queue, which hands back only the
+/// datagram's payload, it sees the quoted IP header, so the marks as each router got them.
+pub struct QuoteSocket {
+    sock: UdpSocket,
+    v6: bool,
+}
+
+impl QuoteSocket {
+    pub fn open(v6: bool) -> io::Result<QuoteSocket> {
+        use socket2::{Domain, Protocol, Socket, Type};
+        let (domain, proto) = if v6 {
+            (Domain::IPV6, Protocol::ICMPV6)
+        } else {
+            (Domain::IPV4, Protocol::ICMPV4)
+        };
+        let raw = Socket::new(domain, Type::RAW, Some(proto)).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("a raw ICMP socket, to read what routers quote, needs root: {e}"),
+            )
+        })?;
+        if !v6 {
+            // ICMP_FILTER: every type but Destination Unreachable (3) and Time Exceeded (11)
+            // is dropped before it is queued.
+            const ICMP_FILTER: i32 = 1;
+            setsockopt_int(
+                raw.as_raw_fd(),
+                libc::SOL_RAW,
+                ICMP_FILTER,
+                !((1 << 3) | (1 << 11)),
+            )?;
+        }
+        raw.set_nonblocking(true)?;
+        Ok(QuoteSocket {
+            sock: raw.into(),
+            v6,
+        })
+    }
+
+    /// The socket, to wait on.
+    pub fn socket(&self) -> &UdpSocket {
+        &self.sock
+    }
+
+    /// The next ICMP error that quotes a UDP packet, if one is waiting (never blocks).
+    pub fn recv(&self) -> io::Result<Option<QuotedError>> {
+        loop {
+            let mut data = [0u8; 600];
+            let Some((n, name)) = recv_with(&self.sock, 0, &mut data, &mut [0u64; 8], |_| {})?
+            else {
+                return Ok(None);
+            };
+            let (Some(from), Some((time_exceeded, tos, sport, dport))) = (
+                sockaddr_to(&name),
+                parse_quoted_error(self.v6, &data[..n.min(data.len())]),
+            ) else {
+                continue;
+            };
+            return Ok(Some(QuotedError {
+                from: from.ip(),
+                time_exceeded,
+                tos,
+                sport,
+                dport,
+            }));
+        }
+    }
+}
+
 /// Sets the Don't Fragment bit (IPv6 never fragments in flight) on everything the socket
 /// sends, without letting the kernel's cached path MTU refuse larger probes (tracepath's
 /// IP_PMTUDISC_PROBE): a probe too big for the first hop fails at send with EMSGSIZE.
@@ -409,7 +527,7 @@ pub fn recv_echo_reply(sock: &UdpSocket) -> io::Result<Option<EchoReply>> {
     }))
 }
 
-fn sockaddr_to(sa: &libc::sockaddr_storage) -> Option<SocketAddr> {
+pub(crate) fn sockaddr_to(sa: &libc::sockaddr_storage) -> Option<SocketAddr> {
     match sa.ss_family as i32 {
         libc::AF_INET => {
             // SAFETY: the family says this storage holds a sockaddr_in.
@@ -628,5 +746,46 @@ mod tests {
                 Some("::1".parse().unwrap())
             )
         );
+    }
+
+    #[test]
+    fn a_quoted_header_gives_the_marks_as_the_router_got_them() {
+        // IPv4: the outer header a raw socket reads, ICMP Time Exceeded, then the quote: an IP
+        // header with TOS 0xb9 (EF, ECT(1)) carrying UDP 40000 -> 33434.
+        let mut m = vec![
+            0x45, 0, 0, 56, 0, 0, 0, 0, 64, 1, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+        ];
+        m.extend([11, 0, 0, 0, 0, 0, 0, 0]);
+        m.extend([
+            0x45, 0xb9, 0, 28, 0, 0, 0, 0, 1, 17, 0, 0, 10, 0, 0, 2, 10, 0, 0, 3,
+        ]);
+        m.extend([0x9c, 0x40, 0x82, 0x9a, 0, 8, 0, 0]);
+        assert_eq!(
+            parse_quoted_error(false, &m),
+            Some((true, 0xb9, 40000, 33434))
+        );
+        // Port Unreachable from the destination; a quote of TCP is not ours; short is nothing.
+        m[20] = 3;
+        assert_eq!(
+            parse_quoted_error(false, &m),
+            Some((false, 0xb9, 40000, 33434))
+        );
+        m[20 + 8 + 9] = 6;
+        assert_eq!(parse_quoted_error(false, &m), None);
+        assert_eq!(parse_quoted_error(false, &m[..40]), None);
+        // IPv6: ICMPv6 Time Exceeded from its own header; traffic class 0xb9 straddles the
+        // first two bytes of the quoted header.
+        let mut m6 = vec![3, 0, 0, 0, 0, 0, 0, 0];
+        let mut h = vec![0u8; 40];
+        h[0] = 0x60 | (0xb9 >> 4);
+        h[1] = (0xb9 & 0x0f) << 4;
+        h[6] = 17;
+        m6.extend(h);
+        m6.extend([0x9c, 0x40, 0x82, 0x9a, 0, 8, 0, 0]);
+        assert_eq!(
+            parse_quoted_error(true, &m6),
+            Some((true, 0xb9, 40000, 33434))
+        );
+        assert_eq!(parse_quoted_error(true, &m6[..47]), None);
     }
 }

@@ -79,22 +79,28 @@ pub fn unix_now() -> f64 {
 
 /// Puts `dscp` (0..=63) in the TOS / traffic-class byte of everything the socket sends, then
 /// reads back the DSCP the socket now carries: the mark as applied, which a kernel, a sandbox or
-/// a policy may have refused or altered. A dual-stack IPv6 socket talking to an IPv4-mapped
-/// peer sends IPv4 packets, marked by IP_TOS: that is the option set and read back then.
+/// a policy may have refused or altered.
 pub fn apply_dscp(sock: SockRef<'_>, dscp: u8, peer: &SocketAddr) -> io::Result<u8> {
-    let tos = u32::from(dscp) << 2;
+    Ok(apply_tos(sock, dscp << 2, peer)? >> 2)
+}
+
+/// Puts the whole TOS / traffic-class byte (DSCP and ECN) on everything the socket sends and
+/// reads back what it carries. UDP's ECN bits go out as set (a TCP socket's belong to the
+/// kernel, which keeps its own). A dual-stack IPv6 socket talking to an IPv4-mapped peer sends
+/// IPv4 packets, marked by IP_TOS: that is the option set and read back then.
+pub fn apply_tos(sock: SockRef<'_>, tos: u8, peer: &SocketAddr) -> io::Result<u8> {
     let ipv4_packets = match peer {
         SocketAddr::V4(_) => true,
         SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_some(),
     };
     let applied = if ipv4_packets {
-        sock.set_tos_v4(tos)?;
+        sock.set_tos_v4(u32::from(tos))?;
         sock.tos_v4()?
     } else {
-        sock.set_tclass_v6(tos)?;
+        sock.set_tclass_v6(u32::from(tos))?;
         sock.tclass_v6()?
     };
-    Ok((applied >> 2) as u8)
+    Ok(applied as u8)
 }
 
 /// What became of a requested DSCP mark: `None` when it holds, else a sentence for the user.

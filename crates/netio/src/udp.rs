@@ -3,7 +3,7 @@
 //! by the `fq` qdisc) with a check of the qdisc that would have to honour it.
 
 use std::io;
-use std::net::{IpAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::time::SystemTime;
@@ -71,6 +71,48 @@ pub fn recv_stamped(
         at = at.or(crate::icmp::cmsg_time(c))
     })?;
     Ok(got.map(|(n, _)| (n, at)))
+}
+
+/// Asks the kernel to say with each datagram received what TOS byte (IPv4) or traffic class
+/// (IPv6) it arrived with: the DSCP and ECN marks as the path left them. A dual-stack socket
+/// gets both options, as IPv4-mapped peers send it IPv4 packets.
+pub fn enable_recv_tos(sock: &UdpSocket) -> io::Result<()> {
+    let fd = sock.as_raw_fd();
+    if sock.local_addr()?.is_ipv6() {
+        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)?;
+        // A socket bound to a v6 address only never sees IPv4: the option is then moot.
+        let _ = setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
+        Ok(())
+    } else {
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)
+    }
+}
+
+/// The TOS byte or traffic class a control message carries (with [`enable_recv_tos`]).
+fn cmsg_tos(c: &libc::cmsghdr) -> Option<u8> {
+    // SAFETY: IP_TOS carries one byte, IPV6_TCLASS an int (read unaligned: cmsg data is only
+    // aligned to the header's size).
+    unsafe {
+        match (c.cmsg_level, c.cmsg_type) {
+            (libc::IPPROTO_IP, libc::IP_TOS) => Some(*libc::CMSG_DATA(c)),
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                let v: libc::c_int = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                Some(v as u8)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// One waiting datagram into `buf`, without blocking: its length, sender and the TOS byte it
+/// arrived with (`None` unless [`enable_recv_tos`] was asked); `None` when nothing waits.
+pub fn recv_from_tos(
+    sock: &UdpSocket,
+    buf: &mut [u8],
+) -> io::Result<Option<(usize, SocketAddr, Option<u8>)>> {
+    let mut tos = None;
+    let got = crate::icmp::recv_with(sock, 0, buf, &mut [0u64; 8], |c| tos = tos.or(cmsg_tos(c)))?;
+    Ok(got.and_then(|(n, name)| Some((n, crate::icmp::sockaddr_to(&name)?, tos))))
 }
 
 /// Asks for a receive buffer of `bytes`, beyond `net.core.rmem_max` when privileged

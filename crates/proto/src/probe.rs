@@ -8,6 +8,12 @@
 //! client_send_ns u64 | server_recv_ns u64 | server_send_ns u64 | server_rx_count u32 | padding.
 //! With a shared key (flag [`FLAG_MAC`]) the last 16 bytes of the padding are the packet's MAC
 //! ([`crate::auth::sign_probe`]), in requests and replies alike.
+//!
+//! A request with [`FLAG_MARKS`] (`test marks`) asks for the TOS byte its reply is to carry, and
+//! its reply says what TOS the request arrived with: the three bytes after the header are
+//! reply TOS (asked, then as sent) | request TOS as received | bit 1: the server wrote these
+//! fields, bit 0: it could read the request's TOS. A server that predates the flag echoes the
+//! bytes as they came: the last one stays 0.
 
 pub const MAGIC: [u8; 4] = *b"BLP1";
 pub const HEADER_LEN: usize = 56;
@@ -15,6 +21,10 @@ pub const HEADER_LEN: usize = 56;
 pub const MAX_LEN: usize = 1472;
 /// Flag: the packet ends in a MAC under the shared key.
 pub const FLAG_MAC: u8 = 1;
+/// Flag: the three bytes after the header are the marks fields ([`Marks`]).
+pub const FLAG_MARKS: u8 = 2;
+/// Bytes of the marks fields.
+pub const MARKS_LEN: usize = 3;
 /// Shortest probe that can carry a MAC.
 pub const MIN_SIGNED_LEN: usize = HEADER_LEN + crate::auth::PROBE_MAC_LEN;
 
@@ -43,6 +53,53 @@ pub struct Probe {
     pub server_rx_count: u32,
     /// `FLAG_MAC` when the packet is signed.
     pub flags: u8,
+}
+
+/// The marks fields of a [`FLAG_MARKS`] probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Marks {
+    /// In a request, the TOS byte (DSCP and ECN) its reply is to carry; in a reply, the TOS
+    /// the server's socket sent it with.
+    pub reply_tos: u8,
+    /// In a reply, the TOS byte the request arrived with; `None` in requests, and when the
+    /// server could not read it.
+    pub request_tos: Option<u8>,
+    /// Written by a server that knows the flag (false in requests, and in an older server's
+    /// echo of one).
+    pub answered: bool,
+}
+
+impl Marks {
+    /// Writes the fields after the header of `buf` (the whole packet); false when the packet
+    /// has no room for them (beside its MAC when `signed`).
+    pub fn write(&self, buf: &mut [u8], signed: bool) -> bool {
+        if !Marks::fits(buf.len(), signed) {
+            return false;
+        }
+        buf[HEADER_LEN] = self.reply_tos;
+        buf[HEADER_LEN + 1] = self.request_tos.unwrap_or(0);
+        buf[HEADER_LEN + 2] = u8::from(self.answered) << 1 | u8::from(self.request_tos.is_some());
+        true
+    }
+
+    /// The fields of a packet whose header carries [`FLAG_MARKS`]; `None` when it has no room
+    /// for them.
+    pub fn read(buf: &[u8], signed: bool) -> Option<Marks> {
+        Marks::fits(buf.len(), signed).then(|| Marks {
+            reply_tos: buf[HEADER_LEN],
+            request_tos: (buf[HEADER_LEN + 2] & 1 == 1).then_some(buf[HEADER_LEN + 1]),
+            answered: buf[HEADER_LEN + 2] & 2 == 2,
+        })
+    }
+
+    fn fits(len: usize, signed: bool) -> bool {
+        let mac = if signed {
+            crate::auth::PROBE_MAC_LEN
+        } else {
+            0
+        };
+        len >= HEADER_LEN + MARKS_LEN + mac && len <= MAX_LEN
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -132,6 +189,28 @@ mod tests {
             buf[HEADER_LEN..].iter().all(|&b| b == 0xee),
             "padding untouched"
         );
+    }
+
+    #[test]
+    fn marks_fit_before_the_mac_and_say_when_the_server_read_none() {
+        let m = Marks {
+            reply_tos: 0xba,
+            request_tos: Some(0x01),
+            answered: true,
+        };
+        let mut buf = vec![0u8; HEADER_LEN + MARKS_LEN];
+        assert!(m.write(&mut buf, false));
+        assert_eq!(Marks::read(&buf, false), Some(m));
+        assert!(!m.write(&mut buf, true), "no room beside a MAC");
+        assert_eq!(Marks::read(&buf, true), None);
+        // A request (and an old server's echo of it) says nothing of what arrived.
+        let req = Marks {
+            reply_tos: 4,
+            request_tos: None,
+            answered: false,
+        };
+        assert!(req.write(&mut buf, false));
+        assert_eq!(Marks::read(&buf, false), Some(req));
     }
 
     #[test]

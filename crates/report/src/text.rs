@@ -183,10 +183,58 @@ fn cc_words(meta: &Metadata) -> String {
     )
 }
 
+/// A mark's fate in a table cell.
+fn fate_word(f: &bloatlab_result::marks::Fate) -> String {
+    use bloatlab_result::marks::Fate;
+    match f {
+        Fate::Kept => "kept".into(),
+        Fate::Bleached => "bleached".into(),
+        Fate::Remapped { to } => format!("> {to}"),
+        Fate::Marked { ce } => format!("{ce} CE"),
+        Fate::Mixed => "mixed".into(),
+        Fate::Dropped => "dropped".into(),
+        Fate::Unknown => "?".into(),
+    }
+}
+
+/// `test marks`: each code point's DSCP and ECN fate both ways, then the verdicts.
+fn marks_text(s: &Summary, m: &bloatlab_result::marks::MarksReport, meta: &Metadata) -> String {
+    let mut out = format!(
+        "marks to {} ({}){}\n",
+        meta.server.name,
+        meta.server.address.as_deref().unwrap_or("?"),
+        if s.partial { "  [PARTIAL]" } else { "" }
+    );
+    let _ = writeln!(
+        out,
+        "{:<14} {:>7}  {:<10} {:<10}  {:<10} ECN",
+        "sent", "back", "out: DSCP", "ECN", "in: DSCP"
+    );
+    for (u, d) in m.up.iter().zip(&m.down) {
+        let _ = writeln!(
+            out,
+            "{:<14} {:>7}  {:<10} {:<10}  {:<10} {}",
+            u.name,
+            format!("{}/{}", d.arrived, u.probes),
+            fate_word(&u.dscp),
+            fate_word(&u.ecn),
+            fate_word(&d.dscp),
+            fate_word(&d.ecn)
+        );
+    }
+    for v in &m.verdicts {
+        let _ = writeln!(out, "- {}", v.text);
+    }
+    out
+}
+
 /// The human summary printed after a test.
 pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
     if let Some(w) = &s.writeback {
         return writeback_text(s, w, meta);
+    }
+    if let Some(m) = &s.marks {
+        return marks_text(s, m, meta);
     }
     if let (Some(mtu), Some(a)) = (s.path_mtu, &s.advice) {
         let mut out = format!(

@@ -6,6 +6,7 @@ pub mod autorate;
 pub mod history;
 pub mod lab;
 pub mod locate;
+pub mod marks;
 pub mod params;
 mod summary;
 

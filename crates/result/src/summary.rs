@@ -389,5 +389,8 @@ pub struct Summary {
     pub blackhole: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advice: Option<MtuAdvice>,
+    /// `test marks`: what became of each DSCP and ECN code point, each way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub marks: Option<crate::marks::MarksReport>,
     pub partial: bool,
 }

@@ -3,6 +3,8 @@
 //! goes only to an address that completed a test's handshake (any port of it: the token is the
 //! secret, and a NAT may give each client socket its own port), never exceeds the rate the test
 //! negotiated, and with a shared key only answers, and signs, probes that carry a valid MAC.
+//! A marks probe (`test marks`) gets its reply with the TOS byte it asks for (its own stream's
+//! rate still bounds them) and learns the TOS its request arrived with.
 //!
 //! It runs on a thread of its own with a blocking socket, not on the runtime: a probe's reply
 //! then leaves microseconds after its request arrives (p50 87 us round trip on loopback), where
@@ -25,13 +27,19 @@ pub(crate) fn serve(sock: UdpSocket, shared: Arc<Shared>) {
     // A UDP load's bursts (a sender's 100 ms of data at line rate) must not overflow this
     // socket: what it drops would read as network loss. 32 MB holds 0.25 s at 1 Gbit/s.
     let _ = netio::udp::grow_rcvbuf(&sock, RCVBUF);
-    let _ = sock.set_read_timeout(Some(Duration::from_millis(200)));
+    // Without it every request's TOS reads as unknown: marks tests say so, nothing else needs it.
+    let _ = netio::udp::enable_recv_tos(&sock);
     let mut buf = [0u8; probe::MAX_LEN + 1];
-    // The mark the socket carries now: (requested, read back).
-    let mut current_dscp: Option<(u8, Option<u8>)> = None;
+    // The TOS byte the socket carries now: (requested, read back).
+    let mut current_tos: Option<(u8, Option<u8>)> = None;
     while !*shared.stop.borrow() {
-        let (n, from) = match sock.recv_from(&mut buf) {
-            Ok(x) => x,
+        let (n, from, arrived_tos) = match netio::udp::recv_from_tos(&sock, &mut buf) {
+            Ok(Some(x)) => x,
+            Ok(None) => {
+                // Waits at most 200 ms, so a stop is noticed.
+                netio::wait_readable(&sock, Duration::from_millis(200));
+                continue;
+            }
             Err(_) => continue,
         };
         let recv_ns = netio::mono_ns();
@@ -87,11 +95,16 @@ pub(crate) fn serve(sock: UdpSocket, shared: Arc<Shared>) {
             shared.counters.udp_unknown.fetch_add(1, Ordering::Relaxed);
             continue;
         };
-        if current_dscp.map(|c| c.0) != Some(dscp) {
+        let signed = req.flags & probe::FLAG_MAC != 0;
+        let marks = (req.flags & probe::FLAG_MARKS != 0)
+            .then(|| probe::Marks::read(&buf[..n], signed))
+            .flatten();
+        let tos = marks.map_or(dscp << 2, |m| m.reply_tos);
+        if current_tos.map(|c| c.0) != Some(tos) {
             // One socket serves every stream: switch its marking only when the stream's differs.
-            current_dscp = Some((
-                dscp,
-                netio::apply_dscp(socket2::SockRef::from(&sock), dscp, &from).ok(),
+            current_tos = Some((
+                tos,
+                netio::apply_tos(socket2::SockRef::from(&sock), tos, &from).ok(),
             ));
         }
         let rx_count = {
@@ -104,7 +117,9 @@ pub(crate) fn serve(sock: UdpSocket, shared: Arc<Shared>) {
                 continue;
             }
             st.received += 1;
-            st.dscp_applied = current_dscp.and_then(|c| c.1);
+            if marks.is_none() {
+                st.dscp_applied = current_tos.and_then(|c| c.1).map(|t| t >> 2);
+            }
             st.received
         };
         let reply = Probe {
@@ -114,6 +129,14 @@ pub(crate) fn serve(sock: UdpSocket, shared: Arc<Shared>) {
             server_rx_count: rx_count as u32,
             ..req
         };
+        if let Some(m) = marks {
+            let sent = probe::Marks {
+                reply_tos: current_tos.and_then(|c| c.1).unwrap_or(m.reply_tos),
+                request_tos: arrived_tos,
+                answered: true,
+            };
+            sent.write(&mut buf[..n], signed);
+        }
         // Same buffer, same length: the reply can never be larger than the request.
         if reply.encode(&mut buf[..n]).is_ok() {
             if let Some(key) = &shared.config.key {

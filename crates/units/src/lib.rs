@@ -13,6 +13,8 @@
 //!
 //! And back to text: `ms` writes milliseconds with a precision that suits their size.
 
+pub mod marks;
+
 use std::time::Duration;
 
 /// The largest rate read: 10 Tbit/s.
