@@ -49,6 +49,7 @@ pub fn udp_summary(u: &UdpLoadInfo, load_s: Option<f64>) -> (UdpLoad, Loss) {
         skipped: u.skipped,
         server_socket_drops: server.and_then(|s| s.socket_drops),
         server_limited: server.map(|s| s.server_limited),
+        ce: server.filter(|_| u.ecn != 0).map(|s| s.ce),
     };
     let mut loss = Loss {
         sent: u.sent,

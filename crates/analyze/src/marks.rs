@@ -5,6 +5,7 @@
 use bloatlab_result::marks::{
     Arrival, Fate, MarkChange, MarkFate, MarkHop, MarkProbe, MarksReport, MarksVerdict,
 };
+use bloatlab_result::StreamCounts;
 use bloatlab_units::marks::{dscp_name, ecn_name, tos_name, CE, ECT0, ECT1, NOT_ECT};
 
 #[derive(Clone, Copy, PartialEq)]
@@ -73,35 +74,17 @@ pub fn report(probes: &[MarkProbe], server_received: Option<u64>) -> MarksReport
                     Way::Up => lost_up != Some(0),
                     Way::Down => lost_down != Some(0),
                 };
-                let (dscp, ecn) = if !readable {
-                    (Fate::Unknown, Fate::Unknown)
-                } else if arrived.is_empty() && !any_answer && dropped_here {
-                    (Fate::Dropped, Fate::Dropped)
-                } else if arrived.is_empty() {
-                    (Fate::Unknown, Fate::Unknown)
-                } else {
-                    (dscp_fate(from, &arrived), ecn_fate(from, &arrived))
-                };
-                let mut arrived_as: Vec<Arrival> = Vec::new();
+                let mut counts = Vec::new();
                 for &a in &arrived {
-                    match arrived_as.iter_mut().find(|x| x.tos == a) {
-                        Some(x) => x.count += 1,
-                        None => arrived_as.push(Arrival {
-                            tos: a,
-                            name: tos_name(a),
-                            count: 1,
-                        }),
-                    }
+                    tally(&mut counts, a);
                 }
-                MarkFate {
-                    sent: from,
-                    name: tos_name(from),
-                    probes: mine.count() as u32,
-                    arrived: arrived.len() as u32,
-                    arrived_as,
-                    dscp,
-                    ecn,
+                let mut f = fate(from, &counts, mine.count() as u64);
+                if !readable {
+                    (f.dscp, f.ecn) = (Fate::Unknown, Fate::Unknown);
+                } else if arrived.is_empty() && !any_answer && dropped_here {
+                    (f.dscp, f.ecn) = (Fate::Dropped, Fate::Dropped);
                 }
+                f
             })
             .collect()
     };
@@ -116,6 +99,41 @@ pub fn report(probes: &[MarkProbe], server_received: Option<u64>) -> MarksReport
         hops: Vec::new(),
         changes: Vec::new(),
     }
+}
+
+/// Every protocol test's probe streams read as `test marks` reads its probes: each stream's
+/// marks (its DSCP and `--ecn`) and what the requests arrived at the server with and the
+/// replies here with. `None` when no stream says (a server before the report carried it).
+pub fn from_streams(streams: &[StreamCounts]) -> Option<MarksReport> {
+    let up_read = streams.iter().any(|s| !s.tos_arrived_up.is_empty());
+    let down_read = streams.iter().any(|s| !s.tos_arrived_down.is_empty());
+    if !up_read && !down_read {
+        return None;
+    }
+    let up: Vec<MarkFate> = streams
+        .iter()
+        .map(|s| {
+            let sent = s.dscp_applied_up.unwrap_or(s.dscp) << 2 | s.ecn;
+            fate(sent, &s.tos_arrived_up, s.sent)
+        })
+        .collect();
+    let down: Vec<MarkFate> = streams
+        .iter()
+        .map(|s| {
+            let sent = s.dscp_applied_down.unwrap_or(s.dscp) << 2 | s.ecn;
+            fate(sent, &s.tos_arrived_down, s.received)
+        })
+        .collect();
+    let verdicts = verdicts(&up, &down, up_read, down_read);
+    Some(MarksReport {
+        up,
+        down,
+        up_read,
+        server_received: None,
+        verdicts,
+        hops: Vec::new(),
+        changes: Vec::new(),
+    })
 }
 
 /// The code points worth walking hop by hop: of those that changed on the way out, one per
@@ -233,14 +251,48 @@ pub fn locate(r: &mut MarksReport, hops: Vec<MarkHop>) {
     r.changes = changes;
 }
 
+/// Counts one arrival with TOS `tos` (as `proto::tally_tos`; this pure crate has no proto).
+fn tally(counts: &mut Vec<(u8, u64)>, tos: u8) {
+    match counts.iter_mut().find(|c| c.0 == tos) {
+        Some(c) => c.1 += 1,
+        None => counts.push((tos, 1)),
+    }
+}
+
+/// The fate of code point `sent` (a TOS byte) whose `probes` arrived with the TOS bytes
+/// `counts` (byte, how many): `Unknown` when none arrived.
+fn fate(sent: u8, counts: &[(u8, u64)], probes: u64) -> MarkFate {
+    let (dscp, ecn) = if counts.is_empty() {
+        (Fate::Unknown, Fate::Unknown)
+    } else {
+        (dscp_fate(sent, counts), ecn_fate(sent, counts))
+    };
+    MarkFate {
+        sent,
+        name: tos_name(sent),
+        probes: probes as u32,
+        arrived: counts.iter().map(|c| c.1).sum::<u64>() as u32,
+        arrived_as: counts
+            .iter()
+            .map(|&(tos, count)| Arrival {
+                tos,
+                name: tos_name(tos),
+                count: count as u32,
+            })
+            .collect(),
+        dscp,
+        ecn,
+    }
+}
+
 fn one_value(values: impl Iterator<Item = u8>) -> Option<u8> {
     let mut it = values;
     let first = it.next()?;
     it.all(|v| v == first).then_some(first)
 }
 
-fn dscp_fate(sent: u8, arrived: &[u8]) -> Fate {
-    match one_value(arrived.iter().map(|a| a >> 2)) {
+fn dscp_fate(sent: u8, arrived: &[(u8, u64)]) -> Fate {
+    match one_value(arrived.iter().map(|a| a.0 >> 2)) {
         Some(d) if d == sent >> 2 => Fate::Kept,
         Some(0) => Fate::Bleached,
         Some(d) => Fate::Remapped { to: dscp_name(d) },
@@ -248,17 +300,17 @@ fn dscp_fate(sent: u8, arrived: &[u8]) -> Fate {
     }
 }
 
-fn ecn_fate(sent: u8, arrived: &[u8]) -> Fate {
+fn ecn_fate(sent: u8, arrived: &[(u8, u64)]) -> Fate {
     let sent = sent & 3;
-    let ce = arrived.iter().filter(|a| *a & 3 == CE).count() as u32;
+    let ce: u64 = arrived.iter().filter(|a| a.0 & 3 == CE).map(|a| a.1).sum();
     // RFC 3168: a queue may set CE on an ECT packet; that is the field working, not rewritten.
     if matches!(sent, ECT0 | ECT1)
         && ce > 0
-        && arrived.iter().all(|a| matches!(a & 3, CE) || a & 3 == sent)
+        && arrived.iter().all(|a| a.0 & 3 == CE || a.0 & 3 == sent)
     {
-        return Fate::Marked { ce };
+        return Fate::Marked { ce: ce as u32 };
     }
-    match one_value(arrived.iter().map(|a| a & 3)) {
+    match one_value(arrived.iter().map(|a| a.0 & 3)) {
         Some(e) if e == sent => Fate::Kept,
         Some(NOT_ECT) => Fate::Bleached,
         Some(e) => Fate::Remapped {
@@ -409,6 +461,24 @@ fn verdicts(
                      on this path.",
                     way.words(),
                     l4s_broken.join(", ")
+                ),
+            );
+        }
+        // Where a queue marks instead of dropping: CE on ECN-capable probes, per class.
+        let marked: Vec<String> = fates
+            .iter()
+            .filter_map(|f| match f.ecn {
+                Fate::Marked { ce } => Some(format!("{} {ce} of {}", f.name, f.arrived)),
+                _ => None,
+            })
+            .collect();
+        if !marked.is_empty() {
+            say(
+                format!("ce_marked_{}", way.code()),
+                format!(
+                    "A queue marks instead of dropping {}: ECN-capable probes arrived CE ({}).",
+                    way.words(),
+                    marked.join(", ")
                 ),
             );
         }
@@ -609,6 +679,11 @@ mod tests {
         let f = r.down.iter().find(|f| f.sent == tos(0, ECT0)).unwrap();
         assert_eq!(f.ecn, Fate::Marked { ce: 1 });
         assert!(r.up.iter().all(|f| f.dscp == Fate::Unknown));
-        assert_eq!(codes(&r), ["up_unknown", "ecn_through"]);
+        assert_eq!(codes(&r), ["up_unknown", "ce_marked_down", "ecn_through"]);
+        assert!(
+            r.verdicts[1].text.contains("BE/ect0 1 of 2"),
+            "{:?}",
+            r.verdicts
+        );
     }
 }

@@ -387,6 +387,8 @@ pub fn summarize(result: &ResultFile) -> Summary {
                 .or(r.idle.filter(|i| *i > 0.0).map(|i| 60_000.0 / i)),
         };
     }
+    // What the path did to the probes' marks, each way (from the server's report).
+    s.marks = crate::marks::from_streams(&result.metadata.streams);
     s
 }
 

@@ -1005,6 +1005,9 @@ fn test_marks_names_a_bleaching_isp_and_an_ect1_rewrite_and_a_clean_path() {
             m["verdicts"]
         );
     }
+    // Every test's probes tell the same: rrul's EF and BK probes come back as CS0.
+    let s = lab.test("client", &["rrul", "10.77.2.2", "-l", "2", "--idle", "1"]);
+    assert_eq!(codes(&s)[0], "dscp_bleached_down", "{}", s["marks"]);
     lab.set("wan", &["dscp=keep", "ecn_path=keep", "--dir", "both"]);
     let s = lab.test("client", &["marks", "10.77.2.2", "--rounds", "1"]);
     assert_eq!(codes(&s), ["dscp_kept", "ecn_through"], "{}", s["marks"]);
@@ -1107,5 +1110,53 @@ fn l4s_preset_dualpi2_drops_classic_marks_ecn_and_couples_the_l_queue() {
     assert!(
         l >= 5 && l > 3 * classic_ce,
         "CE on 100 ECT(1) probes {l}, on ECT(0) {classic_ce}"
+    );
+}
+
+/// A UDP load (and its probes) sent ECT(0) at 1.5 times a 10 Mbit/s link into FQ-CoDel with
+/// ECN: CoDel marks instead of dropping, and the CE marks the server counted are the lab's own
+/// mark count (within 5%: a packet marked and still in flight at the end is the only
+/// difference).
+#[test]
+fn ce_marks_the_server_counts_are_the_ones_fq_codel_set() {
+    let _g = serial();
+    let topo = "name='ce'\n[[link]]\nname='l'\na='client'\nb='server'\n\
+        up={rate='10mbit', qdisc='fq_codel'}\n";
+    let Some(lab) = LabUp::up("ce", topo) else {
+        return;
+    };
+    let _srv = lab.server("server");
+    let s = lab.test(
+        "client",
+        &[
+            "udp",
+            "10.77.0.2",
+            "--rate",
+            "15mbit",
+            "--ecn",
+            "ect0",
+            "-l",
+            "3",
+            "--idle",
+            "0.5",
+        ],
+    );
+    // The load's CE and its probes' (ECN-capable too, in a flow of their own), on the way up.
+    let probes_ce: u64 = s["marks"]["up"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["ecn"]["ce"].as_u64())
+        .sum();
+    let ce = s["udp"]["ce"].as_u64().unwrap() + probes_ce;
+    let up = &lab.stats()["links"]["l"]["up"];
+    let marks = up["ecn_marks"].as_u64().unwrap();
+    assert!(
+        marks > 100 && (ce as f64 - marks as f64).abs() <= 0.05 * marks as f64,
+        "server counted {ce} CE, the lab marked {marks}: {up}"
+    );
+    assert_eq!(
+        up["drops"]["aqm"], 0,
+        "ECT packets are marked, not dropped: {up}"
     );
 }

@@ -122,7 +122,18 @@ fn rrul_records_each_dscp_mark_as_the_sockets_carry_it() {
     for st in r["metadata"]["streams"].as_array().unwrap() {
         assert_eq!(st["dscp_applied_up"], st["dscp"], "{st}");
         assert_eq!(st["dscp_applied_down"], st["dscp"], "{st}");
+        // And as they arrived, each way: every probe with its own mark (TOS = DSCP << 2).
+        let tos = st["dscp"].as_u64().unwrap() << 2;
+        for way in ["tos_arrived_up", "tos_arrived_down"] {
+            let arrived = st[way].as_array().unwrap();
+            assert!(
+                arrived.len() == 1 && arrived[0][0] == tos && arrived[0][1].as_u64() > Some(0),
+                "{way}: {st}"
+            );
+        }
     }
+    let verdicts = r["summary"]["marks"]["verdicts"].as_array().unwrap();
+    assert_eq!(verdicts[0]["code"], "dscp_kept", "{verdicts:?}");
 }
 
 fn bloatlab_result_read(path: &std::path::Path) -> serde_json::Value {

@@ -51,9 +51,11 @@ pub struct TestArgs {
     /// separated).
     #[arg(long, default_value = crate::marks::DEFAULT_DSCPS, value_name = "LIST")]
     pub dscps: String,
-    /// marks: the ECN code points to send: not-ect, ect0, ect1, ce (comma separated).
-    #[arg(long, default_value = crate::marks::DEFAULT_ECNS, value_name = "LIST")]
-    pub ecn: String,
+    /// marks: the ECN code points to send: not-ect, ect0, ect1, ce (comma separated; default
+    /// all four). Other tests: the one their UDP probes (both ways) and udp's load carry
+    /// (default not-ect); what arrives CE was marked by a queue instead of dropped.
+    #[arg(long, value_name = "LIST")]
+    pub ecn: Option<String>,
     /// marks: probes of each code point (1..100), one every 10 ms in turn.
     #[arg(long, default_value_t = 5)]
     pub rounds: u32,
@@ -146,6 +148,13 @@ impl TestArgs {
     /// The test's parameters from its flags, checked.
     pub fn params(&self) -> Result<Params, String> {
         let kind = self.test;
+        let ecn = match (kind, self.ecn.as_deref()) {
+            (TestKind::Marks, _) | (_, None) => 0,
+            (TestKind::Writeback | TestKind::Mtu, Some(_)) => {
+                return Err("--ecn is for tests with UDP probes or a UDP load".into())
+            }
+            (_, Some(e)) => bloatlab_units::marks::parse_ecn(e)?,
+        };
         let size = match (kind, self.size.as_deref()) {
             (TestKind::Writeback, s) => crate::writeback::parse_size(s.unwrap_or("1G"))?,
             (_, None) => 1024,
@@ -170,6 +179,7 @@ impl TestArgs {
             dscp: self.dscp,
             under_load: self.under_load,
             probe_size: self.probe_size,
+            ecn,
             rpm_interval: self.rpm_interval,
             rpm_sequential: self.sequential,
             udp: (kind == TestKind::Udp).then_some(UdpParams {
@@ -178,6 +188,7 @@ impl TestArgs {
                 pacing: self.pacing,
                 bucket: self.bucket.as_secs_f64(),
                 dscp: 0,
+                ecn,
             }),
             ..Params::new(kind)
         };
@@ -187,7 +198,12 @@ impl TestArgs {
 
     /// `test marks`'s parameters from its flags, checked.
     pub fn marks(&self) -> Result<crate::marks::MarksParams, String> {
-        crate::marks::MarksParams::parse(&self.dscps, &self.ecn, self.rounds, self.locate)
+        crate::marks::MarksParams::parse(
+            &self.dscps,
+            self.ecn.as_deref().unwrap_or(crate::marks::DEFAULT_ECNS),
+            self.rounds,
+            self.locate,
+        )
     }
 
     pub fn http(&self) -> HttpOptions {

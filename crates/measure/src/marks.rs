@@ -112,6 +112,7 @@ pub fn run(host: &str, mp: &MarksParams, opts: &RunOptions) -> Result<Outcome, M
             interval_us: mp.interval.as_micros() as u32,
             size: size as u16,
             dscp: 0,
+            ecn: 0,
         }],
         connection_probes: false,
         udp_loads: Vec::new(),
@@ -393,7 +394,7 @@ fn walk_hops(dest: IpAddr, cps: &[u8], opts: &RunOptions) -> Result<Vec<MarkHop>
 /// A UDP socket connected to the server that reads the TOS of what arrives (its own marks
 /// are set per probe).
 fn socket(addr: SocketAddr) -> Result<UdpSocket, MeasureError> {
-    let (sock, _, _) = crate::probe::socket(addr, 0)?;
+    let (sock, _, _) = crate::probe::socket(addr, 0, 0)?;
     netio::udp::enable_recv_tos(&sock)
         .map_err(MeasureError::io("asking for the TOS of arriving packets"))?;
     Ok(sock)

@@ -101,6 +101,9 @@ pub struct Params {
     pub under_load: bool,
     /// UDP probe payload size, bytes.
     pub probe_size: u16,
+    /// ECN code point of the probes, each way (`--ecn`; 0: Not-ECT): ECN-capable probes come
+    /// back CE where a queue marks instead of dropping.
+    pub ecn: u8,
     /// rpm: the draft's interval (ID), seconds: one more load connection per direction each.
     pub rpm_interval: f64,
     /// rpm: download, then upload, each with its own load and responsiveness (else both at once).
@@ -122,6 +125,7 @@ impl Params {
             dscp: 46,
             under_load: false,
             probe_size: 64,
+            ecn: 0,
             rpm_interval: 1.0,
             rpm_sequential: false,
             udp: None,
@@ -161,6 +165,8 @@ pub struct UdpParams {
     /// Burst-profile bucket, seconds.
     pub bucket: f64,
     pub dscp: u8,
+    /// ECN code point of every packet (`--ecn`); the server counts those arriving CE.
+    pub ecn: u8,
 }
 
 /// A probe stream of the plan, with the name its series carry.
@@ -231,6 +237,7 @@ pub fn plan(p: &Params) -> Plan {
             interval_us: step_us,
             size: p.probe_size,
             dscp,
+            ecn: p.ecn,
         },
     };
     let mut flows = Vec::new();
@@ -293,6 +300,7 @@ pub fn plan(p: &Params) -> Plan {
                     interval_us: VOIP_INTERVAL_US,
                     size: VOIP_SIZE,
                     dscp: p.dscp,
+                    ecn: p.ecn,
                 },
             }];
             if p.under_load {
@@ -316,6 +324,7 @@ pub fn plan(p: &Params) -> Plan {
                     rate_bps: u.rate_bps,
                     size: u.size,
                     dscp: u.dscp,
+                    ecn: u.ecn,
                     bucket_us: (u.bucket * 1e6).round() as u32,
                 };
                 udp_load = Some((spec, u.pacing));
@@ -403,7 +412,8 @@ mod tests {
                 id: 0,
                 interval_us: 20_000,
                 size: 172,
-                dscp: 46
+                dscp: 46,
+                ecn: 0
             }
         );
         let p = plan(&Params {
@@ -449,6 +459,7 @@ mod tests {
             pacing: Pacing::Timer,
             bucket: 0.001,
             dscp: 0,
+            ecn: 0,
         };
         let p = plan(&Params {
             udp: Some(udp),

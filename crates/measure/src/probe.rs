@@ -25,6 +25,8 @@ pub struct Log {
     /// Indexed by sequence number.
     pub recs: Vec<Rec>,
     pub received: u64,
+    /// The TOS bytes the replies arrived with, and how many of each (`proto::tally_tos`).
+    pub arrived: Vec<(u8, u64)>,
 }
 
 pub struct ProbeStream {
@@ -41,10 +43,12 @@ pub struct ProbeStream {
     driven: Option<Driven>,
 }
 
-/// A UDP socket connected to the server, with `dscp` (what the socket carries, or why not).
+/// A UDP socket connected to the server, with `dscp` and `ecn` in what it sends (and what
+/// DSCP the socket carries, or why not).
 pub(crate) fn socket(
     addr: SocketAddr,
     dscp: u8,
+    ecn: u8,
 ) -> Result<(UdpSocket, Option<u8>, Option<String>), MeasureError> {
     let bind: SocketAddr = if addr.is_ipv4() {
         "0.0.0.0:0".parse().unwrap()
@@ -55,8 +59,19 @@ pub(crate) fn socket(
     sock.connect(addr)
         .map_err(|source| MeasureError::Unreachable { addr, source })?;
     let applied = netio::apply_dscp(socket2::SockRef::from(&sock), dscp, &addr);
-    let dscp_refused = netio::dscp_refusal(dscp, &applied);
-    Ok((sock, applied.ok(), dscp_refused))
+    let mut refused = netio::dscp_refusal(dscp, &applied);
+    if ecn != 0 && refused.is_none() {
+        // The whole TOS byte: UDP's ECN bits go out as the socket sets them.
+        let tos = dscp << 2 | ecn;
+        refused = match netio::apply_tos(socket2::SockRef::from(&sock), tos, &addr) {
+            Ok(a) if a == tos => None,
+            Ok(a) => Some(format!(
+                "TOS {tos:#04x} was requested but the socket carries {a:#04x}"
+            )),
+            Err(e) => Some(format!("ECN could not be set: {e}")),
+        };
+    }
+    Ok((sock, applied.ok(), refused))
 }
 
 /// Sends the next request (its sequence number is the log's length), signed with `key`, and
@@ -94,6 +109,7 @@ fn send_request(
 fn take_reply(
     datagram: &[u8],
     t4: u64,
+    tos: Option<u8>,
     log: &Mutex<Log>,
     id: u16,
     token: Token,
@@ -120,6 +136,9 @@ fn take_reply(
         if r.reply.is_none() && r.t1 == p.client_send_ns && plausible {
             r.reply = Some((p.server_recv_ns, p.server_send_ns, t4));
             l.received += 1;
+            if let Some(t) = tos {
+                bloatlab_proto::tally_tos(&mut l.arrived, t);
+            }
         }
     }
 }
@@ -137,7 +156,7 @@ struct Driven {
 impl ProbeStream {
     /// The stream's socket and an empty log, no threads yet.
     fn bare(addr: SocketAddr, stream: Stream) -> Result<(ProbeStream, UdpSocket), MeasureError> {
-        let (sock, dscp_applied, dscp_refused) = socket(addr, stream.spec.dscp)?;
+        let (sock, dscp_applied, dscp_refused) = socket(addr, stream.spec.dscp, stream.spec.ecn)?;
         let s = ProbeStream {
             stream,
             dscp_applied,
@@ -164,6 +183,9 @@ impl ProbeStream {
         driven: bool,
     ) -> Result<ProbeStream, MeasureError> {
         let (mut s, sock) = ProbeStream::bare(addr, stream)?;
+        // What the replies' marks became on the way (the result's `tos_arrived_down`); without
+        // it they are unknown, nothing else.
+        let _ = netio::udp::enable_recv_tos(&sock);
         if driven {
             netio::udp::enable_rx_timestamps(&sock).map_err(MeasureError::io("UDP timestamps"))?;
             // Else the first answers may be stamped when read, up to an interval late (once per
@@ -179,7 +201,6 @@ impl ProbeStream {
             });
             return Ok(s);
         }
-        let _ = sock.set_read_timeout(Some(Duration::from_millis(100)));
         let size = s.stream.spec.size as usize;
         let interval = Duration::from_micros(s.stream.spec.interval_us.into());
         let id = s.stream.spec.id;
@@ -215,9 +236,16 @@ impl ProbeStream {
             s.threads.push(std::thread::spawn(move || {
                 let mut buf = [0u8; MAX_LEN + 1];
                 while !stop.load(Ordering::Relaxed) {
-                    let Ok(n) = sock.recv(&mut buf) else { continue };
-                    let t4 = netio::mono_ns();
-                    take_reply(&buf[..n], t4, &log, id, token, key.as_deref());
+                    // Checks the stop at least every 100 ms.
+                    if !netio::wait_readable(&sock, Duration::from_millis(100)) {
+                        continue;
+                    }
+                    // An ICMP error (the server's port closed) is reported once in a
+                    // datagram's place: the next wait goes on.
+                    while let Ok(Some((n, _, tos))) = netio::udp::recv_from_tos(&sock, &mut buf) {
+                        let t4 = netio::mono_ns();
+                        take_reply(&buf[..n], t4, tos, &log, id, token, key.as_deref());
+                    }
                 }
             }));
         }
@@ -234,7 +262,9 @@ impl ProbeStream {
         let (id, token) = (self.stream.spec.id, d.token);
         let mut reply = [0u8; MAX_LEN + 1];
         // An ICMP error (the server's port closed) is reported once in a datagram's place.
-        while let Ok(Some((n, at))) = netio::udp::recv_stamped(&d.sock, &mut reply) {
+        while let Ok(Some(netio::udp::Stamped { len: n, at, tos })) =
+            netio::udp::recv_stamped(&d.sock, &mut reply)
+        {
             // The kernel's arrival stamp is on the wall clock; the requests' on the monotonic
             // one: the two read together give the offset (their rates agree).
             let (mono, wall) = (netio::mono_ns(), SystemTime::now());
@@ -242,7 +272,7 @@ impl ProbeStream {
                 .and_then(|a| wall.duration_since(a).ok())
                 .unwrap_or_default();
             let t4 = mono.saturating_sub(ago.as_nanos() as u64);
-            take_reply(&reply[..n], t4, &self.log, id, token, d.key.as_deref());
+            take_reply(&reply[..n], t4, tos, &self.log, id, token, d.key.as_deref());
         }
         let now = netio::mono_ns();
         if now >= d.next {
@@ -301,6 +331,7 @@ mod tests {
             interval_us: 10_000,
             size: 64,
             dscp: 0,
+            ecn: 0,
         };
         let stream = Stream {
             name: "driven".into(),

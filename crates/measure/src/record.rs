@@ -215,6 +215,7 @@ fn probe_streams(
         result.metadata.streams.push(StreamCounts {
             name: name.clone(),
             dscp: p.stream.spec.dscp,
+            ecn: p.stream.spec.ecn,
             interval_ms: f64::from(p.stream.spec.interval_us) / 1e3,
             size: p.stream.spec.size,
             sent,
@@ -223,6 +224,8 @@ fn probe_streams(
             server_limited: server.map_or(0, |s| s.server_limited),
             dscp_applied_up: p.dscp_applied,
             dscp_applied_down: server.and_then(|s| s.dscp_applied),
+            tos_arrived_up: server.map(|s| s.arrived.clone()).unwrap_or_default(),
+            tos_arrived_down: log.arrived.clone(),
         });
         if let Some(why) = &p.dscp_refused {
             result.events.push(Event {
@@ -425,6 +428,7 @@ fn udp_info(u: &UdpLoad, live: &Live, to_client: impl Fn(u64) -> Option<f64>) ->
             duplicates: r.duplicates,
             reordered: r.reordered,
             server_limited: r.server_limited,
+            ce: r.ce,
             socket_drops: r.socket_drops,
             recv_start: (r.received > 0)
                 .then(|| to_client(r.first_recv_ns).or(send_start))
@@ -435,6 +439,7 @@ fn udp_info(u: &UdpLoad, live: &Live, to_client: impl Fn(u64) -> Option<f64>) ->
         rate_mbps: u.spec.rate_bps as f64 / 1e6,
         size: u.spec.size,
         dscp: u.spec.dscp,
+        ecn: u.spec.ecn,
         pacing: u.asked.to_string(),
         pacing_used: u.pacing.to_string(),
         pacing_note: u.pacing_note.clone(),

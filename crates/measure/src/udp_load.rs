@@ -84,7 +84,7 @@ impl UdpLoad {
         end_ns: u64,
         key: Option<Arc<[u8]>>,
     ) -> Result<UdpLoad, MeasureError> {
-        let (sock, _, dscp_refused) = crate::probe::socket(addr, spec.dscp)?;
+        let (sock, _, dscp_refused) = crate::probe::socket(addr, spec.dscp, spec.ecn)?;
         let (pacing, mut pacing_note) = resolve(asked, addr);
         let tick = match pacing {
             Pacing::Tick(d) | Pacing::Burst(d) => Some(d),

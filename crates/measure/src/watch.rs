@@ -173,6 +173,7 @@ impl Watch {
             interval_us: self.interval_us,
             size: self.size,
             dscp: 0,
+            ecn: 0,
         };
         let request = TestRequest {
             test: "ping".into(),

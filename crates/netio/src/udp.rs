@@ -50,7 +50,7 @@ pub fn ensure_rx_stamping(limit: std::time::Duration) -> bool {
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
         let read = SystemTime::now();
-        if let Ok(Some((_, Some(at)))) = recv_stamped(s, &mut buf) {
+        if let Ok(Some(Stamped { at: Some(at), .. })) = recv_stamped(s, &mut buf) {
             if read.duration_since(at).is_ok_and(|d| d.as_micros() >= 1000) {
                 *shown = true;
                 return true;
@@ -60,17 +60,23 @@ pub fn ensure_rx_stamping(limit: std::time::Duration) -> bool {
     false
 }
 
-/// One waiting datagram into `buf`, without blocking: its length and the kernel's arrival
-/// stamp (with [`enable_rx_timestamps`]); `None` when nothing waits.
-pub fn recv_stamped(
-    sock: &UdpSocket,
-    buf: &mut [u8],
-) -> io::Result<Option<(usize, Option<SystemTime>)>> {
-    let mut at = None;
-    let got = crate::icmp::recv_with(sock, 0, buf, &mut [0u64; 8], |c| {
-        at = at.or(crate::icmp::cmsg_time(c))
+/// A datagram [`recv_stamped`] read.
+pub struct Stamped {
+    pub len: usize,
+    /// The kernel's arrival stamp (with [`enable_rx_timestamps`]).
+    pub at: Option<SystemTime>,
+    /// The TOS byte it arrived with (with [`enable_recv_tos`]).
+    pub tos: Option<u8>,
+}
+
+/// One waiting datagram into `buf`, without blocking; `None` when nothing waits.
+pub fn recv_stamped(sock: &UdpSocket, buf: &mut [u8]) -> io::Result<Option<Stamped>> {
+    let (mut at, mut tos) = (None, None);
+    let got = crate::icmp::recv_with(sock, 0, buf, &mut [0u64; 12], |c| {
+        at = at.or(crate::icmp::cmsg_time(c));
+        tos = tos.or(cmsg_tos(c));
     })?;
-    Ok(got.map(|(n, _)| (n, at)))
+    Ok(got.map(|(len, _)| Stamped { len, at, tos }))
 }
 
 /// Asks the kernel to say with each datagram received what TOS byte (IPv4) or traffic class
@@ -265,7 +271,7 @@ mod tests {
         let sent = SystemTime::now();
         tx.send_to(b"probe", rx.local_addr().unwrap()).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(30));
-        let (n, at) = recv_stamped(&rx, &mut buf).unwrap().unwrap();
+        let Stamped { len: n, at, .. } = recv_stamped(&rx, &mut buf).unwrap().unwrap();
         let read = SystemTime::now();
         assert_eq!(&buf[..n], b"probe");
         // Loopback delivers within the send call: stamped then, not 30 ms later at the read.

@@ -87,6 +87,10 @@ pub struct StreamSpec {
     /// UDP payload size in bytes; replies are never longer.
     pub size: u16,
     pub dscp: u8,
+    /// The ECN code point of requests and replies alike (RFC 3168: 0 Not-ECT, 1 ECT(1),
+    /// 2 ECT(0)), so each way says whether a queue marked them CE.
+    #[serde(default)]
+    pub ecn: u8,
 }
 
 /// A constant-rate UDP stream from the client to the server (`bloatlab test udp`). The server
@@ -100,6 +104,10 @@ pub struct UdpLoadSpec {
     /// UDP payload size, bytes (a probe header and padding).
     pub size: u16,
     pub dscp: u8,
+    /// The ECN code point every packet carries (RFC 3168: 0 Not-ECT, 1 ECT(1), 2 ECT(0)): the
+    /// server counts those that arrive CE, marked by a queue on the way.
+    #[serde(default)]
+    pub ecn: u8,
     /// Width of the arrival-profile buckets, microseconds.
     pub bucket_us: u32,
 }
@@ -175,6 +183,19 @@ pub struct StreamReport {
     /// (absent from older servers, or when the mark could not be set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dscp_applied: Option<u8>,
+    /// The TOS bytes the accepted requests arrived with, and how many of each (at most 256
+    /// pairs; absent from servers before it, and where the socket could not read them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub arrived: Vec<(u8, u64)>,
+}
+
+/// Counts one packet that arrived with TOS byte `tos` in `counts` (one pair per distinct byte:
+/// at most 256).
+pub fn tally_tos(counts: &mut Vec<(u8, u64)>, tos: u8) {
+    match counts.iter_mut().find(|c| c.0 == tos) {
+        Some(c) => c.1 += 1,
+        None => counts.push((tos, 1)),
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -215,6 +236,9 @@ pub struct UdpLoadReport {
     /// Packets beyond what the announced rate allows (twice it, with a second of burst):
     /// declined by the server, not network loss.
     pub server_limited: u64,
+    /// Of the packets received, those that arrived CE (absent from servers before it).
+    #[serde(default)]
+    pub ce: u64,
     /// Datagrams the server's host dropped for a full socket buffer during the test (its
     /// network namespace's UDP RcvbufErrors, which other UDP traffic there shares), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -413,6 +437,7 @@ mod tests {
                 interval_us: 10_000,
                 size: 64,
                 dscp: 0,
+                ecn: 0,
             }],
             connection_probes: false,
             udp_loads: vec![UdpLoadSpec {
@@ -420,6 +445,7 @@ mod tests {
                 rate_bps: 50_000_000,
                 size: 1024,
                 dscp: 0,
+                ecn: 0,
                 bucket_us: 1000,
             }],
             auth: None,

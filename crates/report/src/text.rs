@@ -233,7 +233,7 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
     if let Some(w) = &s.writeback {
         return writeback_text(s, w, meta);
     }
-    if let Some(m) = &s.marks {
+    if let Some(m) = s.marks.as_ref().filter(|_| s.test == "marks") {
         return marks_text(s, m, meta);
     }
     if let (Some(mtu), Some(a)) = (s.path_mtu, &s.advice) {
@@ -548,6 +548,12 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
             let _ = writeln!(out, "  {}", loss_cap_text(c));
         }
     }
+    // The probes' marks each way, when something changed them (or all crossed: one line).
+    if let Some(m) = &s.marks {
+        for v in &m.verdicts {
+            let _ = writeln!(out, "Marks                   {}", v.text);
+        }
+    }
     out
 }
 
@@ -661,6 +667,15 @@ fn udp_text(
         opt(u.reordered),
         opt(u.duplicates)
     );
+    if let (Some(ce), Some(received)) = (u.ce, u.received) {
+        let _ = write!(
+            out,
+            "\n  sent {}: {ce} of the {received} received arrived CE ({:.1}%), marked by a queue \
+             instead of dropped",
+            info.map_or("ECN-capable", |i| bloatlab_units::marks::ecn_name(i.ecn)),
+            100.0 * ce as f64 / received.max(1) as f64
+        );
+    }
     let mut host = Vec::new();
     if u.send_errors > 0 {
         host.push(format!(

@@ -136,6 +136,9 @@ pub struct UdpLoadInfo {
     pub rate_mbps: f64,
     pub size: u16,
     pub dscp: u8,
+    /// The ECN code point every packet carried (0 Not-ECT, 1 ECT(1), 2 ECT(0)).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub ecn: u8,
     /// The pacing asked for (`auto`, `fq`, `timer`, `timer:1ms`, `burst:100ms`) and used.
     pub pacing: String,
     pub pacing_used: String,
@@ -154,6 +157,10 @@ pub struct UdpLoadInfo {
     pub server: Option<UdpLoadServer>,
 }
 
+fn is_zero_u8(v: &u8) -> bool {
+    *v == 0
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct UdpLoadServer {
     pub received: u64,
@@ -162,6 +169,10 @@ pub struct UdpLoadServer {
     pub reordered: u64,
     /// Beyond twice the announced rate: declined by the server, not network loss.
     pub server_limited: u64,
+    /// Of the packets received, those that arrived CE: a queue on the way marked instead of
+    /// dropping (0 unless the load was sent ECN-capable, `--ecn`).
+    #[serde(default)]
+    pub ce: u64,
     /// Datagrams the server's host dropped for a full receive buffer during the test.
     pub socket_drops: Option<u64>,
     pub recv_start: Option<f64>,
@@ -230,6 +241,9 @@ pub struct StreamCounts {
     /// Stream name as in the series names ("udp-be", "voip", ...).
     pub name: String,
     pub dscp: u8,
+    /// The ECN code point both ways (`--ecn`; 0 Not-ECT).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub ecn: u8,
     pub interval_ms: f64,
     pub size: u16,
     pub sent: u64,
@@ -245,6 +259,12 @@ pub struct StreamCounts {
     /// The DSCP the server's replies carried, read back from its socket (its report).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dscp_applied_down: Option<u8>,
+    /// The TOS bytes (DSCP and ECN) the requests arrived at the server with (its report), and
+    /// the replies here with, each with its count: what the path did to the marks each way.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tos_arrived_up: Vec<(u8, u64)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tos_arrived_down: Vec<(u8, u64)>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]

@@ -220,6 +220,9 @@ pub struct UdpLoad {
     /// part of the loss, not the network's.
     pub server_socket_drops: Option<u64>,
     pub server_limited: Option<u64>,
+    /// Sent ECN-capable (`--ecn`): how many arrived CE, marked by a queue instead of dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ce: Option<u64>,
 }
 
 /// When the kernel began writing a writeback test's data to the disk (`test writeback`).

@@ -486,6 +486,7 @@ mod tests {
                 interval_us: 10_000,
                 size: 64,
                 dscp: 0,
+                ecn: 0,
             }],
             connection_probes: false,
             udp_loads: Vec::new(),
@@ -504,6 +505,7 @@ mod tests {
                 interval_us: 10_000,
                 size: 64,
                 dscp: 0,
+                ecn: 0,
             })
             .collect();
         assert_eq!(
@@ -517,6 +519,7 @@ mod tests {
                 interval_us: 1_000,
                 size: 64,
                 dscp: 0,
+                ecn: 0,
             })
             .collect();
         assert_eq!(
@@ -542,6 +545,7 @@ mod tests {
             rate_bps,
             size,
             dscp: 0,
+            ecn: 0,
             bucket_us,
         };
         let mut r = req();

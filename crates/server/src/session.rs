@@ -16,9 +16,13 @@ use crate::limits::Bucket;
 #[derive(Debug)]
 pub struct StreamState {
     pub dscp: u8,
+    /// The ECN code point of the replies (the request's, as the stream was announced).
+    pub ecn: u8,
     /// The mark the replies carried, read back from the socket when it was set.
     pub dscp_applied: Option<u8>,
     pub received: u64,
+    /// The TOS bytes the accepted requests arrived with (`proto::tally_tos`).
+    pub arrived: Vec<(u8, u64)>,
     pub limited: u64,
     pub bucket: Bucket,
 }
@@ -81,8 +85,10 @@ impl Session {
                     s.id,
                     StreamState {
                         dscp: s.dscp,
+                        ecn: s.ecn & 3,
                         dscp_applied: None,
                         received: 0,
+                        arrived: Vec::new(),
                         limited: 0,
                         bucket: Bucket::for_stream(s.interval_us, now),
                     },
@@ -211,6 +217,7 @@ impl Session {
                 received: s.received,
                 server_limited: s.limited,
                 dscp_applied: s.dscp_applied,
+                arrived: s.arrived.clone(),
             })
             .collect();
         let flows = self

@@ -78,19 +78,22 @@ pub(crate) fn serve(sock: UdpSocket, shared: Arc<Shared>) {
                 .unwrap_or_else(|e| e.into_inner())
                 .get_mut(&req.stream)
             {
-                Some(sink) => sink.arrive(req.seq, n, recv_ns, Instant::now()),
+                Some(sink) => {
+                    let ce = arrived_tos.is_some_and(|t| t & 3 == 3);
+                    sink.arrive(req.seq, n, recv_ns, ce, Instant::now())
+                }
                 None => {
                     shared.counters.udp_unknown.fetch_add(1, Ordering::Relaxed);
                 }
             }
             continue;
         }
-        let Some(dscp) = session
+        let Some((dscp, ecn)) = session
             .streams
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&req.stream)
-            .map(|st| st.dscp)
+            .map(|st| (st.dscp, st.ecn))
         else {
             shared.counters.udp_unknown.fetch_add(1, Ordering::Relaxed);
             continue;
@@ -99,7 +102,7 @@ pub(crate) fn serve(sock: UdpSocket, shared: Arc<Shared>) {
         let marks = (req.flags & probe::FLAG_MARKS != 0)
             .then(|| probe::Marks::read(&buf[..n], signed))
             .flatten();
-        let tos = marks.map_or(dscp << 2, |m| m.reply_tos);
+        let tos = marks.map_or(dscp << 2 | ecn, |m| m.reply_tos);
         if current_tos.map(|c| c.0) != Some(tos) {
             // One socket serves every stream: switch its marking only when the stream's differs.
             current_tos = Some((
@@ -117,6 +120,9 @@ pub(crate) fn serve(sock: UdpSocket, shared: Arc<Shared>) {
                 continue;
             }
             st.received += 1;
+            if let Some(t) = arrived_tos {
+                bloatlab_proto::tally_tos(&mut st.arrived, t);
+            }
             if marks.is_none() {
                 st.dscp_applied = current_tos.and_then(|c| c.1).map(|t| t >> 2);
             }

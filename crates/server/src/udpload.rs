@@ -26,6 +26,8 @@ pub struct UdpSink {
     seen: Vec<u64>,
     max_seq: Option<u32>,
     received: u64,
+    /// Of those, arrived CE.
+    ce: u64,
     bytes: u64,
     duplicates: u64,
     reordered: u64,
@@ -46,6 +48,7 @@ impl UdpSink {
             seen: vec![0; packets.div_ceil(64) as usize],
             max_seq: None,
             received: 0,
+            ce: 0,
             bytes: 0,
             duplicates: 0,
             reordered: 0,
@@ -56,8 +59,8 @@ impl UdpSink {
     }
 
     /// One packet of `len` payload bytes with sequence number `seq`, arrived at `t_ns` (the
-    /// monotonic clock of the report) and `now`.
-    pub fn arrive(&mut self, seq: u32, len: usize, t_ns: u64, now: Instant) {
+    /// monotonic clock of the report) and `now`, marked CE or not.
+    pub fn arrive(&mut self, seq: u32, len: usize, t_ns: u64, ce: bool, now: Instant) {
         let (word, bit) = (seq as usize / 64, seq % 64);
         if word >= self.seen.len() || !self.rate.take_n(len as f64, now) {
             self.limited += 1;
@@ -73,6 +76,7 @@ impl UdpSink {
         }
         self.max_seq = self.max_seq.max(Some(seq));
         self.received += 1;
+        self.ce += u64::from(ce);
         self.bytes += len as u64;
         self.arrivals.add(t_ns, len as u32);
     }
@@ -85,6 +89,7 @@ impl UdpSink {
             duplicates: self.duplicates,
             reordered: self.reordered,
             server_limited: self.limited,
+            ce: self.ce,
             socket_drops,
             bucket_us: (self.arrivals.bucket_ns() / 1000) as u32,
             first_recv_ns: self.arrivals.first_ns().unwrap_or(0),
@@ -104,6 +109,7 @@ mod tests {
             rate_bps: 8_000_000,
             size: 1000,
             dscp: 0,
+            ecn: 0,
             bucket_us: 1000,
         }
     }
@@ -117,6 +123,7 @@ mod tests {
                 seq,
                 1000,
                 t_ms * 1_000_000,
+                seq == 3,
                 t0 + Duration::from_millis(t_ms),
             );
         }
@@ -127,9 +134,10 @@ mod tests {
                 r.bytes,
                 r.duplicates,
                 r.reordered,
-                r.server_limited
+                r.server_limited,
+                r.ce
             ),
-            (4, 4000, 1, 1, 0)
+            (4, 4000, 1, 1, 0, 1)
         );
         assert_eq!(r.first_recv_ns, 10_000_000);
         assert_eq!(
@@ -147,12 +155,12 @@ mod tests {
         let mut s = UdpSink::new(&spec(), Duration::from_secs(2), t0);
         // 5000 packets at one instant: a second's worth (1 MB) is taken, the rest declined.
         for seq in 0..5000 {
-            s.arrive(seq, 1000, 0, t0);
+            s.arrive(seq, 1000, 0, false, t0);
         }
         let r = s.report(1, None);
         assert_eq!(r.received, 1000);
         assert_eq!(r.server_limited, 4000);
-        s.arrive(10_000_000, 1000, 1, t0 + Duration::from_secs(1));
+        s.arrive(10_000_000, 1000, 1, false, t0 + Duration::from_secs(1));
         assert_eq!(
             s.report(1, None).server_limited,
             4001,
