@@ -360,10 +360,10 @@ fn verdicts(
                 Way::Down => {
                     "DSCP is bleached on the way in: every mark from the server arrives as CS0, so \
                      a diffserv shaper on your router's ingress (CAKE diffserv3/4, layer_cake) \
-                     sorts nothing from the Internet into classes. Classify on your router \
-                     instead: by your own rules on ingress, or restore the marks your LAN sent \
-                     from conntrack (tc act_ctinfo); `bloatlab config nft-dscp` washes and marks \
-                     the LAN's side."
+                     sorts nothing from the Internet into classes. Shape ingress best effort (as \
+                     `bloatlab config tc-cake` does: besteffort wash) and classify on your router \
+                     instead: by your own rules, or by the marks your LAN sent, restored from \
+                     conntrack (tc act_ctinfo); `bloatlab config nft-dscp` marks voice there."
                 }
                 Way::Up => {
                     "DSCP is bleached on the way out: your marks count in your own router's \

@@ -226,6 +226,18 @@ pub fn run(host: &str, mp: &MarksParams, opts: &RunOptions) -> Result<Outcome, M
     let mut marks = bloatlab_analyze::marks::report(&probes, server_received);
     let mut notes: Vec<String> = Vec::new();
     if mp.locate && ended == Ended::Complete {
+        // The walk may take ten seconds: a kill meanwhile keeps the probes' file.
+        let mut snapshot = ResultFile::new(Metadata {
+            params: params(&sent),
+            ..meta.clone()
+        });
+        snapshot.summary = Some(Summary {
+            test: "marks".into(),
+            partial: true,
+            marks: Some(marks.clone()),
+            ..Default::default()
+        });
+        result::write_atomic(&path, &snapshot)?;
         let walk = bloatlab_analyze::marks::to_locate(&marks.up);
         if walk.is_empty() {
             notes.push(
@@ -237,6 +249,9 @@ pub fn run(host: &str, mp: &MarksParams, opts: &RunOptions) -> Result<Outcome, M
             match walk_hops(server_addr.ip().to_canonical(), &walk, opts) {
                 Ok(hops) => bloatlab_analyze::marks::locate(&mut marks, hops),
                 Err(e) => notes.push(format!("--locate: {e}")),
+            }
+            if opts.stop.load(Ordering::Relaxed) {
+                ended = Ended::Interrupted;
             }
         }
     }
@@ -259,10 +274,15 @@ pub fn run(host: &str, mp: &MarksParams, opts: &RunOptions) -> Result<Outcome, M
     match &ended {
         Ended::Interrupted => r.events.push(Event {
             t: end_t,
-            what: format!(
-                "interrupted by the user after {} of {total} probes",
-                probes.len()
-            ),
+            what: if probes.len() == total {
+                "interrupted by the user during --locate's walk: the hops it reached are kept"
+                    .into()
+            } else {
+                format!(
+                    "interrupted by the user after {} of {total} probes",
+                    probes.len()
+                )
+            },
         }),
         Ended::ServerLost(why) => r.events.push(Event {
             t: end_t,
