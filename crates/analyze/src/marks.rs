@@ -96,8 +96,61 @@ pub fn report(probes: &[MarkProbe], server_received: Option<u64>) -> MarksReport
         up_read,
         server_received,
         verdicts,
+        tcp_up: Vec::new(),
         hops: Vec::new(),
         changes: Vec::new(),
+    }
+}
+
+/// Adds TCP's way out: `syns` are (TOS sent, TOS the server saw the SYN arrive with, `None`
+/// when it did not say), and a verdict where TCP's DSCP fares otherwise than UDP's.
+pub fn add_tcp(r: &mut MarksReport, syns: &[(u8, Option<u8>)]) {
+    r.tcp_up = syns
+        .iter()
+        .map(|&(sent, arrived)| {
+            let counts: Vec<(u8, u64)> = arrived.map(|a| (a, 1)).into_iter().collect();
+            fate(sent, &counts, 1)
+        })
+        .collect();
+    let differ: Vec<String> = r
+        .tcp_up
+        .iter()
+        .filter(|t| t.dscp != Fate::Unknown)
+        .filter_map(|t| {
+            let udp =
+                r.up.iter()
+                    .find(|u| u.sent >> 2 == t.sent >> 2 && u.dscp != Fate::Unknown)?;
+            (udp.dscp != t.dscp).then(|| {
+                format!(
+                    "{} {} on UDP, {} on TCP",
+                    dscp_name(t.sent >> 2),
+                    fate_words(&udp.dscp),
+                    fate_words(&t.dscp)
+                )
+            })
+        })
+        .collect();
+    if !differ.is_empty() {
+        r.verdicts.push(MarksVerdict {
+            code: "tcp_marks_differ_up".into(),
+            text: format!(
+                "On the way out TCP's marks fare otherwise than UDP's ({}): a middlebox treats \
+                 the two apart.",
+                differ.join("; ")
+            ),
+        });
+    }
+}
+
+fn fate_words(f: &Fate) -> String {
+    match f {
+        Fate::Kept => "kept".into(),
+        Fate::Bleached => "bleached".into(),
+        Fate::Remapped { to } => format!("remapped to {to}"),
+        Fate::Marked { ce } => format!("{ce} marked CE"),
+        Fate::Mixed => "mixed".into(),
+        Fate::Dropped => "dropped".into(),
+        Fate::Unknown => "unknown".into(),
     }
 }
 
@@ -131,6 +184,7 @@ pub fn from_streams(streams: &[StreamCounts]) -> Option<MarksReport> {
         up_read,
         server_received: None,
         verdicts,
+        tcp_up: Vec::new(),
         hops: Vec::new(),
         changes: Vec::new(),
     })
@@ -632,6 +686,36 @@ mod tests {
             "the server's count says the loss was on the way out"
         );
         assert!(codes(&r).contains(&"ecn_dropped_up"));
+    }
+
+    #[test]
+    fn tcp_syns_that_fare_otherwise_than_udp_are_named() {
+        let p = run(1, |t| t, |t| t);
+        let mut r = report(&p, None);
+        // A middlebox that bleaches TCP only; CS1's SYN got no answer (an older server).
+        add_tcp(
+            &mut r,
+            &[
+                (tos(46, 0), Some(0)),
+                (tos(0, 0), Some(0)),
+                (tos(8, 0), None),
+            ],
+        );
+        assert_eq!(r.tcp_up[0].dscp, Fate::Bleached);
+        assert_eq!(r.tcp_up[2].dscp, Fate::Unknown);
+        let v = r.verdicts.last().unwrap();
+        assert_eq!(v.code, "tcp_marks_differ_up");
+        assert!(
+            v.text.contains("EF kept on UDP, bleached on TCP"),
+            "{}",
+            v.text
+        );
+        let mut same = report(&p, None);
+        add_tcp(&mut same, &[(tos(46, 0), Some(tos(46, 0)))]);
+        assert!(same
+            .verdicts
+            .iter()
+            .all(|v| v.code != "tcp_marks_differ_up"));
     }
 
     #[test]

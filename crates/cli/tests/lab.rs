@@ -1033,6 +1033,11 @@ fn test_marks_names_a_bleaching_isp_and_an_ect1_rewrite_and_a_clean_path() {
         }
         let hops = m["hops"].as_array().unwrap();
         assert_eq!(hops.len(), 3, "{host}: router, ISP, server: {}", m["hops"]);
+        // TCP's SYNs cross the same edge: bleached too, but CS0.
+        for f in m["tcp_up"].as_array().unwrap() {
+            let want = if f["sent"] == 0 { "kept" } else { "bleached" };
+            assert_eq!(f["dscp"]["fate"], want, "{host}: {f}");
+        }
         assert_eq!(hops[2]["destination"], true);
         let said = codes(&s);
         assert!(said.contains(&"dscp_bleached_up".to_string()), "{said:?}");

@@ -733,6 +733,14 @@ fn marks_on_loopback_are_all_kept_both_ways_and_a_bad_name_is_one_line() {
         }
         assert_eq!(m["up_read"], true);
         assert_eq!(m["server_received"], 80);
+        // TCP too: each DSCP on a SYN, as the server's kernel saw it arrive.
+        let syns = m["tcp_up"].as_array().unwrap();
+        assert_eq!(syns.len(), 10, "{host}: {}", m["tcp_up"]);
+        assert!(
+            syns.iter().all(|f| f["dscp"]["fate"] == "kept"),
+            "{host}: {}",
+            m["tcp_up"]
+        );
         let codes: Vec<&str> = m["verdicts"]
             .as_array()
             .unwrap()

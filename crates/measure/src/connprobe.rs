@@ -48,7 +48,7 @@ fn one(addr: SocketAddr, token: Token) -> (Option<f64>, Option<f64>) {
             .ok()
             .flatten()
             .map(|l| proto::decode_line::<ServerMsg>(&l)),
-        Some(Ok(ServerMsg::ProbeReply))
+        Some(Ok(ServerMsg::ProbeReply { .. }))
     );
     (connect, ok.then(|| (netio::mono_ns() - t1) as f64 / 1e6))
 }

@@ -1,7 +1,8 @@
 //! `test marks`: UDP probes to a bloatlab server, each sent with one DSCP and ECN code point and
 //! asking for its reply to carry the same; the server says what TOS each request arrived with,
-//! this host reads what each reply arrived with (IP_RECVTOS / IPV6_RECVTCLASS). What became of
-//! each mark each way is `analyze::marks`'.
+//! this host reads what each reply arrived with (IP_RECVTOS / IPV6_RECVTCLASS). Then a TCP
+//! connection per DSCP, whose SYN's marks the server's kernel kept (the way out). What became
+//! of each mark each way is `analyze::marks`'.
 
 use crate::control::Control;
 use crate::run::{Ended, Outcome, RunOptions};
@@ -114,7 +115,8 @@ pub fn run(host: &str, mp: &MarksParams, opts: &RunOptions) -> Result<Outcome, M
             dscp: 0,
             ecn: 0,
         }],
-        connection_probes: false,
+        // One per DSCP, for TCP's SYNs.
+        connection_probes: true,
         udp_loads: Vec::new(),
         auth: None,
     };
@@ -214,6 +216,14 @@ pub fn run(host: &str, mp: &MarksParams, opts: &RunOptions) -> Result<Outcome, M
             receive_until(&sock, &mut buf, &mut sent, &control, key, until)?;
         }
     }
+    let syns: Vec<(u8, Option<u8>)> = if ended == Ended::Complete {
+        mp.dscps
+            .iter()
+            .map(|&d| (d << 2, tcp_syn(server_addr, control.token, d)))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let end_t = t0.elapsed().as_secs_f64();
     let server_received = if matches!(ended, Ended::ServerLost(_)) {
         None
@@ -224,6 +234,7 @@ pub fn run(host: &str, mp: &MarksParams, opts: &RunOptions) -> Result<Outcome, M
     };
     let probes: Vec<MarkProbe> = sent.iter().map(|s| s.probe.clone()).collect();
     let mut marks = bloatlab_analyze::marks::report(&probes, server_received);
+    bloatlab_analyze::marks::add_tcp(&mut marks, &syns);
     let mut notes: Vec<String> = Vec::new();
     if mp.locate && ended == Ended::Complete {
         // The walk may take ten seconds: a kill meanwhile keeps the probes' file.
@@ -302,6 +313,29 @@ pub fn run(host: &str, mp: &MarksParams, opts: &RunOptions) -> Result<Outcome, M
         path,
         ended,
     })
+}
+
+/// A TCP connection whose SYN carries `dscp`, opened as a new-connection probe: the TOS the
+/// server's kernel saw that SYN arrive with (`None`: no answer, or a server that does not say).
+fn tcp_syn(addr: SocketAddr, token: bloatlab_proto::Token, dscp: u8) -> Option<u8> {
+    use socket2::{Domain, Socket, Type};
+    use std::io::{BufReader, Write};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None).ok()?;
+    netio::apply_dscp(socket2::SockRef::from(&s), dscp, &addr).ok()?;
+    s.connect_timeout(&addr.into(), crate::control::CONNECT_TIMEOUT)
+        .ok()?;
+    let mut s: std::net::TcpStream = s.into();
+    s.set_read_timeout(Some(crate::control::CONNECT_TIMEOUT))
+        .ok()?;
+    s.write_all(&bloatlab_proto::encode_line(
+        &bloatlab_proto::ClientMsg::ProbeHello { token },
+    ))
+    .ok()?;
+    let line = netio::read_line(&mut BufReader::new(s), bloatlab_proto::MAX_LINE).ok()??;
+    match bloatlab_proto::decode_line::<bloatlab_proto::ServerMsg>(&line).ok()? {
+        bloatlab_proto::ServerMsg::ProbeReply { syn_tos } => syn_tos,
+        _ => None,
+    }
 }
 
 /// Highest TTL the walk tries; it ends earlier at the destination's Port Unreachable.

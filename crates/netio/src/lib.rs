@@ -103,6 +103,57 @@ pub fn apply_tos(sock: SockRef<'_>, tos: u8, peer: &SocketAddr) -> io::Result<u8
     Ok(applied as u8)
 }
 
+/// The TOS byte (IPv4, also through an IPv4-mapped IPv6 socket) or traffic class (IPv6) of
+/// an accepted TCP connection's SYN, as it arrived: Linux keeps it for the passive side and
+/// hands it out as a control message of IP_PKTOPTIONS (IPV6_2292PKTOPTIONS) once IP_RECVTOS
+/// (IPV6_RECVTCLASS) is on. `None` where the kernel gives none (the active side gets 0 on IPv4).
+pub fn tcp_syn_tos(stream: &impl AsRawFd, peer: &SocketAddr) -> Option<u8> {
+    let fd = stream.as_raw_fd();
+    let ipv4 = match peer {
+        SocketAddr::V4(_) => true,
+        SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_some(),
+    };
+    let (level, recv, opts, cmsg) = if ipv4 {
+        (
+            libc::IPPROTO_IP,
+            libc::IP_RECVTOS,
+            libc::IP_PKTOPTIONS,
+            libc::IP_TOS,
+        )
+    } else {
+        (
+            libc::IPPROTO_IPV6,
+            libc::IPV6_RECVTCLASS,
+            libc::IPV6_2292PKTOPTIONS,
+            libc::IPV6_TCLASS,
+        )
+    };
+    icmp::setsockopt_int(fd, level, recv, 1).ok()?;
+    let mut buf = [0u64; 16];
+    let mut len = std::mem::size_of_val(&buf) as libc::socklen_t;
+    // SAFETY: a buffer of `len` bytes the kernel fills with control messages, `len` updated.
+    let r = unsafe { libc::getsockopt(fd, level, opts, buf.as_mut_ptr().cast(), &mut len) };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: a msghdr over the bytes the kernel wrote, walked with the CMSG_* macros, which
+    // stay within msg_controllen; each value read unaligned (an int).
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_control = buf.as_mut_ptr().cast();
+        msg.msg_controllen = len as _; // socklen_t on musl, size_t on glibc
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == level && (*c).cmsg_type == cmsg {
+                let v: libc::c_int = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                return Some(v as u8);
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    None
+}
+
 /// What became of a requested DSCP mark: `None` when it holds, else a sentence for the user.
 pub fn dscp_refusal(requested: u8, applied: &io::Result<u8>) -> Option<String> {
     match applied {

@@ -288,7 +288,13 @@ pub enum ServerMsg {
         reason: RefuseReason,
         message: String,
     },
-    ProbeReply,
+    /// Answer to `probe_hello`. `syn_tos`: the TOS byte (traffic class) the connection's SYN
+    /// arrived with, as the server's kernel kept it (`test marks`: what TCP's marks became on
+    /// the way in); absent from older servers and where the kernel gives none.
+    ProbeReply {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        syn_tos: Option<u8>,
+    },
     Report {
         streams: Vec<StreamReport>,
         flows: Vec<FlowReport>,
@@ -368,7 +374,7 @@ impl ServerMsg {
                     .collect(),
                 udp,
             },
-            ServerMsg::ProbeReply => ServerMsg::ProbeReply,
+            ServerMsg::ProbeReply { syn_tos } => ServerMsg::ProbeReply { syn_tos },
         }
     }
 }
@@ -410,6 +416,27 @@ pub fn decode_line_within<'a, T: Deserialize<'a>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client from before `syn_tos` (whose `probe_reply` had no fields) still reads a new
+    /// server's answer, and a new client reads an old server's.
+    #[test]
+    fn probe_reply_with_and_without_syn_tos_reads_both_ways() {
+        #[derive(Deserialize)]
+        #[serde(tag = "type", rename_all = "snake_case")]
+        enum Before {
+            ProbeReply,
+        }
+        let new = encode_line(&ServerMsg::ProbeReply { syn_tos: Some(184) });
+        assert!(matches!(
+            decode_line::<Before>(&new),
+            Ok(Before::ProbeReply)
+        ));
+        let old = br#"{"type":"probe_reply"}"#;
+        assert_eq!(
+            decode_line::<ServerMsg>(old).unwrap(),
+            ServerMsg::ProbeReply { syn_tos: None }
+        );
+    }
 
     #[test]
     fn token_round_trips_as_hex() {

@@ -222,6 +222,20 @@ fn marks_text(s: &Summary, m: &bloatlab_result::marks::MarksReport, meta: &Metad
             fate_word(&d.ecn)
         );
     }
+    if !m.tcp_up.is_empty() {
+        let syns: Vec<String> = m
+            .tcp_up
+            .iter()
+            .map(|f| {
+                format!(
+                    "{} {}",
+                    bloatlab_units::marks::dscp_name(f.sent >> 2),
+                    fate_word(&f.dscp)
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "TCP SYNs, out: DSCP   {}", syns.join(", "));
+    }
     for v in &m.verdicts {
         let _ = writeln!(out, "- {}", v.text);
     }

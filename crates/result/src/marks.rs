@@ -18,6 +18,10 @@ pub struct MarksReport {
     pub server_received: Option<u64>,
     /// What the fates mean for the user, most important first.
     pub verdicts: Vec<MarksVerdict>,
+    /// TCP: each DSCP on a connection's SYN, as the server's kernel saw it arrive (the way out
+    /// only: Linux gives the connecting side nothing of the way in to read).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tcp_up: Vec<MarkFate>,
     /// With `--locate`: what each hop's ICMP error quoted of the probes that reached it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hops: Vec<MarkHop>,

@@ -165,8 +165,13 @@ async fn probe(mut r: Reader, mut w: OwnedWriteHalf, ip: IpAddr, token: Token, s
     if let Err(why) = session.admit_conn_probe() {
         return refuse(&mut w, RefuseReason::Limit, why.into()).await;
     }
+    // What the SYN's marks became on the way here (`test marks`): two socket calls.
+    let syn_tos = w
+        .peer_addr()
+        .ok()
+        .and_then(|peer| netio::tcp_syn_tos(w.as_ref(), &peer));
     let _ = timeout(shared.config.hello_timeout, async {
-        send(&mut w, &ServerMsg::ProbeReply).await?;
+        send(&mut w, &ServerMsg::ProbeReply { syn_tos }).await?;
         // Wait for the client to close, so that the close costs it nothing.
         let mut sink = [0u8; 64];
         r.read(&mut sink).await
