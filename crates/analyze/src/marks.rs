@@ -550,8 +550,9 @@ fn verdicts(
             );
         }
     }
-    let ecn_through = |fates: &[MarkFate]| {
-        let e: Vec<&MarkFate> = fates.iter().filter(|f| f.sent & 3 == ECT0).collect();
+    // Every probe sent with `ecn` arrived with it (or CE, set by a queue).
+    let through = |fates: &[MarkFate], ecn: u8| {
+        let e: Vec<&MarkFate> = fates.iter().filter(|f| f.sent & 3 == ecn).collect();
         !e.is_empty()
             && e.iter()
                 .all(|f| matches!(f.ecn, Fate::Kept | Fate::Marked { .. }))
@@ -563,11 +564,19 @@ fn verdicts(
             text: "Every DSCP mark crossed the path unchanged both ways.".into(),
         });
     }
-    if ecn_through(down) && (ecn_through(up) || !up_read) {
+    if through(down, ECT0) && (through(up, ECT0) || !up_read) {
         v2.push(MarksVerdict {
             code: "ecn_through".into(),
             text: "ECN crosses the path: CAKE and fq_codel can mark instead of dropping (both do \
                    by default)."
+                .into(),
+        });
+    }
+    if through(down, ECT1) && (through(up, ECT1) || !up_read) {
+        v2.push(MarksVerdict {
+            code: "ect1_through".into(),
+            text: "ECT(1) crosses the path unchanged: L4S can work here where the bottleneck has \
+                   an L4S queue (DualPI2)."
                 .into(),
         });
     }
@@ -628,7 +637,7 @@ mod tests {
             .iter()
             .chain(&r.down)
             .all(|f| f.dscp == Fate::Kept && f.ecn == Fate::Kept && f.arrived == 3));
-        assert_eq!(codes(&r), ["dscp_kept", "ecn_through"]);
+        assert_eq!(codes(&r), ["dscp_kept", "ecn_through", "ect1_through"]);
     }
 
     #[test]
@@ -640,7 +649,10 @@ mod tests {
         assert_eq!((&ef.dscp, &ef.ecn), (&Fate::Bleached, &Fate::Kept));
         assert_eq!(ef.arrived_as[0].name, "BE/not-ect");
         assert!(r.up.iter().all(|f| f.dscp == Fate::Kept));
-        assert_eq!(codes(&r), ["dscp_bleached_down", "ecn_through"]);
+        assert_eq!(
+            codes(&r),
+            ["dscp_bleached_down", "ecn_through", "ect1_through"]
+        );
     }
 
     #[test]
@@ -763,7 +775,15 @@ mod tests {
         let f = r.down.iter().find(|f| f.sent == tos(0, ECT0)).unwrap();
         assert_eq!(f.ecn, Fate::Marked { ce: 1 });
         assert!(r.up.iter().all(|f| f.dscp == Fate::Unknown));
-        assert_eq!(codes(&r), ["up_unknown", "ce_marked_down", "ecn_through"]);
+        assert_eq!(
+            codes(&r),
+            [
+                "up_unknown",
+                "ce_marked_down",
+                "ecn_through",
+                "ect1_through"
+            ]
+        );
         assert!(
             r.verdicts[1].text.contains("BE/ect0 1 of 2"),
             "{:?}",

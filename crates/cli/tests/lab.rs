@@ -1010,7 +1010,12 @@ fn test_marks_names_a_bleaching_isp_and_an_ect1_rewrite_and_a_clean_path() {
     assert_eq!(codes(&s)[0], "dscp_bleached_down", "{}", s["marks"]);
     lab.set("wan", &["dscp=keep", "ecn_path=keep", "--dir", "both"]);
     let s = lab.test("client", &["marks", "10.77.2.2", "--rounds", "1"]);
-    assert_eq!(codes(&s), ["dscp_kept", "ecn_through"], "{}", s["marks"]);
+    assert_eq!(
+        codes(&s),
+        ["dscp_kept", "ecn_through", "ect1_through"],
+        "{}",
+        s["marks"]
+    );
     // Bleached on the way out at the ISP's edge: hop 1 (the router) quotes the marks as sent,
     // hop 2 (the ISP) and the server bleached. One TTL-limited walk per DSCP names hop 2.
     lab.set("wan", &["dscp=bleach", "--dir", "up"]);

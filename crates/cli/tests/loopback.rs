@@ -747,7 +747,11 @@ fn marks_on_loopback_are_all_kept_both_ways_and_a_bad_name_is_one_line() {
             .iter()
             .map(|v| v["code"].as_str().unwrap())
             .collect();
-        assert_eq!(codes, ["dscp_kept", "ecn_through"], "{host}");
+        assert_eq!(
+            codes,
+            ["dscp_kept", "ecn_through", "ect1_through"],
+            "{host}"
+        );
         // The raw probes are in the file, as sent and as they arrived each way.
         let r: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&out_file).unwrap()).unwrap();
