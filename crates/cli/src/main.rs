@@ -424,6 +424,9 @@ fn test(a: TestArgs) -> ExitCode {
             take HOST[:PORT] of a bloatlab server",
         );
     }
+    if a.tcp_ecn && by_url {
+        return usage("--tcp-ecn is for tests against a bloatlab server");
+    }
     if a.http1 && !(by_url && matches!(kind, TestKind::Rpm)) {
         return usage("--http1.1 is for `test rpm` against a URL (the HTTP transport)");
     }

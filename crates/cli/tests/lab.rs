@@ -1170,3 +1170,57 @@ fn ce_marks_the_server_counts_are_the_ones_fq_codel_set() {
         "ECT packets are marked, not dropped: {up}"
     );
 }
+
+/// `--tcp-ecn`: the client's TCP asks for ECN through a host route with `features ecn` (its
+/// namespace keeps Linux's default, 2: accept, never ask), so FQ-CoDel with ECN marks the
+/// download instead of dropping; without it, it drops. The route is gone after the test.
+#[test]
+fn tcp_ecn_route_makes_fq_codel_mark_instead_of_drop() {
+    let _g = serial();
+    let topo = "name='tcpecn'\n[[link]]\nname='l'\na='client'\nb='server'\n\
+        down={rate='20mbit', qdisc='fq_codel'}\n";
+    let Some(lab) = LabUp::up("tcpecn", topo) else {
+        return;
+    };
+    let _srv = lab.server("server");
+    let down = |extra: &[&str]| {
+        let mut args = vec![
+            "tcp-down",
+            "10.77.0.2",
+            "-l",
+            "4",
+            "--idle",
+            "1",
+            "--flows",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        lab.test("client", &args);
+        let d = lab.stats()["links"]["l"]["down"].clone();
+        (
+            d["ecn_marks"].as_u64().unwrap(),
+            d["drops"]["aqm"].as_u64().unwrap(),
+        )
+    };
+    let (marks0, drops0) = down(&[]);
+    assert!(
+        marks0 == 0 && drops0 > 0,
+        "without: {marks0} marks, {drops0} drops"
+    );
+    let (marks1, drops1) = down(&["--tcp-ecn"]);
+    // Retransmissions leave Not-ECT (RFC 3168 6.1.5) and may still be dropped: a few.
+    assert!(
+        marks1 > 20 && (drops1 - drops0) * 10 <= marks1,
+        "with --tcp-ecn: {} marks, {} drops more",
+        marks1,
+        drops1 - drops0
+    );
+    let p = lab.exec("client");
+    let mut args: Vec<&str> = p.iter().map(String::as_str).collect();
+    args.extend(["ip", "route", "show", "10.77.0.2/32"]);
+    let out = std::process::Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap();
+    assert!(out.stdout.is_empty(), "the route stayed: {:?}", out);
+}

@@ -56,6 +56,11 @@ pub struct TestArgs {
     /// (default not-ect); what arrives CE was marked by a queue instead of dropped.
     #[arg(long, value_name = "LIST")]
     pub ecn: Option<String>,
+    /// The test's TCP flows ask for ECN, whatever net.ipv4.tcp_ecn says: a host route to the
+    /// server with `features ecn` (ip-route(8)) for the test's length, removed after (root;
+    /// a kill -9 leaves it: `ip route del SERVER/32`).
+    #[arg(long)]
+    pub tcp_ecn: bool,
     /// marks: probes of each code point (1..100), one every 10 ms in turn.
     #[arg(long, default_value_t = 5)]
     pub rounds: u32,
@@ -155,6 +160,18 @@ impl TestArgs {
             }
             (_, Some(e)) => bloatlab_units::marks::parse_ecn(e)?,
         };
+        if self.tcp_ecn
+            && matches!(
+                kind,
+                TestKind::Ping
+                    | TestKind::Udp
+                    | TestKind::Mtu
+                    | TestKind::Writeback
+                    | TestKind::Marks
+            )
+        {
+            return Err("--tcp-ecn is for tests with TCP flows".into());
+        }
         let size = match (kind, self.size.as_deref()) {
             (TestKind::Writeback, s) => crate::writeback::parse_size(s.unwrap_or("1G"))?,
             (_, None) => 1024,
@@ -180,6 +197,7 @@ impl TestArgs {
             under_load: self.under_load,
             probe_size: self.probe_size,
             ecn,
+            tcp_ecn: self.tcp_ecn,
             rpm_interval: self.rpm_interval,
             rpm_sequential: self.sequential,
             udp: (kind == TestKind::Udp).then_some(UdpParams {

@@ -104,6 +104,8 @@ pub struct Params {
     /// ECN code point of the probes, each way (`--ecn`; 0: Not-ECT): ECN-capable probes come
     /// back CE where a queue marks instead of dropping.
     pub ecn: u8,
+    /// TCP flows ask for ECN (a host route to the server with `features ecn` for the test).
+    pub tcp_ecn: bool,
     /// rpm: the draft's interval (ID), seconds: one more load connection per direction each.
     pub rpm_interval: f64,
     /// rpm: download, then upload, each with its own load and responsiveness (else both at once).
@@ -126,6 +128,7 @@ impl Params {
             under_load: false,
             probe_size: 64,
             ecn: 0,
+            tcp_ecn: false,
             rpm_interval: 1.0,
             rpm_sequential: false,
             udp: None,

@@ -90,6 +90,16 @@ pub(crate) fn default_output(test: &str) -> PathBuf {
 
 pub fn run(params: &Params, host: &str, opts: &RunOptions) -> Result<Outcome, MeasureError> {
     let addrs = resolve(host)?;
+    // Removed when the test ends, however it ends (but for a kill -9).
+    let _ecn_route = if params.tcp_ecn {
+        let dest = addrs[0].ip().to_canonical();
+        Some(netio::EcnRoute::add(dest).map_err(|why| MeasureError::Io {
+            what: "--tcp-ecn".into(),
+            source: std::io::Error::other(why),
+        })?)
+    } else {
+        None
+    };
     let mut plan = plan::plan(params);
     if opts.key.is_some() {
         // A signed probe carries its 16-byte MAC at its end.

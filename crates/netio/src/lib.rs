@@ -154,6 +154,75 @@ pub fn tcp_syn_tos(stream: &impl AsRawFd, peer: &SocketAddr) -> Option<u8> {
     None
 }
 
+/// A host route to one address with `features ecn` (ip-route(8)): this host's TCP asks for ECN
+/// on connections there whatever `net.ipv4.tcp_ecn` says, until the guard is dropped and the
+/// route removed. Needs CAP_NET_ADMIN; refuses a destination that already has a host route (not
+/// ours to change) or is this host's own.
+pub struct EcnRoute {
+    /// `ip` arguments after `route add` / `route del`.
+    route: Vec<String>,
+}
+
+impl EcnRoute {
+    pub fn add(dest: std::net::IpAddr) -> Result<EcnRoute, String> {
+        let family = if dest.is_ipv6() { "-6" } else { "-4" };
+        let ip = |args: &[&str]| -> Result<String, String> {
+            let out = std::process::Command::new("ip")
+                .arg(family)
+                .args(args)
+                .output()
+                .map_err(|e| format!("ip: {e}"))?;
+            if out.status.success() {
+                Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+            } else {
+                Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+            }
+        };
+        let d = dest.to_string();
+        let got = ip(&["-o", "route", "get", &d])?;
+        let words: Vec<&str> = got.split_whitespace().collect();
+        if words.first() == Some(&"local") {
+            return Err(format!(
+                "{d} is this host's own address: no route to set ECN on"
+            ));
+        }
+        let after = |key: &str| {
+            words
+                .windows(2)
+                .find(|w| w[0] == key)
+                .map(|w| w[1].to_string())
+        };
+        let dev = after("dev").ok_or_else(|| format!("no device in the route to {d}: {got}"))?;
+        let prefix = format!("{d}/{}", if dest.is_ipv6() { 128 } else { 32 });
+        let mut route = vec![prefix];
+        if let Some(via) = after("via") {
+            route.extend(["via".into(), via]);
+        }
+        route.extend(["dev".into(), dev]);
+        let mut add: Vec<&str> = vec!["route", "add"];
+        add.extend(route.iter().map(String::as_str));
+        add.extend(["features", "ecn"]);
+        ip(&add).map_err(|e| {
+            format!("adding a route to {d} with ECN ({e}): it takes root, and no host route there")
+        })?;
+        Ok(EcnRoute { route })
+    }
+}
+
+impl Drop for EcnRoute {
+    fn drop(&mut self) {
+        let family = if self.route[0].contains(':') {
+            "-6"
+        } else {
+            "-4"
+        };
+        let _ = std::process::Command::new("ip")
+            .args([family, "route", "del"])
+            .args(&self.route)
+            .output();
+    }
+}
+
 /// What became of a requested DSCP mark: `None` when it holds, else a sentence for the user.
 pub fn dscp_refusal(requested: u8, applied: &io::Result<u8>) -> Option<String> {
     match applied {
