@@ -6,7 +6,7 @@ use bloatlab_result::marks::{
     Arrival, Fate, MarkChange, MarkFate, MarkHop, MarkProbe, MarksReport, MarksVerdict,
 };
 use bloatlab_result::StreamCounts;
-use bloatlab_units::marks::{dscp_name, ecn_name, tos_name, CE, ECT0, ECT1, NOT_ECT};
+use bloatlab_units::marks::{dscp_name, ecn_name, tally_tos, tos_name, CE, ECT0, ECT1, NOT_ECT};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Way {
@@ -51,13 +51,17 @@ pub fn report(probes: &[MarkProbe], server_received: Option<u64>) -> MarksReport
         sent.iter()
             .map(|&tos| {
                 let mine = probes.iter().filter(|p| p.sent == tos);
-                let arrived: Vec<u8> = mine
-                    .clone()
-                    .filter_map(|p| match way {
+                // The TOS bytes they arrived with, and how many of each.
+                let mut counts = Vec::new();
+                for p in mine.clone() {
+                    let arrived = match way {
                         Way::Up => p.request_arrived,
                         Way::Down => p.reply_sent.and(p.reply_arrived),
-                    })
-                    .collect();
+                    };
+                    if let Some(a) = arrived {
+                        tally_tos(&mut counts, a);
+                    }
+                }
                 // What the server's socket carried, which a refusal there may have changed.
                 let from = match way {
                     Way::Up => tos,
@@ -74,14 +78,10 @@ pub fn report(probes: &[MarkProbe], server_received: Option<u64>) -> MarksReport
                     Way::Up => lost_up != Some(0),
                     Way::Down => lost_down != Some(0),
                 };
-                let mut counts = Vec::new();
-                for &a in &arrived {
-                    tally(&mut counts, a);
-                }
                 let mut f = fate(from, &counts, mine.count() as u64);
                 if !readable {
                     (f.dscp, f.ecn) = (Fate::Unknown, Fate::Unknown);
-                } else if arrived.is_empty() && !any_answer && dropped_here {
+                } else if counts.is_empty() && !any_answer && dropped_here {
                     (f.dscp, f.ecn) = (Fate::Dropped, Fate::Dropped);
                 }
                 f
@@ -303,14 +303,6 @@ pub fn locate(r: &mut MarksReport, hops: Vec<MarkHop>) {
     }
     r.hops = hops;
     r.changes = changes;
-}
-
-/// Counts one arrival with TOS `tos` (as `proto::tally_tos`; this pure crate has no proto).
-fn tally(counts: &mut Vec<(u8, u64)>, tos: u8) {
-    match counts.iter_mut().find(|c| c.0 == tos) {
-        Some(c) => c.1 += 1,
-        None => counts.push((tos, 1)),
-    }
 }
 
 /// The fate of code point `sent` (a TOS byte) whose `probes` arrived with the TOS bytes

@@ -189,12 +189,9 @@ impl DualPi2 {
             self.prev_qdelay_ns = q;
             t += self.p.tupdate_ns;
             n += 1;
-            // After a long idle time p' is 0 and stays there: skip the rest of the ticks.
-            if n > 64 && self.prob == 0.0 && q == 0 {
-                t = now - (now - t) % self.p.tupdate_ns + self.p.tupdate_ns;
-                if t <= now {
-                    t += self.p.tupdate_ns;
-                }
+            // After a long idle time p' is 0 and stays there: on to the first tick after now.
+            if n > 64 && self.prob == 0.0 && q == 0 && t <= now {
+                t += ((now - t) / self.p.tupdate_ns + 1) * self.p.tupdate_ns;
             }
         }
         self.next_update_ns = Some(t);

@@ -27,30 +27,29 @@ pub struct ConnProber {
 
 fn one(addr: SocketAddr, token: Token) -> (Option<f64>, Option<f64>) {
     let t0 = netio::mono_ns();
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) else {
+    let Ok(s) = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) else {
         return (None, None);
     };
     let t1 = netio::mono_ns();
     let connect = Some((t1 - t0) as f64 / 1e6);
     let _ = s.set_nodelay(true);
-    let _ = s.set_read_timeout(Some(CONNECT_TIMEOUT));
-    let Ok(clone) = s.try_clone() else {
-        return (connect, None);
-    };
-    let mut r = BufReader::new(clone);
-    if s.write_all(&proto::encode_line(&ClientMsg::ProbeHello { token }))
-        .is_err()
-    {
-        return (connect, None);
-    }
-    let ok = matches!(
-        netio::read_line(&mut r, proto::MAX_LINE)
-            .ok()
-            .flatten()
-            .map(|l| proto::decode_line::<ServerMsg>(&l)),
-        Some(Ok(ServerMsg::ProbeReply { .. }))
-    );
+    let ok = probe_hello(s, token).is_some();
     (connect, ok.then(|| (netio::mono_ns() - t1) as f64 / 1e6))
+}
+
+/// A new-connection probe's request on a connected stream: `probe_hello`, then the server's
+/// `probe_reply` (within the connect timeout) and what it said of the SYN's marks; `None` when
+/// no such answer came.
+pub(crate) fn probe_hello(mut s: TcpStream, token: Token) -> Option<Option<u8>> {
+    s.set_read_timeout(Some(CONNECT_TIMEOUT)).ok()?;
+    let mut r = BufReader::new(s.try_clone().ok()?);
+    s.write_all(&proto::encode_line(&ClientMsg::ProbeHello { token }))
+        .ok()?;
+    let line = netio::read_line(&mut r, proto::MAX_LINE).ok()??;
+    match proto::decode_line::<ServerMsg>(&line).ok()? {
+        ServerMsg::ProbeReply { syn_tos } => Some(syn_tos),
+        _ => None,
+    }
 }
 
 impl ConnProber {

@@ -319,23 +319,11 @@ pub fn run(host: &str, mp: &MarksParams, opts: &RunOptions) -> Result<Outcome, M
 /// server's kernel saw that SYN arrive with (`None`: no answer, or a server that does not say).
 fn tcp_syn(addr: SocketAddr, token: bloatlab_proto::Token, dscp: u8) -> Option<u8> {
     use socket2::{Domain, Socket, Type};
-    use std::io::{BufReader, Write};
     let s = Socket::new(Domain::for_address(addr), Type::STREAM, None).ok()?;
     netio::apply_dscp(socket2::SockRef::from(&s), dscp, &addr).ok()?;
     s.connect_timeout(&addr.into(), crate::control::CONNECT_TIMEOUT)
         .ok()?;
-    let mut s: std::net::TcpStream = s.into();
-    s.set_read_timeout(Some(crate::control::CONNECT_TIMEOUT))
-        .ok()?;
-    s.write_all(&bloatlab_proto::encode_line(
-        &bloatlab_proto::ClientMsg::ProbeHello { token },
-    ))
-    .ok()?;
-    let line = netio::read_line(&mut BufReader::new(s), bloatlab_proto::MAX_LINE).ok()??;
-    match bloatlab_proto::decode_line::<bloatlab_proto::ServerMsg>(&line).ok()? {
-        bloatlab_proto::ServerMsg::ProbeReply { syn_tos } => syn_tos,
-        _ => None,
-    }
+    crate::connprobe::probe_hello(s.into(), token)?
 }
 
 /// Highest TTL the walk tries; it ends earlier at the destination's Port Unreachable.
@@ -413,13 +401,11 @@ fn walk_hops(dest: IpAddr, cps: &[u8], opts: &RunOptions) -> Result<Vec<MarkHop>
                 seen.entry((hop, i))
                     .or_insert((q.from, q.tos, !q.time_exceeded));
             }
-            // Every hop up to the destination answered for every code point: done.
+            // Every hop up to the destination answered for every code point: the next round
+            // sends nothing and ends the walk.
             if (1..=dest_hop).all(|h| (0..n).all(|i| seen.contains_key(&(h, i)))) {
                 break;
             }
-        }
-        if (1..=dest_hop).all(|h| (0..n).all(|i| seen.contains_key(&(h, i)))) {
-            break;
         }
     }
     let hops = (1..=dest_hop)

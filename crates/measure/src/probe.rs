@@ -58,20 +58,18 @@ pub(crate) fn socket(
     let sock = UdpSocket::bind(bind).map_err(MeasureError::io("UDP socket"))?;
     sock.connect(addr)
         .map_err(|source| MeasureError::Unreachable { addr, source })?;
-    let applied = netio::apply_dscp(socket2::SockRef::from(&sock), dscp, &addr);
-    let mut refused = netio::dscp_refusal(dscp, &applied);
-    if ecn != 0 && refused.is_none() {
-        // The whole TOS byte: UDP's ECN bits go out as the socket sets them.
-        let tos = dscp << 2 | ecn;
-        refused = match netio::apply_tos(socket2::SockRef::from(&sock), tos, &addr) {
-            Ok(a) if a == tos => None,
-            Ok(a) => Some(format!(
-                "TOS {tos:#04x} was requested but the socket carries {a:#04x}"
-            )),
-            Err(e) => Some(format!("ECN could not be set: {e}")),
-        };
-    }
-    Ok((sock, applied.ok(), refused))
+    // The whole TOS byte: UDP's ECN bits go out as the socket sets them.
+    let tos = dscp << 2 | ecn;
+    let applied = netio::apply_tos(socket2::SockRef::from(&sock), tos, &addr);
+    let ecn_refused = match &applied {
+        Ok(a) if a & 3 != ecn => Some(format!(
+            "TOS {tos:#04x} was requested but the socket carries {a:#04x}"
+        )),
+        _ => None,
+    };
+    let dscp_applied = applied.map(|a| a >> 2);
+    let refused = ecn_refused.or_else(|| netio::dscp_refusal(dscp, &dscp_applied));
+    Ok((sock, dscp_applied.ok(), refused))
 }
 
 /// Sends the next request (its sequence number is the log's length), signed with `key`, and

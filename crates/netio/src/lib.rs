@@ -159,7 +159,8 @@ pub fn tcp_syn_tos(stream: &impl AsRawFd, peer: &SocketAddr) -> Option<u8> {
 /// route removed. Needs CAP_NET_ADMIN; refuses a destination that already has a host route (not
 /// ours to change) or is this host's own.
 pub struct EcnRoute {
-    /// `ip` arguments after `route add` / `route del`.
+    /// `-4` or `-6`, and the `ip` arguments after `route add` / `route del`.
+    family: &'static str,
     route: Vec<String>,
 }
 
@@ -205,19 +206,14 @@ impl EcnRoute {
         ip(&add).map_err(|e| {
             format!("adding a route to {d} with ECN ({e}): it takes root, and no host route there")
         })?;
-        Ok(EcnRoute { route })
+        Ok(EcnRoute { family, route })
     }
 }
 
 impl Drop for EcnRoute {
     fn drop(&mut self) {
-        let family = if self.route[0].contains(':') {
-            "-6"
-        } else {
-            "-4"
-        };
         let _ = std::process::Command::new("ip")
-            .args([family, "route", "del"])
+            .args([self.family, "route", "del"])
             .args(&self.route)
             .output();
     }

@@ -189,15 +189,6 @@ pub struct StreamReport {
     pub arrived: Vec<(u8, u64)>,
 }
 
-/// Counts one packet that arrived with TOS byte `tos` in `counts` (one pair per distinct byte:
-/// at most 256).
-pub fn tally_tos(counts: &mut Vec<(u8, u64)>, tos: u8) {
-    match counts.iter_mut().find(|c| c.0 == tos) {
-        Some(c) => c.1 += 1,
-        None => counts.push((tos, 1)),
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FlowReport {
     pub id: u16,

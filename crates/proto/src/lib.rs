@@ -28,4 +28,4 @@ pub const MAX_LINE: usize = 64 * 1024;
 /// millisecond bucket; a 180 s test at 1 ms is about 1.3 MB).
 pub const MAX_REPORT_LINE: usize = 4 * 1024 * 1024;
 
-pub use bloatlab_units::marks::{dscp_name, parse_dscp};
+pub use bloatlab_units::marks::{dscp_name, parse_dscp, tally_tos};

@@ -69,6 +69,15 @@ pub fn parse_ecn(s: &str) -> Result<u8, String> {
     }
 }
 
+/// Counts one packet that arrived with TOS byte `tos` in `counts` (one pair per distinct byte:
+/// at most 256).
+pub fn tally_tos(counts: &mut Vec<(u8, u64)>, tos: u8) {
+    match counts.iter_mut().find(|c| c.0 == tos) {
+        Some(c) => c.1 += 1,
+        None => counts.push((tos, 1)),
+    }
+}
+
 /// The TOS / traffic-class byte of a DSCP and an ECN code point.
 pub fn tos(dscp: u8, ecn: u8) -> u8 {
     (dscp << 2) | (ecn & 3)
