@@ -10,10 +10,12 @@
 //!   per 300 ms), an increase of up to x1.04 per sample under high load without bloat, a decay
 //!   towards the base rate once a second otherwise.
 //! - [`Law::Bloatlab`]: the same, and where the line says more: when the line delivers clearly
-//!   less than the shaper's rate while delay rises (its capacity fell), the cut goes straight to
-//!   90% of what it delivered; when it delivers the shaper's rate and delay rises anyway (a queue
-//!   elsewhere, a burst), the cut stops at 90% of the highest rate that carried high load
-//!   without bloat in the last 10 minutes (a memory of safe rates).
+//!   less than the shaper's rate while delay rises, or the queue grows steadily (its capacity
+//!   fell), the cut goes straight below what it delivers, by enough to drain the queue that
+//!   stands within about a second (90% of it, down to half from 500 ms of queue); when it
+//!   delivers the shaper's rate and delay rises anyway (a queue elsewhere, a burst), the cut
+//!   stops at 90% of the highest rate that carried high load without bloat in the last 10
+//!   minutes (a memory of safe rates), which a cut below it tests now and then.
 //!
 //! Both tell a stall ("no probes came back": the rate holds at the last one without bloat, and
 //! after `stall_to_min` at MIN) from bloat ("delay rose"): only delayed samples cut.
@@ -152,7 +154,7 @@ pub enum Event {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Why {
     Bloat,
-    /// A cut to 90% of what the line delivered (its capacity fell).
+    /// A cut below what the line delivered (its capacity fell).
     Delivered,
     /// A cut that stopped at the memory of safe rates.
     SafeFloor,
@@ -184,6 +186,9 @@ struct Dir {
     last_decay: u64,
     /// The line's rate in this direction now, bits per second.
     delivered: f64,
+    /// The last readings of it (the memory of safe rates takes their mean: one counter read
+    /// late reads high, and a memory of its maximum would keep that error).
+    readings: VecDeque<f64>,
     /// The last rate with no bloat: what a stall holds (if no higher than the rate now).
     last_safe: f64,
     /// (time, rate the line delivered) at high load without bloat, at most one a second.
@@ -192,12 +197,17 @@ struct Dir {
     recent: VecDeque<(u64, f64)>,
     /// Since when the memory of safe rates has held a delay that does not go away.
     floor_since: Option<u64>,
-    /// A cut below that floor under way: (since, the floor).
-    floor_test: Option<(u64, f64)>,
-    /// A floor the last test upheld (a queue elsewhere) is not tested again before this.
-    floor_trusted_until: u64,
+    /// A cut below that floor under way: (since, the floor, the least delay then).
+    floor_test: Option<(u64, f64, f64)>,
+    /// A floor the last test upheld (a queue elsewhere) is not tested again before this, while
+    /// the delay stays within a threshold of this level, ms.
+    floor_trusted: Option<(u64, f64)>,
     /// Since when the rate has been above the ceiling without bloat.
     above_since: Option<u64>,
+    /// (until, growth): the queue's growth says the rate before the last cut it measured a
+    /// capacity for, up to that growth, until then: for a second, and as long again as its
+    /// queue delayed the probes that say so.
+    growth_stale: Option<(u64, f64)>,
 }
 
 impl Dir {
@@ -211,14 +221,21 @@ impl Dir {
             last_cut: None,
             last_decay: 0,
             delivered: 0.0,
+            readings: VecDeque::new(),
             last_safe: bounds.base,
             safe: VecDeque::new(),
             recent: VecDeque::new(),
             floor_since: None,
             floor_test: None,
-            floor_trusted_until: 0,
+            floor_trusted: None,
             above_since: None,
+            growth_stale: None,
         }
+    }
+
+    /// The mean of the last readings of the line's rate.
+    fn mean_reading(&self) -> f64 {
+        self.readings.iter().sum::<f64>() / self.readings.len().max(1) as f64
     }
 
     /// The least delay over the baseline of the 200 ms that ended `ago_ms` before `now`.
@@ -237,21 +254,24 @@ impl Dir {
     /// The memory of safe rates held the rate for a second while the delay stayed: either the
     /// queue is elsewhere (cutting cannot cure it) or the line's capacity fell to about the
     /// floor (a standing queue that a cut below it drains). The test: 15% below the floor for
-    /// 600 ms. If the delay falls under the threshold `thr`, the memory is out of date and
-    /// forgotten; if not (some of it may be ours, the rest is not), the floor holds and is not
-    /// tested again for 30 s (a queue elsewhere costs 0.3% of the rate).
+    /// 600 ms, which drains a queue of ours by up to 90 ms. If the delay falls by the
+    /// threshold `thr` (or under it), the memory is out of date and forgotten; if not, the
+    /// queue is not ours: the floor holds and is not tested again for 30 s (a queue elsewhere
+    /// costs 0.3% of the rate), unless the delay grows by the threshold meanwhile (a queue
+    /// that grows at a floor slightly above the line is ours after all).
     fn test_the_floor(&mut self, now: u64, rate: f64, why: Why, thr: f64) -> (f64, Why) {
-        if let Some((t0, floor)) = self.floor_test {
+        let least = self.least(now, 0);
+        if let Some((t0, floor, before)) = self.floor_test {
             if now.saturating_sub(t0) < 600 * MS {
                 return (self.rate, Why::FloorTest);
             }
             self.floor_test = None;
             self.floor_since = None;
-            if self.least(now, 0).is_some_and(|l| l < thr) {
+            if least.is_some_and(|l| l < thr || l < before - thr) {
                 self.safe.clear();
                 return (rate.min(0.85 * floor), Why::Bloat);
             }
-            self.floor_trusted_until = now + 30 * S;
+            self.floor_trusted = least.map(|l| (now + 30 * S, l));
             return (floor, Why::SafeFloor);
         }
         if why != Why::SafeFloor {
@@ -259,27 +279,49 @@ impl Dir {
             return (rate, why);
         }
         let since = *self.floor_since.get_or_insert(now);
-        if now < self.floor_trusted_until || now - since < S {
+        let trusted = self
+            .floor_trusted
+            .is_some_and(|(until, level)| now < until && least.is_some_and(|l| l < level + thr));
+        if trusted || now - since < S {
             return (rate, why);
         }
-        self.floor_test = Some((now, rate));
+        let Some(before) = least else {
+            return (rate, why);
+        };
+        self.floor_test = Some((now, rate, before));
         (0.85 * rate, Why::FloorTest)
     }
 
     /// The queue grows: the least delay of 200 ms rose by over 5 ms in each half of the last
     /// second, by about as much in each (one late probe is not a trend, and a step, such as a
-    /// queue elsewhere appearing, rises in one half). Then its growth, seconds per second.
+    /// queue elsewhere appearing, rises in one half); or, fast, by over 50 ms in each of the
+    /// last two 200 ms (a line that fell to a third grows 2 s a second, and waiting for a
+    /// second of it to look steady costs a second of buffer). Then its growth, seconds per
+    /// second; none while it may be the growth before the last cut it measured (a rate cut
+    /// slows it: twice that is new).
     fn growth(&self, now: u64) -> Option<f64> {
-        let (a, b, c) = (
+        let g = self.growth_now(now)?;
+        match self.growth_stale {
+            Some((until, before)) if now < until && g <= 2.0 * before => None,
+            _ => Some(g),
+        }
+    }
+
+    fn growth_now(&self, now: u64) -> Option<f64> {
+        let (a, b, m, c) = (
             self.least(now, 800)?,
             self.least(now, 400)?,
+            self.least(now, 200)?,
             self.least(now, 0)?,
         );
         // Steadily: a queue that grows because the line slowed grows at about the same pace
         // in both halves; a step (a queue appearing elsewhere) on top of a small rise does not.
         let (first, second) = (b - a, c - b);
         let steady = first > 5.0 && second > 5.0 && first.max(second) <= 2.5 * first.min(second);
-        steady.then(|| (c - a) / 800.0)
+        if steady {
+            return Some((c - a) / 800.0);
+        }
+        (m - b > 50.0 && c - m > 50.0).then(|| (c - b) / 400.0)
     }
 
     fn load(&self, cfg: &Config) -> Load {
@@ -366,7 +408,9 @@ impl Dir {
         if load == Load::High {
             // At most one remembered rate a second.
             if self.safe.back().is_none_or(|s| now - s.0 >= S) {
-                self.safe.push_back((now, self.delivered));
+                // The shaper passes no more than its rate: a reading above it is its timing.
+                self.safe
+                    .push_back((now, self.mean_reading().min(self.rate)));
             }
             if !refractory {
                 // Full steps while the delay is at most 10 ms (cake-autorate's), ours a third of
@@ -420,21 +464,31 @@ impl Dir {
     fn bounded_cut(&mut self, now: u64, cut: f64, cfg: &Config) -> (f64, Why) {
         let delivered = self.delivered;
         let growth = self.growth(now);
-        // The upload's shaper is before the bottleneck: what it sends arrives there, and a
-        // queue growing g seconds a second says the bottleneck carries 1/(1+g) of it. The
-        // download's (ingress) is after it, and sees the bottleneck's own rate.
+        // The upload's shaper is before the bottleneck: what it sent in the growth's second
+        // arrived there, and a queue growing g seconds a second says the bottleneck carries
+        // 1/(1+g) of it. The download's (ingress) is after it, and sees the bottleneck's own
+        // rate.
         let capacity = match (self.which, growth) {
-            (Direction::Up, Some(g)) => delivered / (1.0 + g),
+            (Direction::Up, Some(g)) => self.mean_reading().min(self.rate) / (1.0 + g),
             _ => delivered,
         };
         let (mut rate, mut why) = (cut, Why::Bloat);
-        if delivered >= ACTIVE_BPS && 0.9 * capacity < cut {
-            (rate, why) = (0.9 * capacity, Why::Delivered);
+        // Below the capacity by enough to drain the queue that stands in about a second (the
+        // least delay of the last 200 ms, s): 90% of it up to a queue of 100 ms, half of it
+        // from 500 ms (a line that fell to a third fills 2 s of buffer a second till the cut).
+        let standing = self.least(now, 0).unwrap_or(0.0) / 1e3;
+        let drain = (0.9 - (standing - 0.1).max(0.0)).max(0.5);
+        if delivered >= ACTIVE_BPS && drain * capacity < cut {
+            (rate, why) = (drain * capacity, Why::Delivered);
         }
         // A queue that keeps growing is this line's, whatever it carried before.
         let capacity_fell =
             delivered >= ACTIVE_BPS && (delivered < 0.8 * self.rate || growth.is_some());
         if capacity_fell {
+            if let Some(g) = growth {
+                let lag = self.least(now, 0).unwrap_or(0.0).max(0.0) * MS as f64;
+                self.growth_stale = Some((now + S + lag as u64, g));
+            }
             // What the line carried before is no guide now: the climb back is fast only up to
             // what it carries now, gentle above.
             self.safe.clear();
@@ -506,8 +560,13 @@ impl Controller {
 
     /// The line's rate now per direction (the interface's counters), bits per second.
     pub fn on_load(&mut self, down_bps: f64, up_bps: f64) {
-        self.down.delivered = down_bps;
-        self.up.delivered = up_bps;
+        for (d, bps) in [(&mut self.down, down_bps), (&mut self.up, up_bps)] {
+            d.delivered = bps;
+            d.readings.push_back(bps);
+            if d.readings.len() > 5 {
+                d.readings.pop_front();
+            }
+        }
     }
 
     /// One probe's one-way delays at `now`.

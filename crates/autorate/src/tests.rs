@@ -2,6 +2,9 @@
 //! behind the shaper at rate R, saturated both ways (rrul-like). While R > C the bottleneck's
 //! queue grows at (R - C) / C seconds per second, up to its buffer; while R < C it drains at
 //! the same rate. The line delivers min(R, C); each probe sees the base delay plus the queue.
+//! The counters the controller reads are the shaper's: the download's (ingress, after the
+//! bottleneck) count what the line delivered, the upload's (egress, before it) what the shaper
+//! sent, R while saturated.
 
 use super::*;
 
@@ -16,6 +19,8 @@ struct Line {
     elsewhere_ms: Box<dyn Fn(u64) -> f64>,
     base_ms: f64,
     buffer_s: f64,
+    /// Each counter reading off by up to this share either way (a busy host reads them late).
+    counter_noise: f64,
 }
 
 #[derive(Default)]
@@ -55,6 +60,14 @@ fn simulate(law: Law, line: &Line, secs: u64, warmup: u64, cfg: impl Fn(&mut Con
     let (mut qd, mut qu) = (0.0f64, 0.0f64);
     let mut run = Run::default();
     let mut t = 0;
+    let mut counted = (0.0, 0.0);
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut noisy = |v: f64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v * (1.0 + line.counter_noise * ((x % 2001) as f64 / 1000.0 - 1.0))
+    };
     while t < secs * S {
         let (cd, cu) = ((line.down)(t), (line.up)(t));
         let (rd, ru) = (ctl.rate(Direction::Down), ctl.rate(Direction::Up));
@@ -65,7 +78,15 @@ fn simulate(law: Law, line: &Line, secs: u64, warmup: u64, cfg: impl Fn(&mut Con
             if qd > 0.0 { cd } else { rd.min(cd) },
             if qu > 0.0 { cu } else { ru.min(cu) },
         );
-        ctl.on_load(dd, du);
+        // The upload's shaper sends its rate until the bottleneck's buffer is full; then TCP,
+        // losing what overflows, sends what the line carries. The counters are read every
+        // 200 ms, as the shell does.
+        let sent_up = if qu >= line.buffer_s { ru.min(cu) } else { ru };
+        counted = (counted.0 + dd / 4.0, counted.1 + sent_up / 4.0);
+        if t % (200 * MS) == 150 * MS {
+            ctl.on_load(noisy(counted.0), noisy(counted.1));
+            counted = (0.0, 0.0);
+        }
         let extra = (line.elsewhere_ms)(t);
         let sample = Sample {
             down_ms: Some(line.base_ms / 2.0 + qd * 1e3 + extra),
@@ -98,6 +119,7 @@ fn steady(c_down: f64, c_up: f64) -> Line {
         elsewhere_ms: Box::new(|_| 0.0),
         base_ms: 20.0,
         buffer_s: 0.5,
+        counter_noise: 0.0,
     }
 }
 
@@ -128,11 +150,12 @@ fn both_laws_fill_a_steady_line_and_ours_keeps_its_queue_shorter() {
     );
 }
 
-/// The line's capacity halves (a cable segment at 21:00, a cell's load): ours goes to 90% of
-/// what the line now delivers in one cut, cake-autorate's law in steps of at most x0.75 per
-/// 300 ms while the queue grows.
+/// The line's capacity falls to 40% (a cable segment at 21:00, a cell's load): ours goes to
+/// 90% of what the line now delivers as soon as the counters (read every 200 ms) show it, in
+/// at most two cuts (one may come first, from the delay alone); cake-autorate's law in steps
+/// of at most x0.75 per 300 ms while the queue grows.
 #[test]
-fn when_the_capacity_halves_ours_is_below_it_in_one_cut() {
+fn when_the_capacity_falls_ours_is_below_it_in_two_cuts_at_most() {
     let line = Line {
         down: Box::new(|t| if t < 60 * S { 50.0 * MBIT } else { 20.0 * MBIT }),
         ..steady(50.0 * MBIT, 10.0 * MBIT)
@@ -162,7 +185,7 @@ fn when_the_capacity_halves_ours_is_below_it_in_one_cut() {
         eprintln!("{law:?}: below the new capacity {below:.0} ms after the drop, {cuts} cuts");
         after.push((below, cuts));
     }
-    assert_eq!(after[1].1, 1, "ours: one cut");
+    assert!(after[1].1 <= 2, "ours: {} cuts", after[1].1);
     assert!(
         after[1].0 < after[0].0,
         "ours {} ms, cake-autorate's {} ms",
@@ -173,7 +196,8 @@ fn when_the_capacity_halves_ours_is_below_it_in_one_cut() {
 
 /// Delay from a queue that is not the shaper's (Wi-Fi, the far end) while the line delivers
 /// the shaper's rate: cake-autorate's law cuts again and again, towards MIN; ours stops at 90%
-/// of the highest rate that carried the load without bloat (the 50 Mbit/s line), and tests
+/// of the highest rate that carried the load without bloat (a second's mean of the counters:
+/// within 10% of the 50 Mbit/s line, as ours probes just above it and cuts to 90%), and tests
 /// that floor once in 30 s at 85% of it for 600 ms.
 #[test]
 fn a_queue_elsewhere_does_not_drive_ours_to_the_minimum() {
@@ -215,16 +239,13 @@ fn a_queue_elsewhere_does_not_drive_ours_to_the_minimum() {
         lowest[0].1
     );
     assert!(
-        lowest[1].1 >= 0.85 * 0.9 * 50.0 * MBIT - 1.0,
+        lowest[1].1 >= 0.85 * 0.9 * 0.9 * 50.0 * MBIT,
         "ours fell from {} to {}",
         lowest[1].0,
         lowest[1].1
     );
 }
 
-/// No probe comes back (a radio silence, the server gone): no cut, the rates hold at the last
-/// ones without bloat, said once; at MIN only after the time the user set; said again when
-/// samples return.
 /// The upload's capacity falls by a tenth, to where the memory of safe rates would hold the
 /// shaper: the queue that keeps growing says the memory is out of date, and ours cuts below
 /// the new capacity; the queue is gone within seconds.
@@ -240,6 +261,67 @@ fn a_queue_that_keeps_growing_overrides_the_memory_of_safe_rates() {
     let q = p95(&up);
     eprintln!("upload queue p95 {q:.1} ms from 5 s after the fall");
     assert!(q <= 20.0, "upload queue p95 {q} ms");
+}
+
+/// The kernel HTB test's line, on virtual time: a saturated upload's capacity falls from 18
+/// to 8 Mbit/s behind a 1.5 s buffer, and the shaper's counters read up to 15% off (a busy
+/// host reads them late). A memory of safe rates pushed up by such a reading must not hold the
+/// shaper just above the line while the queue it feeds stands: from 3 s after the fall (the
+/// queue the fall left drained) it stays short.
+#[test]
+fn noisy_counters_do_not_hold_a_standing_queue_after_the_line_slows() {
+    let line = Line {
+        up: Box::new(|t| if t < 60 * S { 18.0 * MBIT } else { 8.0 * MBIT }),
+        buffer_s: 1.5,
+        counter_noise: 0.15,
+        ..steady(50.0 * MBIT, 18.0 * MBIT)
+    };
+    let r = simulate(Law::Bloatlab, &line, 90, 63, |_| {});
+    let up: Vec<f64> = r.queue_ms.iter().skip(1).step_by(2).copied().collect();
+    let (q, last) = (p95(&up), up[up.len() - 20..].iter().sum::<f64>() / 20.0);
+    eprintln!("upload queue p95 {q:.1} ms from 3 s after the fall, {last:.1} ms at the end");
+    assert!(
+        q <= 30.0 && last <= 15.0,
+        "upload queue p95 {q} ms, {last} ms at the end"
+    );
+}
+
+/// The kernel HTB test's failure in CI, by hand: the shaper held at a floor from the memory of
+/// safe rates (9.2 Mbit/s carried before), 0.8% above a line of 8 Mbit/s, with a standing
+/// queue of 150 ms that grows slowly. A test of the floor drains 90 ms of it and does not reach
+/// the threshold: the fall says the queue is ours (it was trusted for 30 s, and grew); and if
+/// a floor is trusted, a queue that grows by the threshold under it is tested again.
+#[test]
+fn a_standing_queue_under_a_floor_just_above_the_line_is_drained() {
+    let (down, up) = bounds();
+    let mut ctl = Controller::new(Config::new(Law::Bloatlab, down, up));
+    let cu = 8.0 * MBIT;
+    ctl.up.rate = 1.008 * cu;
+    ctl.up.safe.push_back((0, 9.2 * MBIT));
+    // The line's base delay is known (from before the queue).
+    ctl.up.baseline = Some(10.0);
+    let (mut qu, mut t) = (0.150f64, 0);
+    let mut queue = Vec::new();
+    while t < 20 * S {
+        let ru = ctl.rate(Direction::Up);
+        qu = (qu + (ru - cu) / cu * (STEP as f64 / 1e9)).clamp(0.0, 1.5);
+        if t % (200 * MS) == 0 {
+            ctl.on_load(0.0, ru);
+        }
+        ctl.on_sample(
+            t,
+            Sample {
+                down_ms: Some(10.0),
+                up_ms: Some(10.0 + qu * 1e3),
+            },
+        );
+        ctl.on_tick(t);
+        queue.push(qu * 1e3);
+        t += STEP;
+    }
+    let last = queue[queue.len() - 20..].iter().sum::<f64>() / 20.0;
+    eprintln!("upload queue {last:.1} ms after 19 s");
+    assert!(last <= 15.0, "the queue still {last} ms");
 }
 
 /// The line's capacity grows (20 to 50 Mbit/s after a minute): above what it carried before,
@@ -261,6 +343,9 @@ fn a_capacity_that_grows_is_found_within_seconds() {
     }
 }
 
+/// No probe comes back (a radio silence, the server gone): no cut, the rates hold at the last
+/// ones without bloat, said once; at MIN only after the time the user set; said again when
+/// samples return.
 #[test]
 fn a_silence_holds_the_rates_and_min_comes_only_when_asked() {
     for to_min in [None, Some(2 * S)] {
@@ -423,7 +508,7 @@ fn upload_by_round_trip(law: Law) -> (f64, usize, f64) {
         let ru = ctl.rate(Direction::Up);
         qu = (qu + (ru - cu) / cu * (STEP as f64 / 1e9)).clamp(0.0, 0.5);
         let du = if qu > 0.0 { cu } else { ru.min(cu) };
-        ctl.on_load(demand_down.min(ctl.rate(Direction::Down)), du);
+        ctl.on_load(demand_down.min(ctl.rate(Direction::Down)), ru);
         // The reflector's baseline is the round trip's least (20 ms): the delta is the queue.
         let mut ev = ctl.on_round_trip(t, qu * 1e3);
         ev.extend(ctl.on_tick(t));

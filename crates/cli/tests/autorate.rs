@@ -534,8 +534,13 @@ fn nonsense_bounds_files_and_devices_are_refused_in_one_line() {
 /// buffers): BASE, 95% of its steps' mean (19 / 3.8 Mbit/s), is above the slow line, where a
 /// fixed shaper would fill the buffer (1000 x 1500 B at 10 Mbit/s: 1.2 s; at 2: 6 s).
 /// autorate, on the lab's router, must come down to the line and keep the added delay a fraction
-/// of that, at most of the line's rate. (BENCHMARKS.md has the fixed shapers beside it, and
-/// cake-autorate's law, on the moving presets.)
+/// of that, at most of the line's rate. The fall itself costs what the law allows: both queues
+/// grow 2 s a second until the cut (three delayed probes, then 400 ms of growth: up to a
+/// second of queue), which the cut drains at half the line's rate within about a second; a
+/// second over 100 ms is 5% of the 20 s run, so its p95 is bounded by 300 ms (a quarter of the
+/// fixed shaper's 1.2 s; quiet runs read +60 to +105, a busy CI host +155). Once drained, the
+/// queues stay short: most of the last ticks' probes see under 30 ms. (BENCHMARKS.md has the
+/// fixed shapers beside it, and cake-autorate's law, on the moving presets.)
 #[test]
 fn on_a_line_that_slows_autorate_comes_down_to_it_and_keeps_the_delay_short() {
     let _s = serial();
@@ -588,7 +593,7 @@ fn on_a_line_that_slows_autorate_comes_down_to_it_and_keeps_the_delay_short() {
         share * 100.0,
         r["rate_changes"]
     );
-    assert!(p95 < 150.0, "autorate: p95 +{p95} ms");
+    assert!(p95 < 300.0, "autorate: p95 +{p95} ms");
     assert!(share > 0.6, "autorate delivered {share}");
     let log = log_lines(std::path::Path::new(r["autorate_log"].as_str().unwrap()));
     // At the slow line each way over the load's last 5 s, not at BASE (19 / 3.8 Mbit/s): it
@@ -604,6 +609,12 @@ fn on_a_line_that_slows_autorate_comes_down_to_it_and_keeps_the_delay_short() {
     let mean = |k: fn(&LogLine) -> f64| tail.iter().map(|l| k(l)).sum::<f64>() / tail.len() as f64;
     let (d, u) = (mean(|l| l.down_bps), mean(|l| l.up_bps));
     assert!(d < 1.1 * 10e6 && u < 1.1 * 2e6, "{d} / {u} bit/s: {tail:?}");
+    let short = |d: Option<f64>| d.is_some_and(|d| d < 30.0);
+    let drained = tail
+        .iter()
+        .filter(|l| short(l.down_delta_ms) && short(l.up_delta_ms))
+        .count();
+    assert!(drained >= 3, "the queues stay long at the end: {tail:?}");
     assert!(log
         .iter()
         .any(|l| l.event == "rate" && l.why.as_deref() == Some("delivered")));
