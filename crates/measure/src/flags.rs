@@ -85,7 +85,8 @@ pub struct TestArgs {
     pub sequential: bool,
     /// rpm against a URL: HTTP/1.1 instead of HTTP/2, as `networkQuality -f h1`. A connection
     /// then carries one request at a time, so no self probe can share a load connection: the
-    /// RPM is the foreign probes' term alone (rpm.loaded is null).
+    /// RPM is the foreign probes' term alone (rpm.loaded is null). The router build has no
+    /// HTTP/2 (nor TLS): there it needs this.
     #[arg(long = "http1.1")]
     pub http1: bool,
     /// udp: UDP payload rate, as iperf3's -b counts it (100mbit, 1gbit, 500kbit; Mibit and

@@ -21,9 +21,11 @@ use bloatlab_netio::sendbuf::{self, SendBudget, UnsentLimited};
 use bloatlab_result::{self as result, Host, Metadata, Phase, ResultFile, Series, SeriesKind};
 use hyper::body::Incoming;
 use hyper::body::{Body, Bytes, Frame};
-use hyper::client::conn::{http1, http2::SendRequest};
+use hyper::client::conn::http1;
 use hyper::{Request, Response, Uri};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+#[cfg(feature = "http2")]
+use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::TokioIo;
 use portable_atomic::AtomicU64;
 #[cfg(feature = "https")]
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -93,9 +95,9 @@ impl Target {
         let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
         let addr = (host.as_str(), port)
             .to_socket_addrs()
-            .map_err(|e| format!("{host}: {e}"))?
+            .map_err(|e| format!("cannot resolve {host}: {e}"))?
             .next()
-            .ok_or_else(|| format!("{host}: no address"))?;
+            .ok_or_else(|| format!("cannot resolve {host}: no address"))?;
         Ok(Target {
             uri,
             addr,
@@ -160,21 +162,39 @@ fn upload_chunk() -> &'static Bytes {
 /// load connection) or HTTP/1.1 (one request at a time).
 enum Sender {
     H1(http1::SendRequest<ReqBody>),
-    H2(SendRequest<ReqBody>),
+    #[cfg(feature = "http2")]
+    H2(H2),
 }
+
+#[cfg(feature = "http2")]
+type H2 = hyper::client::conn::http2::SendRequest<ReqBody>;
+/// A build without HTTP/2 (the router's) has no HTTP/2 sender: no load connection is shared.
+#[cfg(not(feature = "http2"))]
+type H2 = Infallible;
 
 impl Sender {
     async fn ready(&mut self) -> Result<(), String> {
         match self {
             Sender::H1(s) => s.ready().await,
+            #[cfg(feature = "http2")]
             Sender::H2(s) => s.ready().await,
         }
         .map_err(|e| e.to_string())
     }
 
+    /// An HTTP/2 connection's sender, for self probes beside its load.
+    fn h2(&self) -> Option<H2> {
+        match self {
+            #[cfg(feature = "http2")]
+            Sender::H2(s) => Some(s.clone()),
+            _ => None,
+        }
+    }
+
     async fn send(&mut self, req: Request<ReqBody>) -> Result<Response<Incoming>, String> {
         match self {
             Sender::H1(s) => s.send_request(req).await,
+            #[cfg(feature = "http2")]
             Sender::H2(s) => s.send_request(req).await,
         }
         .map_err(|e| e.to_string())
@@ -265,14 +285,7 @@ async fn open(t: &Target, c: &Connector) -> Result<Opened, String> {
         tokio::spawn(conn);
         Sender::H1(sender)
     } else {
-        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .adaptive_window(true)
-            .max_send_buf_size(1)
-            .handshake(TokioIo::new(io))
-            .await
-            .map_err(|e| format!("HTTP/2 with {}: {e}", t.addr))?;
-        tokio::spawn(conn);
-        Sender::H2(sender)
+        h2_handshake(io, t).await?
     };
     Ok(Opened {
         sender,
@@ -281,6 +294,23 @@ async fn open(t: &Target, c: &Connector) -> Result<Opened, String> {
         socket,
         budget,
     })
+}
+
+#[cfg(feature = "http2")]
+async fn h2_handshake(io: Box<dyn Io>, t: &Target) -> Result<Sender, String> {
+    let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .adaptive_window(true)
+        .max_send_buf_size(1)
+        .handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| format!("HTTP/2 with {}: {e}", t.addr))?;
+    tokio::spawn(conn);
+    Ok(Sender::H2(sender))
+}
+
+#[cfg(not(feature = "http2"))]
+async fn h2_handshake(_: Box<dyn Io>, _: &Target) -> Result<Sender, String> {
+    Err("this build has no HTTP/2 (the router's): --http1.1 runs the test over HTTP/1.1".into())
 }
 
 fn request(t: &Target, body: ReqBody, post: bool) -> Request<ReqBody> {
@@ -458,8 +488,8 @@ pub fn run(
     opts: &RunOptions,
     http: &HttpOptions,
 ) -> Result<Outcome, MeasureError> {
-    let fail = |why: String| MeasureError::Resolve {
-        host: config_url.into(),
+    let fail = |why: String| MeasureError::Http {
+        url: config_url.into(),
         why,
     };
     // A server that closes a connection mid-write costs that connection, not the process: every
@@ -610,7 +640,7 @@ async fn run_async(
     };
     // The load of the stage under way: its connections (for self probes), its stop flag, its
     // tasks (aborted when the stage ends, so the next stage's direction runs alone).
-    let senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>> = Arc::default();
+    let senders: Arc<Mutex<Vec<H2>>> = Arc::default();
     let mut stop = Arc::new(AtomicBool::new(false));
     let mut load_tasks = tokio::task::JoinSet::new();
     let (idle, id, length) = (params.idle, params.rpm_interval, params.length);
@@ -678,7 +708,7 @@ async fn run_async(
             if stage.is_some() {
                 let s = senders.lock().unwrap();
                 if !s.is_empty() {
-                    let pick = s[(t * 10.0) as usize % s.len()].clone();
+                    let pick = &s[(t * 10.0) as usize % s.len()];
                     spawn_self(&mut tasks, pick, urls.clone(), st.probes.clone(), t);
                     spawned += 1;
                 }
@@ -849,23 +879,34 @@ fn spawn_foreign(
     });
 }
 
+#[cfg(feature = "http2")]
 fn spawn_self(
     tasks: &mut tokio::task::JoinSet<()>,
-    sender: SendRequest<ReqBody>,
+    sender: &H2,
     urls: Arc<Urls>,
     probes: Arc<Mutex<RpmProbes>>,
     t: f64,
 ) {
+    let mut sender = Sender::H2(sender.clone());
     tasks.spawn(async move {
-        let ms = timeout(
-            PROBE_TIMEOUT,
-            fetch(&mut Sender::H2(sender), &urls.small, None, None),
-        )
-        .await
-        .ok()
-        .and_then(Result::ok);
+        let ms = timeout(PROBE_TIMEOUT, fetch(&mut sender, &urls.small, None, None))
+            .await
+            .ok()
+            .and_then(Result::ok);
         probes.lock().unwrap().loaded.push((t, ms));
     });
+}
+
+/// Without HTTP/2 there is no sender to share (`H2` has no values).
+#[cfg(not(feature = "http2"))]
+fn spawn_self(
+    _: &mut tokio::task::JoinSet<()>,
+    sender: &H2,
+    _: Arc<Urls>,
+    _: Arc<Mutex<RpmProbes>>,
+    _: f64,
+) {
+    match *sender {}
 }
 
 fn spawn_load(
@@ -873,7 +914,7 @@ fn spawn_load(
     f: &Flow,
     urls: Arc<Urls>,
     connector: Connector,
-    senders: Arc<Mutex<Vec<SendRequest<ReqBody>>>>,
+    senders: Arc<Mutex<Vec<H2>>>,
     stop: Arc<AtomicBool>,
     t0: Instant,
 ) {
@@ -895,8 +936,8 @@ fn spawn_load(
                     .flatten();
             }
             // Self probes share HTTP/2 connections; an HTTP/1.1 one is busy with its load.
-            if let Sender::H2(h2) = &s {
-                senders.lock().unwrap().push(h2.clone());
+            if let Some(h2) = s.h2() {
+                senders.lock().unwrap().push(h2);
             }
             if down {
                 fetch(&mut s, target, Some(&*bytes), Some(&*stop))

@@ -57,6 +57,9 @@ pub fn run_target(
 pub enum MeasureError {
     #[error("cannot resolve {host}: {why}")]
     Resolve { host: String, why: String },
+    /// `test rpm URL`: the URL's server, its config or the transport failed (resolving too).
+    #[error("{url}: {why}")]
+    Http { url: String, why: String },
     #[error("cannot reach {addr}: {source}; is `bloatlab server` running there and TCP/UDP port \
         {port} open?", port = addr.port())]
     Unreachable {

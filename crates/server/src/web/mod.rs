@@ -46,7 +46,9 @@ use endpoints::Route;
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, HOST, RETRY_AFTER};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+#[cfg(feature = "http2")]
+use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
@@ -327,6 +329,7 @@ async fn serve_http<I>(io: I, conn: Arc<Conn>, header_time: Duration, crowded: i
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
+    #[cfg(feature = "http2")]
     let max_streams = conn.web.cfg.max_streams;
     let rtt = {
         let socket = conn.socket.clone();
@@ -351,22 +354,33 @@ where
             }
         })
     };
+    #[cfg(feature = "http2")]
     let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // Headers within the handshake's deadline (no slowloris), and bounded.
-    b.http1()
+    #[cfg(feature = "http2")]
+    let served = {
+        // Headers within the handshake's deadline (no slowloris), and bounded.
+        b.http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_time)
+            .max_buf_size(64 * 1024);
+        // Hyper hands HTTP/2 a body's next chunk only when the stream's buffer is below its
+        // send buffer size: 1 makes that one chunk at a time, sized by `/large` to the
+        // connection's rate (netio's sendbuf).
+        b.http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(max_streams)
+            .max_header_list_size(16 * 1024)
+            .adaptive_window(true)
+            .max_send_buf_size(1);
+        b.serve_connection(io, svc)
+    };
+    // A build without HTTP/2 (the router's) serves HTTP/1.1 alone, with the same bounds.
+    #[cfg(not(feature = "http2"))]
+    let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_time)
-        .max_buf_size(64 * 1024);
-    // Hyper hands HTTP/2 a body's next chunk only when the stream's buffer is below its send
-    // buffer size: 1 makes that one chunk at a time, sized by `/large` to the connection's rate
-    // (netio's sendbuf).
-    b.http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(max_streams)
-        .max_header_list_size(16 * 1024)
-        .adaptive_window(true)
-        .max_send_buf_size(1);
-    let served = b.serve_connection(io, svc);
+        .max_buf_size(64 * 1024)
+        .serve_connection(io, svc);
     tokio::pin!(served);
     tokio::select! {
         _ = served.as_mut() => return,
