@@ -51,7 +51,8 @@ export LIBSQLITE3_FLAGS="${sqlite_off//$'\n'/ }"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 # No unwinding tables (nothing unwinds: panic=abort), no source paths in panic messages.
 # zig brings musl (crt objects and libc) for every target, rustup's std component or not.
-export RUSTFLAGS="-C force-unwind-tables=no -Z location-detail=none -C link-self-contained=no"
+# RUSTFLAGS from outside come first (CI's -D warnings).
+export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C force-unwind-tables=no -Z location-detail=none -C link-self-contained=no"
 # 32-bit ARM: Thumb-2, as the thumbv7 targets are, a fifth smaller than ARM code.
 case $target in armv7-*) RUSTFLAGS="$RUSTFLAGS -C target-feature=+thumb-mode" ;; esac
 cargo zigbuild --locked --profile router --target "$target" -p bloatlab \
