@@ -62,6 +62,38 @@ pub(crate) fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::
     }
 }
 
+/// Has the kernel drop every ICMP message on raw socket `fd` but those of `types`, before it is
+/// queued: a router's other ICMP then costs the socket nothing. IPv4: ICMP_FILTER (1 at SOL_RAW,
+/// `linux/icmp.h`), 32 bits, a bit set drops that type (types above 31 pass). IPv6: ICMPV6_FILTER
+/// (1 at IPPROTO_ICMPV6, `linux/icmpv6.h`), 256 bits as eight u32, a bit set drops that type
+/// (`icmpv6_filter` in net/ipv6/raw.c; RFC 3542 3.2's filter).
+fn raw_icmp_only(fd: i32, v6: bool, types: &[u8]) -> io::Result<()> {
+    const FILTER: i32 = 1;
+    if !v6 {
+        let drop = types.iter().fold(!0u32, |m, &t| m & !(1u32 << (t & 31)));
+        return setsockopt_int(fd, libc::SOL_RAW, FILTER, drop as i32);
+    }
+    let mut drop = [!0u32; 8];
+    for &t in types {
+        drop[usize::from(t >> 5)] &= !(1u32 << (t & 31));
+    }
+    // SAFETY: a valid fd and a pointer to 32 bytes, the length given.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_ICMPV6,
+            FILTER,
+            drop.as_ptr().cast(),
+            std::mem::size_of_val(&drop) as u32,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 fn is_v6(sock: &UdpSocket) -> io::Result<bool> {
     Ok(sock.local_addr()?.is_ipv6())
 }
@@ -158,13 +190,8 @@ impl EchoSocket {
                 let raw = Socket::new(domain, Type::RAW, Some(proto)).map_err(|e| {
                     io::Error::new(e.kind(), format!("{ping}; nor a raw ICMP socket: {e}"))
                 })?;
-                if !v6 {
-                    // Linux's ICMP_FILTER (1 at SOL_RAW, `linux/icmp.h`): a bit set drops that
-                    // type before it is queued; all but echo replies (type 0) here. A router's
-                    // other ICMP then costs this socket nothing.
-                    const ICMP_FILTER: i32 = 1;
-                    setsockopt_int(raw.as_raw_fd(), libc::SOL_RAW, ICMP_FILTER, !1)?;
-                }
+                // Echo replies only: ICMPv4's type 0, ICMPv6's 129.
+                raw_icmp_only(raw.as_raw_fd(), v6, if v6 { &[129] } else { &[0] })?;
                 (raw.into(), Some(std::process::id() as u16))
             }
         };
@@ -309,17 +336,8 @@ impl QuoteSocket {
                 format!("a raw ICMP socket, to read what routers quote, needs root: {e}"),
             )
         })?;
-        if !v6 {
-            // ICMP_FILTER: every type but Destination Unreachable (3) and Time Exceeded (11)
-            // is dropped before it is queued.
-            const ICMP_FILTER: i32 = 1;
-            setsockopt_int(
-                raw.as_raw_fd(),
-                libc::SOL_RAW,
-                ICMP_FILTER,
-                !((1 << 3) | (1 << 11)),
-            )?;
-        }
+        // Destination Unreachable and Time Exceeded only: ICMPv4's 3 and 11, ICMPv6's 1 and 3.
+        raw_icmp_only(raw.as_raw_fd(), v6, if v6 { &[1, 3] } else { &[3, 11] })?;
         raw.set_nonblocking(true)?;
         Ok(QuoteSocket {
             sock: raw.into(),
@@ -707,6 +725,51 @@ mod tests {
             assert_eq!(r.from, Ipv4Addr::LOCALHOST);
             let at = r.at.expect("kernel timestamp");
             assert!(at.duration_since(sent).unwrap() < Duration::from_secs(1));
+        }
+    }
+
+    /// The raw echo socket (root, the default ping_group_range) sees on loopback its own echo
+    /// requests and every host's ICMP; the kernel's filter keeps only echo replies, both families.
+    #[test]
+    fn a_raw_echo_socket_is_given_echo_replies_alone() {
+        for (v6, lo, reply) in [(false, "127.0.0.1", 0u8), (true, "::1", 129)] {
+            let s = EchoSocket::open(v6).unwrap();
+            if !s.is_raw() {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "needs root for a raw socket"
+                );
+                eprintln!("skipped: a ping socket, not a raw one (not root)");
+                return;
+            }
+            let lo: IpAddr = lo.parse().unwrap();
+            // A port unreachable for a datagram to a closed port, then two echoes.
+            let closed = UdpSocket::bind((lo, 0)).unwrap();
+            let dest = closed.local_addr().unwrap();
+            drop(closed);
+            UdpSocket::bind((lo, 0))
+                .unwrap()
+                .send_to(b"x", dest)
+                .unwrap();
+            for seq in [1u16, 2] {
+                s.send(lo, seq).unwrap();
+            }
+            // Everything queued within 200 ms (other tests' echo replies too: a raw socket gets
+            // every one; the identifier is looked at after).
+            assert!(wait_error(s.socket(), Duration::from_secs(2), true));
+            std::thread::sleep(Duration::from_millis(200));
+            let mut types = Vec::new();
+            let mut b = [0u8; 256];
+            while let Ok(n) = s.socket().recv(&mut b) {
+                // A raw IPv4 socket reads the IP header first; an IPv6 one the ICMP message.
+                let at = if v6 { 0 } else { usize::from(b[0] & 15) * 4 };
+                assert!(n > at);
+                types.push(b[at]);
+            }
+            assert!(
+                types.len() >= 2 && types.iter().all(|&t| t == reply),
+                "IPv6: {v6}, types {types:?}"
+            );
         }
     }
 
