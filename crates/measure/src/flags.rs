@@ -119,10 +119,13 @@ pub struct TestArgs {
     #[arg(long, value_name = "FILE")]
     pub key: Option<PathBuf>,
     /// rpm against a URL: accept any certificate (a self-signed test server), as curl -k.
+    // Hidden in a build without TLS (the router's), where an https:// URL is refused anyway.
     #[arg(long, short = 'k')]
+    #[cfg_attr(not(feature = "https"), arg(hide = true))]
     pub insecure: bool,
     /// rpm against a URL: also trust this CA certificate (PEM).
     #[arg(long, value_name = "FILE")]
+    #[cfg_attr(not(feature = "https"), arg(hide = true))]
     pub ca: Option<PathBuf>,
     /// Result file (versioned JSON, gzipped when the name ends in .gz). Default:
     /// bloatlab-TEST-TIMESTAMP.json.gz
