@@ -23,6 +23,7 @@ pub use placement::{place, Fix, Setting};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 pub struct ExperimentOptions {
     /// The test each run makes (rrul, tcp-bidir, rpm, voip under load, ...); its length and
@@ -290,7 +291,10 @@ impl Session {
         )
         .map_err(|e| format!("control socket: {e}"))?;
         let info = lab.info().clone();
-        let server = start_server(&info, "server")?;
+        // Its tests are the experiment's own, however long (the 12 minutes of cable-evening's
+        // cycle): the server's limit (180 s by default) follows them.
+        let longest = Duration::from_secs_f64(o.length.max(0.0) + 60.0);
+        let server = start_server(&info, "server", longest)?;
         let target = info.hosts["server"].ipv4[0].clone();
         Ok(Session {
             lab,
@@ -559,11 +563,17 @@ fn stamp() -> String {
 
 /// Starts a bloatlab server in a lab host (port 9461, every address), serving on threads
 /// inside its namespace.
-fn start_server(info: &LabInfo, host: &str) -> Result<bloatlab_server::Server, String> {
+fn start_server(
+    info: &LabInfo,
+    host: &str,
+    longest: Duration,
+) -> Result<bloatlab_server::Server, String> {
+    let defaults = bloatlab_server::Config::default();
     let config = bloatlab_server::Config {
         listen: "[::]:9461".parse().expect("an address"),
         verbose: false,
-        ..Default::default()
+        max_duration: defaults.max_duration.max(longest),
+        ..defaults
     };
     in_netns(&info.hosts[host].namespace, || {
         bloatlab_server::Server::start(config)
