@@ -66,7 +66,9 @@ else
     --metrics 127.0.0.1:9466 2>"$tmp/autorate.err" &
 fi
 pid=$!
-echo "minute  RSS kB  PSS kB  log kB  CPU s"
+# RSS is anonymous memory (heap, stacks) and file pages (the binary's code as its paths run,
+# SQLite's shared WAL index): only the first can leak.
+echo "minute  RSS kB  anon kB  file kB  PSS kB  log kB  CPU s"
 hz=$(getconf CLK_TCK)
 rss=()
 for m in $(seq 0 "$minutes"); do
@@ -74,17 +76,20 @@ for m in $(seq 0 "$minutes"); do
   kill -0 "$pid" 2>/dev/null || { echo "autorate ended:" >&2; cat "$tmp/autorate.err" >&2; exit 1; }
   ip netns exec "$ns" curl -s -o /dev/null http://127.0.0.1:9466/metrics || true
   r=$(awk '$1 == "VmRSS:" { print $2 }' "/proc/$pid/status")
+  anon=$(awk '$1 == "RssAnon:" { print $2 }' "/proc/$pid/status")
+  file=$(awk '$1 == "RssFile:" || $1 == "RssShmem:" { s += $2 } END { print s }' "/proc/$pid/status")
   p=$(awk '$1 == "Pss:" { print $2 }' "/proc/$pid/smaps_rollup")
   l=$(( $(stat -c %s "$tmp/autorate.jsonl" 2>/dev/null || echo 0) / 1024 ))
   # utime and stime: fields 14 and 15 of /proc/PID/stat (the name, field 2, has no spaces here).
   cpu=$(awk -v hz="$hz" '{ printf "%.1f", ($14 + $15) / hz }' "/proc/$pid/stat")
-  rss+=("$r")
-  printf '%6d %7d %7d %7d %6s\n' "$m" "$r" "$p" "$l" "$cpu"
+  rss+=("$r $anon")
+  printf '%6d %7d %8d %8d %7d %7d %6s\n' "$m" "$r" "$anon" "$file" "$p" "$l" "$cpu"
 done
 printf '%s\n' "${rss[@]}" | awk -v m="$minutes" '
-  { v[NR - 1] = $1; if ($1 > max) max = $1 }
+  { v[NR - 1] = $1; a[NR - 1] = $2; if ($1 > max) max = $1 }
   END {
     from = (m > 5) ? 5 : 0
-    printf "RSS: first %d kB, last %d kB, highest %d kB; after minute %d: %+.0f kB per hour\n",
+    printf "RSS: first %d kB, last %d kB, highest %d kB; after minute %d: %+.0f kB per hour",
       v[0], v[m], max, from, (v[m] - v[from]) * 60 / (m - from)
+    printf " (anonymous: %+.0f kB per hour)\n", (a[m] - a[from]) * 60 / (m - from)
   }'
