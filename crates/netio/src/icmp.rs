@@ -45,21 +45,7 @@ pub struct EchoReply {
 
 /// Sets an int-valued socket option.
 pub(crate) fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
-    // SAFETY: a valid fd and a pointer to an int of the length given.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&value as *const i32).cast(),
-            std::mem::size_of::<i32>() as u32,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    crate::setsockopt(fd, level, name, &value)
 }
 
 /// Has the kernel drop every ICMP message on raw socket `fd` but those of `types`, before it is
@@ -77,21 +63,7 @@ fn raw_icmp_only(fd: i32, v6: bool, types: &[u8]) -> io::Result<()> {
     for &t in types {
         drop[usize::from(t >> 5)] &= !(1u32 << (t & 31));
     }
-    // SAFETY: a valid fd and a pointer to 32 bytes, the length given.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_ICMPV6,
-            FILTER,
-            drop.as_ptr().cast(),
-            std::mem::size_of_val(&drop) as u32,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    crate::setsockopt(fd, libc::IPPROTO_ICMPV6, FILTER, &drop)
 }
 
 fn is_v6(sock: &UdpSocket) -> io::Result<bool> {

@@ -394,22 +394,34 @@ pub fn keep_unsent_small(stream: &impl AsRawFd) -> io::Result<u32> {
     Ok(lowat)
 }
 
-/// TCP_NOTSENT_LOWAT: the socket takes more data only while it holds fewer than `bytes` unsent.
-pub fn set_unsent_limit(stream: &impl AsRawFd, bytes: u32) -> io::Result<()> {
-    // SAFETY: a u32 option value of the right size for TCP_NOTSENT_LOWAT.
+/// Sets socket option `name` at `level` to `value`, passed as the kernel reads it: its bytes and
+/// their length (an int, a u32, a timeval, a filter's words).
+pub(crate) fn setsockopt<T: Copy>(fd: i32, level: i32, name: i32, value: &T) -> io::Result<()> {
+    // SAFETY: a pointer to a live `T` and exactly its size; the kernel copies it in.
     let rc = unsafe {
         libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NOTSENT_LOWAT,
-            &bytes as *const u32 as *const libc::c_void,
-            std::mem::size_of::<u32>() as libc::socklen_t,
+            fd,
+            level,
+            name,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
         )
     };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
-    Ok(())
+}
+
+/// TCP_NOTSENT_LOWAT: the socket takes more data only while it holds fewer than `bytes` unsent.
+pub fn set_unsent_limit(stream: &impl AsRawFd, bytes: u32) -> io::Result<()> {
+    setsockopt(
+        stream.as_raw_fd(),
+        libc::IPPROTO_TCP,
+        libc::TCP_NOTSENT_LOWAT,
+        &bytes,
+    )
 }
 
 /// Sends the acknowledgement of what was just read now rather than after the delayed-ACK timer

@@ -143,19 +143,7 @@ impl Rtnl {
             tv_sec: 2,
             tv_usec: 0,
         };
-        // SAFETY: setsockopt with a timeval of the size given.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &tv as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as u32,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        crate::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
         Ok(Rtnl { fd, seq: 0 })
     }
 

@@ -187,21 +187,12 @@ pub fn udp_rcvbuf_errors() -> Option<u64> {
 pub fn set_max_pacing_rate(sock: &impl AsRawFd, bytes_per_s: u64) -> io::Result<()> {
     // An int: every kernel takes it (a u64 only since 5.x); ~0U means unlimited, so stay below.
     let v = bytes_per_s.min(u64::from(u32::MAX - 1)) as u32;
-    // SAFETY: valid fd, a pointer to a u32 of the length given.
-    let r = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_MAX_PACING_RATE,
-            (&v as *const u32).cast(),
-            4,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    crate::setsockopt(
+        sock.as_raw_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_MAX_PACING_RATE,
+        &v,
+    )
 }
 
 /// Makes the calling thread's sleeps end on time: timer slack 1 ns instead of the default
