@@ -4,7 +4,9 @@
 # busiest second), CAKE moved by cake-autorate's law (our re-implementation) and by ours. Each
 # run meets the preset's schedule or trace from its start. Prints per preset and fix the
 # best-effort probes' added latency p95 and the share of the line's capacity over the load
-# phase delivered each way (goodput over capacity). Needs root and a release build.
+# phase delivered each way (goodput over capacity) and what the line carried each way (its wire
+# bytes over capacity: goodput, headers, the other way's ACKs, probes). Needs root and a release
+# build.
 #
 #   scripts/bench-autorate.sh [SECONDS] [PRESET...]   # load phase, default 120; default presets
 #                                                    # lte starlink cable-evening
@@ -19,7 +21,8 @@ presets=("$@")
 work=$(mktemp -d /tmp/bench-autorate.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-printf '%-14s %-30s %12s %8s %8s %8s\n' preset fix "added p95 ms" "down %" "up %" changes
+printf '%-14s %-30s %12s %8s %8s %10s %10s %8s\n' preset fix "added p95 ms" "down %" "up %" \
+  "line down" "line up" changes
 for p in "${presets[@]}"; do
   "$bin" lab compare "$p" --fix cake,cake-max,cake-autorate,autorate --test rrul-be -l "$secs" \
     --json -q --out-dir "$work" >"$work/$p.json" 2>"$work/$p.log" ||
@@ -28,11 +31,12 @@ for p in "${presets[@]}"; do
 import json, sys
 preset, path = sys.argv[1], sys.argv[2]
 for r in json.load(open(path))["runs"]:
-    cap, t = r["capacity_bps"], r["summary"]["throughput_mbps"]
+    cap, t, line = r["capacity_bps"], r["summary"]["throughput_mbps"], r["line_carried"]
     share = lambda m, c: "-" if m is None or not c else f"{m * 1e6 / c * 100:.0f}"
     p95 = r["added_p95_ms"]
     print(f'{preset:<14} {r["fix"]:<30} {"-" if p95 is None else f"{p95:.1f}":>12} '
           f'{share(t.get("down"), cap["down"]):>8} {share(t.get("up"), cap["up"]):>8} '
+          f'{share(line["down"], 1e6):>10} {share(line["up"], 1e6):>10} '
           f'{r["rate_changes"] if r["rate_changes"] is not None else "-":>8}')
 PY
 done

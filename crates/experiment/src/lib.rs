@@ -53,6 +53,10 @@ pub struct Run {
     /// The slowest link's mean rate over the load phase (down, up), bits per second: what the
     /// run could deliver at most (each run meets the line's trace or schedule from its start).
     pub capacity_bps: (f64, f64),
+    /// What that link carried over the load phase (down, up) as a share of `capacity_bps`: every
+    /// byte on its wire (goodput, the other way's ACKs, probes, headers), from the lab's
+    /// counters.
+    pub line_carried: (Option<f64>, Option<f64>),
     /// When this run's line started its trace or schedule again (Unix s).
     pub line_started_unix: f64,
 }
@@ -81,15 +85,18 @@ impl Comparison {
                 mbps.filter(|_| cap > 0.0)
                     .map_or("-".into(), |m| format!("{:.0}%", m * 1e6 / cap * 100.0))
             };
+            let carried = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.0}%", v * 100.0));
             out += &format!(
                 "{:<26} added p95 {:>7} ms; delivered {} down, {} up of the line's \
-                 {:.1} / {:.1} Mbit/s{}\n",
+                 {:.1} / {:.1} Mbit/s (it carried {} / {}){}\n",
                 r.fix.label(),
                 r.added_p95_ms.map_or("-".into(), |v| format!("{v:.1}")),
                 share(t.down, cd),
                 share(t.up, cu),
                 cd / 1e6,
                 cu / 1e6,
+                carried(r.line_carried.0),
+                carried(r.line_carried.1),
                 r.autorate
                     .as_ref()
                     .map_or(String::new(), |(_, n)| format!("; {n} rate changes"))
@@ -112,6 +119,7 @@ impl Comparison {
                     "autorate_log": r.autorate.as_ref().map(|a| &a.0),
                     "rate_changes": r.autorate.as_ref().map(|a| a.1),
                     "capacity_bps": { "down": r.capacity_bps.0, "up": r.capacity_bps.1 },
+                    "line_carried": { "down": r.line_carried.0, "up": r.line_carried.1 },
                 })
             })
             .collect();
@@ -218,11 +226,14 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
             }
             _ => None,
         };
+        let sampler = LineSampler::start(session.info.socket.clone(), line_name.clone());
         let outcome = session.run_test(o, &file);
+        let line_samples = sampler.finish();
         let moved = mover.map(AutorateRun::finish).transpose();
         match (outcome, moved) {
             (Ok(summary), Ok(autorate)) => {
                 let added_p95_ms = added_p95(&file, &line_delays, line_started_unix);
+                let line_carried = line_carried(&file, &line_samples, capacity_bps);
                 runs.push(Run {
                     fix: *fix,
                     summary,
@@ -230,6 +241,7 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
                     added_p95_ms,
                     autorate,
                     capacity_bps,
+                    line_carried,
                     line_started_unix,
                 })
             }
@@ -429,6 +441,92 @@ fn added_p95(
     }
     let q = bloatlab_analyze::stats::quantile_sorted;
     Some(q(&loaded, 0.95) - q(&idle, 0.5))
+}
+
+/// The lab's wire-byte counters of one link (down, up), read every 100 ms with the time (Unix
+/// s) beside a run, until finished or dropped: what the line carried over exactly the load
+/// phase, which the counters in the result file (read around the whole test) cannot give, as
+/// the senders' buffers drain onto the line after the load has stopped.
+struct LineSampler {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Vec<(f64, u64, u64)>>>,
+}
+
+impl LineSampler {
+    fn start(socket: PathBuf, line: String) -> LineSampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !stopped.load(Ordering::Relaxed) {
+                if let Some(l) = control::counters(&socket)
+                    .ok()
+                    .and_then(|s| s.links.get(&line).cloned())
+                {
+                    let now = bloatlab_netio::unix_now();
+                    samples.push((now, l.down.tx_wire_bytes, l.up.tx_wire_bytes));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            samples
+        });
+        LineSampler {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> Vec<(f64, u64, u64)> {
+        self.stop.store(true, Ordering::Relaxed);
+        let t = self.thread.take().expect("finished once");
+        t.join().unwrap_or_default()
+    }
+}
+
+impl Drop for LineSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// What the line carried each way (down, up) over the load phase of the test in `file`, as a
+/// share of its `capacity_bps`: the sampled wire bytes at the phase's two ends (each between
+/// the two readings around it, 100 ms apart), over the phase's length. None without a load
+/// phase inside the samples.
+fn line_carried(
+    file: &Path,
+    samples: &[(f64, u64, u64)],
+    capacity_bps: (f64, f64),
+) -> (Option<f64>, Option<f64>) {
+    let Some((from, to)) = bloatlab_result::read(file).ok().and_then(|r| {
+        let start = humantime::parse_rfc3339(&r.metadata.start_time)
+            .ok()?
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_secs_f64();
+        let load = r.metadata.phases.iter().find(|p| p.name == "load")?;
+        Some((start + load.start, start + load.end))
+    }) else {
+        return (None, None);
+    };
+    let at = |t: f64, bytes: fn(&(f64, u64, u64)) -> u64| {
+        let i = samples.iter().position(|s| s.0 >= t).filter(|&i| i > 0)?;
+        let (a, b) = (&samples[i - 1], &samples[i]);
+        let w = if b.0 > a.0 {
+            (t - a.0) / (b.0 - a.0)
+        } else {
+            1.0
+        };
+        Some(bytes(a) as f64 + w * (bytes(b) as f64 - bytes(a) as f64))
+    };
+    let share = |bytes: fn(&(f64, u64, u64)) -> u64, cap: f64| {
+        let carried = at(to, bytes)? - at(from, bytes)?;
+        (cap > 0.0 && to > from).then(|| carried * 8.0 / (cap * (to - from)))
+    };
+    (
+        share(|s| s.1, capacity_bps.0),
+        share(|s| s.2, capacity_bps.1),
+    )
 }
 
 impl Drop for Session {

@@ -289,6 +289,7 @@ impl LinkDirection {
             let Reverse(f) = self.in_flight.pop().unwrap();
             self.stats.tx_packets += 1;
             self.stats.tx_bytes += f.pkt.len() as u64;
+            self.stats.tx_wire_bytes += self.cfg.wire_bytes(f.pkt.len()) as u64;
             return Some(f.pkt);
         }
         None
@@ -628,6 +629,9 @@ mod tests {
         drain(&mut d, &mut out);
         let frame_ns = 1749 * 8 * 1000 / 8; // ns at 8 Mbit/s
         assert_eq!(out.len(), 1 + 57, "one on the wire, 57 queued");
+        // The counters give the link time too: what `lab compare` reports the line carried.
+        assert_eq!(d.stats.tx_bytes, 58 * 1500);
+        assert_eq!(d.stats.tx_wire_bytes, 58 * 1749);
         let last_wait = out.last().unwrap().0 - frame_ns;
         assert!(
             last_wait <= 100 * MS && last_wait > 95 * MS,

@@ -61,6 +61,8 @@ pub struct DirCounters {
     pub rx_bytes: u64,
     pub tx_packets: u64,
     pub tx_bytes: u64,
+    /// What the sent packets took on the wire (`overhead`, ATM cells): what the rate counts.
+    pub tx_wire_bytes: u64,
     pub drops: Drops,
     pub ecn_marks: u64,
     pub queue_packets: usize,

@@ -474,6 +474,7 @@ impl Shared {
                         rx_bytes: s.rx_bytes,
                         tx_packets: s.tx_packets,
                         tx_bytes: s.tx_bytes,
+                        tx_wire_bytes: s.tx_wire_bytes,
                         drops: s.drops.clone(),
                         ecn_marks: s.ecn_marks,
                         queue_packets: s.queue_packets as u64,

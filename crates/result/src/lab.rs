@@ -74,6 +74,9 @@ pub struct DirStats {
     pub rx_bytes: u64,
     pub tx_packets: u64,
     pub tx_bytes: u64,
+    /// What the sent packets took on the wire (IP bytes plus the link's `overhead`, in ATM cells
+    /// where set): the bytes the link's rate is a rate of. 0 in files from before it was counted.
+    pub tx_wire_bytes: u64,
     pub drops: Drops,
     pub ecn_marks: u64,
     pub queue_packets: u64,
