@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # autorate on lines that move, side by side in one run per preset: `lab compare` with the same
 # rrul-be through fixed CAKE at BASE (95% of the line's mean), fixed CAKE at MAX (95% of its
-# busiest second), CAKE moved by cake-autorate's law (our re-implementation) and by ours. Each
+# busiest second), CAKE moved by cake-autorate's law (our re-implementation), by ours, and by the
+# oracle (95% of what the line will carry over the next 100 ms, from its own schedule). Each
 # run meets the preset's schedule or trace from its start. Prints per preset and fix the
 # best-effort probes' added latency p95 and the share of the line's capacity over the load
 # phase delivered each way (goodput over capacity) and what the line carried each way (its wire
@@ -24,7 +25,8 @@ trap 'rm -rf "$work"' EXIT
 printf '%-14s %-30s %12s %8s %8s %10s %10s %8s\n' preset fix "added p95 ms" "down %" "up %" \
   "line down" "line up" changes
 for p in "${presets[@]}"; do
-  "$bin" lab compare "$p" --fix cake,cake-max,cake-autorate,autorate --test rrul-be -l "$secs" \
+  "$bin" lab compare "$p" --fix cake,cake-max,cake-autorate,autorate,cake-oracle \
+    --test rrul-be -l "$secs" \
     --json -q --out-dir "$work" >"$work/$p.json" 2>"$work/$p.log" ||
     { cat "$work/$p.log"; exit 1; }
   python3 - "$p" "$work/$p.json" <<'PY'

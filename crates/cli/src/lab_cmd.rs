@@ -121,7 +121,9 @@ pub enum LabCommand {
         /// starlink, cable-evening): cake-max (CAKE at 95% of the line's busiest second),
         /// autorate (CAKE moved by `bloatlab autorate` on the router, MIN:BASE:MAX a fifth of,
         /// 95% of the mean and 95% of the busiest second), cake-autorate (the same with
-        /// cake-autorate's law and defaults, re-implemented by our controller).
+        /// cake-autorate's law and defaults, re-implemented by our controller), cake-oracle
+        /// (CAKE moved every 50 ms to 95% of what the line will carry over the next 100 ms, read
+        /// from its own schedule: the bound no controller can pass).
         #[arg(long, default_value = "fifo,htb-fq_codel,cake")]
         fix: String,
         /// The test each run makes, with its options: rrul, tcp-bidir, rpm, "voip --under-load".

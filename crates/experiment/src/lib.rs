@@ -15,6 +15,7 @@ use bloatlab_lab::instance::LabInfo;
 use bloatlab_lab::ns::in_netns;
 use bloatlab_lab::{Lab, Topology};
 use bloatlab_lab_model::config::DirConfig;
+use bloatlab_lab_model::rate::Rate;
 use bloatlab_measure::display::ProgressMode;
 use bloatlab_measure::{Ended, Outcome, Params};
 use bloatlab_report::{RunView, Section};
@@ -163,7 +164,10 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
     let line_rates = (line.down.rate.clone(), line.up.rate.clone());
     let line_delays = (line.up.clone(), line.down.clone());
     let (router, line_name) = (line.a.clone(), line.name.clone());
-    let moving = if fixes.iter().any(|f| f.autorate_law().is_some()) {
+    let moving_link = if fixes
+        .iter()
+        .any(|f| f.autorate_law().is_some() || *f == Fix::CakeOracle)
+    {
         let (front, up_dir) = placement::front(&topo)?;
         Some((
             front.name.clone(),
@@ -209,7 +213,7 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
             fix.label(),
             o.length
         ));
-        let mover = match (fix.autorate_law(), &moving) {
+        let mover = match (fix.autorate_law(), &moving_link) {
             (Some(law), Some((link, up_dir, (down, up)))) => {
                 let log = o.out_dir.join(format!(
                     "bloatlab-{topo_name}-{}-{stamp}.autorate.jsonl",
@@ -226,12 +230,26 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
             }
             _ => None,
         };
+        let oracle = (*fix == Fix::CakeOracle).then(|| {
+            let (link, up_dir, _) = moving_link.as_ref().expect("placed in front of the line");
+            Oracle::start(
+                bloatlab_autorate::shaper::Lab {
+                    socket: session.info.socket.clone(),
+                    lab: session.info.name.clone(),
+                    link: link.clone(),
+                    up_dir,
+                },
+                line_rates.clone(),
+                line_started_unix,
+            )
+        });
         let sampler = LineSampler::start(session.info.socket.clone(), line_name.clone());
         let outcome = session.run_test(o, &file);
         let line_samples = sampler.finish();
+        let oracle_changes = oracle.map(Oracle::finish).transpose();
         let moved = mover.map(AutorateRun::finish).transpose();
-        match (outcome, moved) {
-            (Ok(summary), Ok(autorate)) => {
+        match (outcome, moved, oracle_changes) {
+            (Ok(summary), Ok(autorate), Ok(_)) => {
                 let added_p95_ms = added_p95(&file, &line_delays, line_started_unix);
                 let line_carried = line_carried(&file, &line_samples, capacity_bps);
                 runs.push(Run {
@@ -245,7 +263,7 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
                     line_started_unix,
                 })
             }
-            (Err(e), _) | (_, Err(e)) => {
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 failure = Some(e);
                 break;
             }
@@ -441,6 +459,63 @@ fn added_p95(
     }
     let q = bloatlab_analyze::stats::quantile_sorted;
     Some(q(&loaded, 0.95) - q(&idle, 0.5))
+}
+
+/// The oracle beside a run (`Fix::CakeOracle`): every 50 ms, CAKE each way at 95% of what the
+/// line will carry over the next 100 ms by its schedule or trace (as it runs since
+/// `started_unix`), changed when that moves by over 0.5%; stopped when finished or dropped.
+struct Oracle {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<(), String>>>,
+}
+
+impl Oracle {
+    fn start(
+        mut shaper: bloatlab_autorate::shaper::Lab,
+        (down, up): (Rate, Rate),
+        started_unix: f64,
+    ) -> Oracle {
+        use bloatlab_autorate::shaper::Shaper;
+        use bloatlab_autorate::Direction;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut set: [Option<u64>; 2] = [None, None];
+            while !stopped.load(Ordering::Relaxed) {
+                let since = ((bloatlab_netio::unix_now() - started_unix).max(0.0) * 1e9) as u64;
+                for (i, (dir, rate)) in [(Direction::Down, &down), (Direction::Up, &up)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let Some(want) = placement::oracle_bps(rate, since) else {
+                        continue;
+                    };
+                    if set[i].is_none_or(|was| was.abs_diff(want) * 200 > was) {
+                        shaper.set(dir, want).map_err(|e| e.to_string())?;
+                        set[i] = Some(want);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(())
+        });
+        Oracle {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> Result<(), String> {
+        self.stop.store(true, Ordering::Relaxed);
+        let t = self.thread.take().expect("finished once");
+        t.join().map_err(|_| "the oracle panicked".to_string())?
+    }
+}
+
+impl Drop for Oracle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The lab's wire-byte counters of one link (down, up), read every 100 ms with the time (Unix

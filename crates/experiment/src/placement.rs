@@ -27,6 +27,10 @@ pub enum Fix {
     Autorate,
     /// The same with cake-autorate's law and defaults, as our controller re-implements them.
     CakeAutorateLaw,
+    /// CAKE moved to 95% of what the line will carry over the next 100 ms, from the lab's own
+    /// schedule or trace: no controller can know that, so it is the bound a controller is
+    /// measured against on a line that moves.
+    CakeOracle,
 }
 
 impl Fix {
@@ -39,9 +43,10 @@ impl Fix {
             "cake-max" => Ok(Fix::CakeMax),
             "autorate" => Ok(Fix::Autorate),
             "cake-autorate" | "cake-autorate-law" => Ok(Fix::CakeAutorateLaw),
+            "cake-oracle" | "oracle" => Ok(Fix::CakeOracle),
             other => Err(format!(
                 "fix `{other}`: want fifo, htb-fq_codel, cake, cake+ack-filter, cake-max, \
-                 autorate or cake-autorate"
+                 autorate, cake-autorate or cake-oracle"
             )),
         }
     }
@@ -55,6 +60,7 @@ impl Fix {
             Fix::CakeMax => "cake-max",
             Fix::Autorate => "autorate",
             Fix::CakeAutorateLaw => "cake-autorate",
+            Fix::CakeOracle => "cake-oracle",
         }
     }
 
@@ -68,6 +74,7 @@ impl Fix {
             Fix::CakeMax => "CAKE at MAX",
             Fix::Autorate => "CAKE + autorate",
             Fix::CakeAutorateLaw => "cake-autorate law (re-impl.)",
+            Fix::CakeOracle => "oracle: CAKE 95% of line",
         }
     }
 
@@ -79,6 +86,13 @@ impl Fix {
             _ => None,
         }
     }
+}
+
+/// What the oracle (`Fix::CakeOracle`) sets a direction's CAKE to `since_ns` into the line's
+/// schedule or trace: `SHAPER_SHARE` of what the line will carry over the next 100 ms.
+pub fn oracle_bps(rate: &Rate, since_ns: u64) -> Option<u64> {
+    let next = rate.mean_between(since_ns, since_ns + 100_000_000)?;
+    Some((next as f64 * SHAPER_SHARE) as u64)
 }
 
 /// One link direction's settings, as `lab set LINK --dir DIR k=v ...` takes them.
@@ -266,6 +280,24 @@ mod tests {
 
     fn kv(s: &Setting) -> Vec<(&str, &str)> {
         s.kv.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+    }
+
+    /// The oracle follows the lte preset's trace (one-second steps of 20, 12, ... Mbit/s, 1500
+    /// bytes an opportunity) 100 ms ahead: 95% of a second's rate inside it, of the mean of
+    /// two seconds across their boundary, and the trace again on its next lap (10 s).
+    #[test]
+    fn the_oracle_sets_95_percent_of_the_next_100_ms() {
+        let lte = slowest(&topo("lte")).unwrap().down.rate.clone();
+        let ms = 1_000_000;
+        let at = |t_ms: u64| oracle_bps(&lte, t_ms * ms).unwrap() as f64 / 1e6;
+        // 20 Mbit/s is 1666 opportunities a second: 166 or 167 in a tenth of it.
+        assert!((at(200) - 0.95 * 20.0).abs() < 0.95 * 0.12, "{}", at(200));
+        // 5.95-6.05 s: half at 5 Mbit/s, half at 10.
+        assert!((at(5950) - 0.95 * 7.5).abs() < 0.95 * 0.12, "{}", at(5950));
+        assert!((at(10_200) - at(200)).abs() < 0.2);
+        let cable = topo("cable");
+        let fixed = &slowest(&cable).unwrap().up.rate;
+        assert_eq!(oracle_bps(fixed, 123 * ms), Some(3_800_000));
     }
 
     #[test]
