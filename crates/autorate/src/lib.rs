@@ -324,6 +324,12 @@ impl Dir {
         (m - b > 50.0 && c - m > 50.0).then(|| (c - b) / 400.0)
     }
 
+    /// The line carries enough this way for its reading to say what it can: cake-autorate's
+    /// 2 Mbit/s, or high load on a shaper slower than that (a 1 Mbit/s upload never carries 2).
+    fn carries(&self, cfg: &Config) -> bool {
+        self.delivered >= ACTIVE_BPS.min(cfg.high_load * self.rate)
+    }
+
     fn load(&self, cfg: &Config) -> Load {
         if self.delivered >= cfg.high_load * self.rate {
             Load::High
@@ -478,12 +484,11 @@ impl Dir {
         // from 500 ms (a line that fell to a third fills 2 s of buffer a second till the cut).
         let standing = self.least(now, 0).unwrap_or(0.0) / 1e3;
         let drain = (0.9 - (standing - 0.1).max(0.0)).max(0.5);
-        if delivered >= ACTIVE_BPS && drain * capacity < cut {
+        if self.carries(cfg) && drain * capacity < cut {
             (rate, why) = (drain * capacity, Why::Delivered);
         }
         // A queue that keeps growing is this line's, whatever it carried before.
-        let capacity_fell =
-            delivered >= ACTIVE_BPS && (delivered < 0.8 * self.rate || growth.is_some());
+        let capacity_fell = self.carries(cfg) && (delivered < 0.8 * self.rate || growth.is_some());
         if capacity_fell {
             if let Some(g) = growth {
                 let lag = self.least(now, 0).unwrap_or(0.0).max(0.0) * MS as f64;

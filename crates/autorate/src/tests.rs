@@ -150,6 +150,52 @@ fn both_laws_fill_a_steady_line_and_ours_keeps_its_queue_shorter() {
     );
 }
 
+/// A slow upload (ADSL's 1 Mbit/s, a cable line's 2 at 21:00) never carries cake-autorate's
+/// 2 Mbit/s of "active" load: ours still cuts below what it delivers when the delay rises, as
+/// on a fast one, and keeps its queue as close to its threshold (10 ms plus a 1514-byte
+/// packet's serialisation: 22.1 ms at 1 Mbit/s, 16.7 at 1.8) as the 10 Mbit/s upload above
+/// (p95 under 20 ms, 8.8 over its 11.2). Before, the memory of safe rates alone stopped the
+/// cuts: 40.9 and 31.8 ms.
+#[test]
+fn a_slow_upload_keeps_its_queue_as_short_as_a_fast_one() {
+    for up in [1.0, 1.8] {
+        let line = steady(20.0 * MBIT, up * MBIT);
+        let r = simulate(Law::Bloatlab, &line, 180, 60, |c| {
+            c.up = Bounds::new(0.2 * up * MBIT, 1.1 * up * MBIT, 1.9 * up * MBIT).unwrap();
+        });
+        let q_up: Vec<f64> = r.queue_ms.iter().skip(1).step_by(2).copied().collect();
+        let delivered_cuts = r
+            .events
+            .iter()
+            .filter(|(_, e)| {
+                matches!(
+                    e,
+                    Event::Rate {
+                        dir: Direction::Up,
+                        why: Why::Delivered,
+                        ..
+                    }
+                )
+            })
+            .count();
+        let share = r.delivered / r.capacity;
+        eprintln!(
+            "{up} Mbit/s up: queue p95 {:.1} ms, {delivered_cuts} cuts below what it delivered, \
+             {:.1}% of capacity",
+            p95(&q_up),
+            share * 100.0
+        );
+        assert!(share >= 0.85, "{up} Mbit/s: {share:.3} of the line");
+        let thr = 10.0 + 1514.0 * 8.0 / (up * MBIT) * 1e3;
+        assert!(
+            p95(&q_up) <= thr + 8.8,
+            "{up} Mbit/s: p95 {} ms",
+            p95(&q_up)
+        );
+        assert!(delivered_cuts > 0);
+    }
+}
+
 /// The line's capacity falls to 40% (a cable segment at 21:00, a cell's load): ours goes to
 /// 90% of what the line now delivers as soon as the counters (read every 200 ms) show it, in
 /// at most two cuts (one may come first, from the delay alone); cake-autorate's law in steps
