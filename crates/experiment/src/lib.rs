@@ -246,9 +246,9 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
         let sampler = LineSampler::start(session.info.socket.clone(), line_name.clone());
         let outcome = session.run_test(o, &file);
         let line_samples = sampler.finish();
-        let oracle_changes = oracle.map(Oracle::finish).transpose();
+        let oracle_ended = oracle.map(Oracle::finish).transpose();
         let moved = mover.map(AutorateRun::finish).transpose();
-        match (outcome, moved, oracle_changes) {
+        match (outcome, moved, oracle_ended) {
             (Ok(summary), Ok(autorate), Ok(_)) => {
                 let added_p95_ms = added_p95(&file, &line_delays, line_started_unix);
                 let line_carried = line_carried(&file, &line_samples, capacity_bps);
