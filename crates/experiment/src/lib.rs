@@ -19,7 +19,7 @@ use bloatlab_lab_model::rate::Rate;
 use bloatlab_measure::display::ProgressMode;
 use bloatlab_measure::{Ended, Outcome, Params};
 use bloatlab_report::{RunView, Section};
-use bloatlab_result::Summary;
+use bloatlab_result::{ResultFile, Summary};
 pub use placement::{place, Fix, Setting};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -213,45 +213,45 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
             fix.label(),
             o.length
         ));
+        // The lab's CAKE in front of the line, as autorate and the oracle move it.
+        let lab_shaper =
+            |(link, up_dir, _): &(String, &'static str, _)| bloatlab_autorate::shaper::Lab {
+                socket: session.info.socket.clone(),
+                lab: session.info.name.clone(),
+                link: link.clone(),
+                up_dir,
+            };
         let mover = match (fix.autorate_law(), &moving_link) {
-            (Some(law), Some((link, up_dir, (down, up)))) => {
+            (Some(law), Some(front @ (_, _, (down, up)))) => {
                 let log = o.out_dir.join(format!(
                     "bloatlab-{topo_name}-{}-{stamp}.autorate.jsonl",
                     fix.name()
                 ));
-                let shaper = bloatlab_autorate::shaper::Lab {
-                    socket: session.info.socket.clone(),
-                    lab: session.info.name.clone(),
-                    link: link.clone(),
-                    up_dir,
-                };
                 let cfg = bloatlab_autorate::Config::new(law, *down, *up);
-                Some(session.start_autorate(&router, shaper, cfg, log, o.quiet))
+                Some(session.start_autorate(&router, lab_shaper(front), cfg, log, o.quiet))
             }
             _ => None,
         };
         let oracle = (*fix == Fix::CakeOracle).then(|| {
-            let (link, up_dir, _) = moving_link.as_ref().expect("placed in front of the line");
-            Oracle::start(
-                bloatlab_autorate::shaper::Lab {
-                    socket: session.info.socket.clone(),
-                    lab: session.info.name.clone(),
-                    link: link.clone(),
-                    up_dir,
-                },
-                line_rates.clone(),
-                line_started_unix,
-            )
+            let front = moving_link.as_ref().expect("placed in front of the line");
+            oracle(lab_shaper(front), line_rates.clone(), line_started_unix)
         });
-        let sampler = LineSampler::start(session.info.socket.clone(), line_name.clone());
+        let sampler = sample_line(session.info.socket.clone(), line_name.clone());
         let outcome = session.run_test(o, &file);
-        let line_samples = sampler.finish();
-        let oracle_ended = oracle.map(Oracle::finish).transpose();
+        let line_samples = sampler.finish("the line's sampler").unwrap_or_default();
+        let oracle_ended = oracle
+            .map(|t| t.finish("the oracle").and_then(|r| r))
+            .transpose();
         let moved = mover.map(AutorateRun::finish).transpose();
         match (outcome, moved, oracle_ended) {
             (Ok(summary), Ok(autorate), Ok(_)) => {
-                let added_p95_ms = added_p95(&file, &line_delays, line_started_unix);
-                let line_carried = line_carried(&file, &line_samples, capacity_bps);
+                let result = bloatlab_result::read(&file).ok();
+                let added_p95_ms = result
+                    .as_ref()
+                    .and_then(|r| added_p95(r, &line_delays, line_started_unix));
+                let line_carried = result.as_ref().map_or((None, None), |r| {
+                    line_carried(r, &line_samples, capacity_bps)
+                });
                 runs.push(Run {
                     fix: *fix,
                     summary,
@@ -368,56 +368,61 @@ impl Session {
         log: PathBuf,
         quiet: bool,
     ) -> AutorateRun {
-        let stop = Arc::new(AtomicBool::new(false));
-        let cfg = bloatlab_autorate::run::AutorateConfig {
-            target: Some(self.target.clone()),
-            reflectors: Vec::new(),
-            probe_rate: 20.0,
-            key: None,
-            controller,
-            on_exit: bloatlab_autorate::run::OnExit::Last,
-            log: Some(log.clone()),
-            log_max: 0,
-            metrics: None,
-            stop: stop.clone(),
-        };
+        let target = self.target.clone();
         let ns = self.namespace(host).to_string();
         let say: bloatlab_autorate::run::Say = Arc::new(move |m: &str| {
             if !quiet {
                 eprintln!("autorate: {m}");
             }
         });
-        let thread = std::thread::spawn(move || {
+        let log_path = log.clone();
+        let thread = Beside::spawn(move |stop| {
+            let cfg = bloatlab_autorate::run::AutorateConfig {
+                target: Some(target),
+                reflectors: Vec::new(),
+                probe_rate: 20.0,
+                key: None,
+                controller,
+                on_exit: bloatlab_autorate::run::OnExit::Last,
+                log: Some(log_path),
+                log_max: 0,
+                metrics: None,
+                stop,
+            };
             in_netns(&ns, || {
                 bloatlab_autorate::run::run(cfg, Box::new(shaper), say).map_err(|e| e.to_string())
             })?
         });
-        AutorateRun {
+        AutorateRun { thread, log }
+    }
+}
+
+/// A thread beside a run, handed the flag that stops it; stopped and waited for when finished
+/// or dropped.
+struct Beside<T> {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<T>>,
+}
+
+impl<T: Send + 'static> Beside<T> {
+    fn spawn(work: impl FnOnce(Arc<AtomicBool>) -> T + Send + 'static) -> Beside<T> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        Beside {
             stop,
-            thread: Some(thread),
-            log,
+            thread: Some(std::thread::spawn(move || work(flag))),
         }
     }
-}
 
-/// autorate beside a run; stopped (and waited for) when finished or dropped.
-struct AutorateRun {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Result<bloatlab_autorate::run::Summary, String>>>,
-    log: PathBuf,
-}
-
-impl AutorateRun {
-    /// Its log and the number of rate changes.
-    fn finish(mut self) -> Result<(PathBuf, u64), String> {
+    /// What it returned once stopped; `what` names it if it panicked.
+    fn finish(mut self, what: &str) -> Result<T, String> {
         self.stop.store(true, Ordering::Relaxed);
         let t = self.thread.take().expect("finished once");
-        let s = t.join().map_err(|_| "autorate panicked".to_string())??;
-        Ok((self.log.clone(), s.changes))
+        t.join().map_err(|_| format!("{what} panicked"))
     }
 }
 
-impl Drop for AutorateRun {
+impl<T> Drop for Beside<T> {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
@@ -426,22 +431,31 @@ impl Drop for AutorateRun {
     }
 }
 
+/// autorate beside a run, and its log.
+struct AutorateRun {
+    thread: Beside<Result<bloatlab_autorate::run::Summary, String>>,
+    log: PathBuf,
+}
+
+impl AutorateRun {
+    /// Its log and the number of rate changes.
+    fn finish(self) -> Result<(PathBuf, u64), String> {
+        let s = self.thread.finish("autorate")??;
+        Ok((self.log, s.changes))
+    }
+}
+
 /// The best-effort probes' p95 round trip under load minus their idle median, ms. Where the
 /// line's delay moves on a schedule (the slowest link's two directions, from the time the line
 /// started), each round trip is taken over the line's delay at its time, so the figure is the
 /// queues' and not the path's length changing.
 fn added_p95(
-    file: &Path,
+    r: &ResultFile,
     (up, down): &(DirConfig, DirConfig),
     line_started_unix: f64,
 ) -> Option<f64> {
-    let r = bloatlab_result::read(file).ok()?;
-    let (idle, loaded) = bloatlab_analyze::summarize::class_rtt_samples(&r, "be");
-    let start = humantime::parse_rfc3339(&r.metadata.start_time)
-        .ok()?
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()?
-        .as_secs_f64();
+    let (idle, loaded) = bloatlab_analyze::summarize::class_rtt_samples(r, "be");
+    let start = start_unix(r)?;
     // A fixed delay comes off idle and loaded alike, and cancels.
     let over_base = |v: Vec<(f64, f64)>| -> Vec<f64> {
         v.into_iter()
@@ -461,127 +475,79 @@ fn added_p95(
     Some(q(&loaded, 0.95) - q(&idle, 0.5))
 }
 
+/// The test's start (its metadata's RFC 3339 time), Unix seconds.
+fn start_unix(r: &ResultFile) -> Option<f64> {
+    let t = humantime::parse_rfc3339(&r.metadata.start_time).ok()?;
+    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64())
+}
+
 /// The oracle beside a run (`Fix::CakeOracle`): every 50 ms, CAKE each way at 95% of what the
 /// line will carry over the next 100 ms by its schedule or trace (as it runs since
-/// `started_unix`), changed when that moves by over 0.5%; stopped when finished or dropped.
-struct Oracle {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Result<(), String>>>,
-}
-
-impl Oracle {
-    fn start(
-        mut shaper: bloatlab_autorate::shaper::Lab,
-        (down, up): (Rate, Rate),
-        started_unix: f64,
-    ) -> Oracle {
-        use bloatlab_autorate::shaper::Shaper;
-        use bloatlab_autorate::Direction;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut set: [Option<u64>; 2] = [None, None];
-            while !stopped.load(Ordering::Relaxed) {
-                let since = ((bloatlab_netio::unix_now() - started_unix).max(0.0) * 1e9) as u64;
-                for (i, (dir, rate)) in [(Direction::Down, &down), (Direction::Up, &up)]
-                    .into_iter()
-                    .enumerate()
-                {
-                    let Some(want) = placement::oracle_bps(rate, since) else {
-                        continue;
-                    };
-                    if set[i].is_none_or(|was| was.abs_diff(want) * 200 > was) {
-                        shaper.set(dir, want).map_err(|e| e.to_string())?;
-                        set[i] = Some(want);
-                    }
+/// `started_unix`), changed when that moves by over 0.5%.
+fn oracle(
+    mut shaper: bloatlab_autorate::shaper::Lab,
+    (down, up): (Rate, Rate),
+    started_unix: f64,
+) -> Beside<Result<(), String>> {
+    use bloatlab_autorate::shaper::Shaper;
+    use bloatlab_autorate::Direction;
+    Beside::spawn(move |stop| {
+        let mut set: [Option<u64>; 2] = [None, None];
+        while !stop.load(Ordering::Relaxed) {
+            let since = ((bloatlab_netio::unix_now() - started_unix).max(0.0) * 1e9) as u64;
+            for (i, (dir, rate)) in [(Direction::Down, &down), (Direction::Up, &up)]
+                .into_iter()
+                .enumerate()
+            {
+                let Some(want) = placement::oracle_bps(rate, since) else {
+                    continue;
+                };
+                if set[i].is_none_or(|was| was.abs_diff(want) * 200 > was) {
+                    shaper.set(dir, want).map_err(|e| e.to_string())?;
+                    set[i] = Some(want);
                 }
-                std::thread::sleep(Duration::from_millis(50));
             }
-            Ok(())
-        });
-        Oracle {
-            stop,
-            thread: Some(thread),
+            std::thread::sleep(Duration::from_millis(50));
         }
-    }
-
-    fn finish(mut self) -> Result<(), String> {
-        self.stop.store(true, Ordering::Relaxed);
-        let t = self.thread.take().expect("finished once");
-        t.join().map_err(|_| "the oracle panicked".to_string())?
-    }
-}
-
-impl Drop for Oracle {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
+        Ok(())
+    })
 }
 
 /// The lab's wire-byte counters of one link (down, up), read every 100 ms with the time (Unix
-/// s) beside a run, until finished or dropped: what the line carried over exactly the load
-/// phase, which the counters in the result file (read around the whole test) cannot give, as
-/// the senders' buffers drain onto the line after the load has stopped.
-struct LineSampler {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Vec<(f64, u64, u64)>>>,
-}
-
-impl LineSampler {
-    fn start(socket: PathBuf, line: String) -> LineSampler {
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut samples = Vec::new();
-            while !stopped.load(Ordering::Relaxed) {
-                if let Some(l) = control::counters(&socket)
-                    .ok()
-                    .and_then(|s| s.links.get(&line).cloned())
-                {
-                    let now = bloatlab_netio::unix_now();
-                    samples.push((now, l.down.tx_wire_bytes, l.up.tx_wire_bytes));
-                }
-                std::thread::sleep(Duration::from_millis(100));
+/// s) beside a run: what the line carried over exactly the load phase, which the counters in
+/// the result file (read around the whole test) cannot give, as the senders' buffers drain
+/// onto the line after the load has stopped.
+fn sample_line(socket: PathBuf, line: String) -> Beside<Vec<(f64, u64, u64)>> {
+    Beside::spawn(move |stop| {
+        let mut samples = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            if let Some(l) = control::counters(&socket)
+                .ok()
+                .and_then(|s| s.links.get(&line).cloned())
+            {
+                let now = bloatlab_netio::unix_now();
+                samples.push((now, l.down.tx_wire_bytes, l.up.tx_wire_bytes));
             }
-            samples
-        });
-        LineSampler {
-            stop,
-            thread: Some(thread),
+            std::thread::sleep(Duration::from_millis(100));
         }
-    }
-
-    fn finish(mut self) -> Vec<(f64, u64, u64)> {
-        self.stop.store(true, Ordering::Relaxed);
-        let t = self.thread.take().expect("finished once");
-        t.join().unwrap_or_default()
-    }
+        samples
+    })
 }
 
-impl Drop for LineSampler {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-/// What the line carried each way (down, up) over the load phase of the test in `file`, as a
-/// share of its `capacity_bps`: the sampled wire bytes at the phase's two ends (each between
-/// the two readings around it, 100 ms apart), over the phase's length. None without a load
-/// phase inside the samples.
+/// What the line carried each way (down, up) over the load phase of test `r`, as a share of
+/// its `capacity_bps`: the sampled wire bytes at the phase's two ends (each between the two
+/// readings around it, 100 ms apart), over the phase's length. None without a load phase
+/// inside the samples.
 fn line_carried(
-    file: &Path,
+    r: &ResultFile,
     samples: &[(f64, u64, u64)],
     capacity_bps: (f64, f64),
 ) -> (Option<f64>, Option<f64>) {
-    let Some((from, to)) = bloatlab_result::read(file).ok().and_then(|r| {
-        let start = humantime::parse_rfc3339(&r.metadata.start_time)
-            .ok()?
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()?
-            .as_secs_f64();
-        let load = r.metadata.phases.iter().find(|p| p.name == "load")?;
-        Some((start + load.start, start + load.end))
-    }) else {
+    let load = r.metadata.phases.iter().find(|p| p.name == "load");
+    let Some((from, to)) = start_unix(r)
+        .zip(load)
+        .map(|(start, load)| (start + load.start, start + load.end))
+    else {
         return (None, None);
     };
     let at = |t: f64, bytes: fn(&(f64, u64, u64)) -> u64| {

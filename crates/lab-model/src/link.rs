@@ -289,7 +289,7 @@ impl LinkDirection {
             let Reverse(f) = self.in_flight.pop().unwrap();
             self.stats.tx_packets += 1;
             self.stats.tx_bytes += f.pkt.len() as u64;
-            self.stats.tx_wire_bytes += self.cfg.wire_bytes(f.pkt.len()) as u64;
+            self.stats.tx_wire_bytes += f.pkt.frame_len as u64;
             return Some(f.pkt);
         }
         None
