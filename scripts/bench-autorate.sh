@@ -2,7 +2,9 @@
 # autorate on lines that move, side by side in one run per preset: `lab compare` with the same
 # rrul-be through fixed CAKE at BASE (95% of the line's mean), fixed CAKE at MAX (95% of its
 # busiest second), CAKE moved by cake-autorate's law (our re-implementation), by ours, and by the
-# oracle (95% of what the line will carry over the next 100 ms, from its own schedule). Each
+# oracle (95% of what the line will carry over the next 100 ms, from its own schedule), and
+# where a checkout of it is at hand, by cake-autorate itself (`--fix cake-autorate-sh`: its
+# bash script and fping at its defaults on the lab's router). Each
 # run meets the preset's schedule or trace from its start. Prints per preset and fix the
 # best-effort probes' added latency p95 and the share of the line's capacity over the load
 # phase delivered each way (goodput over capacity) and what the line carried each way (its wire
@@ -11,6 +13,8 @@
 #
 #   scripts/bench-autorate.sh [SECONDS] [PRESET...]   # load phase, default 120; default presets
 #                                                    # lte starlink cable-evening
+#   CAKE_AUTORATE=DIR scripts/bench-autorate.sh ...    # a cake-autorate checkout or bare git dir
+#                                                    # (default: the local mirror below)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=target/release/bloatlab
@@ -21,11 +25,26 @@ presets=("$@")
 [ ${#presets[@]} -gt 0 ] || presets=(lte starlink cable-evening)
 work=$(mktemp -d /tmp/bench-autorate.XXXXXX)
 trap 'rm -rf "$work"' EXIT
+fixes=cake,cake-max,cake-autorate,autorate,cake-oracle
+peer=()
+src=${CAKE_AUTORATE:-/work/.mirror/lynxthecat+cake-autorate/repo}
+if [ -d "$src/objects" ]; then
+  mkdir "$work/cake-autorate"
+  git --git-dir="$src" archive HEAD | tar -x -C "$work/cake-autorate"
+  src=$work/cake-autorate
+fi
+if [ -f "$src/cake-autorate.sh" ]; then
+  command -v fping >/dev/null || { echo "cake-autorate needs fping (apt-get install fping)" >&2; exit 1; }
+  fixes+=,cake-autorate-sh
+  peer=(--cake-autorate "$src")
+else
+  echo "no cake-autorate at $src (set CAKE_AUTORATE): without cake-autorate itself" >&2
+fi
 
 printf '%-14s %-30s %12s %8s %8s %10s %10s %8s\n' preset fix "added p95 ms" "down %" "up %" \
   "line down" "line up" changes
 for p in "${presets[@]}"; do
-  "$bin" lab compare "$p" --fix cake,cake-max,cake-autorate,autorate,cake-oracle \
+  "$bin" lab compare "$p" --fix "$fixes" "${peer[@]}" \
     --test rrul-be -l "$secs" \
     --json -q --out-dir "$work" >"$work/$p.json" 2>"$work/$p.log" ||
     { cat "$work/$p.log"; exit 1; }

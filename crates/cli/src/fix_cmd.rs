@@ -68,6 +68,7 @@ pub fn run(a: FixArgs, stop: Arc<AtomicBool>) -> ExitCode {
         lab_name: String::new(),
         quiet: a.quiet,
         stop,
+        cake_autorate: None,
     };
     let iface = Iface {
         dev: a.dev.clone(),

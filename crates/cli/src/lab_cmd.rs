@@ -123,7 +123,9 @@ pub enum LabCommand {
         /// 95% of the mean and 95% of the busiest second), cake-autorate (the same with
         /// cake-autorate's law and defaults, re-implemented by our controller), cake-oracle
         /// (CAKE moved every 50 ms to 95% of what the line will carry over the next 100 ms, read
-        /// from its own schedule: the bound no controller can pass).
+        /// from its own schedule: the bound no controller can pass), cake-autorate-sh
+        /// (cake-autorate itself, its bash script and fping at its defaults, on the router: needs
+        /// --cake-autorate).
         #[arg(long, default_value = "fifo,htb-fq_codel,cake")]
         fix: String,
         /// The test each run makes, with its options: rrul, tcp-bidir, rpm, "voip --under-load".
@@ -138,6 +140,11 @@ pub enum LabCommand {
         /// Directory for the result files and the report.
         #[arg(long, default_value = ".")]
         out_dir: PathBuf,
+        /// A checkout of lynxthecat/cake-autorate, for --fix cake-autorate-sh (it runs with
+        /// this machine's bash and fping; a `tc` of ours on its PATH hands its changes to the
+        /// lab's CAKE).
+        #[arg(long)]
+        cake_autorate: Option<PathBuf>,
         #[arg(short, long)]
         quiet: bool,
     },
@@ -282,6 +289,7 @@ pub fn run(cmd: LabCommand, stop: impl Fn() -> Arc<AtomicBool>) -> ExitCode {
             json,
             out_dir,
             quiet,
+            cake_autorate,
         } => {
             let test = match crate::test_spec(&test) {
                 Ok((params, _)) => params,
@@ -294,6 +302,7 @@ pub fn run(cmd: LabCommand, stop: impl Fn() -> Arc<AtomicBool>) -> ExitCode {
                 lab_name: "compare".into(),
                 quiet,
                 stop: stop(),
+                cake_autorate,
             };
             compare(&topology, &fix, json, o)
         }
@@ -327,6 +336,7 @@ fn demo(
         lab_name: "demo".into(),
         quiet,
         stop,
+        cake_autorate: None,
     };
     let d = match bloatlab_experiment::demo::demo(topo, how, &o) {
         Ok(d) => d,

@@ -41,13 +41,6 @@ fn ok(args: &[&str]) {
     );
 }
 
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 #[test]
 fn html_report_renders_every_chart_in_headless_chromium() {
     let (rrul, ping, rpm) = results();

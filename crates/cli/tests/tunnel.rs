@@ -18,14 +18,6 @@ const SERVER_LINE: &str = "10.77.0.2";
 /// tunnel carries somewhat more than these 8 Mbit/s: about 10 Mbit/s of goodput here.
 const SHAPER: &str = "1000000";
 
-fn have(cmd: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {cmd}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// A self-signed P-256 certificate for one end and its SHA-256 fingerprint, which the other
 /// end pins (OpenVPN 2.6's peer-fingerprint mode: no CA).
 fn certificate(dir: &Path, host: &str) -> String {

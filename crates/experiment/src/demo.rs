@@ -31,13 +31,15 @@ impl Apply {
                 Fix::Fifo => {
                     Err("--fix fifo changes nothing: want cake, fq_codel or kernel".into())
                 }
-                f @ (Fix::CakeMax | Fix::Autorate | Fix::CakeAutorateLaw | Fix::CakeOracle) => {
-                    Err(format!(
-                        "--fix {}: for a line that moves, in `lab compare`; the demo wants cake, \
+                f @ (Fix::CakeMax
+                | Fix::Autorate
+                | Fix::CakeAutorateLaw
+                | Fix::CakeAutorateSh
+                | Fix::CakeOracle) => Err(format!(
+                    "--fix {}: for a line that moves, in `lab compare`; the demo wants cake, \
                      fq_codel or kernel",
-                        f.name()
-                    ))
-                }
+                    f.name()
+                )),
                 f => Ok(Apply::Emulated(f)),
             },
         }

@@ -647,6 +647,7 @@ mod tests {
             lab_name: String::new(),
             quiet: true,
             stop: Arc::new(AtomicBool::new(false)),
+            cake_autorate: None,
         }
     }
 

@@ -3,6 +3,7 @@
 //! The measurement runs on a thread inside the lab's client namespace, the server on threads
 //! inside its server namespace (`bloatlab_lab::ns::in_netns`): library calls, no processes.
 
+pub mod cake_autorate_sh;
 pub mod demo;
 pub mod fix;
 pub mod placement;
@@ -40,6 +41,8 @@ pub struct ExperimentOptions {
     /// Set by Ctrl-C: the experiment stops after the run under way, tears the lab down and
     /// keeps what it measured.
     pub stop: Arc<AtomicBool>,
+    /// A checkout of lynxthecat/cake-autorate, for `Fix::CakeAutorateSh`.
+    pub cake_autorate: Option<PathBuf>,
 }
 
 /// One run of a comparison.
@@ -166,7 +169,7 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
     let (router, line_name) = (line.a.clone(), line.name.clone());
     let moving_link = if fixes
         .iter()
-        .any(|f| f.autorate_law().is_some() || *f == Fix::CakeOracle)
+        .any(|f| f.autorate_law().is_some() || matches!(f, Fix::CakeOracle | Fix::CakeAutorateSh))
     {
         let (front, up_dir) = placement::front(&topo)?;
         Some((
@@ -177,7 +180,21 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
     } else {
         None
     };
+    let peer_checkout = if fixes.contains(&Fix::CakeAutorateSh) {
+        let dir = o.cake_autorate.as_deref().ok_or(
+            "--fix cake-autorate-sh runs cake-autorate itself: give a checkout of \
+             lynxthecat/cake-autorate with --cake-autorate DIR",
+        )?;
+        cake_autorate_sh::check(dir)?;
+        Some(dir)
+    } else {
+        None
+    };
+    let (framing, far_host) = ((line.up.overhead, line.up.atm), line.b.clone());
     let session = Session::up(topo, o)?;
+    if peer_checkout.is_some() {
+        session.add_reflectors(&router, &far_host, &line_name)?;
+    }
     let stamp = stamp();
     let mut runs = Vec::new();
     let mut failure = None;
@@ -236,13 +253,48 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
             let front = moving_link.as_ref().expect("placed in front of the line");
             oracle(lab_shaper(front), line_rates.clone(), line_started_unix)
         });
+        let peer = match (*fix, &moving_link, peer_checkout) {
+            (Fix::CakeAutorateSh, Some(front @ (lan, _, (down, up))), Some(checkout)) => {
+                let launch = cake_autorate_sh::Launch {
+                    checkout,
+                    namespace: session.namespace(&router),
+                    interfaces: cake_autorate_sh::Interfaces {
+                        lan: lan.clone(),
+                        wan: line_name.clone(),
+                    },
+                    down: *down,
+                    up: *up,
+                    overhead: framing.0,
+                    atm: framing.1,
+                    log: o.out_dir.join(format!(
+                        "bloatlab-{topo_name}-{}-{stamp}.autorate.jsonl",
+                        fix.name()
+                    )),
+                    own_log: o.out_dir.join(format!(
+                        "bloatlab-{topo_name}-{}-{stamp}.cake-autorate.log",
+                        fix.name()
+                    )),
+                };
+                match cake_autorate_sh::CakeAutorateSh::start(launch, lab_shaper(front)) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+            _ => None,
+        };
         let sampler = sample_line(session.info.socket.clone(), line_name.clone());
         let outcome = session.run_test(o, &file);
         let line_samples = sampler.finish("the line's sampler").unwrap_or_default();
         let oracle_ended = oracle
             .map(|t| t.finish("the oracle").and_then(|r| r))
             .transpose();
-        let moved = mover.map(AutorateRun::finish).transpose();
+        let moved = match peer {
+            Some(p) => p.finish().map(Some),
+            None => mover.map(AutorateRun::finish).transpose(),
+        };
         match (outcome, moved, oracle_ended) {
             (Ok(summary), Ok(autorate), Ok(_)) => {
                 let result = bloatlab_result::read(&file).ok();
@@ -358,6 +410,33 @@ impl Session {
         &self.info.hosts[host].namespace
     }
 
+    /// cake-autorate's reflectors: addresses on the line's far host `far`, which `router`
+    /// reaches through the line (device `line`, named after it on both).
+    fn add_reflectors(&self, router: &str, far: &str, line: &str) -> Result<(), String> {
+        use bloatlab_lab::ns::ip;
+        for a in cake_autorate_sh::reflector_addrs() {
+            ip(&[
+                "-n",
+                self.namespace(far),
+                "addr",
+                "add",
+                &format!("{a}/32"),
+                "dev",
+                line,
+            ])?;
+            ip(&[
+                "-n",
+                self.namespace(router),
+                "route",
+                "add",
+                &format!("{a}/32"),
+                "dev",
+                line,
+            ])?;
+        }
+        Ok(())
+    }
+
     /// autorate on lab host `host` (the router), probing this session's server and moving
     /// the emulated CAKE, until the returned run is finished.
     fn start_autorate(
@@ -399,13 +478,13 @@ impl Session {
 
 /// A thread beside a run, handed the flag that stops it; stopped and waited for when finished
 /// or dropped.
-struct Beside<T> {
+pub(crate) struct Beside<T> {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<T>>,
 }
 
 impl<T: Send + 'static> Beside<T> {
-    fn spawn(work: impl FnOnce(Arc<AtomicBool>) -> T + Send + 'static) -> Beside<T> {
+    pub(crate) fn spawn(work: impl FnOnce(Arc<AtomicBool>) -> T + Send + 'static) -> Beside<T> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         Beside {
@@ -415,7 +494,7 @@ impl<T: Send + 'static> Beside<T> {
     }
 
     /// What it returned once stopped; `what` names it if it panicked.
-    fn finish(mut self, what: &str) -> Result<T, String> {
+    pub(crate) fn finish(mut self, what: &str) -> Result<T, String> {
         self.stop.store(true, Ordering::Relaxed);
         let t = self.thread.take().expect("finished once");
         t.join().map_err(|_| format!("{what} panicked"))

@@ -31,6 +31,9 @@ pub enum Fix {
     /// schedule or trace: no controller can know that, so it is the bound a controller is
     /// measured against on a line that moves.
     CakeOracle,
+    /// CAKE from 95% of the line's mean rate, moved by cake-autorate itself (its bash script
+    /// and fping at its defaults) on the router: `cake_autorate_sh`.
+    CakeAutorateSh,
 }
 
 impl Fix {
@@ -44,9 +47,10 @@ impl Fix {
             "autorate" => Ok(Fix::Autorate),
             "cake-autorate" | "cake-autorate-law" => Ok(Fix::CakeAutorateLaw),
             "cake-oracle" | "oracle" => Ok(Fix::CakeOracle),
+            "cake-autorate-sh" | "cake-autorate.sh" => Ok(Fix::CakeAutorateSh),
             other => Err(format!(
                 "fix `{other}`: want fifo, htb-fq_codel, cake, cake+ack-filter, cake-max, \
-                 autorate, cake-autorate or cake-oracle"
+                 autorate, cake-autorate, cake-autorate-sh or cake-oracle"
             )),
         }
     }
@@ -61,6 +65,7 @@ impl Fix {
             Fix::Autorate => "autorate",
             Fix::CakeAutorateLaw => "cake-autorate",
             Fix::CakeOracle => "cake-oracle",
+            Fix::CakeAutorateSh => "cake-autorate-sh",
         }
     }
 
@@ -75,6 +80,7 @@ impl Fix {
             Fix::Autorate => "CAKE + autorate",
             Fix::CakeAutorateLaw => "cake-autorate law (re-impl.)",
             Fix::CakeOracle => "oracle: CAKE 95% of line",
+            Fix::CakeAutorateSh => "cake-autorate.sh itself",
         }
     }
 

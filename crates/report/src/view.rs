@@ -370,18 +370,11 @@ mod tests {
         LogLine {
             t,
             event: event.into(),
-            dir: None,
-            why: None,
             down_bps,
             up_bps: 1e6,
             down_load_bps,
             up_load_bps: 0.5e6,
-            down_delta_ms: None,
-            up_delta_ms: None,
-            rtt_delta_ms: None,
-            detail: None,
-            answered: 0,
-            lost: 0,
+            ..LogLine::default()
         }
     }
 

@@ -32,7 +32,7 @@ pub struct LogHeader {
 }
 
 /// Every other line.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LogLine {
     /// Seconds since the start.
     pub t: f64,

@@ -236,6 +236,14 @@ pub fn f(v: &serde_json::Value, path: &str) -> f64 {
         .unwrap_or_else(|| panic!("{path} is not a number in {v}"))
 }
 
+/// Whether `tool` is on the PATH.
+pub fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
 pub fn sh(args: &[&str]) -> Result<(), String> {
     let out = Command::new(args[0])
         .args(&args[1..])
