@@ -238,13 +238,15 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
                 link: link.clone(),
                 up_dir,
             };
+        // Where the rate changes of whatever moves the shaper are logged.
+        let changes_log = o.out_dir.join(format!(
+            "bloatlab-{topo_name}-{}-{stamp}.autorate.jsonl",
+            fix.name()
+        ));
         let mover = match (fix.autorate_law(), &moving_link) {
             (Some(law), Some(front @ (_, _, (down, up)))) => {
-                let log = o.out_dir.join(format!(
-                    "bloatlab-{topo_name}-{}-{stamp}.autorate.jsonl",
-                    fix.name()
-                ));
                 let cfg = bloatlab_autorate::Config::new(law, *down, *up);
+                let log = changes_log.clone();
                 Some(session.start_autorate(&router, lab_shaper(front), cfg, log, o.quiet))
             }
             _ => None,
@@ -266,10 +268,7 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
                     up: *up,
                     overhead: framing.0,
                     atm: framing.1,
-                    log: o.out_dir.join(format!(
-                        "bloatlab-{topo_name}-{}-{stamp}.autorate.jsonl",
-                        fix.name()
-                    )),
+                    log: changes_log.clone(),
                     own_log: o.out_dir.join(format!(
                         "bloatlab-{topo_name}-{}-{stamp}.cake-autorate.log",
                         fix.name()
