@@ -12,10 +12,12 @@
 //! - [`Law::Bloatlab`]: the same, and where the line says more: when the line delivers clearly
 //!   less than the shaper's rate while delay rises, or the queue grows steadily (its capacity
 //!   fell), the cut goes straight below what it delivers, by enough to drain the queue that
-//!   stands within about a second (90% of it, down to half from 500 ms of queue); when it
-//!   delivers the shaper's rate and delay rises anyway (a queue elsewhere, a burst), the cut
-//!   stops at 90% of the highest rate that carried high load without bloat in the last 10
-//!   minutes (a memory of safe rates), which a cut below it tests now and then.
+//!   stands within about a second (90% of it, down to half from 500 ms of queue), and the
+//!   download cuts again as soon as a reading shows the fall (not a refractory period later),
+//!   then on to the rate that drains the queue the fall left; when it delivers the shaper's
+//!   rate and delay rises anyway (a queue elsewhere, a burst), the cut stops at 90% of the
+//!   highest rate that carried high load without bloat in the last 10 minutes (a memory of
+//!   safe rates), which a cut below it tests now and then.
 //!
 //! Both tell a stall ("no probes came back": the rate holds at the last one without bloat, and
 //! after `stall_to_min` at MIN) from bloat ("delay rose"): only delayed samples cut.
@@ -208,6 +210,12 @@ struct Dir {
     /// capacity for, up to that growth, until then: for a second, and as long again as its
     /// queue delayed the probes that say so.
     growth_stale: Option<(u64, f64)>,
+    /// (time, the capacity it fell to) at the last fall of the line's capacity: the fast climb
+    /// goes up to it, and cuts while its queue drains stop at the rate that drains it.
+    fell_to: Option<(u64, f64)>,
+    /// Readings of the line's rate so far, and how many there were at the last cut.
+    readings_seen: u64,
+    readings_at_cut: u64,
 }
 
 impl Dir {
@@ -230,6 +238,9 @@ impl Dir {
             floor_trusted: None,
             above_since: None,
             growth_stale: None,
+            fell_to: None,
+            readings_seen: 0,
+            readings_at_cut: 0,
         }
     }
 
@@ -269,6 +280,7 @@ impl Dir {
             self.floor_since = None;
             if least.is_some_and(|l| l < thr || l < before - thr) {
                 self.safe.clear();
+                self.fell_to = None;
                 return (rate.min(0.85 * floor), Why::Bloat);
             }
             self.floor_trusted = least.map(|l| (now + 30 * S, l));
@@ -383,9 +395,20 @@ impl Dir {
         let delayed = self.window.iter().filter(|w| w.0).count();
         let avg = self.window.iter().map(|w| w.1).sum::<f64>() / self.window.len() as f64;
         let bloat = delayed >= cfg.detect;
-        let refractory = self
-            .last_cut
-            .is_some_and(|t| now.saturating_sub(t) < cfg.bloat_refractory_ns);
+        // Ours cuts again within the refractory period when the download's first reading since
+        // the last cut says the line delivers well under the rate: its capacity fell, and that
+        // cut was sized by a reading from before the fall while the queue grows by up to
+        // seconds a second. (The download's counter is after the bottleneck and reads its rate
+        // while a queue stands there; the upload's reads what TCP sends, no sign of the line.)
+        let fell_since_cut = cfg.law == Law::Bloatlab
+            && self.which == Direction::Down
+            && self.readings_seen > self.readings_at_cut
+            && self.carries(cfg)
+            && self.delivered < 0.8 * self.rate;
+        let refractory = !fell_since_cut
+            && self
+                .last_cut
+                .is_some_and(|t| now.saturating_sub(t) < cfg.bloat_refractory_ns);
         let load = self.load(cfg);
         if bloat {
             self.above_since = None;
@@ -402,6 +425,7 @@ impl Dir {
                 }
             };
             self.last_cut = Some(now);
+            self.readings_at_cut = self.readings_seen;
             self.set(rate, why, out);
             return;
         }
@@ -409,6 +433,7 @@ impl Dir {
         if self.floor_test.take().is_some() {
             // The delay went away below the floor: the line's capacity fell.
             self.safe.clear();
+            self.fell_to = None;
             self.floor_since = None;
         }
         if load == Load::High {
@@ -454,8 +479,21 @@ impl Dir {
         }
     }
 
-    /// The highest rate the line delivered at high load without bloat in the safe memory.
+    /// What a climb is fast up to: the highest rate the line delivered at high load without
+    /// bloat in the safe memory, or the capacity it last fell to if higher.
     fn ceiling(&self, now: u64, cfg: &Config) -> Option<f64> {
+        let fell_to = self
+            .fell_to
+            .filter(|f| now.saturating_sub(f.0) <= cfg.safe_memory_ns)
+            .map(|f| f.1);
+        match (self.safe_max(now, cfg), fell_to) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The highest rate the line delivered at high load without bloat in the safe memory.
+    fn safe_max(&self, now: u64, cfg: &Config) -> Option<f64> {
         self.safe
             .iter()
             .filter(|s| now.saturating_sub(s.0) <= cfg.safe_memory_ns)
@@ -497,10 +535,20 @@ impl Dir {
             // What the line carried before is no guide now: the climb back is fast only up to
             // what it carries now, gentle above.
             self.safe.clear();
-            self.safe.push_back((now, capacity));
+            self.fell_to = Some((now, capacity));
         }
-        if let Some(c) = self.ceiling(now, cfg).filter(|_| !capacity_fell) {
-            let floor = (0.9 * c).min(self.rate);
+        // Not below 90% of the memory of safe rates; after a fall (no safe rate since), not
+        // below the rate that drains the queue standing now within about a second at the
+        // capacity it fell to (the queue the fall left is ours, and 90% of that capacity
+        // drains a queue of 300 ms in three seconds).
+        let floor = if capacity_fell {
+            None
+        } else if let Some(c) = self.safe_max(now, cfg) {
+            Some(0.9 * c)
+        } else {
+            self.fell_to.map(|(_, c)| drain * c)
+        };
+        if let Some(floor) = floor.map(|f| f.min(self.rate)) {
             if rate < floor {
                 (rate, why) = (floor, Why::SafeFloor);
             }
@@ -567,6 +615,7 @@ impl Controller {
     pub fn on_load(&mut self, down_bps: f64, up_bps: f64) {
         for (d, bps) in [(&mut self.down, down_bps), (&mut self.up, up_bps)] {
             d.delivered = bps;
+            d.readings_seen += 1;
             d.readings.push_back(bps);
             if d.readings.len() > 5 {
                 d.readings.pop_front();

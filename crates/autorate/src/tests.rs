@@ -30,6 +30,8 @@ struct Run {
     /// Delivered over capacity, summed per step after the warm-up.
     delivered: f64,
     capacity: f64,
+    /// The download's queue at each step, ms.
+    queue_down: Vec<f64>,
     events: Vec<(u64, Event)>,
     /// (t, rate down) at each step.
     rates: Vec<(u64, f64)>,
@@ -56,6 +58,10 @@ fn simulate(law: Law, line: &Line, secs: u64, warmup: u64, cfg: impl Fn(&mut Con
     let (down, up) = bounds();
     let mut c = Config::new(law, down, up);
     cfg(&mut c);
+    simulate_cfg(c, line, secs, warmup)
+}
+
+fn simulate_cfg(c: Config, line: &Line, secs: u64, warmup: u64) -> Run {
     let mut ctl = Controller::new(c);
     let (mut qd, mut qu) = (0.0f64, 0.0f64);
     let mut run = Run::default();
@@ -100,6 +106,7 @@ fn simulate(law: Law, line: &Line, secs: u64, warmup: u64, cfg: impl Fn(&mut Con
             run.capacity += cd + cu;
         }
         run.rates.push((t, ctl.rate(Direction::Down)));
+        run.queue_down.push(qd * 1e3);
         run.events.extend(ev.into_iter().map(|e| (t, e)));
         t += STEP;
     }
@@ -237,6 +244,58 @@ fn when_the_capacity_falls_ours_is_below_it_in_two_cuts_at_most() {
         "ours {} ms, cake-autorate's {} ms",
         after[1].0,
         after[0].0
+    );
+}
+
+/// The line falls to under a quarter (30 to 7 Mbit/s; lte's trace falls from 15 to 5 in a
+/// step) in front of a deep buffer (2 s), its counters read 2% off: the queue grows 3.3 s a
+/// second until the rate is below 7. The first cut comes from the delay alone, sized by a
+/// reading from before the fall; ours cuts again with the first reading that shows the fall
+/// (read every 200 ms), not a refractory period later, and cuts on to the rate that drains the
+/// queue the fall left (down to half the capacity: a queue of q seconds drains in 2q), where
+/// 90% of the capacity would drain it in 10q.
+#[test]
+fn after_a_deep_fall_ours_cuts_with_the_first_reading_and_drains_the_queue() {
+    let line = Line {
+        down: Box::new(|t| if t < 60 * S { 30.0 * MBIT } else { 7.0 * MBIT }),
+        buffer_s: 2.0,
+        counter_noise: 0.02,
+        ..steady(30.0 * MBIT, 10.0 * MBIT)
+    };
+    let (_, up) = bounds();
+    let down = Bounds::new(MBIT, 20.0 * MBIT, 80.0 * MBIT).unwrap();
+    let mut seen = Vec::new();
+    for law in [Law::CakeAutorate, Law::Bloatlab] {
+        let r = simulate_cfg(Config::new(law, down, up), &line, 70, 0);
+        let fall = (60 * S / STEP) as usize;
+        let after = &r.queue_down[fall..];
+        let peak = after.iter().copied().fold(0.0, f64::max);
+        let over = after.iter().position(|q| *q >= 10.0).expect("a queue grew");
+        let drained = after[over..]
+            .iter()
+            .position(|q| *q < 10.0)
+            .map(|i| (over + i) as f64 * STEP as f64 / 1e9)
+            .expect("the queue drained");
+        let below = r
+            .first_rate_after(60 * S, |rate| rate <= 7.0 * MBIT)
+            .expect("the rate fell below the new capacity");
+        eprintln!("{law:?}: below in {below:.2} s, peak {peak:.0} ms, drained in {drained:.2} s");
+        seen.push((below, peak, drained));
+    }
+    let (ca, ours) = (seen[0], seen[1]);
+    // The reading at 60.35 s counts only the slower line.
+    assert!(ours.0 <= 0.35, "ours below the capacity after {} s", ours.0);
+    assert!(
+        ours.1 < ca.1,
+        "peaks: ours {} ms, cake-autorate's {} ms",
+        ours.1,
+        ca.1
+    );
+    assert!(
+        ours.2 <= 2.0 * ours.1 / 1e3 + 0.5,
+        "ours drained a {} ms queue in {} s",
+        ours.1,
+        ours.2
     );
 }
 
