@@ -395,24 +395,23 @@ impl Dir {
         let delayed = self.window.iter().filter(|w| w.0).count();
         let avg = self.window.iter().map(|w| w.1).sum::<f64>() / self.window.len() as f64;
         let bloat = delayed >= cfg.detect;
-        // Ours cuts again within the refractory period when the download's first reading since
-        // the last cut says the line delivers well under the rate: its capacity fell, and that
-        // cut was sized by a reading from before the fall while the queue grows by up to
-        // seconds a second. (The download's counter is after the bottleneck and reads its rate
-        // while a queue stands there; the upload's reads what TCP sends, no sign of the line.)
-        let fell_since_cut = cfg.law == Law::Bloatlab
-            && self.which == Direction::Down
-            && self.readings_seen > self.readings_at_cut
-            && self.carries(cfg)
-            && self.delivered < 0.8 * self.rate;
-        let refractory = !fell_since_cut
-            && self
-                .last_cut
-                .is_some_and(|t| now.saturating_sub(t) < cfg.bloat_refractory_ns);
+        let refractory = self
+            .last_cut
+            .is_some_and(|t| now.saturating_sub(t) < cfg.bloat_refractory_ns);
         let load = self.load(cfg);
         if bloat {
             self.above_since = None;
-            if refractory || !may_cut {
+            // Ours cuts again within the refractory period when the download's first reading
+            // since the last cut says the line delivers well under the rate: its capacity fell,
+            // and that cut was sized by a reading from before the fall while the queue grows by
+            // up to seconds a second. (The download's counter is after the bottleneck and reads
+            // its rate while a queue stands there; the upload's reads what TCP sends.)
+            let fell_since_cut = cfg.law == Law::Bloatlab
+                && self.which == Direction::Down
+                && self.readings_seen > self.readings_at_cut
+                && self.carries(cfg)
+                && self.delivered < 0.8 * self.rate;
+            if (refractory && !fell_since_cut) || !may_cut {
                 return;
             }
             let f = ((avg - thr) / (cfg.delay_max_ms - thr)).clamp(0.0, 1.0);
