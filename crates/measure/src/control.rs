@@ -4,15 +4,19 @@
 use crate::MeasureError;
 use bloatlab_netio as netio;
 use bloatlab_proto::{self as proto, ClientMsg, RefuseReason, ServerMsg, TestRequest, Token};
-use std::io::{BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The whole handshake (hello, test request, acceptance) must be done within this time, however
 /// the server dribbles its answers.
 const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
+/// The final report may take this long in all while it keeps arriving (at most
+/// `proto::MAX_REPORT_LINE`: 4 MB, 34 s at 1 Mbit/s).
+const REPORT_DEADLINE: Duration = Duration::from_secs(60);
 
 /// The server's counts at the end of a test.
 pub struct Report {
@@ -35,6 +39,33 @@ pub struct Control {
     stream: TcpStream,
     /// What the watcher read after the handshake: the report, or `None` when the server left.
     incoming: mpsc::Receiver<Option<ServerMsg>>,
+    /// Bytes read from the server so far: a report still arriving is not a server gone.
+    received: Arc<AtomicU64>,
+}
+
+/// A line reader that counts what it took.
+struct Counted<R> {
+    inner: R,
+    taken: Arc<AtomicU64>,
+}
+
+impl<R: BufRead> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.taken.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+impl<R: BufRead> BufRead for Counted<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.taken.fetch_add(n as u64, Ordering::Relaxed);
+        self.inner.consume(n)
+    }
 }
 
 /// Connects to the first address that answers.
@@ -158,6 +189,27 @@ pub fn hello(
     }
 }
 
+/// The watcher of the control connection after the handshake: what it read (the report, or
+/// `None` when the server left), and how many bytes of it so far.
+fn watch(reader: BufReader<TcpStream>) -> (mpsc::Receiver<Option<ServerMsg>>, Arc<AtomicU64>) {
+    let (tx, incoming) = mpsc::channel();
+    let received = Arc::new(AtomicU64::new(0));
+    let mut reader = Counted {
+        inner: reader,
+        taken: received.clone(),
+    };
+    std::thread::spawn(move || {
+        // The only line after the handshake is the report, the longest the server sends.
+        let msg = netio::read_line(&mut reader, proto::MAX_REPORT_LINE)
+            .ok()
+            .flatten()
+            .and_then(|l| proto::decode_line_within::<ServerMsg>(&l, proto::MAX_REPORT_LINE).ok())
+            .map(ServerMsg::printable);
+        let _ = tx.send(msg);
+    });
+    (incoming, received)
+}
+
 impl Control {
     /// The handshake: hello (the server must speak this protocol version), the test request
     /// (answering the server's challenge with `key` when it has one), acceptance.
@@ -237,24 +289,14 @@ impl Control {
             kernel: host.map(|h| h.kernel),
         };
         let _ = stream.set_read_timeout(None);
-        let (tx, incoming) = mpsc::channel();
-        std::thread::spawn(move || {
-            // The only line after the handshake is the report, the longest the server sends.
-            let msg = netio::read_line(&mut reader, proto::MAX_REPORT_LINE)
-                .ok()
-                .flatten()
-                .and_then(|l| {
-                    proto::decode_line_within::<ServerMsg>(&l, proto::MAX_REPORT_LINE).ok()
-                })
-                .map(ServerMsg::printable);
-            let _ = tx.send(msg);
-        });
+        let (incoming, received) = watch(reader);
         Ok(Control {
             addr,
             token,
             server,
             stream,
             incoming,
+            received,
         })
     }
 
@@ -267,23 +309,145 @@ impl Control {
         )
     }
 
-    /// Says `finish` and waits up to `patience` for the server's counts (a UDP load's arrival
-    /// profile makes them long).
+    /// Says `finish` and waits for the server's counts: up to `patience` for them to start or
+    /// to go on arriving, at most `REPORT_DEADLINE` in all. A 10-minute test's report is a
+    /// megabyte or two (each download flow's acknowledged bytes every 10 ms; a UDP load's
+    /// arrival profile): seconds on a slow download.
     pub fn finish(mut self, patience: Duration) -> Option<Report> {
         self.stream
             .write_all(&proto::encode_line(&ClientMsg::Finish))
             .ok()?;
-        match self.incoming.recv_timeout(patience) {
-            Ok(Some(ServerMsg::Report {
-                streams,
-                flows,
-                udp,
-            })) => Some(Report {
-                streams,
-                flows,
-                udp,
-            }),
-            _ => None,
+        let end = Instant::now() + REPORT_DEADLINE;
+        let (mut taken, mut moved) = (self.received.load(Ordering::Relaxed), Instant::now());
+        loop {
+            let give_up = (moved + patience).min(end);
+            let wait = give_up.saturating_duration_since(Instant::now());
+            match self
+                .incoming
+                .recv_timeout(wait.min(Duration::from_millis(200)))
+            {
+                Ok(Some(ServerMsg::Report {
+                    streams,
+                    flows,
+                    udp,
+                })) => {
+                    return Some(Report {
+                        streams,
+                        flows,
+                        udp,
+                    })
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let n = self.received.load(Ordering::Relaxed);
+                    if n != taken {
+                        (taken, moved) = (n, Instant::now());
+                    }
+                    if Instant::now() >= (moved + patience).min(end) {
+                        return None;
+                    }
+                }
+                _ => return None,
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A report of `kb` kB: one download's acknowledged bytes.
+    fn report(kb: usize) -> Vec<u8> {
+        let flow = proto::FlowReport {
+            id: 1,
+            bytes: 1,
+            cc: None,
+            acked: Some(proto::AckedBytes {
+                bucket_us: 10_000,
+                first_ns: 0,
+                buckets: vec![99_999; kb * 1024 / 6],
+            }),
+        };
+        proto::encode_line(&ServerMsg::Report {
+            streams: Vec::new(),
+            flows: vec![flow],
+            udp: Vec::new(),
+        })
+    }
+
+    /// A control connection past its handshake, and the server's end of it.
+    fn connected() -> (Control, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stream = TcpStream::connect(addr).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let (incoming, received) = watch(BufReader::new(stream.try_clone().unwrap()));
+        let control = Control {
+            addr,
+            token: Token([0; 16]),
+            server: ServerInfo {
+                version: String::new(),
+                default_cc: None,
+                kernel: None,
+            },
+            stream,
+            incoming,
+            received,
+        };
+        (control, server)
+    }
+
+    /// The server sends `line` in 4 kB pieces every `every`, or only its first `upto` bytes.
+    fn serve(mut server: TcpStream, line: Vec<u8>, every: Duration, upto: usize) {
+        std::thread::spawn(move || {
+            let mut finish = String::new();
+            BufReader::new(server.try_clone().unwrap())
+                .read_line(&mut finish)
+                .unwrap();
+            assert!(finish.contains("finish"), "{finish}");
+            for piece in line[..upto.min(line.len())].chunks(4096) {
+                std::thread::sleep(every);
+                if server.write_all(piece).is_err() {
+                    return;
+                }
+            }
+            // Held open: a server that stops sending mid-report has not left.
+            std::thread::sleep(Duration::from_secs(5));
+        });
+    }
+
+    /// A 200 kB report that takes 1.5 s to arrive (a 10-minute test's over a slow download is
+    /// ten times that) with a patience of 300 ms: it arrives, as it keeps coming; one that
+    /// stops half-way is given up a patience after its last byte, not at the total deadline.
+    #[test]
+    fn a_report_that_keeps_arriving_is_waited_for_and_one_that_stops_is_not() {
+        let line = report(200);
+        let pieces = line.len().div_ceil(4096);
+        let every = Duration::from_millis(1500 / pieces as u64);
+        let (control, server) = connected();
+        serve(server, line.clone(), every, usize::MAX);
+        let t = Instant::now();
+        let got = control.finish(Duration::from_millis(300));
+        assert!(
+            t.elapsed() >= Duration::from_millis(1200),
+            "{:?}",
+            t.elapsed()
+        );
+        let flows = got.expect("the whole report").flows;
+        assert_eq!(
+            flows[0].acked.as_ref().unwrap().buckets.len(),
+            200 * 1024 / 6
+        );
+
+        let (control, server) = connected();
+        serve(server, line.clone(), every, line.len() / 2);
+        let t = Instant::now();
+        assert!(control.finish(Duration::from_millis(300)).is_none());
+        let waited = t.elapsed();
+        assert!(
+            waited >= Duration::from_millis(750) && waited < Duration::from_secs(3),
+            "{waited:?}"
+        );
     }
 }

@@ -3,7 +3,7 @@
 //! probe. Each phase has a total deadline, never a per-read timeout.
 
 use crate::handshake::handshake_within;
-use crate::lines::{read_line, send, Reader};
+use crate::lines::{read_line, send, send_while_taken, Reader};
 use crate::session::Session;
 use crate::{data, limits::Slot, random, Shared, GRACE};
 use bloatlab_netio as netio;
@@ -18,6 +18,10 @@ use tokio::io::{AsyncReadExt, BufReader};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{timeout, timeout_at, Instant};
+
+/// The final report may take this long to send in all while the client keeps taking it (at
+/// most `proto::MAX_REPORT_LINE`: 4 MB, 34 s at 1 Mbit/s).
+const REPORT_DEADLINE: Duration = Duration::from_secs(60);
 
 /// The next connection; out of descriptors or memory, it backs off instead of spinning.
 pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {
@@ -280,9 +284,11 @@ async fn control(mut r: Reader, mut w: OwnedWriteHalf, ip: IpAddr, shared: Arc<S
         // Wait for `finish` (or the client's end) until the deadline.
         if let Ok(Ok(Some(line))) = timeout_at(deadline, read_line(&mut r, proto::MAX_LINE)).await {
             if let Ok(ClientMsg::Finish) = proto::decode_line::<ClientMsg>(&line) {
-                // A UDP load's arrival profile can be a megabyte or two: time for a slow path.
-                let patience = Duration::from_secs(if req.udp_loads.is_empty() { 2 } else { 10 });
-                let _ = timeout(patience, send(&mut w, &session.report())).await;
+                // The report can be a megabyte or two (a long test's acknowledged bytes, a UDP
+                // load's arrival profile): sent while the client takes it, within a minute.
+                let stall = Duration::from_secs(if req.udp_loads.is_empty() { 2 } else { 10 });
+                let report = session.report();
+                let _ = send_while_taken(&mut w, &report, stall, REPORT_DEADLINE).await;
             }
         }
     }
