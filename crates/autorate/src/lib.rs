@@ -485,10 +485,10 @@ impl Dir {
             .fell_to
             .filter(|f| now.saturating_sub(f.0) <= cfg.safe_memory_ns)
             .map(|f| f.1);
-        match (self.safe_max(now, cfg), fell_to) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        }
+        self.safe_max(now, cfg)
+            .into_iter()
+            .chain(fell_to)
+            .reduce(f64::max)
     }
 
     /// The highest rate the line delivered at high load without bloat in the safe memory.

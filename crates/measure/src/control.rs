@@ -14,9 +14,6 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The whole handshake (hello, test request, acceptance) must be done within this time, however
 /// the server dribbles its answers.
 const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
-/// The final report may take this long in all while it keeps arriving (at most
-/// `proto::MAX_REPORT_LINE`: 4 MB, 34 s at 1 Mbit/s).
-const REPORT_DEADLINE: Duration = Duration::from_secs(60);
 
 /// The server's counts at the end of a test.
 pub struct Report {
@@ -310,14 +307,14 @@ impl Control {
     }
 
     /// Says `finish` and waits for the server's counts: up to `patience` for them to start or
-    /// to go on arriving, at most `REPORT_DEADLINE` in all. A 10-minute test's report is a
+    /// to go on arriving, at most `proto::REPORT_DEADLINE` in all. A 10-minute test's report is a
     /// megabyte or two (each download flow's acknowledged bytes every 10 ms; a UDP load's
     /// arrival profile): seconds on a slow download.
     pub fn finish(mut self, patience: Duration) -> Option<Report> {
         self.stream
             .write_all(&proto::encode_line(&ClientMsg::Finish))
             .ok()?;
-        let end = Instant::now() + REPORT_DEADLINE;
+        let end = Instant::now() + proto::REPORT_DEADLINE;
         let (mut taken, mut moved) = (self.received.load(Ordering::Relaxed), Instant::now());
         loop {
             let give_up = (moved + patience).min(end);

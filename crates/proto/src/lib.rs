@@ -27,5 +27,8 @@ pub const MAX_LINE: usize = 64 * 1024;
 /// Longest final report accepted: it carries a UDP load's arrival profile (a number per
 /// millisecond bucket; a 180 s test at 1 ms is about 1.3 MB).
 pub const MAX_REPORT_LINE: usize = 4 * 1024 * 1024;
+/// Both ends give the final report this long in all while its bytes keep moving (4 MB takes
+/// 34 s at 1 Mbit/s).
+pub const REPORT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub use bloatlab_units::marks::{dscp_name, parse_dscp, tally_tos};

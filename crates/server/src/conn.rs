@@ -19,10 +19,6 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{timeout, timeout_at, Instant};
 
-/// The final report may take this long to send in all while the client keeps taking it (at
-/// most `proto::MAX_REPORT_LINE`: 4 MB, 34 s at 1 Mbit/s).
-const REPORT_DEADLINE: Duration = Duration::from_secs(60);
-
 /// The next connection; out of descriptors or memory, it backs off instead of spinning.
 pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {
     loop {
@@ -288,7 +284,7 @@ async fn control(mut r: Reader, mut w: OwnedWriteHalf, ip: IpAddr, shared: Arc<S
                 // load's arrival profile): sent while the client takes it, within a minute.
                 let stall = Duration::from_secs(if req.udp_loads.is_empty() { 2 } else { 10 });
                 let report = session.report();
-                let _ = send_while_taken(&mut w, &report, stall, REPORT_DEADLINE).await;
+                let _ = send_while_taken(&mut w, &report, stall, proto::REPORT_DEADLINE).await;
             }
         }
     }
