@@ -559,7 +559,7 @@ fn compare_on_a_line(dir: &std::path::Path, line: &str, fix: &[&str], secs: &str
 /// fixed shapers beside it, and cake-autorate's law, on the moving presets.)
 #[test]
 fn on_a_line_that_slows_autorate_comes_down_to_it_and_keeps_the_delay_short() {
-    let _s = serial();
+    let _s = calm();
     let dir = tmp_path("ar-slows");
     std::fs::create_dir_all(&dir).unwrap();
     let (down, up) = (dir.join("down.txt"), dir.join("up.txt"));

@@ -230,7 +230,7 @@ fn harness_returns_exit_codes_and_says_in_one_line_why_it_failed() {
 /// Linux's pfifo, then through its cake, on a 20/5 Mbit/s line with 10 ms base RTT.
 #[test]
 fn rrul_through_the_kernels_pfifo_is_bloated_and_through_its_cake_is_not() {
-    let _s = serial();
+    let _s = calm();
     if !guest_ready() {
         return;
     }
