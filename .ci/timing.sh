@@ -1,9 +1,9 @@
-# Sourced by .ci/run: wall and CPU time of every phase and of every test, the test binaries two
+# Sourced by .ci/run: wall and CPU time of every phase and of every test, the test binaries three
 # at a time, and the closing tables that show what made CI slower. Records go to files, so
 # phases run in subshells and workers count too.
 ci_out=$PWD/target/ci
 mkdir -p "$ci_out"
-rm -f "$ci_out"/test-*.log "$ci_out"/done-*
+rm -f "$ci_out"/test-*.log
 : >"$ci_out/phases.tsv"
 : >"$ci_out/tests.tsv"
 : >"$ci_out/failed.txt"
@@ -38,28 +38,20 @@ timed() {
 }
 export -f timed ci_elapsed ci_jiffies
 
-# One test binary in its package's directory, as cargo test runs it, its output kept in a log
-# and printed whole when it ends (workers must not interleave). One test at a time: each
-# test's time from libtest's --report-time (unstable: RUSTC_BOOTSTRAP for this process only,
-# not for rustc) is then its own, not a wait for the shared lock of common::serial().
+# One test binary (or the tests of it that ARGS select) in its package's directory, as cargo
+# test runs it, its output kept in a log and printed whole when it ends (workers must not
+# interleave). One test at a time: each test's time from libtest's --report-time (unstable:
+# RUSTC_BOOTSTRAP for this process only, not for rustc) is then its own, not a wait for the
+# shared lock of common::serial().
 run_test_binary() {
-  local dir=$1 exe=$2 label=$3 log rc=0
-  log="$ci_out/test-$(basename "$exe").log"
-  (cd "$dir" && RUSTC_BOOTSTRAP=1 "$exe" -Z unstable-options --report-time --test-threads=1) >"$log" 2>&1 || rc=$?
+  local dir=$1 exe=$2 label=$3 log=$4 rc=0
+  shift 4
+  log="$ci_out/test-$log.log"
+  (cd "$dir" && RUSTC_BOOTSTRAP=1 "$exe" -Z unstable-options --report-time --test-threads=1 "$@") >"$log" 2>&1 || rc=$?
   flock "$ci_out/print.lock" cat "$log"
   # "test NAME ... ok <1.234s>"
   sed -nE 's/^test (.+) \.\.\. (ok|FAILED) <([0-9.]+)s>$/\3\t'"${label//\//\\/}"': \1/p' "$log" >>"$ci_out/tests.tsv"
-  touch "$ci_out/done-${label//[^A-Za-z0-9_.-]/_}"
   return $rc
-}
-
-# ci_after_tests LABEL...: returns once the test binaries LABEL (package/target) have ended, or
-# all of them have (a label that names no binary waits no longer than that).
-ci_after_tests() {
-  local label
-  for label in "$@"; do
-    while [ ! -e "$ci_out/done-${label//[^A-Za-z0-9_.-]/_}" ] && [ ! -e "$ci_out/done-all" ]; do sleep 1; done
-  done
 }
 
 # Takes the first line of queue file $1 under a lock and prints it; nothing once it is empty.
@@ -67,47 +59,73 @@ ci_pop() {
   flock "$1.lock" sh -c 'head -n1 "$1"; sed -i 1d "$1"' _ "$1"
 }
 
-# One worker: test binaries from the queue until it is empty; all run even when one fails, so
-# one CI run shows every failure (failed.txt names them).
+# One worker: rows of queue file $1 (a test binary, or one test of it) until it is empty; all
+# run even when one fails, so one CI run shows every failure (failed.txt names them).
 run_worker() {
-  local row dir name exe label
-  while row=$(ci_pop "$ci_out/queue.tsv") && [ -n "$row" ]; do
-    IFS=$'\t' read -r dir name exe label <<<"$row"
-    timed "test: $label" run_test_binary "$dir" "$exe" "$label" || echo "$label" >>"$ci_out/failed.txt"
+  local row dir exe label log args
+  while row=$(ci_pop "$1") && [ -n "$row" ]; do
+    IFS=$'\t' read -r dir exe label log args <<<"$row"
+    # The arguments are test names and libtest's flags: no spaces, no quotes.
+    # shellcheck disable=SC2086
+    timed "test: $label" run_test_binary "$dir" "$exe" "$label" "$log" $args ||
+      echo "$label" >>"$ci_out/failed.txt"
   done
 }
 
-# run_test_binaries ARTIFACTS ORDER...: every test binary in cargo's artifact messages, three
-# at a time (CI_WORKERS; on 2 cores: the lab's emulator and the kernel's qdiscs mostly wait on
-# the clock, the machine was 30-40% busy with two, BENCHMARKS.md). Within a binary its tests
-# take turns (common::serial()); a test that needs the machine to itself (common::quiet(),
-# common::alone()) waits for the other binaries' tests to end and holds off their next ones.
-# The binaries named in ORDER (package/target) first, in that order (longest first balances
-# the workers), then the rest (the unit tests). Fails when any test did.
+# run_test_binaries ARTIFACTS ORDER...: every test binary in cargo's artifact messages, in two
+# phases. First, one at a time, the tests that need the machine to themselves (those that call
+# common::quiet() or common::alone(): CPU per gigabit, the guest's timers, Chromium's clock):
+# scheduled among the others, each one waited for the tests already running to end (a guest
+# test of 140 s, say) while the workers idled behind it, and the waits were minutes of a slow
+# host's CI. Then the rest, three binaries at a time (CI_WORKERS; on 2 cores: the lab's
+# emulator and the kernel's qdiscs mostly wait on the clock, the machine was 30-40% busy with
+# two, BENCHMARKS.md), each binary without its first-phase tests; within a binary its tests
+# take turns (common::serial()). The binaries named in ORDER (package/target) first, in that
+# order (longest first balances the workers), then the rest (the unit tests). Fails when any
+# test did.
 run_test_binaries() {
   local artifacts=$1
   shift
   python3 -c '
-import json, os, sys
+import json, os, re, sys
 order = sys.argv[2:]
-rows = []
+
+def machine_tests(src):
+    """The #[test] functions of a test file whose bodies take the machine (tests/common)."""
+    names = []
+    for part in re.split(r"\n#\[test\]\n", open(src).read())[1:]:
+        m = re.match(r"\s*fn\s+(\w+)", part)
+        # rustfmt closes a top-level function with a brace in column 0.
+        if m and re.search(r"\b(quiet|alone)\(\)", part.split("\n}\n")[0]):
+            names.append(m.group(1))
+    return names
+
+rows, first = [], []
 for line in open(sys.argv[1]):
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         pkg, kind, name = os.path.basename(os.path.dirname(m["manifest_path"])), m["target"]["kind"][0], m["target"]["name"]
         label = f"{pkg}/{name}" if kind == "test" else f"{pkg} ({kind})"
-        rows.append((order.index(label) if label in order else len(order), "\t".join([os.path.dirname(m["manifest_path"]), name, m["executable"], label])))
+        exe, where = m["executable"], os.path.dirname(m["manifest_path"])
+        log = os.path.basename(exe)
+        alone = machine_tests(m["target"]["src_path"]) if kind == "test" else []
+        for t in alone:
+            first.append("\t".join([where, exe, f"{label} {t}", f"{log}-{t}", f"--exact {t}"]))
+        skip = " ".join(["--exact"] + [f"--skip {t}" for t in alone]) if alone else ""
+        rows.append((order.index(label) if label in order else len(order), "\t".join([where, exe, label, log, skip])))
+with open(os.path.join(os.environ["ci_out"], "queue-alone.tsv"), "w") as f:
+    f.writelines(r + "\n" for r in first)
 with open(os.path.join(os.environ["ci_out"], "queue.tsv"), "w") as f:
     f.writelines(r + "\n" for _, r in sorted(rows, key=lambda r: r[0]))
 ' "$artifacts" "$@"
+  timed "tests: those that take the machine, one at a time" run_worker "$ci_out/queue-alone.tsv"
   local pids=() i
   for ((i = 1; i < ${CI_WORKERS:-3}; i++)); do
-    run_worker &
+    run_worker "$ci_out/queue.tsv" &
     pids+=($!)
   done
-  run_worker
+  run_worker "$ci_out/queue.tsv"
   [ ${#pids[@]} = 0 ] || wait "${pids[@]}"
-  touch "$ci_out/done-all"
   [ ! -s "$ci_out/failed.txt" ]
 }
 

@@ -8,6 +8,8 @@
 #                                              wall time is kept as a slow unit (default 10)
 #                                              FUZZ_SANITIZER=address: under AddressSanitizer
 #                                              (default none)
+#                                              FUZZ_DEV=1: unoptimized, as CI builds it (a
+#                                              third of the build, far fewer inputs a second)
 #
 # No sanitizer by default: the parsers are safe Rust (bounds checked, no `unsafe` in them), so
 # a bad index panics and libFuzzer reports it as a crash either way; AddressSanitizer would add
@@ -33,7 +35,10 @@ if ! command -v cargo-fuzz >/dev/null; then
 fi
 export RUSTC_BOOTSTRAP=1 # cargo fuzz's -Z flags on the stable toolchain
 sanitizer=${FUZZ_SANITIZER:-none}
-timed "fuzz: build" cargo fuzz build --sanitizer "$sanitizer"
+dev=
+case "${FUZZ_DEV:-0}" in 0) ;; 1) dev=--dev ;; *) echo "fuzz.sh: FUZZ_DEV must be 0 or 1, got '$FUZZ_DEV'" >&2; exit 2 ;; esac
+# shellcheck disable=SC2086 # $dev is one flag or none
+timed "fuzz: build${dev:+ (unoptimized)}" cargo fuzz build $dev --sanitizer "$sanitizer"
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo fuzz list)
 
@@ -44,7 +49,7 @@ fuzz_target() {
   mkdir -p "corpus/$target"
   log=$(mktemp)
   # libFuzzer's own lines are thousands; keep its verdict and any crash.
-  timed "fuzz: $target ${seconds} s" bash -c 'cargo fuzz run --sanitizer "$0" "$@" 2>&1 | grep -E "^Done|SUMMARY|panicked" || true' "$sanitizer" \
+  timed "fuzz: $target ${seconds} s" bash -c 'cargo fuzz run $dev --sanitizer "$0" "$@" 2>&1 | grep -E "^Done|SUMMARY|panicked" || true' "$sanitizer" \
     "$target" "corpus/$target" "${seeds[@]}" -- -max_total_time="$seconds" \
     -report_slow_units="$slow" >"$log" 2>&1
   cat "$log"
@@ -56,5 +61,5 @@ fuzz_target() {
 }
 export -f fuzz_target
 declare -F timed >/dev/null && export -f timed
-export seconds slow sanitizer
+export seconds slow sanitizer dev
 printf '%s\n' "${targets[@]}" | xargs -P "$jobs" -I{} bash -c 'fuzz_target "$1"' _ {}
