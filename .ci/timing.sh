@@ -50,7 +50,9 @@ run_test_binary() {
   (cd "$dir" && RUSTC_BOOTSTRAP=1 "$exe" -Z unstable-options --report-time --test-threads=1 "$@") >"$log" 2>&1 || rc=$?
   flock "$ci_out/print.lock" cat "$log"
   # "test NAME ... ok <1.234s>"
-  sed -nE 's/^test (.+) \.\.\. (ok|FAILED) <([0-9.]+)s>$/\3\t'"${label//\//\\/}"': \1/p' "$log" >>"$ci_out/tests.tsv"
+  # The label's binary: a first-phase label also names its test, which the line names anyway.
+  local binary=${label%% *}
+  sed -nE 's/^test (.+) \.\.\. (ok|FAILED) <([0-9.]+)s>$/\3\t'"${binary//\//\\/}"': \1/p' "$log" >>"$ci_out/tests.tsv"
   return $rc
 }
 

@@ -949,10 +949,13 @@ fn lab_and_kernel_cake_share_by_host_and_by_flow_alike() {
                 "{side}, {mode}, {servers}: 8 flows / 1 flow = {got:.2}, want about {ratio}"
             );
         }
-        // And the lab's split is the kernel's (measured within 14%: 1.03 against 1.18 per host).
+        // And the lab's split is the kernel's: measured within 14% alone (1.03 against 1.18 per
+        // host). The guest's lone flow is the first to lose when the host is busy: beside one
+        // busy process of normal priority (CI's other workers) the kernel split 1.30-1.45
+        // (BENCHMARKS.md), so 35%. Sharing per flow where the other shares per host is 8x apart.
         let (kr, lr) = (k8 / k1, l8 / l1);
         assert!(
-            (lr / kr - 1.0).abs() < 0.25,
+            (lr / kr - 1.0).abs() < 0.35,
             "{mode}, {servers}: the lab splits {lr:.2}:1, the kernel {kr:.2}:1"
         );
     }

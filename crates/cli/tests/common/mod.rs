@@ -664,8 +664,10 @@ impl LabUp {
         args: &[&str],
     ) -> (serde_json::Value, serde_json::Value) {
         let p = self.exec(host);
+        // The host in the name too: two hosts may run the same test at once (lab.rs's l4s test:
+        // one file for both made one's write fail and the other's read half a file).
         let out_file = tmp_path(&format!(
-            "{}-{}.json",
+            "{}-{host}-{}.json",
             self.name,
             args.join("_").replace(['/', ' ', ':'], "")
         ));
