@@ -614,7 +614,7 @@ both = { delay = "10ms" }
         .filter(|e| {
             e.file_name()
                 .to_string_lossy()
-                .starts_with("chain-tcp-down")
+                .starts_with("chain-laptop-tcp-down")
         })
         .collect();
     let r: serde_json::Value =
