@@ -122,7 +122,7 @@ with open(os.path.join(os.environ["ci_out"], "queue.tsv"), "w") as f:
 ' "$artifacts" "$@"
   timed "tests: those that take the machine, one at a time" run_worker "$ci_out/queue-alone.tsv"
   local pids=() i
-  for ((i = 1; i < ${CI_WORKERS:-4}; i++)); do
+  for ((i = 1; i < ${CI_WORKERS:-3}; i++)); do
     run_worker "$ci_out/queue.tsv" &
     pids+=($!)
   done
