@@ -625,7 +625,10 @@ fn be_added(v: &serde_json::Value) -> f64 {
 /// packet on top of the IP packet, as HTB counts the Ethernet header.
 #[test]
 fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
-    let _s = serial();
+    // Beside other binaries' tests on a slow host the guest's fq_codel added 2.8-5.7 ms to
+    // best-effort probes (the lab 0.4; both runs, the second included): the reference must
+    // not lose the CPU to them (BENCHMARKS.md).
+    let _s = quiet();
     if !guest_ready() {
         return;
     }
@@ -811,7 +814,10 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
 /// per host like `dual-srchost`.
 #[test]
 fn lab_and_kernel_cake_share_by_host_and_by_flow_alike() {
-    let _s = serial();
+    // One busy neighbour of normal priority moves the guest's splits, and on a slow host
+    // beside CI's other workers its CAKE fell short of the rate (13.9 of 19.1 Mbit/s):
+    // the reference must not lose the CPU to them (BENCHMARKS.md).
+    let _s = quiet();
     if !guest_ready() {
         return;
     }
