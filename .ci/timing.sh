@@ -1,4 +1,4 @@
-# Sourced by .ci/run: wall and CPU time of every phase and of every test, the test binaries three
+# Sourced by .ci/run: wall and CPU time of every phase and of every test, the test binaries four
 # at a time, and the closing tables that show what made CI slower. Records go to files, so
 # phases run in subshells and workers count too.
 ci_out=$PWD/target/ci
@@ -79,9 +79,10 @@ run_worker() {
 # common::quiet() or common::alone(): CPU per gigabit, the guest's timers, Chromium's clock):
 # scheduled among the others, each one waited for the tests already running to end (a guest
 # test of 140 s, say) while the workers idled behind it, and the waits were minutes of a slow
-# host's CI. Then the rest, three binaries at a time (CI_WORKERS; on 2 cores: the lab's
-# emulator and the kernel's qdiscs mostly wait on the clock, the machine was 30-40% busy with
-# two, BENCHMARKS.md), each binary without its first-phase tests; within a binary its tests
+# host's CI. Then the rest, four binaries at a time (CI_WORKERS; on 2 cores: the lab's
+# emulator and the kernel's qdiscs mostly wait on the clock, the tests kept 0.7 of the 2 cores
+# busy with three, BENCHMARKS.md; the guest runs at real-time priority, the lab's forwarders
+# too), each binary without its first-phase tests; within a binary its tests
 # take turns (common::serial()). The binaries named in ORDER (package/target) first, in that
 # order (longest first balances the workers), then the rest (the unit tests). Fails when any
 # test did.
@@ -122,7 +123,7 @@ with open(os.path.join(os.environ["ci_out"], "queue.tsv"), "w") as f:
 ' "$artifacts" "$@"
   timed "tests: those that take the machine, one at a time" run_worker "$ci_out/queue-alone.tsv"
   local pids=() i
-  for ((i = 1; i < ${CI_WORKERS:-3}; i++)); do
+  for ((i = 1; i < ${CI_WORKERS:-4}; i++)); do
     run_worker "$ci_out/queue.tsv" &
     pids+=($!)
   done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The router build: one static (musl) bloatlab for an OpenWrt-class device, as small as it gets.
 #
-#   scripts/build-router.sh TARGET [--features LIST] [--check]
+#   scripts/build-router.sh TARGET [--features LIST] [--dev] [--check]
 #
 # TARGET: aarch64-unknown-linux-musl, armv7-unknown-linux-musleabihf, x86_64-unknown-linux-musl
 # (mipsel-unknown-linux-musl is tried the same way; see BENCHMARKS.md for what it gives).
@@ -9,7 +9,9 @@
 # crates/cli says what each costs). The binary lands in target/TARGET/router/bloatlab; its size
 # is printed. --check then runs it (qemu-user for another CPU) against this machine's own
 # bloatlab: --version, `test ping`, `test rrul-be -l 3` to a server on loopback, and `config
-# tc-cake` byte for byte against the host's (needs target/release/bloatlab built).
+# tc-cake` byte for byte against the host's (needs target/release/bloatlab built). --dev builds
+# the same features unoptimized (profile router-dev, target/TARGET/router-dev/bloatlab): half
+# the CPU, for CI's check that they build for the target and run, not for a router.
 #
 # How (each saves what a router's flash and RAM pay for):
 # - the C parts (ring, SQLite) cross-compile with zig's C compiler for the target's musl
@@ -23,14 +25,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-target=${1:?usage: scripts/build-router.sh TARGET [--features LIST] [--check]}
+target=${1:?usage: scripts/build-router.sh TARGET [--features LIST] [--dev] [--check]}
 shift
 features=router
 check=0
+profile=router
 while [ $# -gt 0 ]; do
   case $1 in
     --features) features="router,${2:?--features needs a list}"; shift 2 ;;
     --check) check=1; shift ;;
+    --dev) profile=router-dev; shift ;;
     *) echo "build-router: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -55,11 +59,11 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C force-unwind-tables=no -Z location-detail=none -C link-self-contained=no"
 # 32-bit ARM: Thumb-2, as the thumbv7 targets are, a fifth smaller than ARM code.
 case $target in armv7-*) RUSTFLAGS="$RUSTFLAGS -C target-feature=+thumb-mode" ;; esac
-cargo zigbuild --locked --profile router --target "$target" -p bloatlab \
+cargo zigbuild --locked --profile "$profile" --target "$target" -p bloatlab \
   --no-default-features --features "$features" \
   -Z build-std=std,panic_abort -Z build-std-features=optimize_for_size
 
-bin=$CARGO_TARGET_DIR/$target/router/bloatlab
+bin=$CARGO_TARGET_DIR/$target/$profile/bloatlab
 size=$(stat -c %s "$bin")
 echo "build-router: $bin: $size bytes ($(awk -v s="$size" 'BEGIN { printf "%.2f", s / 1048576 }') MiB), features $features"
 

@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# Every parser of untrusted input under libFuzzer, each target for SECONDS (default 10, as CI
-# runs them; an hour a target finds what CI's seconds cannot), from its corpus and the seeds in
-# fuzz/seeds. Installs cargo-fuzz when it is missing; one build serves every target.
+# Every parser of untrusted input under libFuzzer, each target for SECONDS (default 10; an hour
+# a target finds what CI's mutations cannot), from its corpus and the seeds in fuzz/seeds. Each
+# target calls its case in crates/fuzz-cases, whose tests (CI's) run it on the seeds and 4000
+# mutations of them. Installs cargo-fuzz when it is missing; one build serves every target.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]      FUZZ_JOBS=N: N targets at a time (default 1)
 #                                              FUZZ_SLOW_UNIT_S=N: an input that takes N s of
 #                                              wall time is kept as a slow unit (default 10)
 #                                              FUZZ_SANITIZER=address: under AddressSanitizer
 #                                              (default none)
-#                                              FUZZ_DEV=1: unoptimized, as CI builds it (a
-#                                              third of the build, far fewer inputs a second)
 #
 # No sanitizer by default: the parsers are safe Rust (bounds checked, no `unsafe` in them), so
 # a bad index panics and libFuzzer reports it as a crash either way; AddressSanitizer would add
@@ -35,10 +34,7 @@ if ! command -v cargo-fuzz >/dev/null; then
 fi
 export RUSTC_BOOTSTRAP=1 # cargo fuzz's -Z flags on the stable toolchain
 sanitizer=${FUZZ_SANITIZER:-none}
-dev=
-case "${FUZZ_DEV:-0}" in 0) ;; 1) dev=--dev ;; *) echo "fuzz.sh: FUZZ_DEV must be 0 or 1, got '$FUZZ_DEV'" >&2; exit 2 ;; esac
-# shellcheck disable=SC2086 # $dev is one flag or none
-timed "fuzz: build${dev:+ (unoptimized)}" cargo fuzz build $dev --sanitizer "$sanitizer"
+timed "fuzz: build" cargo fuzz build --sanitizer "$sanitizer"
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo fuzz list)
 
@@ -49,7 +45,7 @@ fuzz_target() {
   mkdir -p "corpus/$target"
   log=$(mktemp)
   # libFuzzer's own lines are thousands; keep its verdict and any crash.
-  timed "fuzz: $target ${seconds} s" bash -c 'cargo fuzz run $dev --sanitizer "$0" "$@" 2>&1 | grep -E "^Done|SUMMARY|panicked" || true' "$sanitizer" \
+  timed "fuzz: $target ${seconds} s" bash -c 'cargo fuzz run --sanitizer "$0" "$@" 2>&1 | grep -E "^Done|SUMMARY|panicked" || true' "$sanitizer" \
     "$target" "corpus/$target" "${seeds[@]}" -- -max_total_time="$seconds" \
     -report_slow_units="$slow" >"$log" 2>&1
   cat "$log"
@@ -61,5 +57,5 @@ fuzz_target() {
 }
 export -f fuzz_target
 declare -F timed >/dev/null && export -f timed
-export seconds slow sanitizer dev
+export seconds slow sanitizer
 printf '%s\n' "${targets[@]}" | xargs -P "$jobs" -I{} bash -c 'fuzz_target "$1"' _ {}

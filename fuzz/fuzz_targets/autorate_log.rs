@@ -1,11 +1,3 @@
-//! autorate logs are opened by `report`: parsing any bytes, and rendering whatever reads as a
-//! log, must never panic.
+//! libFuzzer's entry for `bloatlab_fuzz_cases::autorate_log`, where the property and its reasons are.
 #![no_main]
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    if let Ok((header, lines)) = bloatlab_result::autorate::read_log(&String::from_utf8_lossy(data))
-    {
-        let _ = bloatlab_report::html::render_autorate(&header, &lines);
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| bloatlab_fuzz_cases::autorate_log(data));

@@ -1,15 +1,3 @@
-//! Result files are shared and opened by `report`, `plot` and `export`: parsing any bytes, and
-//! summarising, exporting and rendering whatever parses, must never panic.
+//! libFuzzer's entry for `bloatlab_fuzz_cases::result_file`, where the property and its reasons are.
 #![no_main]
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    let Ok(r) = bloatlab_result::parse(data) else {
-        return;
-    };
-    let _ = bloatlab_analyze::summarize(&r);
-    let _ = bloatlab_report::export::to_csv(&r);
-    let _ = bloatlab_report::export::to_flent(&r);
-    let view = bloatlab_report::view::RunView::new(&r, "fuzz");
-    let _ = bloatlab_report::html::render(&[view]);
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| bloatlab_fuzz_cases::result_file(data));

@@ -23,14 +23,13 @@ pub fn serial() -> Serial {
 }
 
 /// As [`serial`], and no test of another binary runs meanwhile: for a test whose physics are
-/// the whole machine's (the emulated guest's idle timers, CPU per gigabit, vm.dirty_* and the
-/// dirty pages). It waits for the test running beside it to end, and none starts until it has.
+/// the whole machine's (CPU per gigabit, vm.dirty_* and the dirty pages). It waits for the test running beside it to end, and none starts until it has.
 pub fn quiet() -> Serial {
     take_turn(true)
 }
 
-/// As [`quiet`] for other tests, but CI's idle-priority fuzz job goes on meanwhile (it holds
-/// `bloatlab-tests-alone.lock`, which CI's pause loop reads as "leave the fuzz job running"):
+/// As [`quiet`] for other tests, but CI's idle-priority router build goes on meanwhile (it holds
+/// `bloatlab-tests-alone.lock`, which CI's pause loop reads as "leave the build running"):
 /// for a test that needs the CPU other tests would take (a browser's timers) and not the
 /// whole machine's quiet (SCHED_IDLE work yields to it).
 pub fn alone() -> Serial {
@@ -43,7 +42,7 @@ pub fn alone() -> Serial {
 
 /// As [`serial`] (other binaries' tests run beside it), but CI's idle-priority builds stop
 /// meanwhile (it holds `bloatlab-tests-calm.lock` shared, which CI's pause loop reads as "stop
-/// the fuzz job"): for a test whose emulated clock falls behind beside a build even at idle
+/// the build"): for a test whose emulated clock falls behind beside a build even at idle
 /// priority. On a host half as fast as most, in CI, the guest's CAKE added 87 ms to rrul's
 /// probes (under 15 alone) and the lab's autorate run read +376 ms (+77 alone).
 pub fn calm() -> Serial {
