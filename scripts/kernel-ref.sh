@@ -22,8 +22,8 @@
 # Cache: $KERNEL_REF_CACHE (default ~/.cache/bloatlab-kernel-ref) keeps the kernel and the
 # initramfs; nothing else is left behind but DIR. $KERNEL_REF_PACKAGE names another kernel
 # package than linux-image-amd64's; $KERNEL_REF_APPEND adds to the kernel command line.
-# qemu runs at real-time priority SCHED_RR $KERNEL_REF_RT (default 5; 0: as the caller runs)
-# where the caller may set it (root).
+# $KERNEL_REF_SMP sets the guest's CPUs (default 2); $KERNEL_REF_RT=N runs qemu at real-time
+# priority SCHED_RR N where the caller may set it (root; default 0: as the caller runs).
 set -uo pipefail
 
 out=./kernel-ref-out
@@ -234,12 +234,13 @@ done
 [ ${#taps[@]} -gt 0 ] || net=(-nic none)
 
 pin=(); [ -n "${KERNEL_REF_CPUS:-}" ] && pin=(taskset -c "$KERNEL_REF_CPUS")
-# Real-time priority (SCHED_RR, under the lab's forwarders at SCHED_FIFO 10): the guest's
-# timers are its qdiscs' clock, and beside a busy process of normal priority they fell behind
-# (CAKE's splits 1.30-1.39:1 where the lab's read 1.04; rrul through its CAKE +19.7 ms, under
-# 15 alone). At RR 5 beside that busy process: 1.12:1, and rrul passed. TCG's vCPU threads
-# sleep while the guest is idle, so it takes only the CPU its work needs.
-rt=${KERNEL_REF_RT:-5}
+# Real-time priority (KERNEL_REF_RT: SCHED_RR, under the lab's forwarders at SCHED_FIFO 10):
+# the guest's timers are its qdiscs' clock, and beside a busy process of normal priority they
+# fell behind (CAKE's splits 1.30-1.39:1 where the lab's read 1.04; rrul through its CAKE
+# +19.7 ms, under 15 alone); at RR 5, 1.12:1 and rrul passed. TCG's vCPU threads sleep while
+# the guest is idle, but each busy one holds a core: with two, the processes beside it starve
+# (the tests use one, KERNEL_REF_SMP=1).
+rt=${KERNEL_REF_RT:-0}
 case "$rt" in *[!0-9]*|'') die "KERNEL_REF_RT must be a priority 1-99 or 0, got '$rt'" ;; esac
 [ "$rt" != 0 ] && chrt -r "$rt" true 2>/dev/null && pin=(chrt -r "$rt" "${pin[@]}")
 kernel=$cache/current/vmlinuz

@@ -184,7 +184,7 @@ fn harness_returns_exit_codes_and_says_in_one_line_why_it_failed() {
 
     // A guest that cannot boot and a kernel that cannot be fetched: exit 125 and one line why.
     let harness = |env: &[(&str, &str)]| {
-        let mut c = std::process::Command::new(script("kernel-ref.sh"));
+        let (mut c, _lock) = kernel_ref_sh();
         c.args([
             "--out",
             dir.0.to_str().unwrap(),
@@ -379,8 +379,8 @@ fn the_kernels_modem_hop_sets_the_rate_and_holds_the_queue() {
 fn fq_paces_a_udp_load_that_the_sender_hands_over_in_bursts() {
     // The guest's fq releases packets from its timers: with the other core busy they fired in
     // bursts (a CI run beside the lab's tests: 2060 of 9766 packets skipped, the receiver's
-    // p99 bucket 4.7x its mean) until qemu ran at real-time priority (scripts/kernel-ref.sh):
-    // beside a busy loop, 0 skipped, p99 2.0-2.5x.
+    // p99 bucket 4.7x its mean) until qemu ran at real-time priority (kernel_ref_sh): beside
+    // a busy loop, 0 skipped, p99 2.0-2.5x.
     let _s = calm();
     if !guest_ready() {
         return;
@@ -627,8 +627,8 @@ fn be_added(v: &serde_json::Value) -> f64 {
 #[test]
 fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
     // Beside other binaries' tests on a slow host the guest's fq_codel added 2.8-5.7 ms to
-    // best-effort probes (the lab 0.4) until qemu ran at real-time priority
-    // (scripts/kernel-ref.sh): beside a busy loop, 0.03-0.28 ms (BENCHMARKS.md).
+    // best-effort probes (the lab 0.4) until qemu ran at real-time priority (kernel_ref_sh):
+    // beside a busy loop, 0.03-0.28 ms (BENCHMARKS.md).
     let _s = calm();
     if !guest_ready() {
         return;
@@ -817,7 +817,7 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
 fn lab_and_kernel_cake_share_by_host_and_by_flow_alike() {
     // One busy neighbour of normal priority moved the guest's splits (1.30-1.39:1), and on a
     // slow host beside CI's other workers its CAKE fell short of the rate (13.9 of 19.1
-    // Mbit/s), until qemu ran at real-time priority (scripts/kernel-ref.sh): 1.12:1 beside a
+    // Mbit/s), until qemu ran at real-time priority (kernel_ref_sh): 1.12-1.15:1 beside a
     // busy loop (BENCHMARKS.md).
     let _s = calm();
     if !guest_ready() {
@@ -960,7 +960,7 @@ fn lab_and_kernel_cake_share_by_host_and_by_flow_alike() {
         // And the lab's split is the kernel's: measured within 14% alone (1.03 against 1.18 per
         // host). The guest's lone flow is the first to lose when the host is busy: beside one
         // busy process of normal priority (CI's other workers) the kernel split 1.30-1.45, and
-        // 1.12 once qemu ran at real-time priority (BENCHMARKS.md); 35% leaves CI's workers
+        // 1.12-1.15 once qemu ran at real-time priority (BENCHMARKS.md); 35% leaves CI's workers
         // room. Sharing per flow where the other shares per host is 8x apart.
         let (kr, lr) = (k8 / k1, l8 / l1);
         assert!(
