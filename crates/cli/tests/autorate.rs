@@ -560,6 +560,7 @@ fn compare_on_a_line(dir: &std::path::Path, line: &str, fix: &[&str], secs: &str
 #[test]
 fn on_a_line_that_slows_autorate_comes_down_to_it_and_keeps_the_delay_short() {
     let _s = calm();
+    let _guest = without_guest();
     let dir = tmp_path("ar-slows");
     std::fs::create_dir_all(&dir).unwrap();
     let (down, up) = (dir.join("down.txt"), dir.join("up.txt"));

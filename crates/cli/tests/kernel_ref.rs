@@ -377,11 +377,11 @@ fn the_kernels_modem_hop_sets_the_rate_and_holds_the_queue() {
 /// pace as on a NIC. Measured: sender p99 bucket 16x its mean, receiver 2.5x.
 #[test]
 fn fq_paces_a_udp_load_that_the_sender_hands_over_in_bursts() {
-    // The guest's fq releases packets from its timers: with the other core busy they fired in
-    // bursts (a CI run beside the lab's tests: 2060 of 9766 packets skipped, the receiver's
-    // p99 bucket 4.7x its mean) until qemu ran at real-time priority (kernel_ref_sh): beside
-    // a busy loop, 0 skipped, p99 2.0-2.5x.
-    let _s = calm();
+    // The guest's fq releases packets from its timers, and its sender runs in the guest: with
+    // the other core busy they fell behind (a CI run beside the lab's tests: 2060 of 9766
+    // packets skipped, the receiver's p99 bucket 4.7x its mean; with qemu at real-time
+    // priority and one vCPU, beside three workers, 1277 skipped, 4.3x).
+    let _s = quiet();
     if !guest_ready() {
         return;
     }

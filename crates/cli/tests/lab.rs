@@ -231,6 +231,7 @@ fn a_saturated_link_keeps_its_standing_queue_in_the_model_not_in_the_tun_device(
 #[test]
 fn a_driver_ring_below_fq_codel_holds_its_drain_time_and_bql_or_a_short_ring_cures_it() {
     let _g = serial();
+    let _guest = without_guest();
     let Some(lab) = LabUp::preset("ring", "wifi-ring") else {
         return;
     };
@@ -826,6 +827,7 @@ fn demo_measures_locates_advises_applies_and_verifies() {
 #[test]
 fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting() {
     let _g = serial();
+    let _guest = without_guest();
     if unsafe { libc::geteuid() } != 0 {
         return missing("the lab needs root");
     }

@@ -53,7 +53,7 @@ pub fn unavailable() -> Option<String> {
 /// priority it took both cores from the tests beside it (the host kernel's HTB carried 17.4 of
 /// 20 Mbit/s to a test in another binary).
 pub fn kernel_ref_sh() -> (Command, std::fs::File) {
-    let lock = super::locked("bloatlab-tests-guest.lock", true);
+    let lock = super::without_guest();
     let mut c = Command::new(script("kernel-ref.sh"));
     c.env("KERNEL_REF_RT", "5").env("KERNEL_REF_SMP", "1");
     (c, lock)
