@@ -230,8 +230,10 @@ fn a_saturated_link_keeps_its_standing_queue_in_the_model_not_in_the_tun_device(
 /// after each drop.)
 #[test]
 fn a_driver_ring_below_fq_codel_holds_its_drain_time_and_bql_or_a_short_ring_cures_it() {
-    let _g = serial();
-    let _guest = without_guest();
+    // A paced sender that falls behind lets fq_codel run dry and the ring fill less: beside
+    // three other CI workers a 10-entry ring held 11.7 and 12.7 of its 18.6 ms (twice), with
+    // no guest beside it the second time.
+    let _g = quiet();
     let Some(lab) = LabUp::preset("ring", "wifi-ring") else {
         return;
     };

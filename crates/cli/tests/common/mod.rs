@@ -56,10 +56,9 @@ pub fn calm() -> Serial {
 
 /// The machine's guest lock, held until dropped: no kernel-reference guest runs meanwhile
 /// (`kernel_ref::kernel_ref_sh` takes it for each guest). For a test that a busy guest starves:
-/// its qemu runs at real-time priority, and beside it in CI a lab's 10-entry ring held 11.7 of
-/// its 18.6 ms (the sender fell behind), the lab's fq_codel added +23 ms (9.8 alone) and
-/// autorate carried 40% of a line that slows. Taken after the test's turn (`serial()`,
-/// `calm()`), as the guest's tests take it.
+/// its qemu runs at real-time priority, and beside it in CI the lab's fq_codel added +23 ms to
+/// the cable preset's probes (9.8 alone) and autorate carried 40% of a line that slows. Taken
+/// after the test's turn (`serial()`, `calm()`), as the guest's tests take it.
 pub fn without_guest() -> std::fs::File {
     locked("bloatlab-tests-guest.lock", true)
 }
