@@ -84,22 +84,14 @@ run_worker() {
 # busy with three, BENCHMARKS.md; the guest runs at real-time priority, the lab's forwarders
 # too), each binary without its first-phase tests; within a binary its tests
 # take turns (common::serial()). The binaries named in ORDER (package/target) first, in that
-# order (longest first balances the workers), then the rest (the unit tests). An ORDER entry
-# package/target=TEST,TEST... is a row of its own for those tests of the binary, which its
-# other row then skips: a binary too long for one worker (the guest's, whose tests take turns
-# at the guest through common::kernel_ref's lock, each test's lab part beside the other's
-# guest). Fails when any test did.
+# order (longest first balances the workers), then the rest (the unit tests). Fails when any
+# test did.
 run_test_binaries() {
   local artifacts=$1
   shift
   python3 -c '
 import json, os, re, sys
 order = sys.argv[2:]
-split = {}
-for o in sys.argv[2:]:
-    if "=" in o:
-        label, names = o.split("=", 1)
-        split.setdefault(label, []).append((o, names.split(",")))
 
 def machine_tests(src):
     """The #[test] functions of a test file whose bodies take the machine (tests/common)."""
@@ -122,12 +114,7 @@ for line in open(sys.argv[1]):
         alone = machine_tests(m["target"]["src_path"]) if kind == "test" else []
         for t in alone:
             first.append("\t".join([where, exe, f"{label} {t}", f"{log}-{t}", f"--exact {t}"]))
-        apart = []
-        for i, (entry, names) in enumerate(split.get(label, [])):
-            apart += names
-            rows.append((order.index(entry), "\t".join([where, exe, f"{label} ({len(names)} tests)", f"{log}-part{i}", " ".join(["--exact"] + names)])))
-        skips = alone + apart
-        skip = " ".join(["--exact"] + [f"--skip {t}" for t in skips]) if skips else ""
+        skip = " ".join(["--exact"] + [f"--skip {t}" for t in alone]) if alone else ""
         rows.append((order.index(label) if label in order else len(order), "\t".join([where, exe, label, log, skip])))
 with open(os.path.join(os.environ["ci_out"], "queue-alone.tsv"), "w") as f:
     f.writelines(r + "\n" for r in first)
