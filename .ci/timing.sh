@@ -81,8 +81,8 @@ run_worker() {
 # test of 140 s, say) while the workers idled behind it, and the waits were minutes of a slow
 # host's CI. Then the rest, four binaries at a time (CI_WORKERS; on 2 cores: the lab's
 # emulator and the kernel's qdiscs mostly wait on the clock, the tests kept 0.7 of the 2 cores
-# busy with three, BENCHMARKS.md; the guest runs at real-time priority, the lab's forwarders
-# too), each binary without its first-phase tests; within a binary its tests
+# busy with three, BENCHMARKS.md; the guest as a router at real-time priority, the lab's
+# forwarders too), each binary without its first-phase tests; within a binary its tests
 # take turns (common::serial()). The binaries named in ORDER (package/target) first, in that
 # order (longest first balances the workers), then the rest (the unit tests). Fails when any
 # test did.
