@@ -246,16 +246,19 @@ fn config(args: &[&str], file: &Path) {
     std::fs::write(file, &out.stdout).unwrap();
 }
 
-/// The lab's line with its server and the two OpenVPN ends' certificates; None where the test
-/// cannot run (it says why).
-fn tunnel_lab() -> Option<(LabUp, ServerProc, Ends)> {
+/// The lab's line with its server, the two OpenVPN ends' certificates and the raw path's MTU
+/// (`test mtu`); None where the test cannot run (it says why).
+fn tunnel_lab() -> Option<(LabUp, ServerProc, Ends, u64)> {
     if !have("openvpn") || !have("openssl") {
         missing("the tunnel test needs openvpn and openssl (apt install openvpn openssl)");
         return None;
     }
     let lab = LabUp::up("ovpn", LINE)?;
     let server = lab.server("server");
-    Some((lab, server, Ends::new()))
+    let raw_mtu = lab.test("client", &["mtu", SERVER_LINE])["path_mtu"]
+        .as_u64()
+        .unwrap();
+    Some((lab, server, Ends::new(), raw_mtu))
 }
 
 #[test]
@@ -263,12 +266,9 @@ fn openvpn_through_the_lab_costs_cpu_and_keeps_most_of_the_goodput() {
     // CPU per gigabit is the whole machine's (compare's cpu block): another test binary beside
     // this one once made the tunnel read cheaper than the raw path (12.4 against 13.6 s/Gbit).
     let _g = quiet();
-    let Some((lab, _server, ends)) = tunnel_lab() else {
+    let Some((lab, _server, ends, raw_mtu)) = tunnel_lab() else {
         return;
     };
-    let raw_mtu = lab.test("client", &["mtu", SERVER_LINE])["path_mtu"]
-        .as_u64()
-        .unwrap();
     assert_eq!(raw_mtu, 1500);
 
     // The recipe's tunnel on a line that is the bottleneck: each tunnel packet carries about
@@ -327,13 +327,10 @@ fn openvpn_through_the_lab_costs_cpu_and_keeps_most_of_the_goodput() {
 #[test]
 fn openvpn_bloats_with_the_recipes_ring_and_not_with_the_generated_settings() {
     let _g = serial();
-    let Some((lab, _server, ends)) = tunnel_lab() else {
+    // The raw path's MTU is for the generated settings below.
+    let Some((lab, _server, ends, raw_mtu)) = tunnel_lab() else {
         return;
     };
-    // The raw path's MTU, for the generated settings below.
-    let raw_mtu = lab.test("client", &["mtu", SERVER_LINE])["path_mtu"]
-        .as_u64()
-        .unwrap();
 
     // OpenVPN as the bottleneck (a slow router's, through its own shaper) with the recipe's
     // 15000-packet ring; its goodput, as a user would measure it for the settings below.
