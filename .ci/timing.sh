@@ -1,6 +1,6 @@
-# Sourced by .ci/run: wall and CPU time of every phase and of every test, the test binaries four
-# at a time, and the closing tables that show what made CI slower. Records go to files, so
-# phases run in subshells and workers count too.
+# Sourced by .ci/run: wall and CPU time of every phase and of every test, the tests four
+# processes at a time, and the closing tables that show what made CI slower. Records go to
+# files, so phases run in subshells and workers count too.
 ci_out=$PWD/target/ci
 mkdir -p "$ci_out"
 rm -f "$ci_out"/test-*.log
@@ -61,8 +61,8 @@ ci_pop() {
   flock "$1.lock" sh -c 'head -n1 "$1"; sed -i 1d "$1"' _ "$1"
 }
 
-# One worker: rows of queue file $1 (a test binary, or one test of it) until it is empty; all
-# run even when one fails, so one CI run shows every failure (failed.txt names them).
+# One worker: rows of queue file $1 (a test binary, a module of it or one test) until it is
+# empty; all run even when one fails, so one CI run shows every failure (failed.txt names them).
 run_worker() {
   local row dir exe label log args
   while row=$(ci_pop "$1") && [ -n "$row" ]; do
@@ -79,13 +79,14 @@ run_worker() {
 # common::quiet() or common::alone(): CPU per gigabit, the guest's timers, Chromium's clock):
 # scheduled among the others, each one waited for the tests already running to end (a guest
 # test of 140 s, say) while the workers idled behind it, and the waits were minutes of a slow
-# host's CI. Then the rest, four binaries at a time (CI_WORKERS; on 2 cores: the lab's
+# host's CI. Then the rest, four processes at a time (CI_WORKERS; on 2 cores: the lab's
 # emulator and the kernel's qdiscs mostly wait on the clock, the tests kept 0.7 of the 2 cores
 # busy with three, BENCHMARKS.md; the guest as a router at real-time priority, the lab's
-# forwarders too), each binary without its first-phase tests; within a binary its tests
-# take turns (common::serial()). The binaries named in ORDER (package/target) first, in that
-# order (longest first balances the workers), then the rest (the unit tests). Fails when any
-# test did.
+# forwarders too): a binary each, or one module each of a binary made of modules (the
+# `bloatlab` binary's tests: tests/main.rs), without their first-phase tests; within a process
+# its tests take turns (common::serial()). The subjects named in ORDER (package/target or
+# package/module) first, in that order (longest first balances the workers), then the rest
+# (the unit tests). Fails when any test did.
 run_test_binaries() {
   local artifacts=$1
   shift
@@ -93,29 +94,58 @@ run_test_binaries() {
 import json, os, re, sys
 order = sys.argv[2:]
 
-def machine_tests(src):
-    """The #[test] functions of a test file whose bodies take the machine (tests/common)."""
-    names = []
+def tests(src):
+    """The #[test] functions of a test file: (name, whether its body takes the machine:
+    tests/common)."""
+    found = []
     for part in re.split(r"\n#\[test\]\n", open(src).read())[1:]:
         m = re.match(r"\s*fn\s+(\w+)", part)
         # rustfmt closes a top-level function with a brace in column 0.
-        if m and re.search(r"\b(quiet|alone)\(\)", part.split("\n}\n")[0]):
-            names.append(m.group(1))
-    return names
+        if m:
+            found.append((m.group(1), bool(re.search(r"\b(quiet|alone)\(\)", part.split("\n}\n")[0]))))
+    return found
+
+def machine_tests(src):
+    """The tests of a file that take the machine. Filters and skips match by substring, so
+    none of their names may be part of the name of another test."""
+    names = [n for n, _ in tests(src)]
+    machine = [n for n, takes in tests(src) if takes]
+    for t in machine:
+        clash = [n for n in names if n != t and t in n]
+        if clash:
+            sys.exit(f"ci: {src}: skipping {t} would skip {clash} too: rename one")
+    return machine
+
+def modules(src):
+    """The subjects of a test target: its `mod NAME;` files beside it (tests/main.rs: one binary
+    for the whole package), each run as a binary of its own was; or the target itself."""
+    names = re.findall(r"^mod (\w+);", open(src).read(), re.M)
+    here = os.path.dirname(src)
+    return [(n, os.path.join(here, n + ".rs")) for n in names if n != "common"]
 
 rows, first = [], []
 for line in open(sys.argv[1]):
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         pkg, kind, name = os.path.basename(os.path.dirname(m["manifest_path"])), m["target"]["kind"][0], m["target"]["name"]
-        label = f"{pkg}/{name}" if kind == "test" else f"{pkg} ({kind})"
         exe, where = m["executable"], os.path.dirname(m["manifest_path"])
         log = os.path.basename(exe)
-        alone = machine_tests(m["target"]["src_path"]) if kind == "test" else []
-        for t in alone:
-            first.append("\t".join([where, exe, f"{label} {t}", f"{log}-{t}", f"--exact {t}"]))
-        skip = " ".join(["--exact"] + [f"--skip {t}" for t in alone]) if alone else ""
-        rows.append((order.index(label) if label in order else len(order), "\t".join([where, exe, label, log, skip])))
+        src = m["target"]["src_path"]
+        # (label, log, the filter of its tests, its tests that take the machine)
+        if kind == "test" and modules(src):
+            subjects = [(f"{pkg}/{mod}", f"{log}-{mod}", f"{mod}::", [f"{mod}::{t}" for t in machine_tests(path)])
+                        for mod, path in modules(src)]
+        elif kind == "test":
+            subjects = [(f"{pkg}/{name}", log, "", machine_tests(src))]
+        else:
+            subjects = [(f"{pkg} ({kind})", log, "", [])]
+        for label, log, only, alone in subjects:
+            for t in alone:
+                short = t.split("::")[-1]
+                first.append("\t".join([where, exe, f"{label} {short}", f"{log}-{short}", f"--exact {t}"]))
+            # Filters match by substring: `module::` starts the names of that module only.
+            args = " ".join(([only] if only else []) + [f"--skip {t}" for t in alone])
+            rows.append((order.index(label) if label in order else len(order), "\t".join([where, exe, label, log, args])))
 with open(os.path.join(os.environ["ci_out"], "queue-alone.tsv"), "w") as f:
     f.writelines(r + "\n" for r in first)
 with open(os.path.join(os.environ["ci_out"], "queue.tsv"), "w") as f:

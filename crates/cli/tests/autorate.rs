@@ -2,9 +2,8 @@
 //! real TCP upload runs and the line under it slows), on a lab line that slows (`lab compare
 //! --fix autorate`), and its refusals.
 
-mod common;
+use crate::common::*;
 use bloatlab_result::autorate::{read_log, LogLine};
-use common::*;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -2,8 +2,7 @@
 //! HTB 20 Mbit/s down / 5 Mbit/s up and a pfifo on the router's egress. Expected values are the
 //! physics of those queues, not snapshots of earlier runs.
 
-mod common;
-use common::*;
+use crate::common::*;
 
 const DOWN_MBPS: f64 = 20.0;
 const UP_MBPS: f64 = 5.0;

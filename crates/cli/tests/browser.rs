@@ -6,9 +6,8 @@
 //! line where the physics is the same for both (see the asserts), and show the user the
 //! server's grades and numbers (read from the page through Chromium's DevTools protocol).
 
-mod common;
-use common::kernel_ref::TempDir;
-use common::*;
+use crate::common::kernel_ref::TempDir;
+use crate::common::*;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{FromRawFd, RawFd};

@@ -1,9 +1,8 @@
 //! The server as the public Internet will treat it, and the client against a hostile server:
 //! each attack of issue #9, on loopback, with the limit it must meet.
 
-mod common;
+use crate::common::*;
 use bloatlab_proto::{self as proto, auth, frame};
-use common::*;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};

@@ -2,9 +2,8 @@
 //! the harness works, Linux's FIFO and CAKE behave as their physics says, and the lab agrees
 //! with Linux's FQ-CoDel on the same line with the same endpoints.
 
-mod common;
-use common::kernel_ref::*;
-use common::*;
+use crate::common::kernel_ref::*;
+use crate::common::*;
 
 fn guest_ready() -> bool {
     match unavailable() {
@@ -466,7 +465,7 @@ fn lab_cake_agrees_with_the_kernels_cake_per_probe_class() {
         let mut a = vec!["test", "rrul", host];
         a.extend_from_slice(&args);
         let p: Vec<&str> = prefix.iter().map(String::as_str).collect();
-        let out = common::run(&p, &a);
+        let out = crate::common::run(&p, &a);
         assert!(
             out.status.success(),
             "rrul: {}",
@@ -663,7 +662,7 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
             ROUTER_SRV_ADDR
         };
         args[2] = host;
-        let out = common::run(&p, &args);
+        let out = crate::common::run(&p, &args);
         assert!(
             out.status.success(),
             "{t:?}: {}",
@@ -854,7 +853,7 @@ fn lab_and_kernel_cake_share_by_host_and_by_flow_alike() {
             let p: Vec<&str> = prefix.iter().map(String::as_str).collect();
             let mut a = vec!["test", "tcp-up", server, "--flows", flows];
             a.extend_from_slice(&args);
-            let out = common::run(&p, &a);
+            let out = crate::common::run(&p, &a);
             assert!(
                 out.status.success(),
                 "{server}: {}",

@@ -1,8 +1,7 @@
 //! The lab emulator end to end: real kernel TCP in namespaces, through TUN devices and the
 //! userspace link model. Expected values are the configured link physics.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::process::Command;
 
 /// The namespaces of lab `lab` (`bl-LAB-HOST`) and this namespace's links. Tests of other

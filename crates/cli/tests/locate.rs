@@ -4,8 +4,7 @@
 //! at 100 Mbit/s with 30 packets, sits on each link in turn, in a direction drawn at random
 //! (the seed is printed; BLOATLAB_LOCATE_SEED repeats a run).
 
-mod common;
-use common::*;
+use crate::common::*;
 
 const LINKS: [&str; 3] = ["wifi", "access", "core"];
 

@@ -1,8 +1,7 @@
 //! End-to-end behaviour on loopback: the user-facing contract (JSON fields, result file, exit
 //! codes, error lines) and the server's safety rules.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::net::UdpSocket;
 use std::time::Duration;
 

@@ -2,8 +2,7 @@
 //! must not touch, the service files in dist/, and the real Prometheus (Debian's 2.42) scraping
 //! two lab sites and receiving the same series from an agent by remote write.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

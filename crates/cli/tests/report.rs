@@ -1,8 +1,7 @@
 //! Reports, plots and exports of real result files (measured on loopback here), checked in a
 //! real browser, by real flent, and against the result data.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;

@@ -2,9 +2,8 @@
 //! scripts applied for real, on this kernel where it has the qdiscs (HTB, FIFO, ingress, u32,
 //! mirred, IFB) and in Debian's kernel under qemu for CAKE and fq_codel, then read back.
 
-mod common;
-use common::kernel_ref::{guest_run, unavailable, TempDir};
-use common::*;
+use crate::common::kernel_ref::{guest_run, unavailable, TempDir};
+use crate::common::*;
 use std::process::Command;
 
 const LINE: [&str; 8] = [

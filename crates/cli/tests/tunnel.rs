@@ -3,8 +3,7 @@
 //! `txqueuelen 15000` bloats when OpenVPN is the bottleneck, the settings `config openvpn`
 //! generates keep the throughput without the queue, and `test mtu` finds the tunnel's MTU.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

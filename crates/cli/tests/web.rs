@@ -2,9 +2,8 @@
 //! responsiveness endpoints as the draft and deployed clients want them, and the limits that
 //! keep an 8 GB endpoint on the public Internet from being anyone's free bandwidth.
 
-mod common;
-use common::kernel_ref::TempDir;
-use common::*;
+use crate::common::kernel_ref::TempDir;
+use crate::common::*;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Output, Stdio};

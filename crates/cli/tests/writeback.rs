@@ -2,8 +2,7 @@
 //! follows the dirty thresholds. The thresholds are global (not per namespace): the test sets
 //! them through a guard that restores the machine's values whatever happens.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::path::PathBuf;
 
 const VM: [&str; 4] = [

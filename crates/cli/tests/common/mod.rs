@@ -1,8 +1,6 @@
 //! Test fixtures: the real `bloatlab` binary, a server on loopback, and a three-namespace
 //! topology (client - router - server) with a kernel HTB bottleneck on the router.
 
-#![allow(dead_code)] // each test binary uses a different part of the fixtures
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -16,7 +14,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_bloatlab");
 /// Timing tests share two cores: run them one at a time.
 pub static SERIAL: Mutex<()> = Mutex::new(());
 
-/// One test of this binary at a time ([`SERIAL`]). CI runs test binaries side by side; this
+/// One test of this process at a time ([`SERIAL`]). CI runs test processes side by side; this
 /// test may run beside the others', unless one asked for [`quiet`] or [`alone`].
 pub fn serial() -> Serial {
     take_turn(false)
@@ -78,15 +76,6 @@ pub struct Serial {
     // alone()'s or calm()'s marker for CI's pause loop.
     _marker: Option<std::fs::File>,
     _guard: std::sync::MutexGuard<'static, ()>,
-}
-
-impl Serial {
-    /// A [`quiet`] test whose quiet part is over lets other binaries' tests run beside its
-    /// rest (flock converts the machine's lock to shared), still one test of this binary at a
-    /// time.
-    pub fn share(&self) {
-        flock(&self._machine, libc::LOCK_SH);
-    }
 }
 
 fn flock(file: &std::fs::File, op: libc::c_int) {
@@ -575,11 +564,15 @@ fn labs_lock(exclusive: bool) -> std::fs::File {
 }
 
 /// Every lab on this machine is this test's while it lives (see [`labs_lock`]).
-pub struct AllLabs(std::fs::File);
+pub struct AllLabs {
+    _lock: std::fs::File,
+}
 
 impl AllLabs {
     pub fn take() -> AllLabs {
-        let lock = AllLabs(labs_lock(true));
+        let lock = AllLabs {
+            _lock: labs_lock(true),
+        };
         ALL_LABS_HELD.store(true, std::sync::atomic::Ordering::SeqCst);
         lock
     }
