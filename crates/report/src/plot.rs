@@ -31,6 +31,8 @@ pub enum PlotError {
     Format(String),
     #[error("nothing to plot: {0}")]
     Empty(String),
+    #[error("{0}: {1}")]
+    Write(String, std::io::Error),
     #[error("drawing failed: {0}")]
     Draw(String),
 }
@@ -48,14 +50,31 @@ pub fn plot(runs: &[RunView], kind: Kind, path: &Path) -> Result<(), PlotError> 
     };
     let size = (1200u32, 420 * rows as u32);
     match path.extension().and_then(|e| e.to_str()) {
-        Some("png") => draw(
-            BitMapBackend::new(path, size).into_drawing_area(),
-            runs,
-            kind,
-        ),
+        Some("png") => {
+            // Drawn into memory and encoded here: plotters' own PNG writer brings the whole
+            // `image` crate (JPEG and BMP codecs too), a fifth of this crate's build.
+            let mut rgb = vec![0u8; size.0 as usize * size.1 as usize * 3];
+            draw(
+                BitMapBackend::with_buffer(&mut rgb, size).into_drawing_area(),
+                runs,
+                kind,
+            )?;
+            write_png(path, size, &rgb)
+        }
         Some("svg") => draw(SVGBackend::new(path, size).into_drawing_area(), runs, kind),
         _ => Err(PlotError::Format(path.display().to_string())),
     }
+}
+
+fn write_png(path: &Path, (width, height): (u32, u32), rgb: &[u8]) -> Result<(), PlotError> {
+    let io = |e: std::io::Error| PlotError::Write(path.display().to_string(), e);
+    let file = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+    let mut png = png::Encoder::new(file, width, height);
+    png.set_color(png::ColorType::Rgb);
+    png.set_depth(png::BitDepth::Eight);
+    let mut w = png.write_header().map_err(d)?;
+    w.write_image_data(rgb).map_err(d)?;
+    w.finish().map_err(d)
 }
 
 fn color(i: usize) -> RGBColor {
