@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 const LINE: &str = "name='web'\n[[link]]\nname='l'\na='c'\nb='s'\nboth={delay='10ms'}\n";
 const SERVER: &str = "10.77.0.2";
-const IDLE_S: u32 = 3;
+const IDLE_S: u32 = 2;
 
 fn chromium() -> Option<&'static str> {
     ["chromium", "chromium-browser", "google-chrome"]
@@ -425,9 +425,9 @@ fn a_browser_grades_deep_short_and_lossy_fifos_as_the_cli_does() {
         return;
     };
     // Deep: 100 packets at 5 / 2.5 Mbit/s hold 240 / 480 ms, few enough packets for cubic's
-    // windows to fill much of them within 10 s phases (deeper ones in packets, e.g. 500 at
+    // windows to fill much of them within 7 s phases (deeper ones in packets, e.g. 500 at
     // 20 Mbit/s, stay far from full that long, for the CLI as for the page).
-    let deep = run_page(&lab, ((100, 100), 5, 2500), 10, Probes::Default, bin);
+    let deep = run_page(&lab, ((100, 100), 5, 2500), 7, Probes::Default, bin);
     assert!(
         ["D", "F"].contains(&deep["grade"].as_str().unwrap_or("-")),
         "a 100-packet FIFO at 5/2.5 Mbit/s graded {}",

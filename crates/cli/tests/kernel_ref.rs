@@ -237,9 +237,9 @@ fn rrul_through_the_kernels_pfifo_is_bloated_and_through_its_cake_is_not() {
     }
     let dir = TempDir::new("rrul");
     let o = dir.0.display();
-    // 10 s of load: 100 packets at 5 Mbit/s fill within the first seconds under rrul's flows.
+    // 7 s of load: 100 packets at 5 Mbit/s fill within the first seconds under rrul's flows.
     let rrul = format!(
-        "ip netns exec kr-cli {BIN} test rrul 10.99.3.1 -l 10 --idle 3 --cc cubic -q --json"
+        "ip netns exec kr-cli {BIN} test rrul 10.99.3.1 -l 7 --idle 3 --cc cubic -q --json"
     );
     let job = format!(
         "{topo} --down 'pfifo 20mbit 100' --up 'pfifo 5mbit 100' --delay-down 'delay 5ms' \
