@@ -9,7 +9,7 @@
 # crates/cli says what each costs). The binary lands in target/TARGET/router/bloatlab; its size
 # is printed. --check then runs it (qemu-user for another CPU) against this machine's own
 # bloatlab: --version, `test ping`, `test rrul-be -l 3` to a server on loopback, and `config
-# tc-cake` byte for byte against the host's (needs target/release/bloatlab built). --dev builds
+# tc-cake` byte for byte against the host's (target/release/bloatlab, or $BLOATLAB). --dev builds
 # the same features unoptimized (profile router-dev, target/TARGET/router-dev/bloatlab): half
 # the CPU, for CI's check that they build for the target and run, not for a router.
 #
@@ -83,8 +83,8 @@ if [ ${#runner[@]} -gt 0 ] && ! command -v "${runner[0]}" >/dev/null; then
     echo "build-router: ${runner[0]} missing (Debian's qemu-user-static)" >&2; exit 1
   fi
 fi
-host=target/release/bloatlab
-[ -x "$host" ] || { echo "build-router: --check needs $host (cargo build --release)" >&2; exit 1; }
+host=${BLOATLAB:-target/release/bloatlab}
+[ -x "$host" ] || { echo "build-router: --check needs $host (cargo build --release, or BLOATLAB=PATH)" >&2; exit 1; }
 tmp=$(mktemp -d)
 server_pid=
 cleanup() {
