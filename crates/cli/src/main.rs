@@ -195,12 +195,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// Ctrl-C (and SIGTERM) set the flag; a second one exits at once.
+/// Ctrl-C (and SIGTERM) set the flag; a second one exits at once, taking down the namespaces
+/// of the labs this process runs (`lab compare`, `lab demo`), whose teardown the exit skips.
 fn stop_flag() -> Arc<AtomicBool> {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     let _ = ctrlc::set_handler(move || {
         if s.swap(true, Ordering::Relaxed) {
+            bloatlab_lab::instance::remove_own_remains();
             std::process::exit(130);
         }
     });

@@ -640,6 +640,74 @@ fn kill_lab_process(name: &str) {
     wait_ms(300);
 }
 
+/// A second Ctrl-C stops `lab compare` at once, and its lab with it: no namespace or state is
+/// left for `lab down --all` (the exit skips the lab's teardown; the handler removes them).
+#[test]
+fn compare_stopped_by_a_second_ctrl_c_leaves_no_namespaces_behind() {
+    let _g = serial();
+    if unsafe { libc::geteuid() } != 0 {
+        return missing("the lab needs root");
+    }
+    let dir = tmp_path("compare-interrupted");
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = std::path::Path::new(bloatlab_lab::STATE_DIR).join("compare");
+    // Whatever happens below, nothing of this lab outlives the test.
+    struct Remains(std::path::PathBuf);
+    impl Drop for Remains {
+        fn drop(&mut self) {
+            let (ns, _) = netns_and_links("compare");
+            // `ip netns list` says "NAME (id: N)".
+            for n in ns.lines().filter_map(|l| l.split_whitespace().next()) {
+                let _ = Command::new("ip").args(["netns", "del", n]).output();
+            }
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _remains = Remains(state.clone());
+    let mut child = Command::new(BIN)
+        .args(["lab", "compare", "cable", "--fix", "fifo", "-l", "20", "-q"])
+        .args(["--out-dir", dir.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !state.join("info.json").exists() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "the lab came not up"
+        );
+        wait_ms(100);
+    }
+    // The test under way, then Ctrl-C twice.
+    wait_ms(3000);
+    assert!(
+        !netns_and_links("compare").0.is_empty(),
+        "the lab's namespaces"
+    );
+    let pid = child.id() as i32;
+    // SAFETY: signals to our own child.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    wait_ms(300);
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let t1 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t1.elapsed() < std::time::Duration::from_secs(10),
+            "still running 10 s after the second Ctrl-C"
+        );
+        wait_ms(50);
+    };
+    assert_eq!(status.code(), Some(130));
+    let (ns, _) = netns_and_links("compare");
+    assert!(ns.is_empty(), "namespaces left: {ns}");
+    assert!(!state.exists(), "{} left", state.display());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_killed_lab_neither_blocks_its_name_nor_outlives_down_all() {
     let _g = serial();

@@ -540,6 +540,18 @@ impl Drop for Lab {
     }
 }
 
+/// Deletes the namespaces and state directories of this process's own labs, for an exit that
+/// skips their teardown (a second Ctrl-C): their TUN devices and threads end with the process,
+/// and nothing would be left for `lab down --all`.
+pub fn remove_own_remains() {
+    let me = std::process::id();
+    for (info, _) in running() {
+        if info.pid == me {
+            remove_remains(&info);
+        }
+    }
+}
+
 /// Deletes a dead lab's namespaces and state directory (its TUN devices died with it).
 fn remove_remains(info: &LabInfo) {
     for h in info.hosts.values() {
