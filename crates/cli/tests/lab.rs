@@ -641,18 +641,37 @@ fn kill_lab_process(name: &str) {
 }
 
 /// A second Ctrl-C stops `lab compare` at once, and its lab with it: no namespace or state is
-/// left for `lab down --all` (the exit skips the lab's teardown; the handler removes them).
+/// left for `lab down --all` (the exit skips the lab's teardown; the handler removes them), and
+/// no process started in it. The run is cake-autorate's, by a stand-in with a child to look for
+/// that ignores SIGTERM (the first Ctrl-C's orderly stop waits 10 s for it, and the second
+/// comes meanwhile): in its own process group, it gets no Ctrl-C from a terminal, and a deleted
+/// namespace does not end it.
 #[test]
-fn compare_stopped_by_a_second_ctrl_c_leaves_no_namespaces_behind() {
+fn compare_stopped_by_a_second_ctrl_c_leaves_no_namespaces_or_processes_behind() {
     let _g = serial();
     if unsafe { libc::geteuid() } != 0 {
         return missing("the lab needs root");
     }
+    if !have("fping") {
+        return missing("fping (apt-get install fping)");
+    }
     let dir = tmp_path("compare-interrupted");
-    std::fs::create_dir_all(&dir).unwrap();
+    let checkout = dir.join("cake-autorate");
+    std::fs::create_dir_all(&checkout).unwrap();
+    let marker = format!("bloatlab-stand-in-{}", std::process::id());
+    let stand_in = format!(
+        "#!/bin/bash\ntrap '' TERM\n(exec -a {marker} sleep 600) &\nwhile :; do sleep 0.1; done\n"
+    );
+    std::fs::write(checkout.join("cake-autorate.sh"), stand_in).unwrap();
+    std::fs::write(checkout.join("defaults.sh"), "").unwrap();
+    std::fs::write(checkout.join("lib.sh"), "").unwrap();
     let state = std::path::Path::new(bloatlab_lab::STATE_DIR).join("compare");
-    // Whatever happens below, nothing of this lab outlives the test.
-    struct Remains(std::path::PathBuf);
+    let running = |m: &str| {
+        let out = Command::new("pgrep").args(["-f", m]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    // Whatever happens below, nothing of this run outlives the test.
+    struct Remains(std::path::PathBuf, String, std::path::PathBuf);
     impl Drop for Remains {
         fn drop(&mut self) {
             let (ns, _) = netns_and_links("compare");
@@ -661,31 +680,39 @@ fn compare_stopped_by_a_second_ctrl_c_leaves_no_namespaces_behind() {
                 let _ = Command::new("ip").args(["netns", "del", n]).output();
             }
             let _ = std::fs::remove_dir_all(&self.0);
+            let _ = Command::new("pkill").args(["-9", "-f", &self.1]).output();
+            let _ = std::fs::remove_dir_all(&self.2);
         }
     }
-    let _remains = Remains(state.clone());
     let mut child = Command::new(BIN)
-        .args(["lab", "compare", "cable", "--fix", "fifo", "-l", "20", "-q"])
+        .args(["lab", "compare", "cable", "-l", "20", "-q"])
+        .args(["--fix", "cake-autorate-sh", "--cake-autorate"])
+        .arg(&checkout)
         .args(["--out-dir", dir.to_str().unwrap()])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    let pid = child.id() as i32;
+    // Where it keeps cake-autorate's files (cake_autorate_sh::start).
+    let peer_tmp = std::env::temp_dir().join(format!("bloatlab-cake-autorate-bloatlab{pid}"));
+    let _remains = Remains(state.clone(), marker.clone(), peer_tmp.clone());
     let t0 = std::time::Instant::now();
-    while !state.join("info.json").exists() {
+    while running(&marker).is_empty() {
         assert!(
             t0.elapsed() < std::time::Duration::from_secs(30),
-            "the lab came not up"
+            "cake-autorate's stand-in came not up"
         );
+        assert!(child.try_wait().unwrap().is_none(), "lab compare ended");
         wait_ms(100);
     }
     // The test under way, then Ctrl-C twice.
-    wait_ms(3000);
+    wait_ms(2000);
     assert!(
         !netns_and_links("compare").0.is_empty(),
         "the lab's namespaces"
     );
-    let pid = child.id() as i32;
+    assert!(peer_tmp.is_dir(), "{}", peer_tmp.display());
     // SAFETY: signals to our own child.
     unsafe { libc::kill(pid, libc::SIGINT) };
     wait_ms(300);
@@ -705,6 +732,11 @@ fn compare_stopped_by_a_second_ctrl_c_leaves_no_namespaces_behind() {
     let (ns, _) = netns_and_links("compare");
     assert!(ns.is_empty(), "namespaces left: {ns}");
     assert!(!state.exists(), "{} left", state.display());
+    // SIGKILL is delivered at once; the kernel's reaping may take a moment.
+    wait_ms(200);
+    let left = running(&marker);
+    assert!(left.is_empty(), "cake-autorate's processes left: {left}");
+    assert!(!peer_tmp.exists(), "{} left", peer_tmp.display());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -13,6 +13,7 @@
 use crate::Beside;
 use bloatlab_autorate::shaper::Shaper;
 use bloatlab_autorate::{Bounds, Direction};
+use bloatlab_lab::instance::{disown, own, Remain};
 use bloatlab_result::autorate::{LogHeader, LogLine, FORMAT, VERSION};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -138,6 +139,9 @@ impl CakeAutorateSh {
         let tmp = std::env::temp_dir().join(format!("bloatlab-cake-autorate-{instance}"));
         let io = |what: &str, e: std::io::Error| format!("cake-autorate: {what}: {e}");
         let _ = std::fs::remove_dir_all(&tmp);
+        // Removed by our drop, or on an exit that skips it (a second Ctrl-C).
+        own(Remain::Dir(tmp.clone()));
+        own(Remain::Dir(run_dir(&instance)));
         std::fs::create_dir_all(tmp.join("bin")).map_err(|e| io("temporary directory", e))?;
         let mut me = CakeAutorateSh {
             child: None,
@@ -265,6 +269,7 @@ impl CakeAutorateSh {
             .process_group(0)
             .spawn()
             .map_err(|e| io("ip netns exec", e))?;
+        own(Remain::Group(child.id() as i32));
         me.child = Some(child);
         Ok(me)
     }
@@ -314,6 +319,7 @@ impl CakeAutorateSh {
             // SAFETY: as above; whatever of its group outlived it.
             unsafe { libc::kill(-group, libc::SIGKILL) };
             let _ = child.wait();
+            disown(&Remain::Group(group));
             if !stopped && ended.is_ok() {
                 ended = Err("cake-autorate did not stop within 10 s of SIGTERM".into());
             }
@@ -349,9 +355,16 @@ impl Drop for CakeAutorateSh {
         // The reader ends on the stop line; its thread is joined as `Beside` drops.
         self.reader.take();
         let _ = std::fs::remove_dir_all(&self.tmp);
-        let _ = std::fs::remove_dir_all(format!("/run/cake-autorate/{}", self.instance));
+        let _ = std::fs::remove_dir_all(run_dir(&self.instance));
         let _ = std::fs::remove_dir("/run/cake-autorate");
+        disown(&Remain::Dir(self.tmp.clone()));
+        disown(&Remain::Dir(run_dir(&self.instance)));
     }
+}
+
+/// Where it keeps its FIFOs and state while it runs.
+fn run_dir(instance: &str) -> PathBuf {
+    Path::new("/run/cake-autorate").join(instance)
 }
 
 fn sys_counter(dev: &str, counter: &str) -> String {

@@ -540,10 +540,45 @@ impl Drop for Lab {
     }
 }
 
-/// Deletes the namespaces and state directories of this process's own labs, for an exit that
-/// skips their teardown (a second Ctrl-C): their TUN devices and threads end with the process,
-/// and nothing would be left for `lab down --all`.
+/// What this process started beside its labs and removes when its owner drops: a process
+/// group running in a lab's namespace (cake-autorate's bash and fping), a directory.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Remain {
+    Group(i32),
+    Dir(PathBuf),
+}
+
+static REMAINS: std::sync::Mutex<Vec<Remain>> = std::sync::Mutex::new(Vec::new());
+
+/// `r` is removed by [`remove_own_remains`] unless [`disown`]ed first (by its owner, once it
+/// removed it: a process group's number may be reused).
+pub fn own(r: Remain) {
+    REMAINS.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+}
+
+pub fn disown(r: &Remain) {
+    REMAINS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|x| x != r);
+}
+
+/// Deletes the namespaces and state directories of this process's own labs, and what it
+/// [`own`]s beside them, for an exit that skips their teardown (a second Ctrl-C): their TUN
+/// devices and threads end with the process, and nothing would be left for `lab down --all`
+/// (a process group in a deleted namespace would run on in it unseen).
 pub fn remove_own_remains() {
+    for r in REMAINS.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        match r {
+            // SAFETY: a signal to a process group this process started and still owns.
+            Remain::Group(g) => unsafe {
+                libc::kill(-g, libc::SIGKILL);
+            },
+            Remain::Dir(d) => {
+                let _ = std::fs::remove_dir_all(d);
+            }
+        }
+    }
     let me = std::process::id();
     for (info, _) in running() {
         if info.pid == me {
