@@ -12,9 +12,9 @@
 //! - [`Law::Bloatlab`]: the same, and where the line says more: when the line delivers clearly
 //!   less than the shaper's rate while delay rises, or the queue grows steadily (its capacity
 //!   fell), the cut goes straight below what it delivers, by enough to drain the queue that
-//!   stands within 400 ms (90% of it, down to half from 200 ms of queue), and the download
-//!   cuts again as soon as a reading shows the fall (not a refractory period later), then on
-//!   to the rate that drains the queue the fall left; when it delivers the shaper's
+//!   stands within about a second (90% of it, down to half from 500 ms of queue), and the
+//!   download cuts again as soon as a reading shows the fall (not a refractory period later),
+//!   then on to the rate that drains the queue the fall left; when it delivers the shaper's
 //!   rate and delay rises anyway (a queue elsewhere, a burst), the cut stops at 90% of the
 //!   highest rate that carried high load without bloat in the last 10 minutes (a memory of
 //!   safe rates), which a cut below it tests now and then.
@@ -213,11 +213,6 @@ struct Dir {
     /// (time, the capacity it fell to) at the last fall of the line's capacity: the fast climb
     /// goes up to it, and cuts while its queue drains stop at the rate that drains it.
     fell_to: Option<(u64, f64)>,
-    /// The shaper's rate at the last reading, and each of the last readings over the rate at
-    /// the reading before it (the rate its interval began with: one that climbs meanwhile does
-    /// not read as a line that carries less).
-    rate_at_reading: f64,
-    shares: VecDeque<f64>,
     /// Readings of the line's rate so far, and how many there were at the last cut.
     readings_seen: u64,
     readings_at_cut: u64,
@@ -244,8 +239,6 @@ impl Dir {
             above_since: None,
             growth_stale: None,
             fell_to: None,
-            rate_at_reading: bounds.base,
-            shares: VecDeque::new(),
             readings_seen: 0,
             readings_at_cut: 0,
         }
@@ -254,11 +247,6 @@ impl Dir {
     /// The mean of the last readings of the line's rate.
     fn mean_reading(&self) -> f64 {
         self.readings.iter().sum::<f64>() / self.readings.len().max(1) as f64
-    }
-
-    /// The mean share of the shaper's rate the line carried over the last readings.
-    fn carried_share(&self) -> f64 {
-        self.shares.iter().sum::<f64>() / self.shares.len().max(1) as f64
     }
 
     /// The least delay over the baseline of the 200 ms that ended `ago_ms` before `now`.
@@ -431,7 +419,7 @@ impl Dir {
             let (rate, why) = match cfg.law {
                 Law::CakeAutorate => (cut, Why::Bloat),
                 Law::Bloatlab => {
-                    let (rate, why) = self.bounded_cut(now, cut, thr, cfg);
+                    let (rate, why) = self.bounded_cut(now, cut, cfg);
                     self.test_the_floor(now, rate, why, thr)
                 }
             };
@@ -464,11 +452,10 @@ impl Dir {
                 let f = ((thr - avg) / span).clamp(0.0, 1.0);
                 // Ours climbs fast up to what the line has carried without bloat, then probes
                 // above it gently (x1.005 a sample: 10% a second at 20 probes a second), twice
-                // as fast for each 2 s the line carried all of it without bloat (each reading
-                // over the rate when its 200 ms began: 90% on the mean), up to x1.02 (a
+                // as fast for each 2 s the line carried all of it without bloat, up to x1.02 (a
                 // capacity that grew is found in seconds; a probe above one that did not costs
                 // a short queue now and then, not every few seconds).
-                if self.carried_share() < 0.9 {
+                if self.delivered < 0.95 * self.rate {
                     self.above_since = None;
                 }
                 let step = match (cfg.law, self.ceiling(now, cfg)) {
@@ -517,7 +504,7 @@ impl Dir {
     /// cut; and, unless its capacity fell (it delivers clearly less than the shaper's rate, or
     /// the queue keeps growing), not below 90% of its ceiling (a delay that cutting does not
     /// cure: a queue elsewhere, a burst).
-    fn bounded_cut(&mut self, now: u64, cut: f64, thr: f64, cfg: &Config) -> (f64, Why) {
+    fn bounded_cut(&mut self, now: u64, cut: f64, cfg: &Config) -> (f64, Why) {
         let delivered = self.delivered;
         let growth = self.growth(now);
         // The upload's shaper is before the bottleneck: what it sent in the growth's second
@@ -529,18 +516,11 @@ impl Dir {
             _ => delivered,
         };
         let (mut rate, mut why) = (cut, Why::Bloat);
-        // Below the capacity by enough to drain the queue that stands (the least delay of the
-        // last 200 ms, s) within 400 ms: at R < C a queue of q seconds drains at 1 - R / C
-        // seconds a second. At least 10% below it, at most half.
+        // Below the capacity by enough to drain the queue that stands in about a second (the
+        // least delay of the last 200 ms, s): 90% of it up to a queue of 100 ms, half of it
+        // from 500 ms (a line that fell to a third fills 2 s of buffer a second till the cut).
         let standing = self.least(now, 0).unwrap_or(0.0) / 1e3;
-        let drain = (1.0 - standing / 0.4).clamp(0.5, 0.9);
-        // While a queue stands before it, the download's counter reads the bottleneck's rate:
-        // a fall first measured by a reading that began before it goes on down with the next.
-        if self.which == Direction::Down && standing * 1e3 > thr && self.carries(cfg) {
-            if let Some((_, fell)) = self.fell_to.as_mut() {
-                *fell = fell.min(delivered);
-            }
-        }
+        let drain = (0.9 - (standing - 0.1).max(0.0)).max(0.5);
         if self.carries(cfg) && drain * capacity < cut {
             (rate, why) = (drain * capacity, Why::Delivered);
         }
@@ -552,16 +532,14 @@ impl Dir {
                 self.growth_stale = Some((now + S + lag as u64, g));
             }
             // What the line carried before is no guide now: the climb back is fast only up to
-            // what it carries now, gentle above; and a test of the floor under way is over (it
-            // holds the rate for 600 ms, while the queue of a fall grows by up to seconds).
+            // what it carries now, gentle above.
             self.safe.clear();
             self.fell_to = Some((now, capacity));
-            self.floor_test = None;
-            self.floor_since = None;
         }
         // Not below 90% of the memory of safe rates; after a fall (no safe rate since), not
-        // below the rate that drains the queue standing now within 400 ms at the capacity it
-        // fell to (the queue the fall left is ours).
+        // below the rate that drains the queue standing now within about a second at the
+        // capacity it fell to (the queue the fall left is ours, and 90% of that capacity
+        // drains a queue of 300 ms in three seconds).
         let floor = if capacity_fell {
             None
         } else if let Some(c) = self.safe_max(now, cfg) {
@@ -638,11 +616,8 @@ impl Controller {
             d.delivered = bps;
             d.readings_seen += 1;
             d.readings.push_back(bps);
-            d.shares.push_back(bps / d.rate_at_reading);
-            d.rate_at_reading = d.rate;
             if d.readings.len() > 5 {
                 d.readings.pop_front();
-                d.shares.pop_front();
             }
         }
     }
