@@ -108,8 +108,9 @@ def tests(src):
 def machine_tests(src):
     """The tests of a file that take the machine. Filters and skips match by substring, so
     none of their names may be part of the name of another test."""
-    names = [n for n, _ in tests(src)]
-    machine = [n for n, takes in tests(src) if takes]
+    found = tests(src)
+    names = [n for n, _ in found]
+    machine = [n for n, takes in found if takes]
     for t in machine:
         clash = [n for n in names if n != t and t in n]
         if clash:
