@@ -630,6 +630,19 @@ both = { delay = "10ms" }
     assert!(sent("at_end") - sent("at_start") > 5000, "{lab}");
 }
 
+/// The processes whose command line starts with `argv0` (a name given with `exec -a`).
+fn running(argv0: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).next() == Some(argv0.as_bytes()))
+        })
+        .collect()
+}
+
 /// SIGKILLs a lab's background process, as a reboot or the OOM killer would.
 fn kill_lab_process(name: &str) {
     let info: serde_json::Value = serde_json::from_slice(
@@ -666,10 +679,6 @@ fn compare_stopped_by_a_second_ctrl_c_leaves_no_namespaces_or_processes_behind()
     std::fs::write(checkout.join("defaults.sh"), "").unwrap();
     std::fs::write(checkout.join("lib.sh"), "").unwrap();
     let state = std::path::Path::new(bloatlab_lab::STATE_DIR).join("compare");
-    let running = |m: &str| {
-        let out = Command::new("pgrep").args(["-f", m]).output().unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
     // Whatever happens below, nothing of this run outlives the test.
     struct Remains(std::path::PathBuf, String, std::path::PathBuf);
     impl Drop for Remains {
@@ -680,7 +689,10 @@ fn compare_stopped_by_a_second_ctrl_c_leaves_no_namespaces_or_processes_behind()
                 let _ = Command::new("ip").args(["netns", "del", n]).output();
             }
             let _ = std::fs::remove_dir_all(&self.0);
-            let _ = Command::new("pkill").args(["-9", "-f", &self.1]).output();
+            for pid in running(&self.1) {
+                // SAFETY: a signal to the stand-in's child this test started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
             let _ = std::fs::remove_dir_all(&self.2);
         }
     }
@@ -735,7 +747,7 @@ fn compare_stopped_by_a_second_ctrl_c_leaves_no_namespaces_or_processes_behind()
     // SIGKILL is delivered at once; the kernel's reaping may take a moment.
     wait_ms(200);
     let left = running(&marker);
-    assert!(left.is_empty(), "cake-autorate's processes left: {left}");
+    assert!(left.is_empty(), "cake-autorate's processes left: {left:?}");
     assert!(!peer_tmp.exists(), "{} left", peer_tmp.display());
     let _ = std::fs::remove_dir_all(&dir);
 }
