@@ -35,6 +35,18 @@ const SERVER_QUIET: u64 = 500 * MS;
 
 pub type Say = Arc<dyn Fn(&str) + Send + Sync>;
 
+/// When the log's next tick line is due, after the one due at `due` was written at `now`: a
+/// second on, or, for a loop held up past that, a whole second from `now` rather than a
+/// catch-up line counting the few probes of the moment after.
+fn next_line(due: u64, now: u64) -> u64 {
+    let next = due + 1_000 * MS;
+    if next <= now {
+        now + 1_000 * MS
+    } else {
+        next
+    }
+}
+
 /// What SIGTERM (the stop flag) leaves the shaper at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnExit {
@@ -728,7 +740,7 @@ impl Rider for Autorate {
             self.apply(now, ev);
         }
         if now >= self.next_line {
-            self.next_line += 1_000 * MS;
+            self.next_line = next_line(self.next_line, now);
             self.log.line(&self.st.line(&self.ctl, now, "tick"));
         }
     }
@@ -749,5 +761,19 @@ impl Rider for Autorate {
 
     fn finish(self: Box<Self>) {
         Autorate::finish(*self);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tick_lines_keep_their_second_and_a_held_up_loop_does_not_catch_up() {
+        // Written 20 ms late (a wake-up's lateness): the next keeps the grid.
+        assert_eq!(next_line(1_000 * MS, 1_020 * MS), 2_000 * MS);
+        // Held up 1.3 s: the next is a whole second after this one, not due at once.
+        assert_eq!(next_line(1_000 * MS, 2_300 * MS), 3_300 * MS);
+        assert_eq!(next_line(1_000 * MS, 2_000 * MS), 3_000 * MS);
     }
 }
