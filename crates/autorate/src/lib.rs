@@ -19,6 +19,9 @@
 //!   highest rate that carried high load without bloat in the last 10 minutes (a memory of
 //!   safe rates), which a cut below it tests now and then.
 //!
+//! With several servers, each has its own baselines; ours follows the least of their latest
+//! delays (a queue on one server's path beyond the line is not the line's to cure).
+//!
 //! Both tell a stall ("no probes came back": the rate holds at the last one without bloat, and
 //! after `stall_to_min` at MIN) from bloat ("delay rose"): only delayed samples cut.
 //!
@@ -177,11 +180,25 @@ enum Load {
 /// Load below this is idle, bits per second (cake-autorate's `connection_active_thr_kbps`).
 const ACTIVE_BPS: f64 = 2_000_000.0;
 
+/// A server's latest delay counts with the others' this long after it was answered, ns: a few
+/// of its probe intervals (two servers at 10 a second each), so one lost probe does not drop it,
+/// while a server gone stops speaking for the line within half a second.
+const SOURCE_FRESH_NS: u64 = 500 * MS;
+
+/// One server's view of a direction.
+#[derive(Clone, Copy, Debug, Default)]
+struct Source {
+    baseline: Option<f64>,
+    /// (time, delay over the baseline ms) of its last answer.
+    latest: Option<(u64, f64)>,
+}
+
 struct Dir {
     which: Direction,
     bounds: Bounds,
     rate: f64,
-    baseline: Option<f64>,
+    /// Per server probed (the index the shell gives it), its baseline and latest delay.
+    sources: Vec<Source>,
     /// (delayed, delta ms) of the last samples.
     window: VecDeque<(bool, f64)>,
     last_cut: Option<u64>,
@@ -224,7 +241,7 @@ impl Dir {
             which,
             bounds,
             rate: bounds.base,
-            baseline: None,
+            sources: Vec::new(),
             window: VecDeque::new(),
             last_cut: None,
             last_decay: 0,
@@ -364,15 +381,36 @@ impl Dir {
         }
     }
 
-    fn sample(&mut self, now: u64, owd_ms: f64, cfg: &Config, out: &mut Vec<Event>) {
+    /// A one-way delay from server `source`, over that server's own baseline (each path has
+    /// its own length and clock offset). Ours then takes the least of every server's latest
+    /// delay over its baseline (answered within [`SOURCE_FRESH_NS`]): the line's own queue is
+    /// on every server's path, a queue beyond it (a server's uplink, a peering link) on one
+    /// only, and is not the line's to cure. With one server, its own delay; cake-autorate's law
+    /// puts each reflector's delay in its window as it comes, and so each server's here.
+    fn sample(&mut self, now: u64, source: usize, owd_ms: f64, cfg: &Config, out: &mut Vec<Event>) {
+        if self.sources.len() <= source {
+            self.sources.resize(source + 1, Source::default());
+        }
+        let s = &mut self.sources[source];
         // The baseline follows a falling delay at once and a rising one very slowly.
-        let base = match self.baseline {
+        let base = match s.baseline {
             None => owd_ms,
             Some(b) if owd_ms > b => b + cfg.alpha_baseline_increase * (owd_ms - b),
             Some(b) => b + cfg.alpha_baseline_decrease * (owd_ms - b),
         };
-        self.baseline = Some(base);
-        self.delta(now, owd_ms - base, true, cfg, out);
+        s.baseline = Some(base);
+        let own = owd_ms - base;
+        s.latest = Some((now, own));
+        let delta = match cfg.law {
+            Law::CakeAutorate => own,
+            Law::Bloatlab => self
+                .sources
+                .iter()
+                .filter_map(|s| s.latest)
+                .filter(|(t, _)| now.saturating_sub(*t) <= SOURCE_FRESH_NS)
+                .fold(own, |least, (_, d)| least.min(d)),
+        };
+        self.delta(now, delta, true, cfg, out);
     }
 
     /// A delay over the baseline, ms. `may_cut`: bloat in it may be this direction's (a round
@@ -602,12 +640,23 @@ impl Controller {
         }
     }
 
-    /// Each direction's baseline one-way delay, ms.
-    pub fn baseline(&self, dir: Direction) -> Option<f64> {
-        match dir {
-            Direction::Down => self.down.baseline,
-            Direction::Up => self.up.baseline,
-        }
+    /// A direction's baseline one-way delay to server `source`, ms.
+    pub fn baseline(&self, dir: Direction, source: usize) -> Option<f64> {
+        let d = match dir {
+            Direction::Down => &self.down,
+            Direction::Up => &self.up,
+        };
+        d.sources.get(source).and_then(|s| s.baseline)
+    }
+
+    /// A direction's delay over its baseline as the controller last took it, ms (with
+    /// several servers, the least of their latest).
+    pub fn delta(&self, dir: Direction) -> Option<f64> {
+        let d = match dir {
+            Direction::Down => &self.down,
+            Direction::Up => &self.up,
+        };
+        d.window.back().map(|w| w.1)
     }
 
     /// The line's rate now per direction (the interface's counters), bits per second.
@@ -622,14 +671,15 @@ impl Controller {
         }
     }
 
-    /// One probe's one-way delays at `now`.
-    pub fn on_sample(&mut self, now: u64, s: Sample) -> Vec<Event> {
+    /// One probe's one-way delays at `now`, from server `source` (0 with one; the shell
+    /// numbers the servers it probes from 0).
+    pub fn on_sample(&mut self, now: u64, source: usize, s: Sample) -> Vec<Event> {
         let mut out = self.sampled(now);
         if let Some(ms) = s.down_ms {
-            self.down.sample(now, ms, &self.cfg, &mut out);
+            self.down.sample(now, source, ms, &self.cfg, &mut out);
         }
         if let Some(ms) = s.up_ms {
-            self.up.sample(now, ms, &self.cfg, &mut out);
+            self.up.sample(now, source, ms, &self.cfg, &mut out);
         }
         out
     }

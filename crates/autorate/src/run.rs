@@ -57,8 +57,9 @@ pub enum OnExit {
 }
 
 pub struct AutorateConfig {
-    /// HOST[:PORT] of a bloatlab server; none: the reflectors alone.
-    pub target: Option<String>,
+    /// HOST[:PORT] of each bloatlab server probed (the probes a second shared among them);
+    /// none: the reflectors alone.
+    pub targets: Vec<String>,
     /// ICMP echo reflectors, followed while no server answers (in the order given: the first
     /// six at a time, the rest as spares).
     pub reflectors: Vec<IpAddr>,
@@ -109,7 +110,8 @@ struct Metrics {
     registry: Registry,
     rate: [FGauge; 2],
     load: [FGauge; 2],
-    baseline: [FGauge; 2],
+    /// Per server (as in `targets`), each direction's.
+    baseline: Vec<[FGauge; 2]>,
     delta: [FGauge; 2],
     changes: Family<Labels, UCounter>,
     answered: UCounter,
@@ -126,7 +128,8 @@ fn index(d: Direction) -> usize {
 }
 
 impl Metrics {
-    fn new() -> Metrics {
+    /// `servers`: the bloatlab servers probed, each a label of its baselines.
+    fn new(servers: &[String]) -> Metrics {
         let mut r = Registry::with_prefix("bloatlab_autorate");
         let family = |r: &mut Registry, name: &str, help: &str, unit: Unit| {
             let f = Family::<Labels, FGauge>::default();
@@ -142,16 +145,28 @@ impl Metrics {
             "What the line carried, from its counters",
             bps(),
         );
-        let baseline = family(
-            &mut r,
+        let baselines = Family::<Vec<(&'static str, String)>, FGauge>::default();
+        r.register_with_unit(
             "baseline_delay",
-            "One-way delay's baseline (its clock offset's error included)",
+            "One-way delay's baseline to each server (its clock offset's error included)",
             Unit::Seconds,
+            baselines.clone(),
         );
+        let baseline = servers
+            .iter()
+            .map(|server| {
+                let get = |d: &'static str| {
+                    let labels = vec![("direction", d.to_string()), ("server", server.clone())];
+                    baselines.get_or_create(&labels).clone()
+                };
+                [get("down"), get("up")]
+            })
+            .collect();
         let delta = family(
             &mut r,
             "delay_delta",
-            "The last one-way delay above its baseline",
+            "The last one-way delay above its baseline the rates followed (with several \
+            servers, the least of theirs)",
             Unit::Seconds,
         );
         let changes = Family::<Labels, UCounter>::default();
@@ -269,21 +284,39 @@ impl Now {
     }
 }
 
+/// A server probed by [`run`]'s loop, with its own retries.
+struct Server {
+    watch: Watch,
+    retry_at: u64,
+    backoff: Duration,
+    unreachable: bool,
+}
+
 /// Runs until `cfg.stop` is set, then leaves the shaper as `cfg.on_exit` says: its own probes
-/// to `cfg.target` drive an [`Autorate`].
+/// to `cfg.targets` drive an [`Autorate`].
 pub fn run(
     cfg: AutorateConfig,
     shaper: Box<dyn Shaper>,
     say: Say,
 ) -> Result<Summary, AutorateError> {
-    let mut watch = match &cfg.target {
-        Some(t) => Some(
-            Watch::new(t, cfg.probe_rate, cfg.key.clone())?
+    // The probes a second shared among the servers, each's a fraction of an interval after
+    // the one before: one probe a wake-up, evenly spaced.
+    let n = cfg.targets.len().max(1) as u64;
+    let interval = (1e9 / cfg.probe_rate) as u64;
+    let start = bloatlab_netio::mono_ns();
+    let mut servers = Vec::new();
+    for (i, t) in (0..).zip(&cfg.targets) {
+        let per_server = cfg.probe_rate / n as f64;
+        servers.push(Server {
+            watch: Watch::new(t, per_server, cfg.key.clone())?
                 .prompt()
-                .driven(),
-        ),
-        None => None,
-    };
+                .driven()
+                .first_probe_at(start + i * interval),
+            retry_at: 0,
+            backoff: Duration::from_secs(1),
+            unreachable: false,
+        });
+    }
     let stop = cfg.stop.clone();
     let metrics_addr = cfg.metrics;
     let mut a = Autorate::start(cfg, shaper, say.clone())?;
@@ -300,37 +333,39 @@ pub fn run(
         }
         None => None,
     };
-    let mut retry_at = 0;
-    let mut backoff = Duration::from_secs(1);
-    let mut unreachable = false;
     while !stop.load(Ordering::Relaxed) {
         let now = bloatlab_netio::mono_ns();
-        if let Some(watch) = watch.as_mut().filter(|_| now >= retry_at) {
-            match watch.poll() {
+        for (i, s) in servers.iter_mut().enumerate() {
+            if now < s.retry_at {
+                continue;
+            }
+            let name = &a.cfg.targets[i];
+            match s.watch.poll() {
                 Ok(samples) => {
-                    if unreachable && watch.connected() {
-                        unreachable = false;
-                        backoff = Duration::from_secs(1);
-                        say(&format!("{} answers again", a.target()));
+                    if s.unreachable && s.watch.connected() {
+                        s.unreachable = false;
+                        s.backoff = Duration::from_secs(1);
+                        say(&format!("{name} answers again"));
                     }
-                    a.samples(now, &samples);
+                    a.samples_from(now, i, &samples);
                 }
                 Err(e) => {
-                    if !unreachable {
-                        unreachable = true;
-                        say(&format!("{} does not answer: {e}; retrying", a.target()));
+                    if !s.unreachable {
+                        s.unreachable = true;
+                        say(&format!("{name} does not answer: {e}; retrying"));
                     }
-                    retry_at = now + backoff.as_nanos() as u64;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    s.retry_at = now + s.backoff.as_nanos() as u64;
+                    s.backoff = (s.backoff * 2).min(Duration::from_secs(5));
                 }
             }
         }
         a.step(now);
         // One wake-up per probe: it takes the answers that came meanwhile (timed by the kernel
         // as they arrived) and sends the next; the counters are read on the wake-up due.
-        let mut wake = watch
-            .as_ref()
-            .and_then(Watch::next_due)
+        let mut wake = servers
+            .iter()
+            .filter_map(|s| s.watch.next_due())
+            .min()
             .unwrap_or(now + STEP.as_nanos() as u64);
         if let Some(due) = a.next_due() {
             wake = wake.min(due);
@@ -382,7 +417,7 @@ impl Autorate {
             version: VERSION,
             bloatlab_version: env!("CARGO_PKG_VERSION").into(),
             started_unix: bloatlab_netio::unix_now(),
-            target: cfg.target.clone().unwrap_or_default(),
+            target: cfg.targets.join(", "),
             reflectors: cfg.reflectors.iter().map(ToString::to_string).collect(),
             shaper: shaper.describe(),
             law: match c.law {
@@ -401,7 +436,7 @@ impl Autorate {
                     source,
                 }
             })?;
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(Metrics::new(&cfg.targets));
         let ctl = Controller::new(cfg.controller.clone());
         for d in [Direction::Down, Direction::Up] {
             let bps = ctl.rate(d);
@@ -411,10 +446,13 @@ impl Autorate {
             metrics.rate[index(d)].set(bps);
         }
         metrics.shaper_present.set(1.0);
-        let signal = match (&cfg.target, cfg.reflectors.len()) {
-            (Some(t), 0) => format!("probing {t}"),
-            (Some(t), n) => format!("probing {t} ({n} ICMP reflectors while it does not answer)"),
-            (None, n) => format!("pinging {} of {n} ICMP reflectors", n.min(6)),
+        let servers = cfg.targets.join(", ");
+        let signal = match (cfg.targets.len(), cfg.reflectors.len()) {
+            (0, n) => format!("pinging {} of {n} ICMP reflectors", n.min(6)),
+            (1, 0) => format!("probing {servers}"),
+            (_, 0) => format!("probing {servers} in turn"),
+            (1, n) => format!("probing {servers} ({n} ICMP reflectors while it does not answer)"),
+            (_, n) => format!("probing {servers} in turn ({n} ICMP reflectors while none answers)"),
         };
         say(&format!(
             "{}: {:.1} / {:.1} Mbit/s down/up to start; {signal} at {}/s",
@@ -466,11 +504,6 @@ impl Autorate {
         })
     }
 
-    /// The server it follows, as the user named it.
-    pub fn target(&self) -> &str {
-        self.cfg.target.as_deref().unwrap_or_default()
-    }
-
     fn read_load(&mut self, now: u64) {
         match self.shaper.carried() {
             Ok((down, up)) => {
@@ -503,7 +536,7 @@ impl Autorate {
             return;
         };
         let quiet =
-            self.cfg.target.is_none() || now.saturating_sub(self.last_server) >= SERVER_QUIET;
+            self.cfg.targets.is_empty() || now.saturating_sub(self.last_server) >= SERVER_QUIET;
         if quiet != self.following {
             self.following = quiet;
             self.metrics
@@ -513,13 +546,18 @@ impl Autorate {
             (self.st.delta, self.st.rtt_delta) = ((None, None), None);
             let event = if quiet {
                 p.resume(now);
-                (self.say)(&match &self.cfg.target {
-                    Some(t) => format!(
-                        "{t} does not answer: following ICMP reflectors' round trips (no \
-                        direction of their own: the busier direction is cut)"
-                    ),
-                    None => "following ICMP reflectors' round trips".into(),
-                });
+                let silent = match self.cfg.targets.len() {
+                    0 => String::new(),
+                    1 => format!("{} does not answer: ", self.cfg.targets[0]),
+                    _ => format!("{} do not answer: ", self.cfg.targets.join(", ")),
+                };
+                let how = match silent.is_empty() {
+                    true => "",
+                    false => " (no direction of their own: the busier direction is cut)",
+                };
+                (self.say)(&format!(
+                    "{silent}following ICMP reflectors' round trips{how}"
+                ));
                 "reflectors"
             } else {
                 (self.say)("the server answers: following its one-way delays again");
@@ -659,6 +697,47 @@ impl Autorate {
         self.log.line(&line);
     }
 
+    /// Server `source`'s probes (its index in `targets`) settled since the last call, at `now`
+    /// (monotonic ns).
+    pub fn samples_from(&mut self, now: u64, source: usize, samples: &[WatchSample]) {
+        for s in samples {
+            // A prompt watch's one-way delays (its offset kept across sessions).
+            let (Some(up), Some(down)) = (s.owd_up_ms, s.owd_down_ms) else {
+                self.st.lost += 1;
+                self.summary.lost += 1;
+                self.metrics.lost.inc();
+                continue;
+            };
+            self.last_server = now;
+            self.st.answered += 1;
+            self.summary.answered += 1;
+            self.metrics.answered.inc();
+            let sample = Sample {
+                down_ms: Some(down),
+                up_ms: Some(up),
+            };
+            self.events.extend(self.ctl.on_sample(now, source, sample));
+            for d in [Direction::Down, Direction::Up] {
+                let i = index(d);
+                // The delay the controller took (with several servers, the least of theirs).
+                let delta = self.ctl.delta(d);
+                match d {
+                    Direction::Down => self.st.delta.0 = delta,
+                    Direction::Up => self.st.delta.1 = delta,
+                }
+                if let Some(delta) = delta {
+                    self.metrics.delta[i].set(delta / 1e3);
+                }
+                if let (Some(base), Some(gauges)) = (
+                    self.ctl.baseline(d, source),
+                    self.metrics.baseline.get(source),
+                ) {
+                    gauges[i].set(base / 1e3);
+                }
+            }
+        }
+    }
+
     /// Leaves the shaper as `on_exit` says, with the log's last line.
     pub fn finish(mut self) -> Summary {
         let now = bloatlab_netio::mono_ns();
@@ -692,36 +771,7 @@ impl Rider for Autorate {
 
     /// The server's probes settled since the last call, at `now` (monotonic ns).
     fn samples(&mut self, now: u64, samples: &[WatchSample]) {
-        for s in samples {
-            // A prompt watch's one-way delays (its offset kept across sessions).
-            let (Some(up), Some(down)) = (s.owd_up_ms, s.owd_down_ms) else {
-                self.st.lost += 1;
-                self.summary.lost += 1;
-                self.metrics.lost.inc();
-                continue;
-            };
-            self.last_server = now;
-            self.st.answered += 1;
-            self.summary.answered += 1;
-            self.metrics.answered.inc();
-            self.events.extend(self.ctl.on_sample(
-                now,
-                Sample {
-                    down_ms: Some(down),
-                    up_ms: Some(up),
-                },
-            ));
-            for (d, ms) in [(Direction::Down, down), (Direction::Up, up)] {
-                let base = self.ctl.baseline(d).unwrap_or(ms);
-                let delta = ms - base;
-                match d {
-                    Direction::Down => self.st.delta.0 = Some(delta),
-                    Direction::Up => self.st.delta.1 = Some(delta),
-                }
-                self.metrics.baseline[index(d)].set(base / 1e3);
-                self.metrics.delta[index(d)].set(delta / 1e3);
-            }
-        }
+        self.samples_from(now, 0, samples);
     }
 
     /// Everything else due at `now`: the line's counters, the reflectors while the server is

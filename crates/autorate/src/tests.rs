@@ -15,8 +15,11 @@ struct Line {
     /// Capacity per direction at a time (ns), bit/s.
     down: Box<dyn Fn(u64) -> f64>,
     up: Box<dyn Fn(u64) -> f64>,
-    /// Delay added outside the bottleneck at a time (a queue elsewhere), ms.
+    /// Delay added outside the bottleneck at a time (a queue elsewhere) to the download's
+    /// probes, on the path to server 0 only, ms.
     elsewhere_ms: Box<dyn Fn(u64) -> f64>,
+    /// Servers probed in turn (the probes a second shared among them).
+    servers: usize,
     base_ms: f64,
     buffer_s: f64,
     /// Each counter reading off by up to this share either way (a busy host reads them late).
@@ -93,12 +96,17 @@ fn simulate_cfg(c: Config, line: &Line, secs: u64, warmup: u64) -> Run {
             ctl.on_load(noisy(counted.0), noisy(counted.1));
             counted = (0.0, 0.0);
         }
-        let extra = (line.elsewhere_ms)(t);
+        let source = (t / STEP) as usize % line.servers;
+        let extra = if source == 0 {
+            (line.elsewhere_ms)(t)
+        } else {
+            0.0
+        };
         let sample = Sample {
             down_ms: Some(line.base_ms / 2.0 + qd * 1e3 + extra),
             up_ms: Some(line.base_ms / 2.0 + qu * 1e3),
         };
-        let mut ev = ctl.on_sample(t, sample);
+        let mut ev = ctl.on_sample(t, source, sample);
         ev.extend(ctl.on_tick(t));
         if t >= warmup * S {
             run.queue_ms.extend([qd * 1e3, qu * 1e3]);
@@ -124,6 +132,7 @@ fn steady(c_down: f64, c_up: f64) -> Line {
         down: Box::new(move |_| c_down),
         up: Box::new(move |_| c_up),
         elsewhere_ms: Box::new(|_| 0.0),
+        servers: 1,
         base_ms: 20.0,
         buffer_s: 0.5,
         counter_noise: 0.0,
@@ -351,6 +360,79 @@ fn a_queue_elsewhere_does_not_drive_ours_to_the_minimum() {
     );
 }
 
+/// Two servers probed in turn (10 a second each): a queue on the path to one of them beyond
+/// the line (its own uplink busy: 60 ms for 15 s) is not the line's, and ours cuts nothing for
+/// it, where with that server alone it cuts to its memory of safe rates (49.0 Mbit/s before,
+/// 42.2 during, against 49.1 with both). The line's own fall
+/// (50 to 20 Mbit/s, on both paths) is still below the new capacity within a sample of the
+/// time one server takes: the least of the two servers' latest delays lags by one probe.
+#[test]
+fn with_two_servers_a_queue_on_one_servers_path_cuts_nothing_and_the_lines_fall_still_does() {
+    let line = |servers| Line {
+        down: Box::new(|t| if t < 80 * S { 50.0 * MBIT } else { 20.0 * MBIT }),
+        elsewhere_ms: Box::new(|t| {
+            if (60 * S..75 * S).contains(&t) {
+                60.0
+            } else {
+                0.0
+            }
+        }),
+        servers,
+        ..steady(50.0 * MBIT, 10.0 * MBIT)
+    };
+    let mut seen = Vec::new();
+    for servers in [1, 2] {
+        let r = simulate(Law::Bloatlab, &line(servers), 90, 0, |_| {});
+        let cuts = r
+            .events
+            .iter()
+            .filter(|(t, e)| {
+                (60 * S..76 * S).contains(t)
+                    && matches!(
+                        e,
+                        Event::Rate {
+                            dir: Direction::Down,
+                            why: Why::Bloat | Why::SafeFloor | Why::FloorTest,
+                            ..
+                        }
+                    )
+            })
+            .count();
+        let below = r
+            .first_rate_after(80 * S, |rate| rate <= 20.0 * MBIT)
+            .expect("the rate fell below the new capacity");
+        let mean = |from: u64, to: u64| {
+            let v: Vec<f64> = r
+                .rates
+                .iter()
+                .filter(|x| (from..to).contains(&x.0))
+                .map(|x| x.1)
+                .collect();
+            v.iter().sum::<f64>() / v.len() as f64
+        };
+        let (before, during) = (mean(45 * S, 60 * S), mean(60 * S, 75 * S));
+        eprintln!(
+            "{servers} server(s): {cuts} cuts for the far queue, {:.1} Mbit/s before it, \
+             {:.1} during it, below the fall in {below:.2} s",
+            before / MBIT,
+            during / MBIT
+        );
+        seen.push((cuts, below, during / before));
+    }
+    assert!(
+        seen[0].0 > 0 && seen[0].2 < 0.95,
+        "one server: its queue read as the line's"
+    );
+    assert_eq!(seen[1].0, 0, "two servers: cut for one server's path");
+    assert!(seen[1].2 >= 0.97, "two servers: {} of the rate", seen[1].2);
+    assert!(
+        seen[1].1 <= seen[0].1 + 0.1,
+        "two servers below the fall in {} s, one in {} s",
+        seen[1].1,
+        seen[0].1
+    );
+}
+
 /// The upload's capacity falls by a tenth, to where the memory of safe rates would hold the
 /// shaper: the queue that keeps growing says the memory is out of date, and ours cuts below
 /// the new capacity; the queue is gone within seconds.
@@ -404,7 +486,10 @@ fn a_standing_queue_under_a_floor_just_above_the_line_is_drained() {
     ctl.up.rate = 1.008 * cu;
     ctl.up.safe.push_back((0, 9.2 * MBIT));
     // The line's base delay is known (from before the queue).
-    ctl.up.baseline = Some(10.0);
+    ctl.up.sources = vec![Source {
+        baseline: Some(10.0),
+        latest: None,
+    }];
     let (mut qu, mut t) = (0.150f64, 0);
     let mut queue = Vec::new();
     while t < 20 * S {
@@ -415,6 +500,7 @@ fn a_standing_queue_under_a_floor_just_above_the_line_is_drained() {
         }
         ctl.on_sample(
             t,
+            0,
             Sample {
                 down_ms: Some(10.0),
                 up_ms: Some(10.0 + qu * 1e3),
@@ -465,7 +551,7 @@ fn a_silence_holds_the_rates_and_min_comes_only_when_asked() {
         };
         let mut t = 0;
         while t < 5 * S {
-            ctl.on_sample(t, calm);
+            ctl.on_sample(t, 0, calm);
             ctl.on_tick(t);
             t += STEP;
         }
@@ -492,7 +578,7 @@ fn a_silence_holds_the_rates_and_min_comes_only_when_asked() {
                 assert_eq!(ctl.rate(Direction::Up), 2.0 * MBIT);
             }
         }
-        assert_eq!(ctl.on_sample(t, calm)[0], Event::Recovered);
+        assert_eq!(ctl.on_sample(t, 0, calm)[0], Event::Recovered);
     }
 }
 
@@ -507,6 +593,7 @@ fn a_silence_after_cuts_holds_the_cut_rate_not_the_one_before() {
         ctl.on_load(ctl.rate(Direction::Down), ctl.rate(Direction::Up));
         ctl.on_sample(
             t,
+            0,
             Sample {
                 down_ms: Some(ms),
                 up_ms: Some(10.0),
@@ -558,6 +645,7 @@ fn rates_never_leave_their_bounds() {
             };
             let mut ev = ctl.on_sample(
                 t,
+                0,
                 Sample {
                     down_ms: ms(r >> 8),
                     up_ms: ms(r >> 20),
@@ -587,7 +675,7 @@ fn without_load_the_rate_decays_towards_base_and_nonsense_bounds_are_refused() {
         up_ms: Some(10.0),
     };
     for i in 0..=60 {
-        ctl.on_sample(i * S, calm);
+        ctl.on_sample(i * S, 0, calm);
         ctl.on_tick(i * S);
     }
     // x0.99 a second for 60 s: 80 * 0.99^60 = 43.8 Mbit/s.

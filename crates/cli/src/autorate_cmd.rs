@@ -39,7 +39,11 @@ pub enum OnExitArg {
 pub struct AutorateArgs {
     /// A bloatlab server's HOST[:PORT], beyond the line: its UDP probes give one-way delay per
     /// direction (no ICMP, which routers may deprioritise or filter; works through NAT).
-    /// Optional with --reflectors.
+    /// Several, separated by commas, are probed in turn (the probes a second shared): each
+    /// one's delays over its own baselines, and the rates follow the least of their latest, so
+    /// a queue on one server's path beyond the line cuts nothing, and one server gone leaves
+    /// the others. Optional with --reflectors.
+    #[arg(value_name = "HOST[,HOST...]")]
     pub host: Option<String>,
     /// ICMP echo reflectors (comma-separated addresses, or `public`: anycast DNS resolvers of
     /// seven operators), followed while HOST does not answer, or alone. Six are pinged at a
@@ -164,6 +168,29 @@ pub fn reflectors(s: &str) -> Result<Vec<std::net::IpAddr>, String> {
     }
     if out.is_empty() {
         return Err("--reflectors: no address given".into());
+    }
+    Ok(out)
+}
+
+/// HOST[:PORT] of each bloatlab server, separated by commas (each at most once).
+fn servers(s: &str) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    for h in s.split(',').map(str::trim) {
+        if h.is_empty() {
+            return Err(format!(
+                "HOST `{}`: an empty name between commas",
+                s.escape_debug()
+            ));
+        }
+        if bloatlab_measure::is_url(h) {
+            return Err(format!(
+                "HOST `{}` is a URL: autorate probes bloatlab servers (HOST[:PORT])",
+                h.escape_debug()
+            ));
+        }
+        if !out.iter().any(|o| o == h) {
+            out.push(h.to_string());
+        }
     }
     Ok(out)
 }
@@ -302,9 +329,10 @@ fn prepare(
     };
     let parsed = (|| -> Result<_, String> {
         let reflectors = a.reflectors.as_deref().map(reflectors).transpose()?;
-        let host = match (&a.host, &reflectors) {
-            (None, None) => need(&a.host, "HOST or --reflectors")?,
-            (h, _) => h.clone().unwrap_or_default(),
+        let hosts = match (&a.host, &reflectors) {
+            (None, None) => servers(&need(&a.host, "HOST or --reflectors")?)?,
+            (Some(h), _) => servers(h)?,
+            (None, Some(_)) => Vec::new(),
         };
         let dev = need(&a.dev, "--dev")?;
         let down =
@@ -316,21 +344,18 @@ fn prepare(
                 "--probe-rate {rate}: want 10 to 50 probes per second"
             ));
         }
-        if !host.is_empty() && bloatlab_measure::is_url(&host) {
-            return Err("autorate: HOST is a bloatlab server (HOST[:PORT]), not a URL".into());
-        }
         let class = a
             .htb_class
             .as_deref()
             .map(shaper::parse_handle)
             .transpose()?;
-        let host = (!host.is_empty()).then_some(host);
         let log_max = bloatlab_units::parse_bytes(a.log_max.as_deref().unwrap_or("4MB"))
             .map_err(|e| format!("--log-max {e}"))?;
         let reflectors = reflectors.unwrap_or_default();
-        Ok((host, reflectors, dev, down, up, rate, class, log_max))
+        Ok((hosts, reflectors, dev, down, up, rate, class, log_max))
     })();
-    let (host, reflectors, dev, down, up, rate, class, log_max) = parsed.map_err(Refusal::Usage)?;
+    let (hosts, reflectors, dev, down, up, rate, class, log_max) =
+        parsed.map_err(Refusal::Usage)?;
     let key = load_key(a.key.as_deref()).map_err(Refusal::Fail)?;
     let law = match a.law.unwrap_or(LawArg::Bloatlab) {
         LawArg::Bloatlab => Law::Bloatlab,
@@ -344,7 +369,7 @@ fn prepare(
         Err(e) => return Err(Refusal::Fail(e)),
     };
     let cfg = AutorateConfig {
-        target: host,
+        targets: hosts,
         reflectors,
         probe_rate: rate,
         key,
@@ -384,7 +409,7 @@ pub fn rider(
         Err(Refusal::Usage(e) | Refusal::Fail(e)) => return Err(format!("--autorate: {e}")),
     };
     let refuse = |key: &str| format!("--autorate {}: `{key}` is the monitor's", file.display());
-    if p.cfg.target.as_deref() != Some(host) {
+    if p.cfg.targets != [host] {
         return Err(refuse("host"));
     }
     if p.cfg.metrics.is_some() {

@@ -27,13 +27,49 @@ fn class_rate(ns: &str, dev: &str) -> String {
 }
 
 /// `bloatlab autorate` in the client's namespace, moving the HTB on its c0 (the upload as
-/// `up` says), probing the topology's server; its stderr piped.
-fn on_the_client(t: &Topo, up: &str, extra: &[&str]) -> std::process::Child {
-    let server = format!("{SRV_ADDR}:9461");
-    let mut args = vec!["autorate", &server, "--netns", &t.cli, "--dev", "c0"];
+/// `up` says), probing `hosts`; its stderr piped.
+fn on_the_client(t: &Topo, hosts: &str, up: &str, extra: &[&str]) -> std::process::Child {
+    let mut args = vec!["autorate", hosts, "--netns", &t.cli, "--dev", "c0"];
     args.extend(["--down", "5mbit:40mbit:50mbit", "--up", up]);
     args.extend(extra);
     command(&[], &args).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+/// SIGTERM to `child`, which must end within 10 s: its exit status and stderr (printed).
+fn sigterm(mut child: std::process::Child) -> (std::process::ExitStatus, String) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "it did not end on SIGTERM");
+        wait_ms(100);
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    eprintln!("{stderr}");
+    (status, stderr)
+}
+
+/// The tick lines of `lines` from `from` to `to` seconds after a load that started 1.5 s
+/// after autorate (the log's clock).
+fn ticks(lines: &[LogLine], from: f64, to: f64) -> Vec<&LogLine> {
+    lines
+        .iter()
+        .filter(|l| l.event == "tick" && (from + 1.5..to + 1.5).contains(&l.t))
+        .collect()
+}
+
+/// The client namespace's view of a /metrics page on `port`.
+fn scrape(t: &Topo, port: u16) -> String {
+    let url = format!("127.0.0.1:{port}/metrics");
+    let out = Command::new("ip")
+        .args(["netns", "exec", &t.cli, "curl", "-s", &url])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string()
 }
 
 /// autorate's log lines after the header, read with the result crate's reader
@@ -142,25 +178,9 @@ fn an_htb_class_follows_a_line_that_slows_under_a_real_upload_by_server_then_ref
     let probe_server = probed();
     let log = tmp_path("htb.autorate.jsonl");
     let probe_addr = format!("{SRV_ADDR}:9462");
-    let args = [
-        "autorate",
-        &probe_addr,
-        "--reflectors",
-        SRV_ADDR,
-        "--netns",
-        &t.cli,
-        "--dev",
-        "c0",
-        "--down",
-        "5mbit:40mbit:50mbit",
-        "--up",
-        "2mbit:16mbit:20mbit",
-        "--on-exit",
-        "base",
-        "--log",
-        log.to_str().unwrap(),
-    ];
-    let mut ar = command(&[], &args).stderr(Stdio::piped()).spawn().unwrap();
+    let mut extra = ["--reflectors", SRV_ADDR, "--on-exit", "base", "--log"].to_vec();
+    extra.push(log.to_str().unwrap());
+    let ar = on_the_client(&t, &probe_addr, "2mbit:16mbit:20mbit", &extra);
     wait_ms(1500);
     // BASE on start: the class as the user left it, but the rate.
     assert_eq!(class_rate(&t.cli, "c0"), "16Mbit");
@@ -183,19 +203,7 @@ fn an_htb_class_follows_a_line_that_slows_under_a_real_upload_by_server_then_ref
     while !log_lines(&log).iter().any(|l| l.event == "server") && Instant::now() < deadline {
         wait_ms(200);
     }
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(ar.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = ar.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "autorate did not end on SIGTERM");
-        wait_ms(100);
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(ar.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-    eprintln!("{stderr}");
+    let (status, stderr) = sigterm(ar);
     assert!(status.success(), "{stderr}");
     assert_eq!(class_rate(&t.cli, "c0"), "16Mbit", "{stderr}");
     // Overhead, quantum and the rest as they were: only the rates moved.
@@ -206,13 +214,7 @@ fn an_htb_class_follows_a_line_that_slows_under_a_real_upload_by_server_then_ref
     assert!(String::from_utf8_lossy(&shown.stdout).contains("overhead 18"));
 
     let lines = log_lines(&log);
-    // The log's clock starts about 1.5 s before the load's.
-    let ticks = |from: f64, to: f64| -> Vec<&LogLine> {
-        lines
-            .iter()
-            .filter(|l| l.event == "tick" && (from + 1.5..to + 1.5).contains(&l.t))
-            .collect()
-    };
+    let ticks = |from, to| ticks(&lines, from, to);
     let before: Vec<f64> = ticks(slowed_at - 4.0, slowed_at)
         .iter()
         .map(|l| l.up_bps)
@@ -280,6 +282,113 @@ fn an_htb_class_follows_a_line_that_slows_under_a_real_upload_by_server_then_ref
     assert!(dom.contains("<td>reflectors</td>") && dom.contains("<td>server</td>"));
 }
 
+/// Two servers, probed in turn: both answer (each has its own baselines on /metrics) at 20
+/// probes a second in all while the line slows under a real upload, which the shaper follows.
+/// Then one server goes: said once, the other carries on (no reflectors, no stall, its 10 a
+/// second); back, it is said and probed again.
+#[test]
+fn with_two_servers_one_gone_leaves_the_other_driving() {
+    let _s = serial();
+    let (t, _server) = match shaped_client("a2", 1000) {
+        Ok(up) => up,
+        Err(e) => return missing(&e),
+    };
+    // The second server's probes get the upload shaper's probe class too.
+    sh(&[
+        "ip", "netns", "exec", &t.cli, "tc", "filter", "add", "dev", "c0", "parent", "1:",
+        "protocol", "ip", "prio", "1", "u32", "match", "ip", "dport", "9463", "0xffff", "flowid",
+        "1:20",
+    ])
+    .unwrap();
+    let probed =
+        |port: &str| ServerProc::start(&t.exec(&t.srv), &format!("0.0.0.0:{port}"), &["-q"]);
+    let (_a, mut b) = (probed("9462"), probed("9463"));
+    let log = tmp_path("two.autorate.jsonl");
+    let (a_addr, b_addr) = (format!("{SRV_ADDR}:9462"), format!("{SRV_ADDR}:9463"));
+    let both = format!("{a_addr},{b_addr}");
+    let extra = [
+        "--metrics",
+        "127.0.0.1:9468",
+        "--log",
+        log.to_str().unwrap(),
+    ];
+    let ar = on_the_client(&t, &both, "2mbit:16mbit:20mbit", &extra);
+    wait_ms(1500);
+    let mut load = upload(&t, "17", "two-upload.json.gz");
+    let start = Instant::now();
+    let now = || start.elapsed().as_secs_f64();
+    wait_ms(3000);
+    let slowed_at = now();
+    slow_the_line(&t, "8mbit");
+    wait_ms(6000);
+    let metrics = scrape(&t, 9468);
+    b.child.kill().unwrap();
+    let _ = b.child.wait();
+    let gone_at = now();
+    wait_ms(6000);
+    let _b_back = probed("9463");
+    let back_at = now();
+    let _ = load.wait();
+    // Its sessions are retried 1, 2, 4 s apart: the one 7 s after it went finds it back, a
+    // second before the load ends.
+    wait_ms(2000);
+    let (status, stderr) = sigterm(ar);
+    assert!(status.success(), "{stderr}");
+
+    for server in [&a_addr, &b_addr] {
+        let baseline = metrics.lines().find(|l| {
+            l.starts_with("bloatlab_autorate_baseline_delay_seconds{")
+                && l.contains(&format!("server=\"{server}\""))
+                && l.contains("direction=\"up\"")
+        });
+        let value = baseline.and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+        assert!(
+            value.is_some_and(|v| v != 0.0),
+            "{server}'s baseline: {baseline:?}\n{metrics}"
+        );
+    }
+    assert!(stderr.contains("probing 10.99.3.1:9462, 10.99.3.1:9463 in turn"));
+    let said = |what: &str| stderr.matches(&format!("{b_addr} {what}")).count();
+    assert_eq!(said("does not answer"), 1, "{stderr}");
+    assert_eq!(said("answers again"), 1, "{stderr}");
+    assert!(
+        !stderr.contains(&format!("{a_addr} does not answer")),
+        "{stderr}"
+    );
+
+    let lines = log_lines(&log);
+    let ticks = |from, to| ticks(&lines, from, to);
+    // Probes answered a second: the median of the tick lines' (a loop held up by CI's other
+    // tests for a second answers fewer in it and no fewer after).
+    let per_second = |ticks: Vec<&LogLine>| {
+        let mut v: Vec<u64> = ticks.iter().map(|l| l.answered).collect();
+        v.sort_unstable();
+        v.get(v.len() / 2).copied().unwrap_or(0)
+    };
+    let with_both = per_second(ticks(0.0, gone_at));
+    let with_one = per_second(ticks(gone_at + 1.0, back_at));
+    eprintln!("answered a second: {with_both} with both, {with_one} with one");
+    assert!((17..=23).contains(&with_both), "{with_both}");
+    assert!((8..=12).contains(&with_one), "{with_one}");
+    // The upload's shaper at the slower line from 3 s after it slowed, as with one server
+    // (the line's rate is 1532/1514 of it as the shaper counts: overhead 18 on 1514 B).
+    let ups: Vec<f64> = ticks(slowed_at + 3.0, back_at)
+        .iter()
+        .map(|l| l.up_bps)
+        .collect();
+    let mean = ups.iter().sum::<f64>() / ups.len().max(1) as f64;
+    eprintln!("upload shaper {ups:?}");
+    assert!(
+        !ups.is_empty() && mean <= 1.05 * 8e6 * 1532.0 / 1514.0,
+        "the shaper stayed above the 8 Mbit/s line: {ups:?}"
+    );
+    let events: Vec<&str> = lines.iter().map(|l| l.event.as_str()).collect();
+    assert!(
+        !events.contains(&"reflectors") && !events.contains(&"stalled"),
+        "{events:?}"
+    );
+}
+
 /// `monitor --autorate FILE`: autorate rides on the monitor's probes in one process: the
 /// probes at autorate's rate (20 a second, not the monitor's 5), the HTB class at BASE, one
 /// /metrics page with both (one `# EOF`, and promtool reads it), and SIGTERM ends both.
@@ -320,24 +429,13 @@ fn autorate_rides_on_the_monitors_probes_in_one_process() {
         "--autorate",
         conf.to_str().unwrap(),
     ];
-    let mut m = command(&t.exec(&t.cli), &args)
+    let m = command(&t.exec(&t.cli), &args)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     wait_ms(4000);
     assert_eq!(class_rate(&t.cli, "c0"), "12Mbit");
-    let page = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &t.cli,
-            "curl",
-            "-s",
-            "127.0.0.1:9467/metrics",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&page.stdout).to_string();
+    let text = scrape(&t, 9467);
     assert!(
         text.contains("bloatlab_autorate_rate_bits_per_second{direction=\"up\"} 12000000")
             && text.contains("bloatlab_probe_rtt_seconds"),
@@ -371,11 +469,7 @@ fn autorate_rides_on_the_monitors_probes_in_one_process() {
             .all(|l| l.starts_with("bloatlab_") && !l.contains("error")),
         "promtool: {said}"
     );
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(m.id() as i32, libc::SIGTERM) };
-    let status = m.wait().unwrap();
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(m.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let (status, stderr) = sigterm(m);
     assert!(status.success(), "{stderr}");
     let lines = log_lines(&log);
     assert_eq!(
@@ -427,23 +521,11 @@ fn a_shaper_removed_under_it_is_left_alone_and_found_again() {
     let _server = t.server();
     let ar = on_the_client(
         &t,
+        &format!("{SRV_ADDR}:9461"),
         "2mbit:12mbit:20mbit",
         &["--metrics", "127.0.0.1:9466", "--duration", "12s"],
     );
-    let scrape = || {
-        let out = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &t.cli,
-                "curl",
-                "-s",
-                "127.0.0.1:9466/metrics",
-            ])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
+    let scrape = || scrape(&t, 9466);
     wait_ms(1500);
     let m = scrape();
     assert!(m.contains("bloatlab_autorate_shaper_present 1"), "{m}");
@@ -531,6 +613,22 @@ fn nonsense_bounds_files_and_devices_are_refused_in_one_line() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("device nosuch0"), "{err}");
+    for (hosts, want) in [
+        ("127.0.0.1:9,,127.0.0.1:10", "an empty name between commas"),
+        (
+            "127.0.0.1:9,https://b.example/",
+            "HOST `https://b.example/` is a URL",
+        ),
+    ] {
+        let bounds = ["--down", "1mbit:2mbit:3mbit", "--up", "1mbit:2mbit:3mbit"];
+        let mut args = vec!["autorate", hosts, "--dev", "lo"];
+        args.extend(bounds);
+        let out = run(&[], &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
 }
 
 /// `lab compare` with rrul-be for `secs` s through `fix` (its arguments) on client - router -

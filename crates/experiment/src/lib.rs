@@ -456,7 +456,7 @@ impl Session {
         let log_path = log.clone();
         let thread = Beside::spawn(move |stop| {
             let cfg = bloatlab_autorate::run::AutorateConfig {
-                target: Some(target),
+                targets: vec![target],
                 reflectors: Vec::new(),
                 probe_rate: 20.0,
                 key: None,

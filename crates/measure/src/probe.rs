@@ -288,6 +288,14 @@ impl ProbeStream {
         d.next
     }
 
+    /// A driven stream's first request at `at` (monotonic ns) rather than at its first
+    /// [`ProbeStream::drive`].
+    pub fn first_at(&mut self, at: u64) {
+        if let Some(d) = &mut self.driven {
+            d.next = at;
+        }
+    }
+
     pub fn stop_sending(&self) {
         self.stop_send.store(true, Ordering::Relaxed);
     }

@@ -10,6 +10,7 @@ use crate::MeasureError;
 use bloatlab_analyze::clock::{self, Echo};
 use bloatlab_netio as netio;
 use bloatlab_proto::{StreamSpec, TestRequest};
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,6 +61,13 @@ pub struct Watch {
     /// learns it again, and every move reads as delay one way).
     oneway: OneWay,
     driven: bool,
+    /// A session being opened in a thread of its own: a handshake with a server that does not
+    /// answer takes seconds, and the owner's loop (other servers, reflectors, the shaper) goes
+    /// on meanwhile.
+    opening: Option<Receiver<Result<Session, MeasureError>>>,
+    /// A driven watch's probe schedule: a new session's first probe keeps to its grid, so
+    /// watches started apart stay apart.
+    grid: Option<u64>,
 }
 
 struct Session {
@@ -92,7 +100,17 @@ impl Watch {
             prompt: false,
             oneway: OneWay::default(),
             driven: false,
+            opening: None,
+            grid: None,
         })
+    }
+
+    /// A driven watch's first probe at `at` (monotonic ns) or a whole number of intervals
+    /// after it: watches of several servers started a fraction of an interval apart keep
+    /// their probes apart.
+    pub fn first_probe_at(mut self, at: u64) -> Watch {
+        self.grid = Some(at);
+        self
     }
 
     /// Settles each answered probe at once, before earlier ones still waiting for theirs (a
@@ -126,15 +144,17 @@ impl Watch {
         self.session.is_some()
     }
 
-    /// Opens a session when none is open, renews one at its end, and returns the probes
-    /// settled since the last call. An error means no session could be opened (the caller
-    /// backs off); probes of a session the server dropped are settled as lost.
+    /// Opens a session when none is open (in a thread: a later call finds it open), renews one
+    /// at its end, and returns the probes settled since the last call. An error means no
+    /// session could be opened (the caller backs off); probes of a session the server dropped
+    /// are settled as lost.
     pub fn poll(&mut self) -> Result<Vec<Sample>, MeasureError> {
         let now = netio::mono_ns();
         let mut out = Vec::new();
         if let Some(s) = &mut self.session {
             if self.driven {
                 s.next_due = s.probes.drive();
+                self.grid = Some(s.next_due);
             }
             let ending = now.saturating_sub(s.opened_ns) >= SESSION.as_nanos() as u64;
             let gone = s.control.server_gone();
@@ -157,17 +177,65 @@ impl Watch {
                 );
                 s.probes.stop();
                 if !gone {
-                    let _ = s.control.finish(Duration::from_millis(500));
+                    // The server's final report is not ours to wait for in the owner's loop.
+                    std::thread::spawn(move || s.control.finish(Duration::from_millis(500)));
                 }
             }
         }
         if self.session.is_none() && out.is_empty() {
-            self.session = Some(self.open()?);
+            match self.opening.take() {
+                None => {
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    let how = Opening {
+                        addrs: self.addrs.clone(),
+                        interval_us: self.interval_us,
+                        size: self.size,
+                        key: self.key.clone(),
+                        driven: self.driven,
+                    };
+                    // A watch dropped meanwhile takes no answer: the session is dropped too.
+                    std::thread::spawn(move || {
+                        let _ = tx.send(how.open());
+                    });
+                    self.opening = Some(rx);
+                }
+                Some(rx) => match rx.try_recv() {
+                    Ok(opened) => {
+                        let mut s = opened?;
+                        if let (true, Some(grid)) = (self.driven, self.grid) {
+                            let step = u64::from(self.interval_us) * 1_000;
+                            let now = netio::mono_ns();
+                            let first = grid + now.saturating_sub(grid).div_ceil(step) * step;
+                            s.probes.first_at(first);
+                            s.next_due = first;
+                        }
+                        self.session = Some(s);
+                    }
+                    Err(TryRecvError::Empty) => self.opening = Some(rx),
+                    Err(TryRecvError::Disconnected) => {
+                        return Err(MeasureError::Io {
+                            what: "opening a session".into(),
+                            source: std::io::Error::other("its thread ended without a word"),
+                        })
+                    }
+                },
+            }
         }
         Ok(out)
     }
+}
 
-    fn open(&self) -> Result<Session, MeasureError> {
+/// What a session is opened with, moved into the thread that opens it.
+struct Opening {
+    addrs: Vec<std::net::SocketAddr>,
+    interval_us: u32,
+    size: u16,
+    key: Option<Arc<[u8]>>,
+    driven: bool,
+}
+
+impl Opening {
+    fn open(self) -> Result<Session, MeasureError> {
         let spec = StreamSpec {
             id: 0,
             interval_us: self.interval_us,

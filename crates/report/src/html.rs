@@ -467,6 +467,9 @@ pub fn render_autorate(
     let target = match (h.target.as_str(), h.reflectors.len()) {
         (t, 0) => esc(t),
         ("", n) => format!("{n} ICMP reflectors"),
+        (t, n) if t.contains(", ") => {
+            format!("{} ({n} ICMP reflectors while none answered)", esc(t))
+        }
         (t, n) => format!("{} ({n} ICMP reflectors while it did not answer)", esc(t)),
     };
     format!(

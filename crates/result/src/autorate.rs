@@ -15,7 +15,7 @@ pub struct LogHeader {
     pub bloatlab_version: String,
     /// Unix seconds at the start; `LogLine::t` counts from here.
     pub started_unix: f64,
-    /// The bloatlab server probed ("" when only reflectors were given).
+    /// The bloatlab servers probed, separated by ", " ("" when only reflectors were given).
     #[serde(default)]
     pub target: String,
     /// ICMP echo reflectors, followed while no server answers.
@@ -52,7 +52,8 @@ pub struct LogLine {
     /// What the line carried over the last reading of its counters, bits per second.
     pub down_load_bps: f64,
     pub up_load_bps: f64,
-    /// One-way delay above its baseline, last sample, ms.
+    /// One-way delay above its baseline, last sample (with several servers, the least of
+    /// their latest: what the rates followed), ms.
     #[serde(default)]
     pub down_delta_ms: Option<f64>,
     #[serde(default)]
