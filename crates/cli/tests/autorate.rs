@@ -389,6 +389,55 @@ fn with_two_servers_one_gone_leaves_the_other_driving() {
     );
 }
 
+/// A server that takes the connection and never answers (stopped: the kernel still completes
+/// TCP's handshake) holds a session's opening for its 10 s deadline: autorate's loop goes on
+/// meanwhile, and the reflectors drive from half a second after the start, every second.
+#[test]
+fn a_server_that_never_answers_its_handshake_does_not_hold_up_the_reflectors() {
+    let _s = serial();
+    let (t, _server) = match shaped_client("ah", 100) {
+        Ok(up) => up,
+        Err(e) => return missing(&e),
+    };
+    let stopped = ServerProc::start(&t.exec(&t.srv), "0.0.0.0:9462", &["-q"]);
+    // SAFETY: signalling our own child (`ip netns exec` execs the server).
+    unsafe { libc::kill(stopped.child.id() as i32, libc::SIGSTOP) };
+    let log = tmp_path("stopped.autorate.jsonl");
+    let log_arg = log.to_str().unwrap();
+    let extra = [
+        "--reflectors",
+        SRV_ADDR,
+        "--log",
+        log_arg,
+        "--duration",
+        "6s",
+    ];
+    let host = format!("{SRV_ADDR}:9462");
+    let ar = on_the_client(&t, &host, "2mbit:16mbit:20mbit", &extra);
+    let started = Instant::now();
+    let out = ar.wait_with_output().unwrap();
+    let took = started.elapsed().as_secs_f64();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(took < 8.0, "--duration 6s took {took:.1} s: {stderr}");
+    let lines = log_lines(&log);
+    let took_over = lines.iter().find(|l| l.event == "reflectors").map(|l| l.t);
+    assert!(
+        took_over.is_some_and(|t| t < 1.0),
+        "{took_over:?}: {stderr}"
+    );
+    // The reflector's 20 pings a second, answered in every second's tick line after the first.
+    let answered: Vec<u64> = lines
+        .iter()
+        .filter(|l| l.event == "tick" && l.t > 1.5)
+        .map(|l| l.answered)
+        .collect();
+    assert!(
+        answered.len() >= 4 && answered.iter().all(|a| *a >= 10),
+        "{answered:?}: {stderr}"
+    );
+}
+
 /// `monitor --autorate FILE`: autorate rides on the monitor's probes in one process: the
 /// probes at autorate's rate (20 a second, not the monitor's 5), the HTB class at BASE, one
 /// /metrics page with both (one `# EOF`, and promtool reads it), and SIGTERM ends both.
