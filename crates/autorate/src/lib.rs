@@ -227,9 +227,11 @@ struct Dir {
     /// capacity for, up to that growth, until then: for a second, and as long again as its
     /// queue delayed the probes that say so.
     growth_stale: Option<(u64, f64)>,
-    /// (time, the capacity it fell to) at the last fall of the line's capacity: the fast climb
-    /// goes up to it, and cuts while its queue drains stop at the rate that drains it.
-    fell_to: Option<(u64, f64)>,
+    /// (time, the capacity it fell to, measured) at the last fall of the line's capacity: the
+    /// fast climb goes up to it, and cuts while its queue drains stop at the rate that drains
+    /// it if it was measured (the download's counter, after the bottleneck, reads it; the
+    /// upload's reads what TCP sent, a measure of it only through the queue's growth).
+    fell_to: Option<(u64, f64, bool)>,
     /// Readings of the line's rate so far, and how many there were at the last cut.
     readings_seen: u64,
     readings_at_cut: u64,
@@ -572,18 +574,23 @@ impl Dir {
             // What the line carried before is no guide now: the climb back is fast only up to
             // what it carries now, gentle above.
             self.safe.clear();
-            self.fell_to = Some((now, capacity));
+            let measured = self.which == Direction::Down || growth.is_some();
+            self.fell_to = Some((now, capacity, measured));
         }
         // Not below 90% of the memory of safe rates; after a fall (no safe rate since), not
         // below the rate that drains the queue standing now within about a second at the
         // capacity it fell to (the queue the fall left is ours, and 90% of that capacity
-        // drains a queue of 300 ms in three seconds).
+        // drains a queue of 300 ms in three seconds), where that capacity was measured: what
+        // the upload's TCP sent as its round trip grew is no measure (in the lab's starlink it
+        // held the cuts above a line that fell from 10 to 5 Mbit/s for a second).
         let floor = if capacity_fell {
             None
         } else if let Some(c) = self.safe_max(now, cfg) {
             Some(0.9 * c)
         } else {
-            self.fell_to.map(|(_, c)| drain * c)
+            self.fell_to
+                .filter(|(_, _, measured)| *measured)
+                .map(|(_, c, _)| drain * c)
         };
         if let Some(floor) = floor.map(|f| f.min(self.rate)) {
             if rate < floor {

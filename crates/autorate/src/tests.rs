@@ -515,6 +515,49 @@ fn a_standing_queue_under_a_floor_just_above_the_line_is_drained() {
     assert!(last <= 15.0, "the queue still {last} ms");
 }
 
+/// The upload's line falls from 10 to 5 Mbit/s and its TCP, the round trip growing, sends a
+/// third less than the shaper passes (the lab's starlink: 6.4 Mbit/s read with the shaper at
+/// 9.7). The upload's counter is before the bottleneck: that reading is what entered the queue,
+/// not what the line carries, so it is no floor for the cuts that follow: ours is below the
+/// line with the next cut after the one to it (0.70 s after the fall, the queue's peak 172 ms;
+/// 1.00 s and 199 ms with it as a floor).
+#[test]
+fn after_an_upload_falls_what_tcp_sent_is_no_floor_for_the_next_cut() {
+    let (down, up) = bounds();
+    let mut ctl = Controller::new(Config::new(Law::Bloatlab, down, up));
+    let cu = 5.0 * MBIT;
+    ctl.up.rate = 9.7 * MBIT;
+    ctl.up.sources = vec![Source {
+        baseline: Some(10.0),
+        latest: None,
+    }];
+    ctl.on_load(20.0 * MBIT, 9.7 * MBIT);
+    let (mut qu, mut t, mut peak) = (0.0f64, 0, 0.0f64);
+    let mut below = None;
+    while t < 3 * S {
+        // TCP sends at most 6.4 Mbit/s for these seconds; the queue grows by what it sends
+        // over the line's 5.
+        let sent = ctl.rate(Direction::Up).min(6.4 * MBIT);
+        qu = (qu + (sent - cu) / cu * (STEP as f64 / 1e9)).max(0.0);
+        if t % (200 * MS) == 150 * MS {
+            ctl.on_load(20.0 * MBIT, sent);
+        }
+        let sample = Sample {
+            down_ms: Some(10.0),
+            up_ms: Some(10.0 + qu * 1e3),
+        };
+        ctl.on_sample(t, 0, sample);
+        ctl.on_tick(t);
+        peak = peak.max(qu * 1e3);
+        if below.is_none() && ctl.rate(Direction::Up) < cu {
+            below = Some(t as f64 / 1e9);
+        }
+        t += STEP;
+    }
+    eprintln!("upload below the line {below:?} s after the fall, the queue's peak {peak:.0} ms");
+    assert!(below.is_some_and(|b| b <= 0.75), "{below:?}");
+}
+
 /// The line's capacity grows (20 to 50 Mbit/s after a minute): above what it carried before,
 /// ours probes gently at first and doubles its step each second the line takes it all without
 /// bloat, up to cake-autorate's 4% a sample.
