@@ -14,6 +14,7 @@
 //!   fell), the cut goes straight below what it delivers, by enough to drain the queue that
 //!   stands within about a second (90% of it, down to half from 500 ms of queue), and the
 //!   download cuts again as soon as a reading shows the fall (not a refractory period later),
+//!   the upload as soon as its queue has grown by twice the threshold since the last cut,
 //!   then on to the rate that drains the queue the fall left; when it delivers the shaper's
 //!   rate and delay rises anyway (a queue elsewhere, a burst), the cut stops at 90% of the
 //!   highest rate that carried high load without bloat in the last 10 minutes (a memory of
@@ -202,6 +203,8 @@ struct Dir {
     /// (delayed, delta ms) of the last samples.
     window: VecDeque<(bool, f64)>,
     last_cut: Option<u64>,
+    /// The delay over the baseline the last cut was made at, ms.
+    cut_delta: f64,
     last_decay: u64,
     /// The line's rate in this direction now, bits per second.
     delivered: f64,
@@ -246,6 +249,7 @@ impl Dir {
             sources: Vec::new(),
             window: VecDeque::new(),
             last_cut: None,
+            cut_delta: 0.0,
             last_decay: 0,
             delivered: 0.0,
             readings: VecDeque::new(),
@@ -451,7 +455,20 @@ impl Dir {
                 && self.readings_seen > self.readings_at_cut
                 && self.carries(cfg)
                 && self.delivered < 0.8 * self.rate;
-            if (refractory && !fell_since_cut) || !may_cut {
+            // Ours cuts the upload again within the refractory period when its delay has grown
+            // by twice the threshold since the last cut: that cut left the shaper above a line
+            // that fell (a queue elsewhere stands; this one grows), and the growth since it
+            // says by how much (the upload's shaper is before the queue). The growth over the
+            // 800 ms the steady test reads would come a refractory period or two later.
+            let since_cut = self.last_cut.filter(|t| {
+                cfg.law == Law::Bloatlab
+                    && self.which == Direction::Up
+                    && refractory
+                    && now > *t
+                    && delta > self.cut_delta + 2.0 * thr
+            });
+            let growing = since_cut.map(|t| (delta - self.cut_delta) / ((now - t) / MS) as f64);
+            if (refractory && !fell_since_cut && growing.is_none()) || !may_cut {
                 return;
             }
             let f = ((avg - thr) / (cfg.delay_max_ms - thr)).clamp(0.0, 1.0);
@@ -459,11 +476,12 @@ impl Dir {
             let (rate, why) = match cfg.law {
                 Law::CakeAutorate => (cut, Why::Bloat),
                 Law::Bloatlab => {
-                    let (rate, why) = self.bounded_cut(now, cut, cfg);
+                    let (rate, why) = self.bounded_cut(now, cut, cfg, growing);
                     self.test_the_floor(now, rate, why, thr)
                 }
             };
             self.last_cut = Some(now);
+            self.cut_delta = delta;
             self.readings_at_cut = self.readings_seen;
             self.set(rate, why, out);
             return;
@@ -544,9 +562,16 @@ impl Dir {
     /// cut; and, unless its capacity fell (it delivers clearly less than the shaper's rate, or
     /// the queue keeps growing), not below 90% of its ceiling (a delay that cutting does not
     /// cure: a queue elsewhere, a burst).
-    fn bounded_cut(&mut self, now: u64, cut: f64, cfg: &Config) -> (f64, Why) {
+    /// `growing`: the queue's growth since the last cut (s a second), if that is what cuts.
+    fn bounded_cut(
+        &mut self,
+        now: u64,
+        cut: f64,
+        cfg: &Config,
+        growing: Option<f64>,
+    ) -> (f64, Why) {
         let delivered = self.delivered;
-        let growth = self.growth(now);
+        let growth = growing.or_else(|| self.growth(now));
         // The upload's shaper is before the bottleneck: what it sent in the growth's second
         // arrived there, and a queue growing g seconds a second says the bottleneck carries
         // 1/(1+g) of it. The download's (ingress) is after it, and sees the bottleneck's own

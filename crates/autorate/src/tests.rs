@@ -518,11 +518,12 @@ fn a_standing_queue_under_a_floor_just_above_the_line_is_drained() {
 /// The upload's line falls from 10 to 5 Mbit/s and its TCP, the round trip growing, sends a
 /// third less than the shaper passes (the lab's starlink: 6.4 Mbit/s read with the shaper at
 /// 9.7). The upload's counter is before the bottleneck: that reading is what entered the queue,
-/// not what the line carries, so it is no floor for the cuts that follow: ours is below the
-/// line with the next cut after the one to it (0.70 s after the fall, the queue's peak 172 ms;
-/// 1.00 s and 199 ms with it as a floor).
+/// not what the line carries, so it is no floor for the cuts that follow; and a queue that grows
+/// by twice the threshold after a cut cuts again before the refractory period ends, sized by
+/// that growth. Ours is below the line 0.40 s after the fall, the queue's peak 97 ms (with what
+/// TCP sent as a floor 1.00 s and 199 ms; without the second rule 0.70 s and 172 ms).
 #[test]
-fn after_an_upload_falls_what_tcp_sent_is_no_floor_for_the_next_cut() {
+fn after_an_upload_falls_ours_is_below_the_line_in_two_cuts() {
     let (down, up) = bounds();
     let mut ctl = Controller::new(Config::new(Law::Bloatlab, down, up));
     let cu = 5.0 * MBIT;
@@ -555,7 +556,8 @@ fn after_an_upload_falls_what_tcp_sent_is_no_floor_for_the_next_cut() {
         t += STEP;
     }
     eprintln!("upload below the line {below:?} s after the fall, the queue's peak {peak:.0} ms");
-    assert!(below.is_some_and(|b| b <= 0.75), "{below:?}");
+    assert!(below.is_some_and(|b| b <= 0.5), "{below:?}");
+    assert!(peak < 130.0, "the queue's peak {peak} ms");
 }
 
 /// The line's capacity grows (20 to 50 Mbit/s after a minute): above what it carried before,
