@@ -464,10 +464,10 @@ impl Dir {
                 cfg.law == Law::Bloatlab
                     && self.which == Direction::Up
                     && refractory
-                    && now > *t
+                    && now >= *t + 20 * MS
                     && delta > self.cut_delta + 2.0 * thr
             });
-            let growing = since_cut.map(|t| (delta - self.cut_delta) / ((now - t) / MS) as f64);
+            let growing = since_cut.map(|t| (delta - self.cut_delta) / ((now - t) as f64 / 1e6));
             if (refractory && !fell_since_cut && growing.is_none()) || !may_cut {
                 return;
             }
