@@ -665,30 +665,26 @@ impl Controller {
         }
     }
 
-    pub fn rate(&self, dir: Direction) -> f64 {
+    fn side(&self, dir: Direction) -> &Dir {
         match dir {
-            Direction::Down => self.down.rate,
-            Direction::Up => self.up.rate,
+            Direction::Down => &self.down,
+            Direction::Up => &self.up,
         }
+    }
+
+    pub fn rate(&self, dir: Direction) -> f64 {
+        self.side(dir).rate
     }
 
     /// A direction's baseline one-way delay to server `source`, ms.
     pub fn baseline(&self, dir: Direction, source: usize) -> Option<f64> {
-        let d = match dir {
-            Direction::Down => &self.down,
-            Direction::Up => &self.up,
-        };
-        d.sources.get(source).and_then(|s| s.baseline)
+        self.side(dir).sources.get(source).and_then(|s| s.baseline)
     }
 
     /// A direction's delay over its baseline as the controller last took it, ms (with
     /// several servers, the least of their latest).
     pub fn delta(&self, dir: Direction) -> Option<f64> {
-        let d = match dir {
-            Direction::Down => &self.down,
-            Direction::Up => &self.up,
-        };
-        d.window.back().map(|w| w.1)
+        self.side(dir).window.back().map(|w| w.1)
     }
 
     /// The line's rate now per direction (the interface's counters), bits per second.

@@ -301,12 +301,11 @@ pub fn run(
 ) -> Result<Summary, AutorateError> {
     // The probes a second shared among the servers, each's a fraction of an interval after
     // the one before: one probe a wake-up, evenly spaced.
-    let n = cfg.targets.len().max(1) as u64;
+    let per_server = cfg.probe_rate / cfg.targets.len().max(1) as f64;
     let interval = (1e9 / cfg.probe_rate) as u64;
     let start = bloatlab_netio::mono_ns();
     let mut servers = Vec::new();
     for (i, t) in (0..).zip(&cfg.targets) {
-        let per_server = cfg.probe_rate / n as f64;
         servers.push(Server {
             watch: Watch::new(t, per_server, cfg.key.clone())?
                 .prompt()
