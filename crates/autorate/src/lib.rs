@@ -18,7 +18,9 @@
 //!   then on to the rate that drains the queue the fall left; when it delivers the shaper's
 //!   rate and delay rises anyway (a queue elsewhere, a burst), the cut stops at 90% of the
 //!   highest rate that carried high load without bloat in the last 10 minutes (a memory of
-//!   safe rates), which a cut below it tests now and then.
+//!   safe rates), which a cut below it tests now and then. A delay that stands still through
+//!   that test, or through cuts well below what the line carried, is the path's own (a
+//!   satellite's new route): it joins the baseline instead of cutting on.
 //!
 //! With several servers, each has its own baselines; ours follows the least of their latest
 //! delays (a queue on one server's path beyond the line is not the line's to cure).
@@ -150,6 +152,12 @@ pub enum Event {
         bps: u64,
         why: Why,
     },
+    /// A delay that stood still through cuts below what the line carried (or a test below the
+    /// memory of safe rates) taken as the path's own: its baseline rose by this much, ms.
+    PathLonger {
+        dir: Direction,
+        ms: f64,
+    },
     /// No samples for a while: rates held (said once until samples return).
     Stalled,
     /// Stalled past `stall_to_min`: both at MIN.
@@ -221,9 +229,6 @@ struct Dir {
     floor_since: Option<u64>,
     /// A cut below that floor under way: (since, the floor, the least delay then).
     floor_test: Option<(u64, f64, f64)>,
-    /// A floor the last test upheld (a queue elsewhere) is not tested again before this, while
-    /// the delay stays within a threshold of this level, ms.
-    floor_trusted: Option<(u64, f64)>,
     /// Since when the rate has been above the ceiling without bloat.
     above_since: Option<u64>,
     /// (until, growth): the queue's growth says the rate before the last cut it measured a
@@ -238,6 +243,10 @@ struct Dir {
     /// Readings of the line's rate so far, and how many there were at the last cut.
     readings_seen: u64,
     readings_at_cut: u64,
+    /// (time, rate) of the last cut below what the line carried, while the delay stands.
+    below_carried: Option<(u64, f64)>,
+    /// When the rate last changed.
+    rate_since: u64,
 }
 
 impl Dir {
@@ -258,12 +267,13 @@ impl Dir {
             recent: VecDeque::new(),
             floor_since: None,
             floor_test: None,
-            floor_trusted: None,
             above_since: None,
             growth_stale: None,
             fell_to: None,
             readings_seen: 0,
             readings_at_cut: 0,
+            below_carried: None,
+            rate_since: 0,
         }
     }
 
@@ -289,35 +299,49 @@ impl Dir {
     /// queue is elsewhere (cutting cannot cure it) or the line's capacity fell to about the
     /// floor (a standing queue that a cut below it drains). The test: 15% below the floor for
     /// 600 ms, which drains a queue of ours by up to 90 ms. If the delay falls by the
-    /// threshold `thr` (or under it), the memory is out of date and forgotten; if not, the
-    /// queue is not ours: the floor holds and is not tested again for 30 s (a queue elsewhere
-    /// costs 0.3% of the rate), unless the delay grows by the threshold meanwhile (a queue
-    /// that grows at a floor slightly above the line is ours after all).
-    fn test_the_floor(&mut self, now: u64, rate: f64, why: Why, thr: f64) -> (f64, Why) {
+    /// threshold `thr` (or under it), the memory is out of date and forgotten; if it grows by
+    /// as much (which ends the test there), the line fell below the test's rate, and the memory
+    /// goes too. If it stands
+    /// still, it is not a queue of ours but the path's (or a queue beyond the line's, which no
+    /// cut cures): it joins the baseline, and the floor holds.
+    fn test_the_floor(
+        &mut self,
+        now: u64,
+        rate: f64,
+        why: Why,
+        thr: f64,
+        out: &mut Vec<Event>,
+    ) -> (f64, Why) {
         let least = self.least(now, 0);
         if let Some((t0, floor, before)) = self.floor_test {
-            if now.saturating_sub(t0) < 600 * MS {
+            // A queue that grows under the test's rate ends it at once: the line fell.
+            let grew = least.is_some_and(|l| l > before + thr);
+            if now.saturating_sub(t0) < 600 * MS && !grew {
                 return (self.rate, Why::FloorTest);
             }
             self.floor_test = None;
             self.floor_since = None;
-            if least.is_some_and(|l| l < thr || l < before - thr) {
+            if grew || least.is_some_and(|l| l < thr || l < before - thr) {
                 self.safe.clear();
                 self.fell_to = None;
                 return (rate.min(0.85 * floor), Why::Bloat);
             }
-            self.floor_trusted = least.map(|l| (now + 30 * S, l));
+            if let Some(l) = least {
+                self.rebase(l, out);
+            }
             return (floor, Why::SafeFloor);
         }
         if why != Why::SafeFloor {
             self.floor_since = None;
             return (rate, why);
         }
+        // The floor's second counts from cuts a refractory period or so apart: a floor held
+        // long ago does not put the first cut of a new bloat (a fall's, perhaps) into a test.
+        if self.last_cut.is_none_or(|t| now.saturating_sub(t) > S) {
+            self.floor_since = None;
+        }
         let since = *self.floor_since.get_or_insert(now);
-        let trusted = self
-            .floor_trusted
-            .is_some_and(|(until, level)| now < until && least.is_some_and(|l| l < level + thr));
-        if trusted || now - since < S {
+        if now - since < S {
             return (rate, why);
         }
         let Some(before) = least else {
@@ -325,6 +349,54 @@ impl Dir {
         };
         self.floor_test = Some((now, rate, before));
         (0.85 * rate, Why::FloorTest)
+    }
+
+    /// A delay that stood still through cuts below what the line carries is not a queue of
+    /// ours but the path's (a satellite's new route, a route change): it joins every server's
+    /// baseline, and the delays already taken are read against it. cake-autorate's baseline
+    /// follows a rise at 0.1% a sample (a time constant of 50 s at 20 a second), cutting all
+    /// along: in the lab's starlink, for a path 13 ms longer each way, its cuts took the shapers
+    /// to a quarter of the line for the rest of the step.
+    fn rebase(&mut self, by: f64, out: &mut Vec<Event>) {
+        out.push(Event::PathLonger {
+            dir: self.which,
+            ms: by,
+        });
+        for s in &mut self.sources {
+            if let Some(b) = s.baseline.as_mut() {
+                *b += by;
+            }
+            if let Some((_, d)) = s.latest.as_mut() {
+                *d -= by;
+            }
+        }
+        for r in &mut self.recent {
+            r.1 -= by;
+        }
+        self.window.clear();
+        self.cut_delta -= by;
+        self.below_carried = None;
+        self.floor_since = None;
+    }
+
+    /// The delay over the threshold that has stood still (within half of it) for the last 300
+    /// ms, at a rate held as long at 90% or less of a cut below what the line carried: a queue
+    /// of ours would drain at 19% or more of the line's rate then (57 ms in those 300 ms). That
+    /// delay, if so.
+    fn standing_still(&self, now: u64, thr: f64) -> Option<f64> {
+        let (cut_at, cut_to) = self.below_carried?;
+        let span = 300 * MS;
+        if self.rate > 0.9 * cut_to || now < self.rate_since.max(cut_at) + span {
+            return None;
+        }
+        let last = self
+            .recent
+            .iter()
+            .filter(|r| now.saturating_sub(r.0) < span);
+        let (n, lo, hi) = last.fold((0, f64::MAX, f64::MIN), |(n, lo, hi), r| {
+            (n + 1, lo.min(r.1), hi.max(r.1))
+        });
+        (n >= 3 && lo > thr && hi - lo <= thr / 2.0).then_some(lo)
     }
 
     /// The queue grows: the least delay of 200 ms rose by over 5 ms in each half of the last
@@ -375,10 +447,11 @@ impl Dir {
         }
     }
 
-    fn set(&mut self, rate: f64, why: Why, out: &mut Vec<Event>) {
+    fn set(&mut self, now: u64, rate: f64, why: Why, out: &mut Vec<Event>) {
         let r = rate.clamp(self.bounds.min, self.bounds.max);
         if (r - self.rate).abs() >= 1.0 {
             self.rate = r;
+            self.rate_since = now;
             out.push(Event::Rate {
                 dir: self.which,
                 bps: r.round() as u64,
@@ -423,6 +496,14 @@ impl Dir {
     /// trip's delay, with no direction of its own, cuts only the busiest directions; the
     /// others still do not climb on it).
     fn delta(&mut self, now: u64, delta: f64, may_cut: bool, cfg: &Config, out: &mut Vec<Event>) {
+        // A cut below what the line carried tells about the delay that stands only while the
+        // rate stays below it, for a few seconds.
+        if self
+            .below_carried
+            .is_some_and(|(t, r)| self.rate > r || now > t + 5 * S)
+        {
+            self.below_carried = None;
+        }
         self.recent.push_back((now, delta));
         while self
             .recent
@@ -471,19 +552,28 @@ impl Dir {
             if (refractory && !fell_since_cut && growing.is_none()) || !may_cut {
                 return;
             }
+            if cfg.law == Law::Bloatlab {
+                if let Some(standing) = self.standing_still(now, thr) {
+                    self.rebase(standing, out);
+                    return;
+                }
+            }
             let f = ((avg - thr) / (cfg.delay_max_ms - thr)).clamp(0.0, 1.0);
             let cut = self.rate * (0.99 - f * 0.24);
             let (rate, why) = match cfg.law {
                 Law::CakeAutorate => (cut, Why::Bloat),
                 Law::Bloatlab => {
                     let (rate, why) = self.bounded_cut(now, cut, cfg, growing);
-                    self.test_the_floor(now, rate, why, thr)
+                    self.test_the_floor(now, rate, why, thr, out)
                 }
             };
             self.last_cut = Some(now);
             self.cut_delta = delta;
             self.readings_at_cut = self.readings_seen;
-            self.set(rate, why, out);
+            self.set(now, rate, why, out);
+            if why == Why::Delivered && self.below_carried.is_none() {
+                self.below_carried = Some((now, self.rate));
+            }
             return;
         }
         self.last_safe = self.rate;
@@ -491,8 +581,8 @@ impl Dir {
             // The delay went away below the floor: the line's capacity fell.
             self.safe.clear();
             self.fell_to = None;
-            self.floor_since = None;
         }
+
         if load == Load::High {
             // At most one remembered rate a second.
             if self.safe.back().is_none_or(|s| now - s.0 >= S) {
@@ -524,7 +614,7 @@ impl Dir {
                     }
                     _ => 0.04,
                 };
-                self.set(self.rate * (1.0 + step * f), Why::Increase, out);
+                self.set(now, self.rate * (1.0 + step * f), Why::Increase, out);
             }
         }
         while self
@@ -631,14 +721,17 @@ impl Dir {
             return;
         }
         self.last_decay = now;
-        if self.load(cfg) == Load::High {
+        // cake-autorate decays only without bloat: a decay up to a base above the line would
+        // feed the queue it is cutting for.
+        let bloat = self.window.iter().filter(|w| w.0).count() >= cfg.detect;
+        if self.load(cfg) == Load::High || bloat {
             return;
         }
         let b = self.bounds.base;
         if self.rate > b {
-            self.set((self.rate * 0.99).max(b), Why::Decay, out);
+            self.set(now, (self.rate * 0.99).max(b), Why::Decay, out);
         } else if self.rate < b {
-            self.set((self.rate * 1.01).min(b), Why::Decay, out);
+            self.set(now, (self.rate * 1.01).min(b), Why::Decay, out);
         }
     }
 }
@@ -763,7 +856,7 @@ impl Controller {
                     // long and reads as silence here, and the rate before the cuts it already
                     // caused is the one that grew it.
                     let safe = d.last_safe.min(d.rate);
-                    d.set(safe, Why::Stall, &mut out);
+                    d.set(now, safe, Why::Stall, &mut out);
                 }
             }
             let since = self.stalled_since.expect("just set");
@@ -773,7 +866,7 @@ impl Controller {
                     out.push(Event::StalledToMin);
                     for d in [&mut self.down, &mut self.up] {
                         let min = d.bounds.min;
-                        d.set(min, Why::Stall, &mut out);
+                        d.set(now, min, Why::Stall, &mut out);
                     }
                 }
             }

@@ -677,6 +677,16 @@ impl Autorate {
                 }
                 ("rate", Some(dir_name(dir)), Some(why_name(why)))
             }
+            Event::PathLonger { dir, ms } => {
+                let mut line = self.st.line(&self.ctl, now, "path");
+                line.dir = Some(dir_name(dir).into());
+                line.detail = Some(format!(
+                    "{ms:.1} ms that stood through cuts below what the line carried taken as the \
+                     path's: the baseline rose by it"
+                ));
+                self.log.line(&line);
+                return;
+            }
             Event::Stalled => {
                 (self.say)("no probe answered for a second: holding the last rates without bloat");
                 ("stalled", None, None)

@@ -38,7 +38,9 @@ pub struct LogLine {
     pub t: f64,
     /// "tick" (the once-a-second line), "rate", "stalled", "stalled to min", "recovered",
     /// "shaper gone", "shaper back", "reflectors" (they drive the rates from here, the server
-    /// silent), "server" (its one-way delays again), "reflector replaced", "exit".
+    /// silent), "server" (its one-way delays again), "reflector replaced", "path" (a delay
+    /// that cuts did not drain taken as the path's own: `dir`, and by how much in `detail`),
+    /// "exit".
     pub event: String,
     /// For a rate change: its direction and why (bloat, delivered, safe floor, floor test,
     /// increase, decay, stall).
