@@ -243,8 +243,9 @@ struct Dir {
     /// Readings of the line's rate so far, and how many there were at the last cut.
     readings_seen: u64,
     readings_at_cut: u64,
-    /// (time, rate) of the last cut below what the line carried, while the delay stands.
-    below_carried: Option<(u64, f64)>,
+    /// (time, rate, least delay then) of the first cut below what the line carried while the
+    /// delay stands.
+    below_carried: Option<(u64, f64, f64)>,
     /// When the rate last changed.
     rate_since: u64,
 }
@@ -384,7 +385,7 @@ impl Dir {
     /// of ours would drain at 19% or more of the line's rate then (57 ms in those 300 ms). That
     /// delay, if so.
     fn standing_still(&self, now: u64, thr: f64) -> Option<f64> {
-        let (cut_at, cut_to) = self.below_carried?;
+        let (cut_at, cut_to, _) = self.below_carried?;
         let span = 300 * MS;
         if self.rate > 0.9 * cut_to || now < self.rate_since.max(cut_at) + span {
             return None;
@@ -496,14 +497,6 @@ impl Dir {
     /// trip's delay, with no direction of its own, cuts only the busiest directions; the
     /// others still do not climb on it).
     fn delta(&mut self, now: u64, delta: f64, may_cut: bool, cfg: &Config, out: &mut Vec<Event>) {
-        // A cut below what the line carried tells about the delay that stands only while the
-        // rate stays below it, for a few seconds.
-        if self
-            .below_carried
-            .is_some_and(|(t, r)| self.rate > r || now > t + 5 * S)
-        {
-            self.below_carried = None;
-        }
         self.recent.push_back((now, delta));
         while self
             .recent
@@ -513,6 +506,16 @@ impl Dir {
             self.recent.pop_front();
         }
         let thr = cfg.delay_thr_ms + cfg.packet_bytes * 8.0 / self.rate * 1e3;
+        // A cut below what the line carried tells about the delay that stands only while the
+        // rate stays below it, for a few seconds, and the line does not fall further (its
+        // queue grows over the delay then by the threshold: in the lab's starlink, a cut at a
+        // fall, sized by a reading from before it, was 2 s later taken for one below the line).
+        let least = self.least(now, 0);
+        if self.below_carried.is_some_and(|(t, r, level)| {
+            self.rate > r || now > t + 5 * S || least.is_some_and(|l| l > level + thr)
+        }) {
+            self.below_carried = None;
+        }
         self.window.push_back((delta > thr, delta));
         while self.window.len() > cfg.window {
             self.window.pop_front();
@@ -572,7 +575,7 @@ impl Dir {
             self.readings_at_cut = self.readings_seen;
             self.set(now, rate, why, out);
             if why == Why::Delivered && self.below_carried.is_none() {
-                self.below_carried = Some((now, self.rate));
+                self.below_carried = Some((now, self.rate, self.least(now, 0).unwrap_or(delta)));
             }
             return;
         }

@@ -681,8 +681,9 @@ impl Autorate {
                 let mut line = self.st.line(&self.ctl, now, "path");
                 line.dir = Some(dir_name(dir).into());
                 line.detail = Some(format!(
-                    "{ms:.1} ms that stood through cuts below what the line carried taken as the \
-                     path's: the baseline rose by it"
+                    "{}: {ms:.1} ms that cuts below what the line carried did not drain taken as \
+                     the path's own (the baseline rose by it)",
+                    dir_name(dir)
                 ));
                 self.log.line(&line);
                 return;
