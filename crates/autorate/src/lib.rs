@@ -302,9 +302,8 @@ impl Dir {
     /// 600 ms, which drains a queue of ours by up to 90 ms. If the delay falls by the
     /// threshold `thr` (or under it), the memory is out of date and forgotten; if it grows by
     /// as much (which ends the test there), the line fell below the test's rate, and the memory
-    /// goes too. If it stands
-    /// still, it is not a queue of ours but the path's (or a queue beyond the line's, which no
-    /// cut cures): it joins the baseline, and the floor holds.
+    /// goes too. If it stands still, it is not a queue of ours but the path's (or a queue
+    /// beyond the line's, which no cut cures): it joins the baseline, and the floor holds.
     fn test_the_floor(
         &mut self,
         now: u64,
@@ -563,6 +562,8 @@ impl Dir {
             }
             let f = ((avg - thr) / (cfg.delay_max_ms - thr)).clamp(0.0, 1.0);
             let cut = self.rate * (0.99 - f * 0.24);
+            // Before the floor's test, which may move the baseline (and this delay with it).
+            self.cut_delta = delta;
             let (rate, why) = match cfg.law {
                 Law::CakeAutorate => (cut, Why::Bloat),
                 Law::Bloatlab => {
@@ -571,7 +572,6 @@ impl Dir {
                 }
             };
             self.last_cut = Some(now);
-            self.cut_delta = delta;
             self.readings_at_cut = self.readings_seen;
             self.set(now, rate, why, out);
             if why == Why::Delivered && self.below_carried.is_none() {
@@ -585,7 +585,6 @@ impl Dir {
             self.safe.clear();
             self.fell_to = None;
         }
-
         if load == Load::High {
             // At most one remembered rate a second.
             if self.safe.back().is_none_or(|s| now - s.0 >= S) {
