@@ -114,6 +114,8 @@ struct Metrics {
     baseline: Vec<[FGauge; 2]>,
     delta: [FGauge; 2],
     changes: Family<Labels, UCounter>,
+    /// Per direction, delays that cuts did not drain taken as the path's own.
+    path_changes: [UCounter; 2],
     answered: UCounter,
     lost: UCounter,
     shaper_present: FGauge,
@@ -182,6 +184,15 @@ impl Metrics {
                     .inc_by(0);
             }
         }
+        let paths = Family::<Labels, UCounter>::default();
+        r.register(
+            "path_changes",
+            "Delays that cuts below what the line carried did not drain, taken as the path's own \
+            (its baseline moved)",
+            paths.clone(),
+        );
+        let path = |d: &'static str| paths.get_or_create(&vec![("direction", d)]).clone();
+        let path_changes = [path("down"), path("up")];
         let probes = Family::<Labels, UCounter>::default();
         r.register("probes", "Probes answered and lost", probes.clone());
         let answered = probes.get_or_create(&vec![("result", "answered")]).clone();
@@ -206,6 +217,7 @@ impl Metrics {
             baseline,
             delta,
             changes,
+            path_changes,
             answered,
             lost,
             shaper_present,
@@ -678,6 +690,7 @@ impl Autorate {
                 ("rate", Some(dir_name(dir)), Some(why_name(why)))
             }
             Event::PathLonger { dir, ms } => {
+                self.metrics.path_changes[index(dir)].inc();
                 let mut line = self.st.line(&self.ctl, now, "path");
                 line.dir = Some(dir_name(dir).into());
                 line.detail = Some(format!(

@@ -335,6 +335,11 @@ fn with_two_servers_one_gone_leaves_the_other_driving() {
     let (status, stderr) = sigterm(ar);
     assert!(status.success(), "{stderr}");
 
+    // The line's fall is a queue that cuts drain, not a longer path.
+    for d in ["down", "up"] {
+        let none = format!("bloatlab_autorate_path_changes_total{{direction=\"{d}\"}} 0\n");
+        assert!(metrics.contains(&none), "{metrics}");
+    }
     for server in [&a_addr, &b_addr] {
         let baseline = metrics.lines().find(|l| {
             l.starts_with("bloatlab_autorate_baseline_delay_seconds{")
