@@ -356,7 +356,7 @@ impl Dir {
     /// baseline, and the delays already taken are read against it. cake-autorate's baseline
     /// follows a rise at 0.1% a sample (a time constant of 50 s at 20 a second), cutting all
     /// along: in the lab's starlink, for a path 13 ms longer each way, its cuts took the shapers
-    /// to a quarter of the line for the rest of the step.
+    /// to a quarter of the line's download and under half its upload for the rest of the step.
     fn rebase(&mut self, by: f64, out: &mut Vec<Event>) {
         out.push(Event::PathLonger {
             dir: self.which,

@@ -391,10 +391,10 @@ fn a_queue_elsewhere_does_not_drive_ours_to_the_minimum() {
 /// Starlink's steps (the lab's preset at 45 s): the capacity falls (here 60 to 40 Mbit/s down,
 /// 15 to 10 up) as the path lengthens (by 15 ms each way). No cut drains that delay. Cut after
 /// cut for it, each sized by what TCP's flows carried as they backed off from the last, took
-/// this model's shapers to their minimum and the lab's to a quarter of the line (80 / 10
-/// Mbit/s: 20.6 / 4.5) for the rest of the step. Ours cuts below the fall, sees the delay stand
-/// still under a rate well below what the line carried, takes it as the path's, and is back at
-/// the line within seconds, without keeping a queue of its own.
+/// this model's shapers to their minimum and the lab's to a quarter and under half of the line
+/// (80 / 10 Mbit/s: 20.6 / 4.5) for the rest of the step. Ours cuts below the fall, sees the
+/// delay stand still under a rate well below what the line carried, takes it as the path's, and
+/// is back at the line within seconds, without keeping a queue of its own.
 #[test]
 fn a_path_that_lengthens_as_the_line_falls_is_not_cut_for() {
     let fall = 20 * S;
