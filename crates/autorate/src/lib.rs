@@ -437,6 +437,11 @@ impl Dir {
         self.delivered >= ACTIVE_BPS.min(cfg.high_load * self.rate)
     }
 
+    /// Bufferbloat: at least `detect` of the last `window` samples delayed.
+    fn bloated(&self, cfg: &Config) -> bool {
+        self.window.iter().filter(|w| w.0).count() >= cfg.detect
+    }
+
     fn load(&self, cfg: &Config) -> Load {
         if self.delivered >= cfg.high_load * self.rate {
             Load::High
@@ -509,9 +514,8 @@ impl Dir {
         // rate stays below it, for a few seconds, and the line does not fall further (its
         // queue grows over the delay then by the threshold: in the lab's starlink, a cut at a
         // fall, sized by a reading from before it, was 2 s later taken for one below the line).
-        let least = self.least(now, 0);
         if self.below_carried.is_some_and(|(t, r, level)| {
-            self.rate > r || now > t + 5 * S || least.is_some_and(|l| l > level + thr)
+            self.rate > r || now > t + 5 * S || self.least(now, 0).is_some_and(|l| l > level + thr)
         }) {
             self.below_carried = None;
         }
@@ -519,9 +523,8 @@ impl Dir {
         while self.window.len() > cfg.window {
             self.window.pop_front();
         }
-        let delayed = self.window.iter().filter(|w| w.0).count();
         let avg = self.window.iter().map(|w| w.1).sum::<f64>() / self.window.len() as f64;
-        let bloat = delayed >= cfg.detect;
+        let bloat = self.bloated(cfg);
         let refractory = self
             .last_cut
             .is_some_and(|t| now.saturating_sub(t) < cfg.bloat_refractory_ns);
@@ -725,8 +728,7 @@ impl Dir {
         self.last_decay = now;
         // cake-autorate decays only without bloat: a decay up to a base above the line would
         // feed the queue it is cutting for.
-        let bloat = self.window.iter().filter(|w| w.0).count() >= cfg.detect;
-        if self.load(cfg) == Load::High || bloat {
+        if self.load(cfg) == Load::High || self.bloated(cfg) {
             return;
         }
         let b = self.bounds.base;
