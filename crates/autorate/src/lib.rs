@@ -15,7 +15,9 @@
 //!   stands within about a second (90% of it, down to half from 500 ms of queue), and the
 //!   download cuts again as soon as a reading shows the fall (not a refractory period later),
 //!   the upload as soon as its queue has grown by twice the threshold since the last cut,
-//!   then on to the rate that drains the queue the fall left; when it delivers the shaper's
+//!   then on to the rate that drains the queue the fall left (for the download, at what its
+//!   latest reading says the line carries), and not again while the delay falls by the
+//!   threshold in 400 ms (that cut is draining the queue); when it delivers the shaper's
 //!   rate and delay rises anyway (a queue elsewhere, a burst), the cut stops at 90% of the
 //!   highest rate that carried high load without bloat in the last 10 minutes (a memory of
 //!   safe rates), which a cut below it tests now and then. A delay that stands still through
@@ -562,6 +564,17 @@ impl Dir {
                     self.rebase(standing, out);
                     return;
                 }
+                // Ours does not cut while the queue drains by the threshold in 400 ms (the
+                // window still counts its samples from before): the last cut is doing its work
+                // (in the lab's starlink, two cuts while the upload's queue drained took the
+                // shaper to 56% of a 5 Mbit/s line).
+                let fell = self
+                    .least(now, 400)
+                    .zip(self.least(now, 0))
+                    .is_some_and(|(before, now)| now <= before - thr);
+                if fell {
+                    return;
+                }
             }
             let f = ((avg - thr) / (cfg.delay_max_ms - thr)).clamp(0.0, 1.0);
             let cut = self.rate * (0.99 - f * 0.24);
@@ -696,6 +709,15 @@ impl Dir {
             self.safe.clear();
             let measured = self.which == Direction::Down || growth.is_some();
             self.fell_to = Some((now, capacity, measured));
+        } else if self.which == Direction::Down && self.carries(cfg) {
+            // The download's counter, after the bottleneck, reads its rate while the queue
+            // stands there: the capacity it fell to follows the readings down (the first after
+            // a fall may have counted some of the line before it: in the lab's starlink, 52.8
+            // Mbit/s of a fall from 80 to 40 held the shaper at 47.5 over a full queue for
+            // 1.7 s). The upload's reads what TCP sent, which says less.
+            if let Some(f) = self.fell_to.as_mut().filter(|f| delivered < f.1) {
+                f.1 = delivered;
+            }
         }
         // Not below 90% of the memory of safe rates; after a fall (no safe rate since), not
         // below the rate that drains the queue standing now within about a second at the

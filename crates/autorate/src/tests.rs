@@ -40,8 +40,9 @@ struct Run {
     /// Delivered over capacity, summed per step after the warm-up.
     delivered: f64,
     capacity: f64,
-    /// The download's queue at each step, ms.
+    /// The download's and the upload's queues at each step, ms.
     queue_down: Vec<f64>,
+    queue_up: Vec<f64>,
     events: Vec<(u64, Event)>,
     /// (t, rate down) at each step.
     rates: Vec<(u64, f64)>,
@@ -137,6 +138,7 @@ fn simulate_cfg(c: Config, line: &Line, secs: u64, warmup: u64) -> Run {
         run.rates.push((t, ctl.rate(Direction::Down)));
         run.rates_up.push(ctl.rate(Direction::Up));
         run.queue_down.push(qd * 1e3);
+        run.queue_up.push(qu * 1e3);
         run.events.extend(ev.into_iter().map(|e| (t, e)));
         t += STEP;
     }
@@ -334,6 +336,71 @@ fn after_a_deep_fall_ours_cuts_with_the_first_reading_and_drains_the_queue() {
         ours.1,
         ours.2
     );
+}
+
+/// The download's line halves (80 to 40 Mbit/s, as starlink's fifth step) 150 ms before a
+/// reading, in front of a buffer that holds 100 ms (the lab's TCP flows, window-limited, held
+/// its queue at about that, not growing): the first cut is sized by a reading that is a
+/// quarter from before the fall (50 Mbit/s). The counter is after the bottleneck and reads its
+/// rate while the queue stands, so the next readings say 40: the cuts follow them below the
+/// line, where a floor at the first reading's capacity held the shaper above it, the queue
+/// full, until the floor's test 1.5 s later (the queue drained 2.5 s after the fall).
+#[test]
+fn a_fall_read_half_before_it_is_followed_down_by_the_next_readings() {
+    let line = Line {
+        down: Box::new(|t| {
+            if t < 60_050 * MS {
+                80.0 * MBIT
+            } else {
+                40.0 * MBIT
+            }
+        }),
+        buffer_s: 0.1,
+        ..steady(80.0 * MBIT, 10.0 * MBIT)
+    };
+    let (_, up) = bounds();
+    let down = Bounds::new(10.0 * MBIT, 60.0 * MBIT, 150.0 * MBIT).unwrap();
+    let r = simulate_cfg(Config::new(Law::Bloatlab, down, up), &line, 64, 0);
+    let fall = (60_050 * MS / STEP) as usize;
+    let drained = r.queue_down[fall..]
+        .iter()
+        .position(|q| *q < 10.0)
+        .map(|i| i as f64 * STEP as f64 / 1e9);
+    let below = r.first_rate_after(60_050 * MS, |rate| rate <= 40.0 * MBIT);
+    eprintln!("below the line after {below:?} s, the queue under 10 ms after {drained:?} s");
+    // Cut with the delay (60.15 s, at 90% of the mixed reading), again with the reading that
+    // counts only the slower line (60.35 s) once the refractory period is over (60.45 s), to
+    // 90% of it: the full queue (100 ms) then drains in 1 s (the drain rule's q / (1 - d)).
+    assert!(below.is_some_and(|b| b <= 0.45), "{below:?}");
+    assert!(drained.is_some_and(|d| d <= 0.4 + 1.0 + 0.1), "{drained:?}");
+}
+
+/// The upload halves (10 to 5 Mbit/s, as starlink's fifth step) in front of a 500 ms buffer,
+/// its flows sending three quarters of the rate for 300 ms after each cut: the second cut, sized
+/// by the queue's growth, leaves the shaper below the line, and the queue drains. Ours does not
+/// cut again while the delay falls by its threshold in 400 ms: cake-autorate's law would, with
+/// the window still holding the samples of the queue, and took the shaper to 2.7 Mbit/s, where
+/// the drain asked for 90% of the line or less.
+#[test]
+fn while_the_queue_drains_ours_does_not_cut_again() {
+    for at in [60_000, 60_050] {
+        let line = Line {
+            up: Box::new(move |t| if t < at * MS { 10.0 * MBIT } else { 5.0 * MBIT }),
+            fill_after_cut: 0.75,
+            ..steady(80.0 * MBIT, 10.0 * MBIT)
+        };
+        let r = simulate(Law::Bloatlab, &line, 64, 0, |_| {});
+        let fall = (at * MS / STEP) as usize;
+        let (queue, rates) = (&r.queue_up[fall..], &r.rates_up[fall..]);
+        let least = rates.iter().copied().fold(f64::MAX, f64::min) / MBIT;
+        let peak = queue.iter().copied().fold(0.0, f64::max);
+        let over = queue.iter().filter(|q| **q > 20.0).count() as f64 * STEP as f64 / 1e9;
+        eprintln!(
+            "fall at {at} ms: least {least:.2} Mbit/s, peak {peak:.0} ms, {over:.2} s over 20"
+        );
+        assert!(least >= 0.75 * 5.0, "the upload cut to {least} Mbit/s");
+        assert!(over <= 0.8, "{over} s over 20 ms");
+    }
 }
 
 /// Delay from a queue that is not the shaper's (Wi-Fi, the far end) while the line delivers
