@@ -11,10 +11,11 @@
 //!   towards the base rate once a second otherwise.
 //! - [`Law::Bloatlab`]: the same, and where the line says more: when the line delivers clearly
 //!   less than the shaper's rate while delay rises, or the queue grows steadily (its capacity
-//!   fell), the cut goes straight below what it delivers, by enough to drain the queue that
-//!   stands within about a second (90% of it, down to half from 500 ms of queue), and the
-//!   download cuts again as soon as a reading shows the fall (not a refractory period later),
-//!   the upload as soon as its queue has grown by twice the threshold since the last cut,
+//!   fell; a reading under high load only over a queue of twice the threshold, as flows that
+//!   start read low), the cut goes straight below what it delivers, by enough to drain the
+//!   queue that stands within about a second (90% of it, down to half from 500 ms of queue),
+//!   and the download cuts again as soon as a reading shows the fall (not a refractory period
+//!   later), the upload as soon as its queue has grown by twice the threshold since the last cut,
 //!   then on to the rate that drains the queue the fall left (for the download, at what its
 //!   latest reading says the line carries), and not again while the delay falls by the
 //!   threshold in 400 ms (that cut is draining the queue); when it delivers the shaper's
@@ -433,6 +434,12 @@ impl Dir {
         (m - b > 50.0 && c - m > 50.0).then(|| (c - b) / 400.0)
     }
 
+    /// A sample is delayed above this, ms: the threshold plus one packet's serialisation at
+    /// the shaper's rate.
+    fn thr(&self, cfg: &Config) -> f64 {
+        cfg.delay_thr_ms + cfg.packet_bytes * 8.0 / self.rate * 1e3
+    }
+
     /// The line carries enough this way for its reading to say what it can: cake-autorate's
     /// 2 Mbit/s, or high load on a shaper slower than that (a 1 Mbit/s upload never carries 2).
     fn carries(&self, cfg: &Config) -> bool {
@@ -511,7 +518,7 @@ impl Dir {
         {
             self.recent.pop_front();
         }
-        let thr = cfg.delay_thr_ms + cfg.packet_bytes * 8.0 / self.rate * 1e3;
+        let thr = self.thr(cfg);
         // A cut below what the line carried tells about the delay that stands only while the
         // rate stays below it, for a few seconds, and the line does not fall further (its
         // queue grows over the delay then by the threshold: in the lab's starlink, a cut at a
@@ -694,11 +701,17 @@ impl Dir {
         // from 500 ms (a line that fell to a third fills 2 s of buffer a second till the cut).
         let standing = self.least(now, 0).unwrap_or(0.0) / 1e3;
         let drain = (0.9 - (standing - 0.1).max(0.0)).max(0.5);
-        if self.carries(cfg) && drain * capacity < cut {
+        // A reading below high load says what the line carries only with a queue of twice the
+        // threshold: flows that start read low while their slow start's bursts cross the
+        // threshold (in the lab's starlink, a test's first reading cut the download to its
+        // MIN, 17 Mbit/s of 100, at 11.6 ms, and the climb back took 10 s).
+        let reads_line = self.carries(cfg)
+            && (self.load(cfg) == Load::High || self.cut_delta >= 2.0 * self.thr(cfg));
+        if reads_line && drain * capacity < cut {
             (rate, why) = (drain * capacity, Why::Delivered);
         }
         // A queue that keeps growing is this line's, whatever it carried before.
-        let capacity_fell = self.carries(cfg) && (delivered < 0.8 * self.rate || growth.is_some());
+        let capacity_fell = reads_line && (delivered < 0.8 * self.rate || growth.is_some());
         if capacity_fell {
             if let Some(g) = growth {
                 let lag = self.least(now, 0).unwrap_or(0.0).max(0.0) * MS as f64;
@@ -709,7 +722,7 @@ impl Dir {
             self.safe.clear();
             let measured = self.which == Direction::Down || growth.is_some();
             self.fell_to = Some((now, capacity, measured));
-        } else if self.which == Direction::Down && self.carries(cfg) {
+        } else if self.which == Direction::Down && reads_line {
             // The download's counter, after the bottleneck, reads its rate while the queue
             // stands there: the capacity it fell to follows the readings down (the first after
             // a fall may have counted some of the line before it: in the lab's starlink, 52.8

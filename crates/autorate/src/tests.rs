@@ -403,6 +403,42 @@ fn while_the_queue_drains_ours_does_not_cut_again() {
     }
 }
 
+/// Flows that start: the first reading (15 Mbit/s of a shaper at 80) comes as their slow
+/// start's bursts put a few samples just over the threshold. That reading is the flows', not
+/// the line's: ours cuts as cake-autorate's law does (the lab's starlink had its download cut to
+/// MIN by it and climbed back for 10 s). A line that fell to it shows a queue of twice the
+/// threshold or more, and then ours cuts below what it carries.
+#[test]
+fn a_low_reading_says_what_the_line_carries_only_over_a_queue() {
+    for (queue_ms, slowed) in [(12.0, false), (60.0, true)] {
+        let (_, up) = bounds();
+        let down = Bounds::new(5.0 * MBIT, 80.0 * MBIT, 150.0 * MBIT).unwrap();
+        let mut ctl = Controller::new(Config::new(Law::Bloatlab, down, up));
+        let mut t = 0;
+        while t < 2 * S {
+            let loaded = t >= S;
+            if t % (200 * MS) == 150 * MS {
+                ctl.on_load(if loaded { 15.0 * MBIT } else { 0.1 * MBIT }, 0.1 * MBIT);
+            }
+            let q = if t >= S + 200 * MS { queue_ms } else { 0.0 };
+            let sample = Sample {
+                down_ms: Some(10.0 + q),
+                up_ms: Some(10.0),
+            };
+            ctl.on_sample(t, 0, sample);
+            ctl.on_tick(t);
+            t += STEP;
+        }
+        let rate = ctl.rate(Direction::Down) / MBIT;
+        eprintln!("a queue of {queue_ms} ms over a reading of 15 Mbit/s: cut to {rate:.1}");
+        if slowed {
+            assert!(rate < 15.0, "{rate} Mbit/s over a standing queue");
+        } else {
+            assert!(rate >= 0.75 * 80.0, "{rate} Mbit/s for flows that start");
+        }
+    }
+}
+
 /// Delay from a queue that is not the shaper's (Wi-Fi, the far end) while the line delivers
 /// the shaper's rate: cake-autorate's law cuts again and again, towards MIN; ours stops at 90%
 /// of the highest rate that carried the load without bloat (a second's mean of the counters:
