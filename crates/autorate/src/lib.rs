@@ -9,21 +9,22 @@
 //!   serialisation, a cut of x0.99 down to x0.75 scaled by the window's mean delay (at most one
 //!   per 300 ms), an increase of up to x1.04 per sample under high load without bloat, a decay
 //!   towards the base rate once a second otherwise.
-//! - [`Law::Bloatlab`]: the same, and where the line says more: when the line delivers clearly
-//!   less than the shaper's rate while delay rises, or the queue grows steadily (its capacity
-//!   fell; a reading under high load only over a queue of twice the threshold, as flows that
-//!   start read low), the cut goes straight below what it delivers, by enough to drain the
-//!   queue that stands within about a second (90% of it, down to half from 500 ms of queue),
-//!   and the download cuts again as soon as a reading shows the fall (not a refractory period
-//!   later), the upload as soon as its queue has grown by twice the threshold since the last cut,
-//!   then on to the rate that drains the queue the fall left (for the download, at what its
-//!   latest reading says the line carries), and not again while the delay falls by the
-//!   threshold in 400 ms (that cut is draining the queue); when it delivers the shaper's
-//!   rate and delay rises anyway (a queue elsewhere, a burst), the cut stops at 90% of the
-//!   highest rate that carried high load without bloat in the last 10 minutes (a memory of
-//!   safe rates), which a cut below it tests now and then. A delay that stands still through
-//!   that test, or through cuts well below what the line carried, is the path's own (a
-//!   satellite's new route): it joins the baseline instead of cutting on.
+//! - [`Law::Bloatlab`]: the same, and where the line says more: when the line delivers clearly less
+//!   than the shaper's rate while delay rises, or the queue grows steadily (its capacity fell; a
+//!   reading under high load only after one at high load, or over a queue of five times the
+//!   threshold, as flows that start read low), the cut goes straight below what it delivers, by
+//!   enough to drain the queue that stands within about a second (90% of it, down to half from 500
+//!   ms of queue), and the download cuts again as soon as a reading shows the fall (not a
+//!   refractory period later), the upload as soon as its queue has grown by twice the threshold
+//!   since the last cut, then on to the rate that drains the queue the fall left (at what the
+//!   latest reading says the line carries: the download's always, the upload's while its queue
+//!   holds still), and not again while the delay falls by the threshold in 400 ms (that cut is
+//!   draining the queue); when it delivers the shaper's rate and delay rises anyway (a queue
+//!   elsewhere, a burst), the cut stops at 90% of the highest rate that carried high load without
+//!   bloat in the last 10 minutes (a memory of safe rates), which a cut below it tests now and
+//!   then. A delay that stands still through that test, or through cuts well below what the line
+//!   carried, is the path's own (a satellite's new route): it joins the baseline instead of cutting
+//!   on.
 //!
 //! With several servers, each has its own baselines; ours follows the least of their latest
 //! delays (a queue on one server's path beyond the line is not the line's to cure).
@@ -434,6 +435,15 @@ impl Dir {
         (m - b > 50.0 && c - m > 50.0).then(|| (c - b) / 400.0)
     }
 
+    /// The queue holds still: the least delay of the last 200 ms within the threshold of that
+    /// of the 200 ms that ended 400 ms ago.
+    fn steady(&self, now: u64, cfg: &Config) -> bool {
+        let thr = self.thr(cfg);
+        self.least(now, 400)
+            .zip(self.least(now, 0))
+            .is_some_and(|(before, now)| (now - before).abs() <= thr)
+    }
+
     /// A sample is delayed above this, ms: the threshold plus one packet's serialisation at
     /// the shaper's rate.
     fn thr(&self, cfg: &Config) -> f64 {
@@ -701,12 +711,17 @@ impl Dir {
         // from 500 ms (a line that fell to a third fills 2 s of buffer a second till the cut).
         let standing = self.least(now, 0).unwrap_or(0.0) / 1e3;
         let drain = (0.9 - (standing - 0.1).max(0.0)).max(0.5);
-        // A reading below high load says what the line carries only with a queue of twice the
+        // A reading below high load says what the line carries where the one before it was at
+        // high load (the line was busy, and slowed), or over a queue of five times the
         // threshold: flows that start read low while their slow start's bursts cross the
-        // threshold (in the lab's starlink, a test's first reading cut the download to its
-        // MIN, 17 Mbit/s of 100, at 11.6 ms, and the climb back took 10 s).
+        // threshold (in the lab's starlink, a test's first reading cut the download to 17 and
+        // to 21 Mbit/s of 100, over 12-30 ms, and the climb back took 10 s).
+        let busy_before = self.readings.len() >= 2
+            && self.readings[self.readings.len() - 2] >= cfg.high_load * self.rate;
         let reads_line = self.carries(cfg)
-            && (self.load(cfg) == Load::High || self.cut_delta >= 2.0 * self.thr(cfg));
+            && (self.load(cfg) == Load::High
+                || busy_before
+                || self.cut_delta >= 5.0 * self.thr(cfg));
         if reads_line && drain * capacity < cut {
             (rate, why) = (drain * capacity, Why::Delivered);
         }
@@ -722,12 +737,14 @@ impl Dir {
             self.safe.clear();
             let measured = self.which == Direction::Down || growth.is_some();
             self.fell_to = Some((now, capacity, measured));
-        } else if self.which == Direction::Down && reads_line {
+        } else if reads_line && (self.which == Direction::Down || self.steady(now, cfg)) {
             // The download's counter, after the bottleneck, reads its rate while the queue
             // stands there: the capacity it fell to follows the readings down (the first after
             // a fall may have counted some of the line before it: in the lab's starlink, 52.8
             // Mbit/s of a fall from 80 to 40 held the shaper at 47.5 over a full queue for
-            // 1.7 s). The upload's reads what TCP sent, which says less.
+            // 1.7 s). The upload's reads what TCP sent into the queue, which is what the line
+            // carries while the queue holds still (there, its floor held the shaper at 5.05
+            // Mbit/s on a 5 Mbit/s line for 1.6 s, TCP's flows keeping 130 ms in the queue).
             if let Some(f) = self.fell_to.as_mut().filter(|f| delivered < f.1) {
                 f.1 = delivered;
             }
