@@ -435,13 +435,10 @@ impl Dir {
         (m - b > 50.0 && c - m > 50.0).then(|| (c - b) / 400.0)
     }
 
-    /// The queue holds still: the least delay of the last 200 ms within the threshold of that
-    /// of the 200 ms that ended 400 ms ago.
-    fn steady(&self, now: u64, cfg: &Config) -> bool {
-        let thr = self.thr(cfg);
-        self.least(now, 400)
-            .zip(self.least(now, 0))
-            .is_some_and(|(before, now)| (now - before).abs() <= thr)
+    /// How the queue moved, ms: the least delay of the last 200 ms less that of the 200 ms
+    /// that ended 400 ms ago.
+    fn moved(&self, now: u64) -> Option<f64> {
+        Some(self.least(now, 0)? - self.least(now, 400)?)
     }
 
     /// A sample is delayed above this, ms: the threshold plus one packet's serialisation at
@@ -585,11 +582,7 @@ impl Dir {
                 // window still counts its samples from before): the last cut is doing its work
                 // (in the lab's starlink, two cuts while the upload's queue drained took the
                 // shaper to 56% of a 5 Mbit/s line).
-                let fell = self
-                    .least(now, 400)
-                    .zip(self.least(now, 0))
-                    .is_some_and(|(before, now)| now <= before - thr);
-                if fell {
+                if self.moved(now).is_some_and(|m| m <= -thr) {
                     return;
                 }
             }
@@ -737,14 +730,18 @@ impl Dir {
             self.safe.clear();
             let measured = self.which == Direction::Down || growth.is_some();
             self.fell_to = Some((now, capacity, measured));
-        } else if reads_line && (self.which == Direction::Down || self.steady(now, cfg)) {
+        } else if reads_line
+            && (self.which == Direction::Down
+                || self.moved(now).is_some_and(|m| m.abs() <= self.thr(cfg)))
+        {
             // The download's counter, after the bottleneck, reads its rate while the queue
             // stands there: the capacity it fell to follows the readings down (the first after
             // a fall may have counted some of the line before it: in the lab's starlink, 52.8
             // Mbit/s of a fall from 80 to 40 held the shaper at 47.5 over a full queue for
             // 1.7 s). The upload's reads what TCP sent into the queue, which is what the line
-            // carries while the queue holds still (there, its floor held the shaper at 5.05
-            // Mbit/s on a 5 Mbit/s line for 1.6 s, TCP's flows keeping 130 ms in the queue).
+            // carries while the queue holds still, within the threshold over 400 ms (there, its
+            // floor held the shaper at 5.05 Mbit/s on a 5 Mbit/s line for 1.6 s, TCP's flows
+            // keeping 130 ms in the queue).
             if let Some(f) = self.fell_to.as_mut().filter(|f| delivered < f.1) {
                 f.1 = delivered;
             }
