@@ -184,7 +184,8 @@ impl KernelSide {
         }
     }
 
-    fn set(&self, nl: &mut Rtnl, bps: u64) -> Result<(), ShaperError> {
+    /// `dir`: the direction it shapes, named in its errors as in the run's other lines.
+    fn set(&self, nl: &mut Rtnl, bps: u64, dir: &str) -> Result<(), ShaperError> {
         let bytes = bps / 8;
         let (kind, msg, attrs) = match self.kind {
             // `tc qdisc change dev DEV root cake bandwidth X`: cake_change reads only the
@@ -231,11 +232,11 @@ impl KernelSide {
                 // Not found, another qdisc in its place, of another kind, or the device gone.
                 Some(libc::ENOENT | libc::EEXIST | libc::EINVAL | libc::ENODEV) => {
                     ShaperError::Gone(format!(
-                        "{} was removed or replaced ({e}): no longer changing it",
+                        "{} ({dir}) was removed or replaced ({e}): no longer changing it",
                         self.describe()
                     ))
                 }
-                _ => ShaperError::Failed(format!("{}: {e}", self.describe())),
+                _ => ShaperError::Failed(format!("{} ({dir}): {e}", self.describe())),
             }
         })
     }
@@ -253,12 +254,12 @@ impl Shaper for Kernel {
     }
 
     fn set(&mut self, dir: Direction, bps: u64) -> Result<(), ShaperError> {
-        let side = match dir {
-            Direction::Up => &self.up,
-            Direction::Down => &self.down,
+        let (side, name) = match dir {
+            Direction::Up => (&self.up, "up"),
+            Direction::Down => (&self.down, "down"),
         };
         match side {
-            Some(s) => s.set(&mut self.nl, bps),
+            Some(s) => s.set(&mut self.nl, bps, name),
             None => Ok(()),
         }
     }
