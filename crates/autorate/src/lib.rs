@@ -704,6 +704,7 @@ impl Dir {
         // from 500 ms (a line that fell to a third fills 2 s of buffer a second till the cut).
         let standing = self.least(now, 0).unwrap_or(0.0) / 1e3;
         let drain = (0.9 - (standing - 0.1).max(0.0)).max(0.5);
+        let thr = self.thr(cfg);
         // A reading below high load says what the line carries where the one before it was at
         // high load (the line was busy, and slowed), or over a queue of five times the
         // threshold: flows that start read low while their slow start's bursts cross the
@@ -712,9 +713,7 @@ impl Dir {
         let busy_before = self.readings.len() >= 2
             && self.readings[self.readings.len() - 2] >= cfg.high_load * self.rate;
         let reads_line = self.carries(cfg)
-            && (self.load(cfg) == Load::High
-                || busy_before
-                || self.cut_delta >= 5.0 * self.thr(cfg));
+            && (self.load(cfg) == Load::High || busy_before || self.cut_delta >= 5.0 * thr);
         if reads_line && drain * capacity < cut {
             (rate, why) = (drain * capacity, Why::Delivered);
         }
@@ -731,8 +730,7 @@ impl Dir {
             let measured = self.which == Direction::Down || growth.is_some();
             self.fell_to = Some((now, capacity, measured));
         } else if reads_line
-            && (self.which == Direction::Down
-                || self.moved(now).is_some_and(|m| m.abs() <= self.thr(cfg)))
+            && (self.which == Direction::Down || self.moved(now).is_some_and(|m| m.abs() <= thr))
         {
             // The download's counter, after the bottleneck, reads its rate while the queue
             // stands there: the capacity it fell to follows the readings down (the first after

@@ -184,7 +184,11 @@ impl KernelSide {
         }
     }
 
-    /// `dir`: the direction it shapes, named in its errors as in the run's other lines.
+    /// What it is and the direction it shapes, as the run's lines name it.
+    fn named(&self, dir: &str) -> String {
+        format!("{} ({dir})", self.describe())
+    }
+
     fn set(&self, nl: &mut Rtnl, bps: u64, dir: &str) -> Result<(), ShaperError> {
         let bytes = bps / 8;
         let (kind, msg, attrs) = match self.kind {
@@ -232,11 +236,11 @@ impl KernelSide {
                 // Not found, another qdisc in its place, of another kind, or the device gone.
                 Some(libc::ENOENT | libc::EEXIST | libc::EINVAL | libc::ENODEV) => {
                     ShaperError::Gone(format!(
-                        "{} ({dir}) was removed or replaced ({e}): no longer changing it",
-                        self.describe()
+                        "{} was removed or replaced ({e}): no longer changing it",
+                        self.named(dir)
                     ))
                 }
-                _ => ShaperError::Failed(format!("{} ({dir}): {e}", self.describe())),
+                _ => ShaperError::Failed(format!("{}: {e}", self.named(dir))),
             }
         })
     }
@@ -244,8 +248,7 @@ impl KernelSide {
 
 impl Shaper for Kernel {
     fn describe(&self) -> String {
-        let side =
-            |s: &Option<KernelSide>, d: &str| s.as_ref().map(|s| format!("{} ({d})", s.describe()));
+        let side = |s: &Option<KernelSide>, d: &str| s.as_ref().map(|s| s.named(d));
         [side(&self.up, "up"), side(&self.down, "down")]
             .into_iter()
             .flatten()
