@@ -737,11 +737,16 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
     // (tcp-down; the lab 0.3): an emulated guest starved of CPU holds packets outside its
     // qdisc, which only ever adds delay. So a guest far above the lab is measured once more
     // and the lower of its two runs is the reference; a lab model that queues too little
-    // still fails, as the guest is above it both times.
-    if k.iter()
-        .zip(&l)
-        .any(|(k, l)| be_added(k) - be_added(l) > bound(k))
-    {
+    // still fails, as the guest is above it every time. Twice: on a slow host in CI the guest
+    // read +2.3 and then +2.6 ms against the lab's +0.4 (+0.47 alone right after).
+    for _ in 0..2 {
+        if !k
+            .iter()
+            .zip(&l)
+            .any(|(k, l)| be_added(k) - be_added(l) > bound(k))
+        {
+            break;
+        }
         eprintln!(
             "the guest added more delay than the lab beyond the bound: measuring the guest again"
         );
@@ -753,10 +758,13 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
     }
     // The same the other way: the lab is a process too, and starved of CPU beside another
     // test binary it holds packets past its model (once in CI: tcp-down lab 11.88 ms, the
-    // guest 0.18). A lab far above the guest is measured once more and the lower run counts;
-    // a model that queues too much is above both times and still fails.
+    // guest 0.18). A lab far above the guest is measured again, up to twice, and the lowest
+    // run counts; a model that queues too much is above every time and still fails.
     for (i, t) in tests.iter().enumerate() {
-        if be_added(&l[i]) - be_added(&k[i]) > bound(&k[i]) {
+        for _ in 0..2 {
+            if be_added(&l[i]) - be_added(&k[i]) <= bound(&k[i]) {
+                break;
+            }
             eprintln!(
                 "{}: the lab added more delay than the guest beyond the bound: again",
                 t[0]
@@ -868,8 +876,8 @@ fn lab_and_kernel_cake_share_by_host_and_by_flow_alike() {
         })
     };
 
-    let mut kernel = Vec::new();
-    for (mode, two, _) in cases {
+    let payload = 20.0 * 1448.0 / 1514.0;
+    let kernel_case = |mode: &str, two: bool| {
         let shaper = format!("cake 20mbit besteffort {mode}");
         let k = KernelRouter::start_lan(
             "hi",
@@ -895,10 +903,10 @@ fn lab_and_kernel_cake_share_by_host_and_by_flow_alike() {
         } else {
             ROUTER_SRV_ADDR
         };
-        kernel.push(both(
+        let got = both(
             (k.exec(&k.cli), ROUTER_SRV_ADDR),
             (k.exec(&k.more_clients[0]), to2),
-        ));
+        );
         drop(second);
         let stats = k.stop();
         assert!(
@@ -907,6 +915,27 @@ fn lab_and_kernel_cake_share_by_host_and_by_flow_alike() {
                 .is_some_and(|q| q.iter().any(|q| q["kind"] == "cake")),
             "cake was the kernel's qdisc: {stats}"
         );
+        got
+    };
+    let mut kernel = Vec::new();
+    for (mode, two, _) in cases {
+        let mut got = kernel_case(mode, two);
+        // A guest starved of CPU (the labs beside it in CI take both cores: their forwarders'
+        // priority is above its) falls short of the rate, and its lone flow first: once 3.16
+        // + 9.99 Mbit/s in dual-srchost (8.87 / 10.05 alone). Starving only ever takes rate
+        // away, so a guest short of 90% of it is measured once more and the run that carried
+        // more is the reference.
+        if got.0 + got.1 < 0.9 * payload {
+            eprintln!(
+                "{mode}: the guest carried {:.2} + {:.2} Mbit/s: measuring it again",
+                got.0, got.1
+            );
+            let again = kernel_case(mode, two);
+            if again.0 + again.1 > got.0 + got.1 {
+                got = again;
+            }
+        }
+        kernel.push(got);
     }
 
     // The same LAN and line in the lab: the router's WAN link reaches a core router with the
@@ -942,7 +971,6 @@ fn lab_and_kernel_cake_share_by_host_and_by_flow_alike() {
     // when the labs beside it in CI take both cores (their forwarders' priority is above its):
     // once 14.4 (1.59 + 12.80, the split itself 8.05:1 against the lab's 8.25). A floor of 70%
     // still catches a shaper set to another rate.
-    let payload = 20.0 * 1448.0 / 1514.0;
     for (((mode, two, ratio), (k1, k8)), (l1, l8)) in cases.iter().zip(&kernel).zip(&labs) {
         let servers = if *two { "a server each" } else { "one server" };
         eprintln!(

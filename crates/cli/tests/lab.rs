@@ -112,6 +112,8 @@ fn goodput_follows_the_set_rate_and_lab_set_changes_it_live() {
 #[test]
 fn idle_rtt_adds_the_configured_delay() {
     let _g = serial();
+    // A busy guest's vCPU holds a core at real-time priority (kernel_ref_sh).
+    let _guest = without_guest();
     let Some(lab) = LabUp::up(
         "delay",
         "name='d'\n[[link]]\nname='l'\na='c'\nb='s'\nboth={delay='10ms'}\n[host.s]\ncc='reno'\n",
@@ -134,23 +136,32 @@ fn idle_rtt_adds_the_configured_delay() {
         ],
     );
     assert_eq!(flows_cc(&result), ["reno", "reno"]);
-    let s = lab.test("c", &["ping", "10.77.0.2", "-l", "3", "--idle", "0"]);
     // Never below the configured 2 x 10 ms; above it only by the emulator's own forwarding
     // (two TUN hops each way through a user process: 0.17-0.35 ms measured on this machine,
     // with the code of before and after issue #15; 0.44-0.65 on a noisier day, with the code
-    // before and after issue #9 alike).
-    let p50 = f(&s, "latency_ms.idle.p50");
-    assert!(
-        (20.0..=21.0).contains(&p50),
-        "RTT p50 {p50} ms for 2 x 10 ms"
-    );
+    // before and after issue #9 alike). The pinging and answering processes are this
+    // machine's too, and beside CI's other workers on a slow host they woke late (p50 21.5 ms
+    // once): a p50 above the bound is measured again, up to twice, and the lowest counts,
+    // as load only ever adds delay. Every run must stay at or above 20 ms.
+    let p50 = |addr: &str, secs: &str| {
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let s = lab.test("c", &["ping", addr, "-l", secs, "--idle", "0"]);
+            let p50 = f(&s, "latency_ms.idle.p50");
+            assert!(p50 >= 20.0, "{addr}: RTT p50 {p50} ms for 2 x 10 ms");
+            best = best.min(p50);
+            if best <= 21.0 {
+                break;
+            }
+            eprintln!("{addr}: RTT p50 {p50} ms: measuring again");
+        }
+        best
+    };
+    let p = p50("10.77.0.2", "3");
+    assert!(p <= 21.0, "RTT p50 {p} ms for 2 x 10 ms");
     // IPv6 takes the same path.
-    let s6 = lab.test("c", &["ping", "[fd77:0:0:0::2]", "-l", "2", "--idle", "0"]);
-    let p50 = f(&s6, "latency_ms.idle.p50");
-    assert!(
-        (20.0..=21.0).contains(&p50),
-        "IPv6 RTT p50 {p50} ms for 2 x 10 ms"
-    );
+    let p = p50("[fd77:0:0:0::2]", "2");
+    assert!(p <= 21.0, "IPv6 RTT p50 {p} ms for 2 x 10 ms");
 }
 
 #[test]
@@ -953,28 +964,31 @@ fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting
     let before = netns_and_links("compare");
     let dir = tmp_path("compare");
     std::fs::create_dir_all(&dir).unwrap();
-    let out = run(
-        &[],
-        &[
-            "lab",
-            "compare",
-            "cable",
-            "--fix",
-            "fifo,htb-fq_codel,cake",
-            "-l",
-            "10",
-            "--json",
-            "-q",
-            "--out-dir",
-            dir.to_str().unwrap(),
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v = json(&out);
+    let compare = |fixes: &str, dir: &std::path::Path| {
+        let out = run(
+            &[],
+            &[
+                "lab",
+                "compare",
+                "cable",
+                "--fix",
+                fixes,
+                "-l",
+                "10",
+                "--json",
+                "-q",
+                "--out-dir",
+                dir.to_str().unwrap(),
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        json(&out)
+    };
+    let v = compare("fifo,htb-fq_codel,cake", &dir);
     let runs = v["runs"].as_array().unwrap();
     let names: Vec<&str> = runs.iter().map(|r| r["fix"].as_str().unwrap()).collect();
     assert_eq!(names, ["fifo", "htb-fq_codel", "cake"]);
@@ -1007,9 +1021,39 @@ fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting
         v.sort_by(f64::total_cmp);
         v
     };
+    // The endpoints and their TCP are this machine's, on the two cores CI's other workers use:
+    // the probes' added delay grows with the machine's load (fq_codel's: +12.3 ms alone, +17.6
+    // beside two busy loops, +22.3 in CI on a slow host; CAKE's +11.5 and +21.7). Load only
+    // ever adds delay, so a fix above the bound is measured once more and the lower of its two
+    // runs counts; a fix that does not move the queue is above it both times.
+    let again = |i: usize, added: f64| {
+        if added < 20.0 {
+            return added;
+        }
+        eprintln!("{}: best effort +{added} ms: measuring it again", names[i]);
+        let retry = tmp_path(&format!("compare-again-{i}"));
+        std::fs::create_dir_all(&retry).unwrap();
+        let v = compare(names[i], &retry);
+        let _ = std::fs::remove_dir_all(&retry);
+        let class = |c: &str| {
+            f(
+                &v["runs"][0]["summary"],
+                &format!("added_latency_ms_by_class.{c}"),
+            )
+        };
+        let second = if i == 1 {
+            let mut v = [class("be"), class("ef"), class("bk")];
+            v.sort_by(f64::total_cmp);
+            v[1]
+        } else {
+            class("be")
+        };
+        eprintln!("{}: again +{second} ms", names[i]);
+        added.min(second)
+    };
     for i in [1, 2] {
         // Measured 9.8 (fq_codel) and 11.7 ms (CAKE) with 10 s loads.
-        let added = if i == 1 { fq_probes[1] } else { class(i, "be") };
+        let added = again(i, if i == 1 { fq_probes[1] } else { class(i, "be") });
         assert!(added < 20.0, "{}: best effort +{added} ms", names[i]);
         assert!(
             f(&runs[i]["summary"], "throughput_mbps.down") > 45.0,
