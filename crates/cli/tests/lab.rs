@@ -992,11 +992,19 @@ fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting
     let runs = v["runs"].as_array().unwrap();
     let names: Vec<&str> = runs.iter().map(|r| r["fix"].as_str().unwrap()).collect();
     assert_eq!(names, ["fifo", "htb-fq_codel", "cake"]);
-    let class = |i: usize, c: &str| {
-        f(
-            &runs[i]["summary"],
-            &format!("added_latency_ms_by_class.{c}"),
-        )
+    let class_of = |run: &serde_json::Value, c: &str| {
+        f(&run["summary"], &format!("added_latency_ms_by_class.{c}"))
+    };
+    let class = |i: usize, c: &str| class_of(&runs[i], c);
+    // The probe classes' added delays, least first.
+    let sorted = |run: &serde_json::Value| {
+        let mut v = [
+            class_of(run, "be"),
+            class_of(run, "ef"),
+            class_of(run, "bk"),
+        ];
+        v.sort_by(f64::total_cmp);
+        v
     };
     eprintln!(
         "compare: {}",
@@ -1016,11 +1024,7 @@ fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting
     // CoDel queue (CI, 2026-11-27: best effort +44 ms, EF and CS1 +7.8). FQ-CoDel treats every
     // probe flow alike, so the middle one of the three stands for them; CAKE's set-associative
     // hash keeps them apart.
-    let fq_probes = {
-        let mut v = [class(1, "be"), class(1, "ef"), class(1, "bk")];
-        v.sort_by(f64::total_cmp);
-        v
-    };
+    let fq_probes = sorted(&runs[1]);
     // The endpoints and their TCP are this machine's, on the two cores CI's other workers use:
     // the probes' added delay grows with the machine's load (fq_codel's: +12.3 ms alone, +17.6
     // beside two busy loops, +22.3 in CI on a slow host; CAKE's +11.5 and +21.7). Load only
@@ -1035,18 +1039,11 @@ fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting
         std::fs::create_dir_all(&retry).unwrap();
         let v = compare(names[i], &retry);
         let _ = std::fs::remove_dir_all(&retry);
-        let class = |c: &str| {
-            f(
-                &v["runs"][0]["summary"],
-                &format!("added_latency_ms_by_class.{c}"),
-            )
-        };
+        let run = &v["runs"][0];
         let second = if i == 1 {
-            let mut v = [class("be"), class("ef"), class("bk")];
-            v.sort_by(f64::total_cmp);
-            v[1]
+            sorted(run)[1]
         } else {
-            class("be")
+            class_of(run, "be")
         };
         eprintln!("{}: again +{second} ms", names[i]);
         added.min(second)
