@@ -733,6 +733,11 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
         let s = &k["latency_ms"]["per_stream"][0];
         (0.1 * be_added(k).abs()).max(1.0) + f(s, "idle.p90") - f(s, "idle.p50")
     };
+    // The emulated guest's timers run late by 1-2 ms (the reference's known error), which
+    // only ever holds packets longer: the guest may be above the lab by that much more. Under
+    // CI's load it read +2.3 to +2.8 ms in three passes running, the lab +0.4 (the guest +0.5
+    // to +0.7 alone).
+    const GUEST_LATE_MS: f64 = 2.0;
     // The guest's fq_codel added -0.1 to 0.5 ms in these tests, but once in CI 12.4 ms
     // (tcp-down; the lab 0.3): an emulated guest starved of CPU holds packets outside its
     // qdisc, which only ever adds delay. So a guest far above the lab is measured once more
@@ -743,7 +748,7 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
         if !k
             .iter()
             .zip(&l)
-            .any(|(k, l)| be_added(k) - be_added(l) > bound(k))
+            .any(|(k, l)| be_added(k) - be_added(l) > bound(k) + GUEST_LATE_MS)
         {
             break;
         }
@@ -809,9 +814,11 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
         );
         let (ka, la, bound) = (be_added(k), be_added(l), bound(k));
         assert!(
-            (la - ka).abs() <= bound,
-            "{}: added p50 lab {la} vs kernel {ka} ms (bound {bound} ms)",
-            t[0]
+            la - ka <= bound && ka - la <= bound + GUEST_LATE_MS,
+            "{}: added p50 lab {la} vs kernel {ka} ms (bound {bound} ms, the guest's {} ms \
+            more)",
+            t[0],
+            bound + GUEST_LATE_MS
         );
     }
 }
