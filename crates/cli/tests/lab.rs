@@ -833,7 +833,7 @@ fn demo_measures_locates_advises_applies_and_verifies() {
     let before = netns_and_links("demo");
     let dir = tmp_path("demo");
     std::fs::create_dir_all(&dir).unwrap();
-    let out = run(
+    let v = run_json(
         &[],
         &[
             "lab",
@@ -846,12 +846,6 @@ fn demo_measures_locates_advises_applies_and_verifies() {
             dir.to_str().unwrap(),
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v = json(&out);
     let fifo_added = f(&v, "before.added_latency_ms");
     let cake_added = f(&v, "after.added_latency_ms");
     eprintln!(
@@ -978,7 +972,7 @@ fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting
     let dir = tmp_path("compare");
     std::fs::create_dir_all(&dir).unwrap();
     let compare = |fixes: &str, dir: &std::path::Path| {
-        let out = run(
+        run_json(
             &[],
             &[
                 "lab",
@@ -993,13 +987,7 @@ fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting
                 "--out-dir",
                 dir.to_str().unwrap(),
             ],
-        );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        json(&out)
+        )
     };
     let v = compare("fifo,htb-fq_codel,cake", &dir);
     let runs = v["runs"].as_array().unwrap();

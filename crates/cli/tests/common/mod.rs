@@ -228,6 +228,18 @@ pub fn run(prefix: &[&str], args: &[&str]) -> Output {
     command(prefix, args).output().expect("run bloatlab")
 }
 
+/// `bloatlab` with `args`, which must succeed (else its stderr is the failure), and the JSON it
+/// printed.
+pub fn run_json(prefix: &[&str], args: &[&str]) -> serde_json::Value {
+    let out = run(prefix, args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json(&out)
+}
+
 pub fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
