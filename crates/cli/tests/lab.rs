@@ -958,7 +958,7 @@ fn demo_measures_locates_advises_applies_and_verifies() {
 }
 
 /// `lab compare` on the cable line: the modem's FIFO adds hundreds of ms; HTB+fq_codel and
-/// CAKE at 95% on the router each bring best effort down to a few ms. fq_codel treats every
+/// CAKE at 95% on the router each bring best effort down to tens of ms at most. fq_codel treats every
 /// probe class alike; CAKE's diffserv3 makes the CS1 probes wait behind the bulk tin, whose
 /// threshold is 1/16 of the rate (one 1518-byte packet per 51 ms at 3.8/16 Mbit/s upstream).
 #[test]
@@ -1028,11 +1028,14 @@ fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting
     let fq_probes = sorted(&runs[1]);
     // The endpoints and their TCP are this machine's, on the two cores CI's other workers use:
     // the probes' added delay grows with the machine's load (fq_codel's: +12.3 ms alone, +17.6
-    // beside two busy loops, +22.3 in CI on a slow host; CAKE's +11.5 and +21.7). Load only
-    // ever adds delay, so a fix above the bound is measured once more and the lower of its two
-    // runs counts; a fix that does not move the queue is above it both times.
+    // beside two busy loops, +20.6 and +22.3 in CI on a slow host; CAKE's +11.5, +21.7 and
+    // +24.8). The bound is what tells a fix from none: a queue left in the modem's FIFO at
+    // 4 Mbit/s is 3 ms a packet, hundreds of ms under the upload's 8 flows (the line as is:
+    // +900). Load only ever adds delay, so a fix above the bound is measured once more and the
+    // lower of its two runs counts; a fix that does not move the queue is above it both times.
+    const BOUND_MS: f64 = 35.0;
     let again = |i: usize, added: f64| {
-        if added < 20.0 {
+        if added < BOUND_MS {
             return added;
         }
         eprintln!("{}: best effort +{added} ms: measuring it again", names[i]);
@@ -1052,7 +1055,7 @@ fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting
     for i in [1, 2] {
         // Measured 9.8 (fq_codel) and 11.7 ms (CAKE) with 10 s loads.
         let added = again(i, if i == 1 { fq_probes[1] } else { class(i, "be") });
-        assert!(added < 20.0, "{}: best effort +{added} ms", names[i]);
+        assert!(added < BOUND_MS, "{}: best effort +{added} ms", names[i]);
         assert!(
             f(&runs[i]["summary"], "throughput_mbps.down") > 45.0,
             "{}: {}",
