@@ -1006,3 +1006,44 @@ fn a_round_trip_while_both_directions_idle_cuts_nothing_and_stops_no_stall() {
     assert!(ev.contains(&Event::Stalled), "{ev:?}");
     assert_eq!(ctl.on_round_trip(t + 2 * S, 0.0), vec![Event::Recovered]);
 }
+
+/// Probes late by 45 ms in every other sample (a busy host's) on a line that carries 12.6
+/// kbit/s each way: no rate at MIN or above holds a queue of that, and ours cuts nothing;
+/// cake-autorate's law cuts at any load. With the upload at half its MIN, ours cuts it.
+#[test]
+fn late_probes_on_an_idle_line_cut_nothing_in_ours() {
+    let cuts = |law: Law, up_bps: f64| {
+        let (down, up) = bounds();
+        let mut ctl = Controller::new(Config::new(law, down, up));
+        ctl.on_load(12_600.0, up_bps);
+        let mut cut = Vec::new();
+        for i in 0..200u64 {
+            let t = i * STEP;
+            let ms = Some(if i >= 20 && i % 2 == 0 { 55.0 } else { 10.0 });
+            let mut ev = ctl.on_sample(
+                t,
+                0,
+                Sample {
+                    down_ms: ms,
+                    up_ms: ms,
+                },
+            );
+            ev.extend(ctl.on_tick(t));
+            cut.extend(ev.into_iter().filter_map(|e| match e {
+                Event::Rate { dir, why, .. } if why != Why::Decay => Some(dir),
+                _ => None,
+            }));
+        }
+        cut
+    };
+    assert_eq!(cuts(Law::Bloatlab, 12_600.0), []);
+    let theirs = cuts(Law::CakeAutorate, 12_600.0);
+    assert!(
+        theirs.contains(&Direction::Down) && theirs.contains(&Direction::Up),
+        "{theirs:?}"
+    );
+    assert_eq!(
+        cuts(Law::Bloatlab, 1.0 * MBIT).first(),
+        Some(&Direction::Up)
+    );
+}
