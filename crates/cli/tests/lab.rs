@@ -989,7 +989,19 @@ fn compare_moves_the_queue_with_either_fix_and_cake_keeps_the_bulk_class_waiting
             ],
         )
     };
+    // Another experiment's lab under the name `lab compare` takes first: this one takes the
+    // next free name, and leaves that lab up.
+    let Some(first) = LabUp::up(
+        "compare",
+        "name='first'\n[[link]]\nname='l'\na='a'\nb='b'\n",
+    ) else {
+        return;
+    };
     let v = compare("fifo,htb-fq_codel,cake", &dir);
+    let (ns, _) = netns_and_links("compare");
+    let first_host = format!("{}compare-a", bloatlab_lab::NS_PREFIX);
+    assert!(ns.lines().any(|l| l.starts_with(&first_host)), "{ns}");
+    drop(first);
     let runs = v["runs"].as_array().unwrap();
     let names: Vec<&str> = runs.iter().map(|r| r["fix"].as_str().unwrap()).collect();
     assert_eq!(names, ["fifo", "htb-fq_codel", "cake"]);

@@ -12,7 +12,7 @@ pub mod verify;
 pub mod writeback_verify;
 
 use bloatlab_lab::control;
-use bloatlab_lab::instance::LabInfo;
+use bloatlab_lab::instance::{LabError, LabInfo};
 use bloatlab_lab::ns::in_netns;
 use bloatlab_lab::{Lab, Topology};
 use bloatlab_lab_model::config::DirConfig;
@@ -352,6 +352,23 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
 
 /// A lab that is up, with its control socket and a bloatlab server in host `server`; the
 /// server is stopped and the lab torn down when this is dropped.
+/// The lab under `name`, or, while another experiment's lab holds it, the first free of
+/// `name-2` .. `name-9`: two `lab compare` (or `lab demo`) runs side by side each get a lab.
+fn up_by_a_free_name(topo: Topology, name: &str) -> Result<Lab, String> {
+    let mut n = 1;
+    loop {
+        let tried = if n == 1 {
+            name.to_string()
+        } else {
+            format!("{name}-{n}")
+        };
+        match Lab::up(topo.clone(), &tried) {
+            Err(LabError::Exists(_)) if n < 9 => n += 1,
+            up => return up.map_err(|e| e.to_string()),
+        }
+    }
+}
+
 struct Session {
     lab: Lab,
     server: bloatlab_server::Server,
@@ -363,7 +380,7 @@ struct Session {
 impl Session {
     fn up(topo: Topology, o: &ExperimentOptions) -> Result<Session, String> {
         std::fs::create_dir_all(&o.out_dir).map_err(|e| format!("{}: {e}", o.out_dir.display()))?;
-        let lab = Lab::up(topo, &o.lab_name).map_err(|e| e.to_string())?;
+        let lab = up_by_a_free_name(topo, &o.lab_name)?;
         control::serve(
             lab.shared.clone(),
             &lab.info().socket.clone(),
