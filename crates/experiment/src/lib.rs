@@ -350,8 +350,6 @@ pub fn compare(topo: Topology, fixes: &[Fix], o: &ExperimentOptions) -> Result<C
     })
 }
 
-/// A lab that is up, with its control socket and a bloatlab server in host `server`; the
-/// server is stopped and the lab torn down when this is dropped.
 /// The lab under `name`, or, while another experiment's lab holds it, the first free of
 /// `name-2` .. `name-9`: two `lab compare` (or `lab demo`) runs side by side each get a lab.
 fn up_by_a_free_name(topo: Topology, name: &str) -> Result<Lab, String> {
@@ -369,6 +367,8 @@ fn up_by_a_free_name(topo: Topology, name: &str) -> Result<Lab, String> {
     }
 }
 
+/// A lab that is up, with its control socket and a bloatlab server in host `server`; the
+/// server is stopped and the lab torn down when this is dropped.
 struct Session {
     lab: Lab,
     server: bloatlab_server::Server,
