@@ -2,6 +2,7 @@
 # The router build: one static (musl) bloatlab for an OpenWrt-class device, as small as it gets.
 #
 #   scripts/build-router.sh TARGET [--features LIST] [--dev] [--check]
+#   scripts/build-router.sh --prepare     (its tools only: CI fetches them beside its build)
 #
 # TARGET: aarch64-unknown-linux-musl, armv7-unknown-linux-musleabihf, x86_64-unknown-linux-musl
 # (mipsel-unknown-linux-musl is tried the same way; see BENCHMARKS.md for what it gives).
@@ -25,6 +26,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+tools() {
+  command -v cargo-zigbuild >/dev/null && python3 -m ziglang version >/dev/null 2>&1 ||
+    python3 -m pip install --quiet --disable-pip-version-check ziglang==0.17.1 cargo-zigbuild==0.24.1
+  rustup component list --installed 2>/dev/null | grep -q '^rust-src' || rustup component add rust-src
+}
+[ "${1:-}" != --prepare ] || { tools; exit 0; }
+
 target=${1:?usage: scripts/build-router.sh TARGET [--features LIST] [--dev] [--check]}
 shift
 features=router
@@ -39,9 +47,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-command -v cargo-zigbuild >/dev/null && python3 -m ziglang version >/dev/null 2>&1 ||
-  python3 -m pip install --quiet --disable-pip-version-check ziglang==0.17.1 cargo-zigbuild==0.24.1
-rustup component list --installed 2>/dev/null | grep -q '^rust-src' || rustup component add rust-src
+tools
 
 # SQLite's bundled build turns these on; the history needs none of them (-U after their -D).
 sqlite_off="-USQLITE_ENABLE_FTS3 -USQLITE_ENABLE_FTS3_PARENTHESIS -USQLITE_ENABLE_FTS5
