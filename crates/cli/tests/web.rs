@@ -1290,12 +1290,16 @@ fn the_browser_tests_probes_and_result_uploads_are_bounded() {
     // WebRTC offers: refused unless a data channel's, answered ICE-lite on the probe port's
     // number over UDP; sessions hold the address's slots until they idle out (5 s).
     assert_eq!(cfg["rtc"], true);
+    // (status, answer) for the offer in file `f`.
+    let offer_file = |f: &std::path::Path| {
+        let reply = post_file(&format!("http://{}/rtc", w.http), f, "application/sdp");
+        let (body, code) = reply.rsplit_once('\n').unwrap();
+        (code.to_string(), body.to_string())
+    };
     let offer = |body: &[u8]| {
         let f = dir.0.join("offer.sdp");
         std::fs::write(&f, body).unwrap();
-        let reply = post_file(&format!("http://{}/rtc", w.http), &f, "application/sdp");
-        let (body, code) = reply.rsplit_once('\n').unwrap();
-        (code.to_string(), body.to_string())
+        offer_file(&f)
     };
     let sdp = chromium_offer();
     let media = sdp.replace(
@@ -1323,19 +1327,9 @@ fn the_browser_tests_probes_and_result_uploads_are_bounded() {
     let t = Instant::now();
     let many = dir.0.join("many.sdp");
     std::fs::write(&many, &sdp).unwrap();
-    let url = format!("http://{}/rtc", w.http);
     let codes: Vec<String> = std::thread::scope(|s| {
         let senders: Vec<_> = (0..10)
-            .map(|_| {
-                s.spawn(|| {
-                    (0..7)
-                        .map(|_| {
-                            let reply = post_file(&url, &many, "application/sdp");
-                            reply.rsplit_once('\n').unwrap().1.to_string()
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
+            .map(|_| s.spawn(|| (0..7).map(|_| offer_file(&many).0).collect::<Vec<_>>()))
             .collect();
         senders
             .into_iter()
