@@ -19,7 +19,11 @@
 #   kernel-ref-topo.sh --nics [options]          endpoints are this machine's namespaces behind
 #                                                the guest's eth0 (client) and eth1 (server):
 #                                                set up, write $KREF_OUT/ready, wait for
-#                                                $KREF_OUT/stop, then write the counters
+#                                                $KREF_OUT/stop, then write the counters;
+#                                                meanwhile $KREF_OUT/reshape ("up SHAPER" or
+#                                                "down SHAPER") replaces that shaper in place
+#                                                and is renamed to $KREF_OUT/reshaped: one
+#                                                boot serves several shapers
 # Options:
 #   --down SHAPER, --up SHAPER   none | pfifo RATE LIMIT | codel RATE [ARGS] |
 #                                fq_codel RATE [ARGS] | cake RATE [ARGS] | netem RATE [ARGS]
@@ -230,7 +234,21 @@ if [ $nics = 1 ]; then
   fi
   touch "$out/ready"
   # 1 s polls: the host waits for the counters anyway, and every sleep is a process here.
-  while [ ! -e "$out/stop" ]; do sleep 1; done
+  while [ ! -e "$out/stop" ]; do
+    if [ -e "$out/reshape" ]; then
+      read -r dir spec < "$out/reshape"
+      case "$dir" in
+        up) dev=rd ;;
+        down) dev=rc ;;
+        *) echo "kernel-ref-topo: reshape $dir: want up or down" >&2; exit 2 ;;
+      esac
+      in_ns kr-rtr tc qdisc del dev "$dev" root 2>/dev/null || true
+      shape kr-rtr "$dev" "$spec" "$overhead"
+      mv "$out/reshape" "$out/reshaped"
+      continue
+    fi
+    sleep 1
+  done
   [ $timer_probe = 1 ] && kill -INT $ct
   [ $capture = 1 ] && kill -TERM $cap
   wait

@@ -6,10 +6,12 @@
 mod common;
 
 mod autorate;
+mod autorate_compare;
 mod bottleneck;
 mod browser;
 mod hostile;
 mod kernel_ref;
+mod kernel_ref_agree;
 mod lab;
 mod locate;
 mod loopback;

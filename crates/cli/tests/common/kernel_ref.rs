@@ -269,6 +269,28 @@ impl KernelRouter {
         ]);
     }
 
+    /// Replaces the router's shaper of one direction (`up` or `down`) with `shaper` (as
+    /// `--up`/`--down` take it) in the running guest: a boot costs more than a case.
+    pub fn reshape(&mut self, dir: &str, shaper: &str) {
+        let (ask, done) = (self.dir.0.join("reshape"), self.dir.0.join("reshaped"));
+        let _ = std::fs::remove_file(&done);
+        // Renamed into place: the guest never reads half a line.
+        let part = self.dir.0.join("reshape.part");
+        std::fs::write(&part, format!("{dir} {shaper}\n")).unwrap();
+        std::fs::rename(&part, &ask).unwrap();
+        let t0 = Instant::now();
+        while !done.exists() {
+            if let Some(status) = self.guest.as_mut().unwrap().try_wait().unwrap() {
+                panic!("kernel router ended ({status}) while reshaping {dir} to {shaper}");
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "kernel router did not reshape {dir} to {shaper} within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     pub fn exec(&self, ns: &str) -> Vec<String> {
         ["ip", "netns", "exec", ns]
             .iter()
