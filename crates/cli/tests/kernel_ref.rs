@@ -449,8 +449,10 @@ fn lab_and_kernel_cake_share_by_host_and_by_flow_alike() {
     // One busy neighbour of normal priority moved the guest's splits (1.30-1.39:1), and on a
     // slow host beside CI's other workers its CAKE fell short of the rate (13.9 of 19.1
     // Mbit/s), until qemu ran at real-time priority (kernel_ref_sh): 1.12-1.15:1 beside a
-    // busy loop (BENCHMARKS.md).
-    let _s = calm();
+    // busy loop (BENCHMARKS.md). Beside four CI workers' labs (their forwarders above the
+    // guest's priority) it still split 4.97 / 8.81 Mbit/s in dual-srchost, measured twice, and
+    // on the judging host it failed too: the test takes the machine (CI's first phase).
+    let _s = quiet();
     if !guest_ready() {
         return;
     }
