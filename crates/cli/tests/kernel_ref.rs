@@ -522,9 +522,7 @@ fn lab_and_kernel_cake_share_by_host_and_by_flow_alike() {
         ],
         2,
     );
-    let in_srv = k.exec(&k.srv);
-    let in_srv: Vec<&str> = in_srv.iter().map(String::as_str).collect();
-    let srv = ServerProc::start(&in_srv, "10.99.3.1:9461", &["-q"]);
+    let srv = k.server("10.99.3.1:9461");
     let mut second = None;
     let mut kernel = Vec::new();
     for (i, (mode, two, ratio)) in cases.into_iter().enumerate() {
@@ -533,7 +531,7 @@ fn lab_and_kernel_cake_share_by_host_and_by_flow_alike() {
         }
         if two && second.is_none() {
             k.add_server_address("10.99.3.2");
-            second = Some(ServerProc::start(&in_srv, "10.99.3.2:9461", &["-q"]));
+            second = Some(k.server("10.99.3.2:9461"));
         }
         let to2 = if two { "10.99.3.2" } else { ROUTER_SRV_ADDR };
         let measure = || {
@@ -563,13 +561,7 @@ fn lab_and_kernel_cake_share_by_host_and_by_flow_alike() {
         kernel.push(got);
     }
     drop((srv, second));
-    let stats = k.stop();
-    assert!(
-        stats["rtr"]
-            .as_array()
-            .is_some_and(|q| q.iter().any(|q| q["kind"] == "cake")),
-        "cake was the kernel's qdisc: {stats}"
-    );
+    let stats = k.stop_with("cake");
     let modes: Vec<&str> = stats["rtr"]
         .as_array()
         .into_iter()

@@ -61,24 +61,10 @@ fn lab_cake_agrees_with_the_kernels_cake_per_probe_class() {
                 "delay 2ms",
             ],
         );
-        let srv = ServerProc::start(
-            &kernel
-                .exec(&kernel.srv)
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-            "0.0.0.0:9461",
-            &["-q"],
-        );
+        let srv = kernel.server("0.0.0.0:9461");
         let k = rrul(&kernel.exec(&kernel.cli), ROUTER_SRV_ADDR);
         drop(srv);
-        let stats = kernel.stop();
-        assert!(
-            stats["rtr"]
-                .as_array()
-                .is_some_and(|q| q.iter().any(|q| q["kind"] == "cake")),
-            "cake was the kernel's qdisc: {stats}"
-        );
+        kernel.stop_with("cake");
         k
     };
     let mut k = kernel_pass();
@@ -263,27 +249,13 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
                 "5000",
             ],
         );
-        let srv = ServerProc::start(
-            &kernel
-                .exec(&kernel.srv)
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-            "0.0.0.0:9461",
-            &["-q"],
-        );
+        let srv = kernel.server("0.0.0.0:9461");
         let k: Vec<serde_json::Value> = tests
             .iter()
             .map(|t| run_in(&kernel.exec(&kernel.cli), t))
             .collect();
         drop(srv);
-        let stats = kernel.stop();
-        assert!(
-            stats["rtr"]
-                .as_array()
-                .is_some_and(|q| q.iter().any(|q| q["kind"] == "fq_codel")),
-            "fq_codel was the kernel's qdisc: {stats}"
-        );
+        kernel.stop_with("fq_codel");
         k
     };
     let mut k = kernel_pass();

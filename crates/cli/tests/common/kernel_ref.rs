@@ -2,6 +2,7 @@
 //! `scripts/kernel-ref.sh`, either with the endpoints inside the guest or with the guest as the
 //! router between two namespaces of this machine (`scripts/kernel-ref-topo.sh --nics`).
 
+use super::ServerProc;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -155,27 +156,7 @@ impl KernelRouter {
                 .spawn()
                 .expect("spawn kernel-ref.sh"),
         );
-        let t0 = Instant::now();
-        while !r.dir.0.join("ready").exists() {
-            if let Some(status) = r.guest.as_mut().unwrap().try_wait().unwrap() {
-                let mut err = String::new();
-                use std::io::Read;
-                r.guest
-                    .as_mut()
-                    .unwrap()
-                    .stderr
-                    .take()
-                    .unwrap()
-                    .read_to_string(&mut err)
-                    .unwrap();
-                panic!("kernel router ended ({status}) before it was ready: {err}");
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(90),
-                "kernel router not ready after 90 s"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        r.wait_for("ready", "it was ready", 90);
         let mut cli_dev = tc.clone();
         if clients > 1 {
             ip(&["-n", &r.cli, "link", "add", "name", "br0", "type", "bridge"]);
@@ -269,26 +250,42 @@ impl KernelRouter {
         ]);
     }
 
-    /// Replaces the router's shaper of one direction (`up` or `down`) with `shaper` (as
-    /// `--up`/`--down` take it) in the running guest: a boot costs more than a case.
-    pub fn reshape(&mut self, dir: &str, shaper: &str) {
-        let (ask, done) = (self.dir.0.join("reshape"), self.dir.0.join("reshaped"));
-        let _ = std::fs::remove_file(&done);
-        // Renamed into place: the guest never reads half a line.
-        let part = self.dir.0.join("reshape.part");
-        std::fs::write(&part, format!("{dir} {shaper}\n")).unwrap();
-        std::fs::rename(&part, &ask).unwrap();
-        let t0 = Instant::now();
-        while !done.exists() {
-            if let Some(status) = self.guest.as_mut().unwrap().try_wait().unwrap() {
-                panic!("kernel router ended ({status}) while reshaping {dir} to {shaper}");
+    /// Waits up to `limit_s` for the guest's job to write `file` in its directory; a guest
+    /// that ends first fails the test with what the harness said.
+    fn wait_for(&mut self, file: &str, what: &str, limit_s: u64) {
+        let (path, t0) = (self.dir.0.join(file), Instant::now());
+        while !path.exists() {
+            let guest = self.guest.as_mut().unwrap();
+            if let Some(status) = guest.try_wait().unwrap() {
+                let mut err = String::new();
+                use std::io::Read;
+                let _ = guest.stderr.take().unwrap().read_to_string(&mut err);
+                panic!("kernel router ended ({status}) before {what}: {err}");
             }
             assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "kernel router did not reshape {dir} to {shaper} within 60 s"
+                t0.elapsed() < Duration::from_secs(limit_s),
+                "kernel router: not {what} after {limit_s} s"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Replaces the router's shaper of one direction (`up` or `down`) with `shaper` (as
+    /// `--up`/`--down` take it) in the running guest: a boot costs more than a case.
+    pub fn reshape(&mut self, dir: &str, shaper: &str) {
+        let _ = std::fs::remove_file(self.dir.0.join("reshaped"));
+        // Renamed into place: the guest never reads half a line.
+        let part = self.dir.0.join("reshape.part");
+        std::fs::write(&part, format!("{dir} {shaper}\n")).unwrap();
+        std::fs::rename(&part, self.dir.0.join("reshape")).unwrap();
+        self.wait_for("reshaped", &format!("it reshaped {dir} to {shaper}"), 60);
+    }
+
+    /// `bloatlab server` in the server's namespace, listening on `listen`.
+    pub fn server(&self, listen: &str) -> ServerProc {
+        let prefix = self.exec(&self.srv);
+        let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        ServerProc::start(&prefix, listen, &["-q"])
     }
 
     pub fn exec(&self, ns: &str) -> Vec<String> {
@@ -303,6 +300,18 @@ impl KernelRouter {
         self.halt();
         let text = std::fs::read_to_string(self.dir.0.join("tc-stats.json")).unwrap_or_default();
         serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// As `stop`, and a qdisc of `kind` was among the router's: the shaper the test asked for.
+    pub fn stop_with(self, kind: &str) -> serde_json::Value {
+        let stats = self.stop();
+        assert!(
+            stats["rtr"]
+                .as_array()
+                .is_some_and(|q| q.iter().any(|q| q["kind"] == kind)),
+            "{kind} was the kernel's qdisc: {stats}"
+        );
+        stats
     }
 
     fn halt(&mut self) {
