@@ -23,7 +23,7 @@ use bloatlab_result::autorate::LogLine;
 /// fixed shapers beside it, and cake-autorate's law, on the moving presets.)
 #[test]
 fn on_a_line_that_slows_autorate_comes_down_to_it_and_keeps_the_delay_short() {
-    let _s = calm();
+    let _s = serial();
     let _guest = without_guest();
     let dir = tmp_path("ar-slows");
     std::fs::create_dir_all(&dir).unwrap();
@@ -43,6 +43,7 @@ fn on_a_line_that_slows_autorate_comes_down_to_it_and_keeps_the_delay_short() {
         up.display()
     );
     let _labs = AllLabs::take();
+    let _calm = calm();
     let out = compare_on_a_line(&dir, &line, &["--fix", "autorate"], "20");
     if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("root") {
         return missing("lab compare needs root");

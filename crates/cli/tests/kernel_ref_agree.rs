@@ -191,7 +191,7 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
     // Beside other binaries' tests on a slow host the guest's fq_codel added 2.8-5.7 ms to
     // best-effort probes (the lab 0.4) until qemu ran at real-time priority (kernel_ref_sh):
     // beside a busy loop, 0.03-0.28 ms (BENCHMARKS.md).
-    let _s = calm();
+    let _s = serial();
     if !guest_ready() {
         return;
     }
@@ -249,6 +249,8 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
                 "5000",
             ],
         );
+        // Once the guest runs: not while this test waits for another's.
+        let _calm = calm();
         let srv = kernel.server("0.0.0.0:9461");
         let k: Vec<serde_json::Value> = tests
             .iter()
@@ -265,6 +267,7 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
     let Some(lab) = LabUp::up("agree", topo) else {
         return;
     };
+    let _calm = calm();
     let srv = lab.server("server");
     let mut l: Vec<serde_json::Value> = tests
         .iter()
