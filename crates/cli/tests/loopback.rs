@@ -413,11 +413,10 @@ fn progress_is_plain_lines_when_stdout_is_not_a_terminal() {
     );
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    // One line per second, no carriage-return redraws; the summary on stdout.
-    assert!(
-        err.contains("1.0/3 s") && err.contains("2.0/3 s") && !err.contains('\r'),
-        "{err}"
-    );
+    // One line per second, no carriage-return redraws; the summary on stdout. A tick may land
+    // late under load (CI read "2.1/3 s"), so the lines are counted, not their times matched.
+    let ticks = err.lines().filter(|l| l.contains("/3 s")).count();
+    assert!((2..=4).contains(&ticks) && !err.contains('\r'), "{err}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("Latency (round trip)"));
     let quiet = run(
         &[],

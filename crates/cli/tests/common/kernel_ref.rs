@@ -67,17 +67,26 @@ pub fn kernel_ref_sh(router: bool) -> (Command, std::fs::File) {
 
 /// Runs `cmd` in the guest with `out` as its writable directory.
 pub fn guest_run(cmd: &str, out: &Path, timeout_s: u64) -> Output {
+    guest_run_timed(cmd, out, timeout_s).0
+}
+
+/// As [`guest_run`], with the time the guest took from when the guest lock was this test's
+/// (another test's guest may run first: a wait of minutes in CI).
+pub fn guest_run_timed(cmd: &str, out: &Path, timeout_s: u64) -> (Output, Duration) {
     let (mut c, _lock) = kernel_ref_sh(false);
-    c.args([
-        "--out",
-        out.to_str().unwrap(),
-        "--timeout",
-        &timeout_s.to_string(),
-        "--",
-        cmd,
-    ])
-    .output()
-    .expect("run kernel-ref.sh")
+    let start = Instant::now();
+    let output = c
+        .args([
+            "--out",
+            out.to_str().unwrap(),
+            "--timeout",
+            &timeout_s.to_string(),
+            "--",
+            cmd,
+        ])
+        .output()
+        .expect("run kernel-ref.sh");
+    (output, start.elapsed())
 }
 
 fn ip(args: &[&str]) {
