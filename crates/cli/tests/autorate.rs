@@ -766,14 +766,15 @@ fn cake_autorates_changes_reach_the_labs_cake_through_its_tc() {
     let r = &v["runs"][0];
     // CAKE at 5 / 1 Mbit/s counting 18 bytes a packet more than IP: goodput at most 1448 of
     // every 1532 bytes (94.5%), less the other way's ACKs: the download's (about 0.12 Mbit/s)
-    // take an eighth of the 1 Mbit/s up. Measured 4.45 / 0.73 Mbit/s over the 8 s; 3.35 down on
-    // a slow CI host busy with builds. Under 4.75 is the change applied (the line carries 18).
+    // take an eighth of the 1 Mbit/s up. Measured 4.45 / 0.73 Mbit/s over the 8 s; 3.35 and
+    // 2.42 down on a slow CI host busy with builds and other labs. Under 4.75 is the change
+    // applied (the line carries 18); over 2 tells it from a shaper at the upload's 1 Mbit/s.
     let (down, up) = (
         f(r, "summary.throughput_mbps.down"),
         f(r, "summary.throughput_mbps.up"),
     );
     eprintln!("through the stand-in's CAKE: {down} / {up} Mbit/s");
-    assert!((2.5..4.75).contains(&down), "down {down} Mbit/s");
+    assert!((2.0..4.75).contains(&down), "down {down} Mbit/s");
     assert!((0.5..0.95).contains(&up), "up {up} Mbit/s");
     assert_eq!(r["rate_changes"], 2);
     let log = log_lines(std::path::Path::new(r["autorate_log"].as_str().unwrap()));

@@ -49,7 +49,7 @@ fn guest_adds_cake_tc_reads_it_back_the_monitor_keeps_its_statistics_autorate_mo
          tc -j qdisc show dev lo > {o}/ar.json; tc qdisc replace dev lo root pfifo; \
          wait $a; echo autorate-exit=$? >> {o}/ar.log"
     );
-    let out = guest_run(&job, &dir.0, 180);
+    let (out, _) = guest_job(&job, &dir.0, 180);
     assert!(
         out.status.success(),
         "guest job failed: {}",
@@ -157,7 +157,7 @@ fn harness_returns_exit_codes_and_says_in_one_line_why_it_failed() {
         return;
     }
     let dir = TempDir::new("rc");
-    let out = guest_run(
+    let (out, _) = guest_job(
         "echo seen > \"$KREF_OUT/file\"; echo to-stdout; exit 7",
         &dir.0,
         120,
@@ -172,7 +172,7 @@ fn harness_returns_exit_codes_and_says_in_one_line_why_it_failed() {
     // 8 s: past the guest's boot (about 6 s here), so the job itself is what is cut short.
     // Timed from when the guest lock is this test's: in CI another test's guest ran first and
     // its minutes were read as this guest's.
-    let (out, took) = guest_run_timed("sleep 600", &dir.0, 8);
+    let (out, took) = guest_job("sleep 600", &dir.0, 8);
     assert_eq!(out.status.code(), Some(124));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("past its timeout of 8 s"),
@@ -186,7 +186,7 @@ fn harness_returns_exit_codes_and_says_in_one_line_why_it_failed() {
 
     // A guest that cannot boot and a kernel that cannot be fetched: exit 125 and one line why.
     let harness = |env: &[(&str, &str)]| {
-        let (mut c, _lock) = kernel_ref_sh(false);
+        let (mut c, _lock) = kernel_ref_sh(true);
         c.args([
             "--out",
             dir.0.to_str().unwrap(),

@@ -190,8 +190,10 @@ fn be_added(v: &serde_json::Value) -> f64 {
 fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
     // Beside other binaries' tests on a slow host the guest's fq_codel added 2.8-5.7 ms to
     // best-effort probes (the lab 0.4) until qemu ran at real-time priority (kernel_ref_sh):
-    // beside a busy loop, 0.03-0.28 ms (BENCHMARKS.md).
-    let _s = serial();
+    // beside a busy loop, 0.03-0.28 ms (BENCHMARKS.md). Beside CI's other workers it still
+    // read high, and its passes measured again took 136-184 s of the guest's turns for 61 of
+    // their own: it takes the machine (CI's first phase).
+    let _s = quiet();
     if !guest_ready() {
         return;
     }
@@ -249,8 +251,6 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
                 "5000",
             ],
         );
-        // Once the guest runs: not while this test waits for another's.
-        let _calm = calm();
         let srv = kernel.server("0.0.0.0:9461");
         let k: Vec<serde_json::Value> = tests
             .iter()
@@ -267,7 +267,6 @@ fn lab_agrees_with_the_kernels_fq_codel_on_a_short_line() {
     let Some(lab) = LabUp::up("agree", topo) else {
         return;
     };
-    let _calm = calm();
     let srv = lab.server("server");
     let mut l: Vec<serde_json::Value> = tests
         .iter()

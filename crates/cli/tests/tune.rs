@@ -2,7 +2,7 @@
 //! scripts applied for real, on this kernel where it has the qdiscs (HTB, FIFO, ingress, u32,
 //! mirred, IFB) and in Debian's kernel under qemu for CAKE and fq_codel, then read back.
 
-use crate::common::kernel_ref::{guest_run, unavailable, TempDir};
+use crate::common::kernel_ref::{guest_job, unavailable, TempDir};
 use crate::common::*;
 use std::process::Command;
 
@@ -400,7 +400,7 @@ fn cake_and_fq_codel_scripts_apply_in_debians_kernel() {
          && sh -e {d}/fqc.sh && tc -j qdisc show dev wan0 > {d}/fqc-wan0.json && tc -j qdisc show \
              dev ifb4wan0 > {d}/fqc-ifb.json"
     );
-    let out = guest_run(&job, &dir.0, 180);
+    let (out, _) = guest_job(&job, &dir.0, 180);
     assert!(
         out.status.success(),
         "guest job failed: {}",

@@ -44,8 +44,8 @@ pub fn alone() -> Serial {
 /// as fast as most, in CI, the guest's CAKE added 87 ms to rrul's probes (under 15 alone) and
 /// the lab's autorate run read +376 ms (+77 alone). Taken last, after the test's turn
 /// ([`serial`]) and the guest it waits for (as CI's router check takes the machine's lock
-/// and then this one), so the builds go on while the test waits: fq_codel's agreement held
-/// it for 75 s of waiting for the guest in a CI run, 136 s in all for 61 of its own.
+/// and then this one), so the builds go on while the test waits: a test that took it first
+/// held it for 75 s of waiting for the guest in a CI run, 136 s in all for 61 of its own.
 pub fn calm() -> std::fs::File {
     locked("bloatlab-tests-calm.lock", false)
 }
