@@ -2,7 +2,9 @@
 # The router build: one static (musl) bloatlab for an OpenWrt-class device, as small as it gets.
 #
 #   scripts/build-router.sh TARGET [--features LIST] [--dev] [--check]
-#   scripts/build-router.sh --prepare     (its tools only: CI fetches them beside its build)
+#   scripts/build-router.sh --prepare [TARGET]   (its tools, and TARGET's prebuilt std where
+#                                               rustup has one, for --dev: CI fetches them
+#                                               beside its build)
 #
 # TARGET: aarch64-unknown-linux-musl, armv7-unknown-linux-musleabihf, x86_64-unknown-linux-musl
 # (mipsel-unknown-linux-musl is tried the same way; see BENCHMARKS.md for what it gives).
@@ -11,8 +13,9 @@
 # is printed. --check then runs it (qemu-user for another CPU) against this machine's own
 # bloatlab: --version, `test ping`, `test rrul-be -l 3` to a server on loopback, and `config
 # tc-cake` byte for byte against the host's (target/release/bloatlab, or $BLOATLAB). --dev builds
-# the same features unoptimized (profile router-dev, target/TARGET/router-dev/bloatlab): half
-# the CPU, for CI's check that they build for the target and run, not for a router.
+# the same features unoptimized (profile router-dev, target/TARGET/router-dev/bloatlab), on
+# rustup's prebuilt std for the target where it is installed: half the CPU and less, for CI's
+# check that they build for the target and run, not for a router.
 #
 # How (each saves what a router's flash and RAM pay for):
 # - the C parts (ring, SQLite) cross-compile with zig's C compiler for the target's musl
@@ -31,7 +34,12 @@ tools() {
     python3 -m pip install --quiet --disable-pip-version-check ziglang==0.17.1 cargo-zigbuild==0.24.1
   rustup component list --installed 2>/dev/null | grep -q '^rust-src' || rustup component add rust-src
 }
-[ "${1:-}" != --prepare ] || { tools; exit 0; }
+if [ "${1:-}" = --prepare ]; then
+  tools
+  # rustup serves aarch64's musl std, not armv7's (nor mipsel's, tier 3).
+  [ -z "${2:-}" ] || rustup target add "$2" 2>/dev/null || true
+  exit 0
+fi
 
 target=${1:?usage: scripts/build-router.sh TARGET [--features LIST] [--dev] [--check]}
 shift
@@ -65,9 +73,15 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C force-unwind-tables=no -Z location-detail=none -C link-self-contained=no"
 # 32-bit ARM: Thumb-2, as the thumbv7 targets are, a fifth smaller than ARM code.
 case $target in armv7-*) RUSTFLAGS="$RUSTFLAGS -C target-feature=+thumb-mode" ;; esac
+# std from source, optimized for size; for --dev rustup's prebuilt one where it is installed
+# (std, core and compiler-builtins built unoptimized: 248 CPU s for the check, 214 without).
+build_std=(-Z build-std=std,panic_abort -Z build-std-features=optimize_for_size)
+if [ $profile = router-dev ] && rustup target list --installed 2>/dev/null | grep -qx "$target"; then
+  build_std=()
+fi
 cargo zigbuild --locked --profile "$profile" --target "$target" -p bloatlab \
   --no-default-features --features "$features" \
-  -Z build-std=std,panic_abort -Z build-std-features=optimize_for_size
+  "${build_std[@]}"
 
 bin=$CARGO_TARGET_DIR/$target/$profile/bloatlab
 size=$(stat -c %s "$bin")

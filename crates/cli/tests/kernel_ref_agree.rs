@@ -1,7 +1,7 @@
 //! The lab against Linux's own qdiscs on the same line with the same endpoints (Debian's
 //! kernel under qemu as the router, `scripts/kernel-ref.sh`): its FQ-CoDel, and its CAKE per
-//! probe class. Apart from kernel_ref.rs so that CI runs the two side by side: one guest at a
-//! time (the guest lock), but one module's lab half beside the other's guest.
+//! probe class. Both take the machine (CI's first phase): beside other labs the guest's
+//! qdiscs read what its starved vCPU adds.
 
 use crate::common::kernel_ref::*;
 use crate::common::*;
@@ -18,7 +18,10 @@ fn class_added(v: &serde_json::Value, class: &str) -> f64 {
 /// of the IP packet, as CAKE's `raw` mode counts the Ethernet header.
 #[test]
 fn lab_cake_agrees_with_the_kernels_cake_per_probe_class() {
-    let _s = serial();
+    // Beside the labs of a CI run's other workers (their forwarders above the guest's
+    // priority) the guest's CAKE added +55 ms to every class and carried 13.6 of its 19
+    // Mbit/s: it takes the machine (CI's first phase).
+    let _s = quiet();
     if !guest_ready() {
         return;
     }

@@ -111,10 +111,11 @@ fn goodput_follows_the_set_rate_and_lab_set_changes_it_live() {
 
 #[test]
 fn idle_rtt_adds_the_configured_delay() {
-    // The machine to itself (CI's first phase, one test at a time): beside a busy guest (its
+    // No other test beside it (CI's first phase, one test at a time): beside a busy guest (its
     // vCPU holds a core at real-time priority, kernel_ref_sh) it waited out the guest's tests,
-    // 45 s of CI's tail, for 10 s of its own.
-    let _g = quiet();
+    // 45 s of CI's tail, for 10 s of its own. CI's idle-priority build goes on: the lab's
+    // forwarders run above it.
+    let _g = alone();
     let Some(lab) = LabUp::up(
         "delay",
         "name='d'\n[[link]]\nname='l'\na='c'\nb='s'\nboth={delay='10ms'}\n[host.s]\ncc='reno'\n",
@@ -243,8 +244,9 @@ fn a_saturated_link_keeps_its_standing_queue_in_the_model_not_in_the_tun_device(
 fn a_driver_ring_below_fq_codel_holds_its_drain_time_and_bql_or_a_short_ring_cures_it() {
     // A paced sender that falls behind lets fq_codel run dry and the ring fill less: beside
     // three other CI workers a 10-entry ring held 11.7 and 12.7 of its 18.6 ms (twice), with
-    // no guest beside it the second time.
-    let _g = quiet();
+    // no guest beside it the second time. Beside CI's idle-priority build it is alone: the
+    // build takes only what the sender and the lab's forwarders leave.
+    let _g = alone();
     let Some(lab) = LabUp::preset("ring", "wifi-ring") else {
         return;
     };
@@ -328,8 +330,9 @@ fn unpaced_bursts_overflow_a_shallow_switch_and_a_paced_sender_loses_nothing() {
     // emulator reads the burst off its TUN slower: a burst read at R bit/s loses
     // 1 - 65536 / 256.7 KB - 100 Mbit/s / R, 40% at R = 290 Mbit/s, the lower bound. Measured:
     // 47.6% beside the guest and a build (R = 370), 44.7% in CI's quiet phase (R = 340), 51.8%
-    // alone on the same host that day (R = 440).
-    let _g = quiet();
+    // alone on the same host that day (R = 440). So no other test beside it, but CI's
+    // idle-priority build may go on.
+    let _g = alone();
     let Some(lab) = LabUp::preset("switch", "switch") else {
         return;
     };

@@ -489,8 +489,8 @@ fn a_different_protocol_version_is_refused_with_the_reason() {
 fn udp_load_reports_goodput_loss_and_the_burst_profile_at_both_ends() {
     // The timer-paced sender keeps its schedule only on a machine of its own: beside
     // tests/hostile.rs's connection floods it skipped 148 and 149 of its 7324 packets in two CI
-    // runs.
-    let _g = quiet();
+    // runs. CI's idle-priority build, which a woken sender preempts, may go on.
+    let _g = alone();
     let srv = ServerProc::start(&[], "127.0.0.1:0", &["--max-udp-rate", "50"]);
     let udp = |pacing: &str| {
         let out_file = tmp_path(&format!("udp-{}.json.gz", pacing.replace(':', "-")));

@@ -38,23 +38,11 @@ pub fn alone() -> Serial {
     }
 }
 
-/// CI's idle-priority builds stop while this is held (it holds `bloatlab-tests-calm.lock`
-/// shared, which CI's pause loop reads as "stop the build"), other binaries' tests go on: for a
-/// test whose emulated clock falls behind beside a build even at idle priority. On a host half
-/// as fast as most, in CI, the guest's CAKE added 87 ms to rrul's probes (under 15 alone) and
-/// the lab's autorate run read +376 ms (+77 alone). Taken last, after the test's turn
-/// ([`serial`]) and the guest it waits for (as CI's router check takes the machine's lock
-/// and then this one), so the builds go on while the test waits: a test that took it first
-/// held it for 75 s of waiting for the guest in a CI run, 136 s in all for 61 of its own.
-pub fn calm() -> std::fs::File {
-    locked("bloatlab-tests-calm.lock", false)
-}
-
 /// The machine's guest lock, held until dropped: no kernel-reference guest runs meanwhile
 /// (`kernel_ref::kernel_ref_sh` takes it for each guest). For a test that a busy guest starves:
 /// its qemu runs at real-time priority, and beside it in CI the lab's fq_codel added +23 ms to
 /// the cable preset's probes (9.8 alone) and autorate carried 40% of a line that slows. Taken
-/// after the test's turn (`serial()`) and before [`calm`], as the guest's tests take it.
+/// after the test's turn (`serial()`), as the guest's tests take it.
 pub fn without_guest() -> std::fs::File {
     locked("bloatlab-tests-guest.lock", true)
 }
