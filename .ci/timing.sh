@@ -79,12 +79,12 @@ run_worker() {
 # common::quiet() or common::alone(): CPU per gigabit, the guest's timers, Chromium's clock):
 # scheduled among the others, each one waited for the tests already running to end (a guest
 # test of 140 s, say) while the workers idled behind it, and the waits were minutes of a slow
-# host's CI. Then the rest, five processes at a time (CI_WORKERS; on 2 cores: the lab's
-# emulator mostly waits on the clock: with four, and the guest's timed tests and the router
-# build off this phase, the machine was 51-70% busy; a fifth once starved the guest's CAKE
-# beside the labs and, beside the router build on a slow hour, the lab's endpoints in `lab
-# compare`, BENCHMARKS.md; the lab's forwarders at real-time priority, and the guest's jobs
-# that no test times): a binary each, or one module each of a binary made of modules (the
+# host's CI. Then the rest, four processes at a time (CI_WORKERS; on 2 cores: the lab's
+# emulator and the kernel's qdiscs mostly wait on the clock, the tests kept 0.7 of the 2 cores
+# busy with three; a fifth starved the guest's CAKE beside the labs, and later, with that test
+# in the first phase, made the phase no shorter on a slow hour and the lab's endpoints too
+# slow for `lab compare`, BENCHMARKS.md; the guest as a router at real-time priority, the
+# lab's forwarders too): a binary each, or one module each of a binary made of modules (the
 # `bloatlab` binary's tests: tests/main.rs), without their first-phase tests; within a process
 # its tests take turns (common::serial()). The subjects named in ORDER (package/target or
 # package/module) first, in that order (longest first balances the workers), then the rest
@@ -157,7 +157,7 @@ with open(os.path.join(os.environ["ci_out"], "queue.tsv"), "w") as f:
   [ ! -s "$ci_out/queue-alone.tsv" ] ||
     timed "tests: those that take the machine, one at a time" run_worker "$ci_out/queue-alone.tsv"
   local pids=() i
-  for ((i = 1; i < ${CI_WORKERS:-5}; i++)); do
+  for ((i = 1; i < ${CI_WORKERS:-4}; i++)); do
     run_worker "$ci_out/queue.tsv" &
     pids+=($!)
   done
