@@ -315,7 +315,7 @@ fn the_kernels_modem_hop_holds_the_queue_and_cake_on_the_router_in_front_of_it_d
     );
     // And best-effort probes see CAKE's sparse-flow path, not a queue: a quarter of what the
     // modem's FIFO added at most. (The emulated guest's own cost is most of what is left: the
-    // endpoints' eight flows and four hops on its two vCPUs; +12 to +16 ms with CAKE at 3.2,
+    // endpoints' eight flows and four hops on its two vCPUs; +10 to +16 ms with CAKE at 3.2,
     // 3.6 or, behind an 8 Mbit/s modem, 7.2 Mbit/s alike.)
     let be = cake["latency_ms"]["per_stream"]
         .as_array()

@@ -6,7 +6,6 @@
 mod common;
 
 mod autorate;
-mod autorate_compare;
 mod bottleneck;
 mod browser;
 mod hostile;
