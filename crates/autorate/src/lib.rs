@@ -15,9 +15,10 @@
 //!   threshold, as flows that start read low), the cut goes straight below what it delivers, by
 //!   enough to drain the queue that stands within about a second (90% of it, down to half from 500
 //!   ms of queue), and the download cuts again as soon as a reading shows the fall (not a
-//!   refractory period later), the upload as soon as its queue has grown by twice the threshold
-//!   since the last cut, then on to the rate that drains the queue the fall left (at what the
-//!   latest reading says the line carries: the download's always, the upload's while its queue
+//!   refractory period later; not once at 90% of a cut below what the line carried, as the flows
+//!   backing off from a cut read low too), the upload as soon as its queue has grown by twice the
+//!   threshold since the last cut, then on to the rate that drains the queue the fall left (at what
+//!   the latest reading says the line carries: the download's always, the upload's while its queue
 //!   holds still), and not again while the delay falls by the threshold in 400 ms (that cut is
 //!   draining the queue); when it delivers the shaper's rate and delay rises anyway (a queue
 //!   elsewhere, a burst), the cut stops at 90% of the highest rate that carried high load without
@@ -248,10 +249,8 @@ struct Dir {
     readings_seen: u64,
     readings_at_cut: u64,
     /// (time, rate, least delay then) of the first cut below what the line carried while the
-    /// delay stands.
-    below_carried: Option<(u64, f64, f64)>,
-    /// When the rate last changed.
-    rate_since: u64,
+    /// delay stands, and since when the rate has been at 90% of that or less.
+    below_carried: Option<(u64, f64, f64, Option<u64>)>,
 }
 
 impl Dir {
@@ -278,7 +277,6 @@ impl Dir {
             readings_seen: 0,
             readings_at_cut: 0,
             below_carried: None,
-            rate_since: 0,
         }
     }
 
@@ -384,13 +382,16 @@ impl Dir {
     }
 
     /// The delay over the threshold that has stood still (within half of it) for the last 300
-    /// ms, at a rate held as long at 90% or less of a cut below what the line carried: a queue
-    /// of ours would drain at 19% or more of the line's rate then (57 ms in those 300 ms). That
-    /// delay, if so.
+    /// ms, at a rate at 90% or less of a cut below what the line carried for as long, cut
+    /// further meanwhile or not: a queue of ours would drain at 19% or more of the line's rate
+    /// then (57 ms in those 300 ms). That delay, if so. A rate held still is not asked for: the
+    /// flows back off from every cut, so the reading after one reads low, and the next cut,
+    /// sized by it, came 300 ms later each time (in the model, a longer path's delay took the
+    /// download from 36 Mbit/s to 18 on a 40 Mbit/s line before it was taken for the path's).
     fn standing_still(&self, now: u64, thr: f64) -> Option<f64> {
-        let (cut_at, cut_to, _) = self.below_carried?;
+        let (_, _, _, under_since) = self.below_carried?;
         let span = 300 * MS;
-        if self.rate > 0.9 * cut_to || now < self.rate_since.max(cut_at) + span {
+        if under_since.is_none_or(|t| now < t + span) {
             return None;
         }
         let last = self
@@ -472,7 +473,13 @@ impl Dir {
         let r = rate.clamp(self.bounds.min, self.bounds.max);
         if (r - self.rate).abs() >= 1.0 {
             self.rate = r;
-            self.rate_since = now;
+            if let Some((_, cut_to, _, under_since)) = self.below_carried.as_mut() {
+                if r <= 0.9 * *cut_to {
+                    under_since.get_or_insert(now);
+                } else {
+                    *under_since = None;
+                }
+            }
             out.push(Event::Rate {
                 dir: self.which,
                 bps: r.round() as u64,
@@ -530,7 +537,7 @@ impl Dir {
         // rate stays below it, for a few seconds, and the line does not fall further (its
         // queue grows over the delay then by the threshold: in the lab's starlink, a cut at a
         // fall, sized by a reading from before it, was 2 s later taken for one below the line).
-        if self.below_carried.is_some_and(|(t, r, level)| {
+        if self.below_carried.is_some_and(|(t, r, level, _)| {
             self.rate > r || now > t + 5 * S || self.least(now, 0).is_some_and(|l| l > level + thr)
         }) {
             self.below_carried = None;
@@ -551,12 +558,18 @@ impl Dir {
             // since the last cut says the line delivers well under the rate: its capacity fell,
             // and that cut was sized by a reading from before the fall while the queue grows by
             // up to seconds a second. (The download's counter is after the bottleneck and reads
-            // its rate while a queue stands there; the upload's reads what TCP sends.)
+            // its rate while a queue stands there; the upload's reads what TCP sends.) Not once
+            // the rate is 90% or less of a cut below what the line carried: the flows back off
+            // from every cut (they halve their windows at the drops it brings), so the reading
+            // after one reads low on a line that did not fall, and a delay that stands (a longer
+            // path) cut again with each reading.
+            let under_a_cut = self.below_carried.is_some_and(|b| b.3.is_some());
             let fell_since_cut = cfg.law == Law::Bloatlab
                 && self.which == Direction::Down
                 && self.readings_seen > self.readings_at_cut
                 && self.carries(cfg)
-                && self.delivered < 0.8 * self.rate;
+                && self.delivered < 0.8 * self.rate
+                && !under_a_cut;
             // Ours cuts the upload again within the refractory period when its delay has grown
             // by twice the threshold since the last cut: that cut left the shaper above a line
             // that fell (a queue elsewhere stands; this one grows), and the growth since it
@@ -608,7 +621,8 @@ impl Dir {
             self.readings_at_cut = self.readings_seen;
             self.set(now, rate, why, out);
             if why == Why::Delivered && self.below_carried.is_none() {
-                self.below_carried = Some((now, self.rate, self.least(now, 0).unwrap_or(delta)));
+                let level = self.least(now, 0).unwrap_or(delta);
+                self.below_carried = Some((now, self.rate, level, None));
             }
             return;
         }
