@@ -248,9 +248,19 @@ struct Dir {
     /// Readings of the line's rate so far, and how many there were at the last cut.
     readings_seen: u64,
     readings_at_cut: u64,
-    /// (time, rate, least delay then) of the first cut below what the line carried while the
-    /// delay stands, and since when the rate has been at 90% of that or less.
-    below_carried: Option<(u64, f64, f64, Option<u64>)>,
+    /// The first cut below what the line carried while the delay stands.
+    below_carried: Option<BelowCarried>,
+}
+
+/// A cut below what the line carried, while the delay stands.
+#[derive(Clone, Copy, Debug)]
+struct BelowCarried {
+    at: u64,
+    rate: f64,
+    /// The least delay then, ms.
+    level: f64,
+    /// Since when the rate has been at 90% of that cut or less.
+    under_since: Option<u64>,
 }
 
 impl Dir {
@@ -389,9 +399,12 @@ impl Dir {
     /// sized by it, came 300 ms later each time (in the model, a longer path's delay took the
     /// download from 36 Mbit/s to 18 on a 40 Mbit/s line before it was taken for the path's).
     fn standing_still(&self, now: u64, thr: f64) -> Option<f64> {
-        let (_, _, _, under_since) = self.below_carried?;
         let span = 300 * MS;
-        if under_since.is_none_or(|t| now < t + span) {
+        if self
+            .below_carried?
+            .under_since
+            .is_none_or(|t| now < t + span)
+        {
             return None;
         }
         let last = self
@@ -473,12 +486,12 @@ impl Dir {
         let r = rate.clamp(self.bounds.min, self.bounds.max);
         if (r - self.rate).abs() >= 1.0 {
             self.rate = r;
-            if let Some((_, cut_to, _, under_since)) = self.below_carried.as_mut() {
-                if r <= 0.9 * *cut_to {
-                    under_since.get_or_insert(now);
+            if let Some(b) = self.below_carried.as_mut() {
+                b.under_since = if r <= 0.9 * b.rate {
+                    b.under_since.or(Some(now))
                 } else {
-                    *under_since = None;
-                }
+                    None
+                };
             }
             out.push(Event::Rate {
                 dir: self.which,
@@ -537,8 +550,10 @@ impl Dir {
         // rate stays below it, for a few seconds, and the line does not fall further (its
         // queue grows over the delay then by the threshold: in the lab's starlink, a cut at a
         // fall, sized by a reading from before it, was 2 s later taken for one below the line).
-        if self.below_carried.is_some_and(|(t, r, level, _)| {
-            self.rate > r || now > t + 5 * S || self.least(now, 0).is_some_and(|l| l > level + thr)
+        if self.below_carried.is_some_and(|b| {
+            self.rate > b.rate
+                || now > b.at + 5 * S
+                || self.least(now, 0).is_some_and(|l| l > b.level + thr)
         }) {
             self.below_carried = None;
         }
@@ -563,7 +578,7 @@ impl Dir {
             // from every cut (they halve their windows at the drops it brings), so the reading
             // after one reads low on a line that did not fall, and a delay that stands (a longer
             // path) cut again with each reading.
-            let under_a_cut = self.below_carried.is_some_and(|b| b.3.is_some());
+            let under_a_cut = self.below_carried.is_some_and(|b| b.under_since.is_some());
             let fell_since_cut = cfg.law == Law::Bloatlab
                 && self.which == Direction::Down
                 && self.readings_seen > self.readings_at_cut
@@ -621,8 +636,12 @@ impl Dir {
             self.readings_at_cut = self.readings_seen;
             self.set(now, rate, why, out);
             if why == Why::Delivered && self.below_carried.is_none() {
-                let level = self.least(now, 0).unwrap_or(delta);
-                self.below_carried = Some((now, self.rate, level, None));
+                self.below_carried = Some(BelowCarried {
+                    at: now,
+                    rate: self.rate,
+                    level: self.least(now, 0).unwrap_or(delta),
+                    under_since: None,
+                });
             }
             return;
         }
