@@ -120,10 +120,46 @@ pub fn summary_of(result: &ResultFile) -> Summary {
     result.summary.clone().unwrap_or_else(|| summarize(result))
 }
 
-/// The idle window and the load window after its ramp-up, as the summary takes them.
+/// Tests whose load is TCP flows.
+const TCP_LOAD_TESTS: [&str; 6] = ["tcp-down", "tcp-up", "tcp-bidir", "rrul", "rrul-be", "rpm"];
+
+/// Why a test whose load is TCP flows had none: no flow started and no goodput sample carried
+/// a byte (every flow failed to open, or none was recorded).
+pub fn load_missing(result: &ResultFile) -> Option<String> {
+    if !TCP_LOAD_TESTS.contains(&result.metadata.test.as_str())
+        || phase_window(result, "load").is_none()
+    {
+        return None;
+    }
+    let flows = &result.metadata.flows;
+    let moved = result.series.iter().any(|s| {
+        s.kind == SeriesKind::Throughput
+            && s.samples.iter().any(|(_, v)| v.is_some_and(|v| v > 0.0))
+    });
+    if moved || flows.iter().any(|f| f.start.is_some()) {
+        return None;
+    }
+    Some(
+        match flows
+            .iter()
+            .find_map(|f| f.error.as_deref().map(|e| (f, e)))
+        {
+            Some((f, why)) => format!(
+                "none of its {} load flows opened ({}: {why})",
+                flows.len(),
+                f.name
+            ),
+            None => "no load flow ran".into(),
+        },
+    )
+}
+
+/// The idle window and the load window after its ramp-up, as the summary takes them. A load
+/// phase without its load has no window: its probes saw an idle path.
 fn windows(result: &ResultFile) -> (Option<Window>, Option<Window>) {
     let idle = phase_window(result, "idle");
-    let load = phase_window(result, "load").map(|w| {
+    let load = phase_window(result, "load").filter(|_| load_missing(result).is_none());
+    let load = load.map(|w| {
         let began = flows_started(result, w);
         Window {
             start: began + ramp_up(w.end - began),
@@ -167,6 +203,7 @@ pub fn summarize(result: &ResultFile) -> Summary {
 
     let mut s = Summary {
         test: result.metadata.test.clone(),
+        load_missing: load_missing(result),
         partial: result.partial,
         ..Default::default()
     };
@@ -241,7 +278,10 @@ pub fn summarize(result: &ResultFile) -> Summary {
     };
     s.loss = loss(&result.metadata.streams);
     s.loss.idle_percent = probe_loss_in(result, idle);
-    s.loss.load_percent = probe_loss_in(result, phase_window(result, "load"));
+    s.loss.load_percent = probe_loss_in(
+        result,
+        phase_window(result, "load").filter(|_| s.load_missing.is_none()),
+    );
     if let Some(added) = s.added_latency_ms_by_class.be.or(pooled) {
         s.added_latency_ms = Some(added);
         let (letter, cap) = grade::capped(added, s.loss.load_percent);
@@ -349,6 +389,8 @@ pub fn summarize(result: &ResultFile) -> Summary {
             s.rpm_by_direction = Some(RpmByDirection { down, up });
             worse
         }
+        // Without its load connections an RPM is an idle path's responsiveness.
+        None if s.load_missing.is_some() => None,
         None => rpm_summary(result, "load", result.metadata.rpm.as_ref(), idle, load),
     };
     by_phase(result, idle, &mut s);
@@ -999,6 +1041,61 @@ mod tests {
             (nq.dl_throughput, nq.ul_throughput),
             (Some(50_000_000), Some(10_000_000))
         );
+    }
+
+    /// The run whose flows never opened (the router build's rrul-be under a starved qemu): its
+    /// probes went on through the load phase on an idle path. Graded, they read "A".
+    #[test]
+    fn a_load_whose_flows_never_opened_has_no_loaded_figures_and_no_grade() {
+        let mut r = bloated();
+        r.series.retain(|x| x.kind != SeriesKind::Throughput);
+        r.series.retain(|x| x.kind != SeriesKind::Latency);
+        let rtt = (0..1500)
+            .map(|i| {
+                (
+                    f64::from(i) * 0.01,
+                    Some(if i % 7 == 0 { 3.0 } else { 1.0 }),
+                )
+            })
+            .collect();
+        r.series
+            .push(series("rtt udp-be", SeriesKind::Latency, None, rtt));
+        r.metadata.flows = (1..=2)
+            .map(|i| FlowInfo {
+                name: format!("tcp down {i} BE"),
+                error: Some("still opening when the load ended".into()),
+                ..Default::default()
+            })
+            .collect();
+        let s = summarize(&r);
+        assert_eq!(
+            s.load_missing.as_deref(),
+            Some(
+                "none of its 2 load flows opened (tcp down 1 BE: still opening when the load \
+                ended)"
+            )
+        );
+        assert_eq!((s.grade, s.added_latency_ms), (None, None));
+        assert_eq!(s.latency_ms.loaded, None);
+        assert_eq!(s.loss.load_percent, None);
+        assert!(s.latency_ms.idle.is_some());
+        // None recorded at all (a file from before flows that failed to open were): the same.
+        r.metadata.flows.clear();
+        let s = summarize(&r);
+        assert_eq!(s.load_missing.as_deref(), Some("no load flow ran"));
+        assert_eq!(s.grade, None);
+        // One flow that started, or one goodput sample with a byte, is a load.
+        r.metadata.flows.push(FlowInfo {
+            start: Some(5.2),
+            ..Default::default()
+        });
+        assert_eq!(summarize(&r).load_missing, None);
+        assert!(summarize(&r).grade.is_some());
+        assert_eq!(summarize(&bloated()).load_missing, None);
+        // A test without TCP flows has nothing of the kind to miss.
+        r.metadata.flows.clear();
+        r.metadata.test = "ping".into();
+        assert_eq!(summarize(&r).load_missing, None);
     }
 
     /// A 10-packet FIFO at 6 Mbit/s under an upload: +16 ms, but 23% of the probes lost under

@@ -480,6 +480,17 @@ fn finish_test(
         }
     }
     let path = outcome.path.display();
+    // A test that measured an idle path for a loaded one failed, whatever its probes say.
+    let load_missing = outcome
+        .result
+        .summary
+        .as_ref()
+        .and_then(|s| s.load_missing.as_ref());
+    if let (Ended::Complete, Some(why)) = (&outcome.ended, load_missing) {
+        return fail(format!(
+            "the load never ran ({why}); the idle figures are kept in {path}"
+        ));
+    }
     match outcome.ended {
         Ended::Complete => {
             if !quiet {

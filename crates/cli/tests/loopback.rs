@@ -201,6 +201,56 @@ fn unreachable_server_is_one_clear_line_and_exit_1() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
 
+/// A server that takes the test but none of its flows (one connection per address: the control
+/// connection's). Graded, its probes on an idle path read A+ under a load that never was.
+#[test]
+fn a_test_whose_load_never_ran_is_not_graded_and_exits_1() {
+    let _g = serial();
+    let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q", "--max-connections-per-ip", "1"]);
+    let path = tmp_path("no-load.json");
+    let args = [
+        "test",
+        "tcp-down",
+        &srv.addr,
+        "--idle",
+        "1",
+        "-l",
+        "1",
+        "-q",
+        "-o",
+        path.to_str().unwrap(),
+    ];
+    let out = run(&[], &args);
+    let (stdout, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}{err}");
+    assert!(
+        err.contains("the load never ran (none of its 4 load flows opened")
+            && err.contains("limit per address")
+            && err.contains(path.to_str().unwrap()),
+        "{err}"
+    );
+    assert!(stdout.contains("WARNING: the load never ran"), "{stdout}");
+    assert!(!stdout.contains("Added latency under load"), "{stdout}");
+    let r = bloatlab_result_read(&path);
+    let s = &r["summary"];
+    assert!(
+        s["grade"].is_null() && s["latency_ms"]["loaded"].is_null(),
+        "{s}"
+    );
+    assert!(
+        s["latency_ms"]["idle"]["p50"].as_f64().unwrap() > 0.0,
+        "{s}"
+    );
+    let flows = r["metadata"]["flows"].as_array().unwrap();
+    assert_eq!(flows.len(), 4);
+    assert!(flows
+        .iter()
+        .all(|f| f["start"].is_null() && f["error"].is_string()));
+}
+
 #[test]
 fn usage_errors_exit_2() {
     let out = run(&[], &["test", "ping", "127.0.0.1", "--step", "5"]);

@@ -99,6 +99,9 @@ pub enum Period {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StageTimes {
     pub start: f64,
+    /// Where its length counts from: its start, or later while its load was still coming up
+    /// (`hold`).
+    pub counted_from: f64,
     /// When its probing ended (saturated, cut short, or its length ran out).
     pub end: Option<f64>,
     /// When its load stopped: every probe answered, or the deadline passed.
@@ -150,8 +153,8 @@ impl Schedule {
         };
         let (length, drain) = (self.lengths[i], self.drain);
         let s = &mut self.stages[i];
-        if s.end.is_none() && t >= s.start + length {
-            s.end = Some(s.start + length);
+        if s.end.is_none() && t >= s.counted_from + length {
+            s.end = Some(s.counted_from + length);
         }
         let Some(end) = s.end else {
             return Period::Loading(i);
@@ -185,6 +188,7 @@ impl Schedule {
         }
         self.stages.push(StageTimes {
             start,
+            counted_from: start,
             end: None,
             stopped: None,
         });
@@ -199,7 +203,18 @@ impl Schedule {
             return false;
         };
         let s = &self.stages[i];
-        !self.done && s.stopped.is_none() && (s.end.is_some() || t >= s.start + self.lengths[i])
+        !self.done
+            && s.stopped.is_none()
+            && (s.end.is_some() || t >= s.counted_from + self.lengths[i])
+    }
+
+    /// The stage under way counts its length from no earlier than `t`: its load is not up yet
+    /// (a flow still in its handshake), and a load that ran for less than its length would read
+    /// as lighter than it was. The transport bounds how long it holds.
+    pub fn hold(&mut self, t: f64) {
+        if let Some(s) = self.stages.last_mut().filter(|s| s.end.is_none()) {
+            s.counted_from = s.counted_from.max(t);
+        }
     }
 
     /// The stage under way ends at `t` (an RPM stage saturated, or the test was cut short).
@@ -209,14 +224,14 @@ impl Schedule {
         }
     }
 
-    /// When the last stage's load ends, as far as is known at this point: its planned end
-    /// until it begins or ends earlier.
+    /// When the last stage's load ends, as far as is known at this point: its length from
+    /// where it counts (its planned start until it begins, later while held) until it ends.
     pub fn load_end(&self) -> f64 {
-        let planned_start = self.stages.last().map_or(self.idle, |s| s.start);
+        let counted_from = self.stages.last().map_or(self.idle, |s| s.counted_from);
         let i = self.stages.len().saturating_sub(1);
         match self.stages.last() {
             Some(StageTimes { end: Some(e), .. }) if self.stages.len() == self.lengths.len() => *e,
-            _ => planned_start + self.lengths.get(i).copied().unwrap_or(0.0),
+            _ => counted_from + self.lengths.get(i).copied().unwrap_or(0.0),
         }
     }
 
@@ -442,6 +457,38 @@ mod tests {
         assert!(st.stopped.unwrap() - 15.0 < 0.011);
         assert_eq!(s.load_end(), 15.0);
         assert!(s.end() - 17.0 < 0.011);
+    }
+
+    #[test]
+    fn a_stage_held_while_its_load_comes_up_runs_its_length_from_then() {
+        let drain = Drain {
+            answers: 0.0,
+            settle: 2.0,
+        };
+        // 5 s idle, a 3 s load whose flows took 3.5 s to open (a starved host, a long path).
+        let mut s = Schedule::new(5.0, vec![3.0], drain);
+        assert_eq!(s.advance(5.0, true), Period::Loading(0));
+        let mut t = 5.0;
+        while t < 8.5 {
+            s.hold(t);
+            assert_eq!(s.advance(t, true), Period::Loading(0), "held at {t}");
+            t += 0.01;
+        }
+        // Up at 8.5 s: three seconds of load from there, not the half second left of the plan.
+        assert_eq!(s.advance(11.4, true), Period::Loading(0));
+        assert!((s.load_end() - 11.5).abs() < 0.011);
+        assert_eq!(s.advance(11.6, true), Period::Settling(0));
+        let st = s.stages()[0];
+        assert_eq!(
+            st.start, 5.0,
+            "the load phase still begins when the idle one ends"
+        );
+        assert!((st.end.unwrap() - 11.5).abs() < 0.011);
+        // A hold after the stage ended moves nothing.
+        s.hold(12.0);
+        assert!((s.load_end() - 11.5).abs() < 0.011);
+        // Stopped at the 11.6 s tick, then the 2 s settle.
+        assert!((s.end() - 13.6).abs() < 0.011);
     }
 
     #[test]

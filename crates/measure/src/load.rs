@@ -29,7 +29,8 @@ pub struct BulkLoad {
     pending: Vec<plan::Flow>,
     /// Flows taken from the plan so far per direction (down, up).
     asked: [u32; 2],
-    opening: usize,
+    /// Flows in their handshake, by name.
+    opening: Vec<String>,
     opened_tx: mpsc::Sender<Opened>,
     opened_rx: mpsc::Receiver<Opened>,
     pub flows: Vec<FlowConn>,
@@ -53,7 +54,7 @@ impl BulkLoad {
             pings,
             pending: flows,
             asked: [0, 0],
-            opening: 0,
+            opening: Vec::new(),
             opened_tx,
             opened_rx,
             flows: Vec::new(),
@@ -123,7 +124,7 @@ impl BulkLoad {
             .name(format!("open {name}"))
             .spawn(opener)
         {
-            Ok(_) => self.opening += 1,
+            Ok(_) => self.opening.push(name),
             Err(e) => self.failures.push(Failure {
                 flow: name,
                 t,
@@ -135,10 +136,10 @@ impl BulkLoad {
     /// Takes in the flows whose handshake has finished; their data starts at `t`.
     pub fn take_opened(&mut self, t: f64) {
         while let Ok((name, r)) = self.opened_rx.try_recv() {
-            self.opening -= 1;
+            self.opening.retain(|n| *n != name);
             match r {
-                // Dropping it closes it.
-                Ok(_) if self.stopped => {}
+                // Dropping it closes it; `stop` said why it came too late.
+                _ if self.stopped => {}
                 Ok(mut c) => {
                     c.begin(t);
                     self.flows.push(c);
@@ -154,7 +155,7 @@ impl BulkLoad {
 
     /// Flows still in their handshake.
     pub fn opening(&self) -> usize {
-        self.opening
+        self.opening.len()
     }
 
     /// Records a throughput sample at `t` for every running flow, and reports flows whose
@@ -209,9 +210,20 @@ impl BulkLoad {
         (!live.is_empty()).then(|| live[(n % live.len() as u64) as usize])
     }
 
-    /// Ends the load: closes every flow; nothing opens or is sampled after this.
-    pub fn stop(&mut self) {
+    /// Ends the load at `t`: closes every flow; nothing opens or is sampled after this. A flow
+    /// still in its handshake never loaded the path, and is a failure, not a silence.
+    pub fn stop(&mut self, t: f64) {
+        if self.stopped {
+            return;
+        }
         self.stopped = true;
+        for flow in self.opening.drain(..) {
+            self.failures.push(Failure {
+                flow,
+                t,
+                why: "still opening when the load ended".into(),
+            });
+        }
         self.pending.clear();
         for f in self.flows.iter_mut() {
             f.stop();

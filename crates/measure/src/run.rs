@@ -408,10 +408,20 @@ impl Test<'_> {
                 }
                 // Settling: the queues drain while the probe streams go on (second clock
                 // estimate).
-                Period::Settling(_) if self.plan.load > 0.0 => self.load.stop(),
+                Period::Settling(_) if self.plan.load > 0.0 => self.load.stop(t),
                 _ => {}
             }
+            let was_opening = self.load.opening() > 0;
             self.load.take_opened(t);
+            // A fixed load's length runs from when its last flow came up (RPM's ramps on
+            // purpose), within a connect's allowance: after that, a flow still opening failed.
+            if loading
+                && self.rpm.is_none()
+                && was_opening
+                && t < self.plan.idle + crate::control::CONNECT_TIMEOUT.as_secs_f64()
+            {
+                self.schedule.hold(t);
+            }
             if sample.fire(t) {
                 self.load.sample(t);
                 self.rpm_interval(t);
@@ -531,7 +541,7 @@ impl Test<'_> {
     /// Stops the load, then gives the probes still in flight time to come back through the
     /// queues (twice the longest round trip seen, 1-6 s; 1 s when the test did not complete).
     fn stop_and_drain(&mut self, ended: &Ended, opts: &RunOptions) {
-        self.load.stop();
+        self.load.stop(self.elapsed());
         if let Some(u) = self.udp.as_mut() {
             u.stop();
         }

@@ -40,6 +40,12 @@ fn summary_row(label: &str, s: &Summary, rpm_column: bool) -> String {
             c.loss_percent
         );
     }
+    if let Some(why) = &s.load_missing {
+        grade += &format!(
+            "<div class=cap>not graded: the load never ran: {}</div>",
+            esc(why)
+        );
+    }
     let rpm = if rpm_column {
         format!("<td>{}</td>", esc(&rpm_cell(s)))
     } else {
@@ -731,6 +737,23 @@ mod tests {
         let row = summary_row("r", &crate::fixtures::capped_by_loss(), false);
         assert!(
             row.contains("<td class=grade>D<div class=cap>A by latency; 23.0% lost under load"),
+            "{row}"
+        );
+    }
+
+    #[test]
+    fn a_run_whose_load_never_ran_says_so_where_its_grade_would_be() {
+        let s = Summary {
+            test: "rrul".into(),
+            load_missing: Some("none of its 8 load flows opened (<x>: refused)".into()),
+            ..Default::default()
+        };
+        let row = summary_row("r", &s, false);
+        assert!(
+            row.contains(
+                "<td class=grade>–<div class=cap>not graded: the load never ran: none of its 8 \
+                load flows opened (&lt;x&gt;: refused)</div>"
+            ),
             "{row}"
         );
     }

@@ -290,6 +290,13 @@ pub fn summary_text(s: &Summary, meta: &Metadata) -> String {
         meta.server.address.as_deref().unwrap_or("?"),
         if s.partial { "  [PARTIAL]" } else { "" }
     );
+    if let Some(why) = &s.load_missing {
+        let _ = writeln!(
+            out,
+            "WARNING: the load never ran: {why}. Its probes saw an idle path: no loaded \
+            figures, no grade"
+        );
+    }
     let t = &s.throughput_mbps;
     if t.down.is_some() || t.up.is_some() {
         let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));

@@ -349,6 +349,10 @@ pub struct Summary {
     /// Set when loss under load lowered `grade`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grade_loss_cap: Option<LossCap>,
+    /// Set when a test whose load is TCP flows had none running: why (every flow failed to
+    /// open). Its probes measured an idle path, so it has no loaded figures and no grade.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_missing: Option<String>,
     pub loss: Loss,
     pub jitter_ms: Jitter,
     pub voip: Option<Voip>,
