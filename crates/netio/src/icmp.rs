@@ -6,6 +6,7 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, SystemTime};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,6 +136,16 @@ pub struct EchoSocket {
     raw_id: Option<u16>,
 }
 
+/// A raw socket's own identifier. It sees every echo reply the host receives, so two of one
+/// process (a monitor's and a locate's, or two tests) would take each other's under one: the
+/// process id, moved on by an odd stride per socket so that the next process's ids (pid + 1)
+/// are not this one's second socket's.
+fn raw_identifier() -> u16 {
+    static OPENED: AtomicU16 = AtomicU16::new(0);
+    let n = OPENED.fetch_add(1, Ordering::Relaxed);
+    (std::process::id() as u16).wrapping_add(n.wrapping_mul(0x9e37))
+}
+
 /// The Internet checksum (RFC 1071) of `b`.
 fn internet_checksum(b: &[u8]) -> u16 {
     let mut sum: u32 = b
@@ -164,7 +175,7 @@ impl EchoSocket {
                 })?;
                 // Echo replies only: ICMPv4's type 0, ICMPv6's 129.
                 raw_icmp_only(raw.as_raw_fd(), v6, if v6 { &[129] } else { &[0] })?;
-                (raw.into(), Some(std::process::id() as u16))
+                (raw.into(), Some(raw_identifier()))
             }
         };
         sock.set_nonblocking(true)?;
@@ -698,6 +709,38 @@ mod tests {
             let at = r.at.expect("kernel timestamp");
             assert!(at.duration_since(sent).unwrap() < Duration::from_secs(1));
         }
+    }
+
+    /// Two raw sockets of one process each get their own replies: under one identifier (the
+    /// process id, as it was) each took the other's, and two tests running at once failed.
+    #[test]
+    fn two_raw_echo_sockets_of_one_process_do_not_take_each_others_replies() {
+        let (a, b) = (
+            EchoSocket::open(false).unwrap(),
+            EchoSocket::open(false).unwrap(),
+        );
+        if !a.is_raw() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "needs root for a raw socket"
+            );
+            eprintln!("skipped: a ping socket, not a raw one (not root)");
+            return;
+        }
+        let lo = "127.0.0.1".parse().unwrap();
+        a.send(lo, 1).unwrap();
+        b.send(lo, 2).unwrap();
+        let seqs = |s: &EchoSocket| {
+            let mut got = Vec::new();
+            // Both replies are back within the wait: whatever is this socket's has come.
+            while wait_error(s.socket(), Duration::from_millis(300), true) {
+                while let Some(r) = s.recv().unwrap() {
+                    got.push(r.seq);
+                }
+            }
+            got
+        };
+        assert_eq!((seqs(&a), seqs(&b)), (vec![1], vec![2]));
     }
 
     /// The raw echo socket (root, the default ping_group_range) sees on loopback its own echo
