@@ -202,9 +202,10 @@ fn unreachable_server_is_one_clear_line_and_exit_1() {
 }
 
 /// A server that takes the test but none of its flows (one connection per address: the control
-/// connection's). Graded, its probes on an idle path read A+ under a load that never was.
+/// connection's). Graded, its probes on an idle path read A+ under a load that never was; and
+/// `locate` judged hops probed beside no load.
 #[test]
-fn a_test_whose_load_never_ran_is_not_graded_and_exits_1() {
+fn a_load_that_never_ran_is_neither_graded_nor_located_and_exits_1() {
     let _g = serial();
     let srv = ServerProc::start(&[], "127.0.0.1:0", &["-q", "--max-connections-per-ip", "1"]);
     let path = tmp_path("no-load.json");
@@ -249,6 +250,25 @@ fn a_test_whose_load_never_ran_is_not_graded_and_exits_1() {
     assert!(flows
         .iter()
         .all(|f| f["start"].is_null() && f["error"].is_string()));
+
+    let dir = tmp_path("no-load-locate");
+    let out = run(
+        &[],
+        &[
+            "locate",
+            &srv.addr,
+            "-l",
+            "4",
+            "--out-dir",
+            dir.to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the download phase's load never ran: none of its 4 load flows opened"),
+        "{err}"
+    );
 }
 
 #[test]

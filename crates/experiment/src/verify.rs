@@ -61,6 +61,13 @@ fn measure(v: &Verify, tag: &str) -> Result<Summary, String> {
 /// Keep or not, and why: latency under load must not rise, the total goodput must keep
 /// `KEEP_GOODPUT` of what it was, and each direction `KEEP_DIRECTION`.
 pub fn judge(before: &Summary, after: &Summary) -> (bool, String) {
+    // A change that stops TCP but not the probes (a firewall rule, a broken shaper) would
+    // otherwise read as the best latency ever.
+    for (tag, s) in [("before", before), ("after", after)] {
+        if let Some(why) = &s.load_missing {
+            return (false, format!("the {tag} test's load never ran: {why}"));
+        }
+    }
     let (Some(b), Some(a)) = (before.added_latency_ms, after.added_latency_ms) else {
         return (false, "a test measured no latency under load".into());
     };
@@ -195,6 +202,18 @@ mod tests {
         let (kept, why) = judge(&s(600.0, 57.0, 3.7), &s(12.0, 40.0, 3.3));
         assert!(
             !kept && why.starts_with("goodput fell to 43.3 Mbit/s from 60.7 in all"),
+            "{why}"
+        );
+        let stopped_tcp = Summary {
+            load_missing: Some("none of its 8 load flows opened (tcp down 1 BE: timed out)".into()),
+            ..Default::default()
+        };
+        let (kept, why) = judge(&s(600.0, 57.0, 3.7), &stopped_tcp);
+        assert!(
+            !kept
+                && why
+                    == "the after test's load never ran: none of its 8 load flows opened (tcp \
+                    down 1 BE: timed out)",
             "{why}"
         );
     }

@@ -284,6 +284,11 @@ pub fn locate(
         match bloatlab_measure::run(params, host, &topts) {
             Ok(out) => {
                 let s = out.result.summary.clone().unwrap_or_default();
+                // Hops probed beside no load say nothing of where a queue is.
+                if let Some(why) = &s.load_missing {
+                    failure = Some(format!("the {} phase's load never ran: {why}", load.name()));
+                    break;
+                }
                 phases.push(PhaseRun {
                     load: *load,
                     test: params.test.name().into(),

@@ -367,7 +367,18 @@ pub fn starved(s: &Summary, down: bool) -> Option<String> {
 }
 
 pub fn advise(runs: &[Summary], t: &Target) -> Advice {
-    let mut notes = Vec::new();
+    // Such a run has no goodput to size a shaper by; the user should hear why, not only that.
+    let mut notes: Vec<String> = runs
+        .iter()
+        .filter_map(|s| {
+            let why = s.load_missing.as_deref()?;
+            Some(format!(
+                "A {} run's load never ran ({why}): it measured nothing of the line. Measure \
+                again.",
+                s.test
+            ))
+        })
+        .collect();
     let mut refused = Vec::new();
     let goodput = |s: &Summary, down: bool| {
         if down {
@@ -548,6 +559,26 @@ mod tests {
                     .any(|n| n.starts_with("No run measured the upload")),
             "{:?}",
             a.notes
+        );
+    }
+
+    #[test]
+    fn a_run_whose_load_never_ran_is_named_and_sizes_nothing() {
+        let idle_only = Summary {
+            test: "rrul-be".into(),
+            load_missing: Some("none of its 8 load flows opened (tcp down 1 BE: refused)".into()),
+            ..Default::default()
+        };
+        let a = advise(&[run(Some(60.0), None, 120.0), idle_only], &CABLE);
+        assert_eq!(
+            a.down.unwrap().rate_kbit,
+            57_000,
+            "from the run that loaded the line"
+        );
+        assert_eq!(
+            a.notes[0],
+            "A rrul-be run's load never ran (none of its 8 load flows opened (tcp down 1 BE: \
+            refused)): it measured nothing of the line. Measure again."
         );
     }
 
