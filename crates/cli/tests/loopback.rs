@@ -266,7 +266,9 @@ fn a_load_that_never_ran_is_neither_graded_nor_located_and_exits_1() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("the download phase's load never ran: none of its 4 load flows opened"),
+        err.contains("the download phase's load never ran: none of its 4 load flows opened")
+            && err.contains("the hops' probes are kept in")
+            && err.contains(dir.to_str().unwrap()),
         "{err}"
     );
 }

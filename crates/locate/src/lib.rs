@@ -331,7 +331,10 @@ pub fn locate(
     };
     write(&path, &located)?;
     match failure {
-        Some(e) if runs.is_empty() => Err(e),
+        Some(e) if runs.is_empty() => Err(format!(
+            "{e}; the hops' probes are kept in {}",
+            path.display()
+        )),
         Some(e) => {
             eprintln!("bloatlab: {e}; the verdict uses the phases that finished");
             Ok((located, path))
