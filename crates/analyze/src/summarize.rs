@@ -132,11 +132,14 @@ pub fn load_missing(result: &ResultFile) -> Option<String> {
         return None;
     }
     let flows = &result.metadata.flows;
-    let moved = result.series.iter().any(|s| {
-        s.kind == SeriesKind::Throughput
-            && s.samples.iter().any(|(_, v)| v.is_some_and(|v| v > 0.0))
-    });
-    if moved || flows.iter().any(|f| f.start.is_some()) {
+    // A flow's start first: the samples are looked through only when no flow started.
+    let moved = || {
+        result.series.iter().any(|s| {
+            s.kind == SeriesKind::Throughput
+                && s.samples.iter().any(|(_, v)| v.is_some_and(|v| v > 0.0))
+        })
+    };
+    if flows.iter().any(|f| f.start.is_some()) || moved() {
         return None;
     }
     Some(
@@ -154,11 +157,16 @@ pub fn load_missing(result: &ResultFile) -> Option<String> {
     )
 }
 
-/// The idle window and the load window after its ramp-up, as the summary takes them. A load
-/// phase without its load has no window: its probes saw an idle path.
+/// The idle window and the load window after its ramp-up, as the summary takes them.
 fn windows(result: &ResultFile) -> (Option<Window>, Option<Window>) {
+    windows_given(result, load_missing(result).is_none())
+}
+
+/// [`windows`] once [`load_missing`] has been asked: a load phase without its load has no
+/// window (its probes saw an idle path).
+fn windows_given(result: &ResultFile, load_ran: bool) -> (Option<Window>, Option<Window>) {
     let idle = phase_window(result, "idle");
-    let load = phase_window(result, "load").filter(|_| load_missing(result).is_none());
+    let load = phase_window(result, "load").filter(|_| load_ran);
     let load = load.map(|w| {
         let began = flows_started(result, w);
         Window {
@@ -197,13 +205,14 @@ pub fn class_rtt_samples(result: &ResultFile, class: &str) -> (Timed, Timed) {
 }
 
 pub fn summarize(result: &ResultFile) -> Summary {
-    let (idle, load) = windows(result);
+    let load_missing = load_missing(result);
+    let (idle, load) = windows_given(result, load_missing.is_none());
     // Where the test's own figures (jitter, loss, VoIP) come from: under load if there was load.
     let main = load.or(idle);
 
     let mut s = Summary {
         test: result.metadata.test.clone(),
-        load_missing: load_missing(result),
+        load_missing,
         partial: result.partial,
         ..Default::default()
     };
@@ -280,7 +289,7 @@ pub fn summarize(result: &ResultFile) -> Summary {
     s.loss.idle_percent = probe_loss_in(result, idle);
     s.loss.load_percent = probe_loss_in(
         result,
-        phase_window(result, "load").filter(|_| s.load_missing.is_none()),
+        phase_window(result, "load").filter(|_| load.is_some()),
     );
     if let Some(added) = s.added_latency_ms_by_class.be.or(pooled) {
         s.added_latency_ms = Some(added);
